@@ -1,0 +1,72 @@
+package io.gpumemd.server;
+
+import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.config.ConfigException;
+import io.gpumemd.server.config.ConfigLoader;
+import io.gpumemd.server.config.ServerConfig;
+import java.io.IOException;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import sun.misc.Signal;
+
+/**
+ * {@code java -jar gpumemd.jar [flags]}: parses the configuration, starts the daemon, and turns
+ * SIGTERM/SIGINT into a graceful drain (a second signal forces it). Exit codes: 0 after a clean
+ * shutdown, 1 when the daemon cannot start, 2 for a configuration error.
+ */
+public final class Main {
+  private Main() {}
+
+  public static void main(String[] args) {
+    if (ConfigLoader.wantsHelp(args)) {
+      System.out.print(ConfigLoader.help());
+      return;
+    }
+    ServerConfig config;
+    try {
+      config = ConfigLoader.load(args);
+    } catch (ConfigException e) {
+      System.err.println("gpumemd: " + e.getMessage());
+      System.err.println("Run with --help for the options.");
+      System.exit(2);
+      return;
+    }
+    // Logging is configured before the first logger exists.
+    System.setProperty("gpumemd.log.level", config.logLevel());
+    if (config.logFormat().equals("json")) {
+      System.setProperty("logback.configurationFile", "logback-json.xml");
+    }
+    Logger log = LoggerFactory.getLogger(Main.class);
+    log.info("gpumemd starting (pid {}, Java {}); configuration:{}", ProcessHandle.current().pid(),
+        Runtime.version(), config.describe());
+
+    GpumemdServer server;
+    try {
+      server = GpumemdServer.start(config);
+    } catch (BackendException | IOException e) {
+      log.error("gpumemd cannot start: {}", e.getMessage());
+      System.exit(1);
+      return;
+    }
+
+    Runnable onSignal = new Runnable() {
+      private int signals;
+
+      @Override
+      public synchronized void run() {
+        signals++;
+        if (signals == 1) {
+          Thread t = new Thread(() -> server.shutdown(false), "gpumemd-shutdown");
+          t.start();
+        } else {
+          log.warn("Second signal: skipping the drain");
+          new Thread(() -> server.shutdown(true), "gpumemd-force").start();
+        }
+      }
+    };
+    Signal.handle(new Signal("TERM"), s -> onSignal.run());
+    Signal.handle(new Signal("INT"), s -> onSignal.run());
+    server.awaitTermination();
+    System.exit(0);
+  }
+}

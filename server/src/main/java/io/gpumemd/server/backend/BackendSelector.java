@@ -1,0 +1,64 @@
+package io.gpumemd.server.backend;
+
+import io.gpumemd.server.backend.cuda.JCudaBackend;
+import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.config.ServerConfig;
+
+/**
+ * Chooses the backend at start: {@code host}, {@code cuda}, or {@code auto} (cuda when the
+ * driver loads and reports a device, else host). The choice comes with the reason, which the
+ * server logs in one line.
+ */
+public final class BackendSelector {
+  private BackendSelector() {}
+
+  /** A backend and why it was chosen. */
+  public record Selection(MemoryBackend backend, String reason) {}
+
+  /**
+   * @throws BackendException when {@code --backend cuda} is asked for and no GPU is usable, or
+   *     the host backend's directory cannot be used
+   */
+  public static Selection select(ServerConfig config) {
+    switch (config.backend()) {
+      case "host":
+        return new Selection(host(config), "--backend host");
+      case "cuda":
+        try {
+          return new Selection(JCudaBackend.open(), "--backend cuda");
+        } catch (BackendException | LinkageError e) {
+          throw new BackendException("backend: cuda (expected: a usable NVIDIA GPU and driver; "
+              + describe(e) + "). Use --backend host or auto to run without a GPU.");
+        }
+      default:
+        String whyNot;
+        try {
+          int count = JCudaBackend.probe();
+          if (count > 0) {
+            return new Selection(JCudaBackend.open(), "--backend auto: the CUDA driver reports " + count + " device(s)");
+          }
+          whyNot = "the CUDA driver loaded but reports no devices";
+        } catch (BackendException | LinkageError e) {
+          whyNot = describe(e);
+        }
+        return new Selection(host(config), "--backend auto: CUDA is not usable (" + whyNot + ")");
+    }
+  }
+
+  private static MemoryBackend host(ServerConfig config) {
+    return new HostShmBackend(config.shmDir(), config.hostDevices(), config.hostDeviceBytes(), config.shmGroup());
+  }
+
+  /** The most telling message of a failure to load or use the driver. */
+  static String describe(Throwable e) {
+    Throwable root = e;
+    while (root.getCause() != null && root.getCause() != root) {
+      root = root.getCause();
+    }
+    String message = root.getMessage() == null ? root.toString() : root.getMessage();
+    if (e instanceof LinkageError) {
+      return "cannot load the CUDA driver library (libcuda.so.1): " + message.lines().findFirst().orElse("");
+    }
+    return message;
+  }
+}

@@ -1,0 +1,14 @@
+package io.gpumemd.server.backend;
+
+/**
+ * What a backend reports about one device at start. Immutable.
+ *
+ * @param ordinal device ordinal, the {@code device} of the API
+ * @param name human-readable name (GPU model, or {@code host-shm})
+ * @param uuid stable identifier (GPU UUID, or generated for host devices)
+ * @param backend backend name ({@code cuda} or {@code host})
+ * @param capacityBytes total memory of the device
+ * @param freeBytesAtStart free memory when the daemon started
+ */
+public record DeviceInfo(
+    int ordinal, String name, String uuid, String backend, long capacityBytes, long freeBytesAtStart) {}

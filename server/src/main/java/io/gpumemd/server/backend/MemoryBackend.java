@@ -1,0 +1,47 @@
+package io.gpumemd.server.backend;
+
+import java.util.List;
+
+/**
+ * Source of device memory for the pools: allocates and frees whole segments, zeroes ranges,
+ * and opens clients' completion events. Knows nothing of blocks, leases or sessions.
+ *
+ * <p>Implementations are thread-safe: the pools call them from any thread, concurrently, and
+ * always outside their locks (every call here may take milliseconds).
+ */
+public interface MemoryBackend extends AutoCloseable {
+  /** {@code host} or {@code cuda}. */
+  String name();
+
+  /** The devices this backend serves, ordinals 0..n-1, fixed at start. */
+  List<DeviceInfo> devices();
+
+  /**
+   * Allocates one segment of exactly {@code bytes} on a device.
+   *
+   * @throws BackendOutOfMemoryException when the device has no room
+   * @throws BackendException on any other failure
+   */
+  SegmentMemory allocate(int device, long bytes);
+
+  /** Gives a segment back. Never throws for a segment this backend allocated; logs instead. */
+  void free(SegmentMemory segment);
+
+  /** Writes zeros over {@code [offset, offset + length)} of a segment. */
+  void zero(SegmentMemory segment, long offset, long length);
+
+  /** True when a freshly allocated segment is known to read as zeros (no memset needed). */
+  boolean freshSegmentsAreZeroed();
+
+  /**
+   * Opens a client's 64-byte CUDA IPC event handle on a device.
+   *
+   * @throws io.gpumemd.server.error.InvalidRequestException when the backend has no events
+   *     (host) or the handle is not a valid event handle
+   */
+  CompletionEvent openEvent(int device, byte[] ipcEventHandle);
+
+  /** Frees whatever the backend still holds (segments, files, contexts). Idempotent. */
+  @Override
+  void close();
+}

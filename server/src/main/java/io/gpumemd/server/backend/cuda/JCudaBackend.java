@@ -1,0 +1,253 @@
+package io.gpumemd.server.backend.cuda;
+
+import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
+import static jcuda.driver.JCudaDriver.cuDeviceGet;
+import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
+import static jcuda.driver.JCudaDriver.cuDeviceGetName;
+import static jcuda.driver.JCudaDriver.cuDeviceGetUuid;
+import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRelease;
+import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
+import static jcuda.driver.JCudaDriver.cuDeviceTotalMem;
+import static jcuda.driver.JCudaDriver.cuEventDestroy;
+import static jcuda.driver.JCudaDriver.cuEventQuery;
+import static jcuda.driver.JCudaDriver.cuInit;
+import static jcuda.driver.JCudaDriver.cuIpcGetMemHandle;
+import static jcuda.driver.JCudaDriver.cuIpcOpenEventHandle;
+import static jcuda.driver.JCudaDriver.cuMemAlloc;
+import static jcuda.driver.JCudaDriver.cuMemFree;
+import static jcuda.driver.JCudaDriver.cuMemGetInfo;
+import static jcuda.driver.JCudaDriver.cuMemsetD8;
+
+import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.error.InvalidRequestException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import jcuda.driver.CUcontext;
+import jcuda.driver.CUdevice;
+import jcuda.driver.CUevent;
+import jcuda.driver.CUipcMemHandle;
+import jcuda.driver.CUresult;
+import jcuda.driver.CUuuid;
+import jcuda.driver.JCudaDriver;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The {@code cuda} backend on JCuda's driver API: one primary context per device, one
+ * {@code cuMemAlloc} per segment with its {@code cuIpcGetMemHandle} taken once, {@code
+ * cuMemsetD8} for zeroing, {@code cuMemFree} on eviction, and {@code cuIpcOpenEventHandle} +
+ * {@code cuEventQuery} for clients' completion events.
+ *
+ * <p>Thread-safety: every method makes the device's primary context current on the calling
+ * thread first (a cheap driver call), so any thread may call any method concurrently; the
+ * driver serializes what needs it. Live segments are tracked in a concurrent set so that
+ * {@link #close} frees what is left.
+ */
+public final class JCudaBackend implements MemoryBackend {
+  private static final Logger log = LoggerFactory.getLogger(JCudaBackend.class);
+
+  private final List<DeviceInfo> devices;
+  private final CUcontext[] contexts;
+  private final CUdevice[] handles;
+  private final Set<CudaSegment> live = ConcurrentHashMap.newKeySet();
+  private volatile boolean closed;
+
+  private JCudaBackend(List<DeviceInfo> devices, CUcontext[] contexts, CUdevice[] handles) {
+    this.devices = devices;
+    this.contexts = contexts;
+    this.handles = handles;
+  }
+
+  /**
+   * Loads the driver and counts devices without keeping anything open.
+   *
+   * @return the number of CUDA devices
+   * @throws BackendException (or a {@link LinkageError} from loading the natives) when CUDA
+   *     cannot be used here; the message says why
+   */
+  public static int probe() {
+    JCudaDriver.setExceptionsEnabled(false);
+    CudaCalls.check(cuInit(0), "cuInit");
+    int[] count = new int[1];
+    CudaCalls.check(cuDeviceGetCount(count), "cuDeviceGetCount");
+    return count[0];
+  }
+
+  /** Discovers every device and retains its primary context. */
+  public static JCudaBackend open() {
+    int count = probe();
+    if (count == 0) {
+      throw new BackendException("the CUDA driver reports no devices");
+    }
+    List<DeviceInfo> infos = new ArrayList<>();
+    CUcontext[] contexts = new CUcontext[count];
+    CUdevice[] handles = new CUdevice[count];
+    for (int d = 0; d < count; d++) {
+      CUdevice device = new CUdevice();
+      CudaCalls.check(cuDeviceGet(device, d), "cuDeviceGet(" + d + ")");
+      byte[] name = new byte[256];
+      CudaCalls.check(cuDeviceGetName(name, name.length, device), "cuDeviceGetName(" + d + ")");
+      long[] total = new long[1];
+      CudaCalls.check(cuDeviceTotalMem(total, device), "cuDeviceTotalMem(" + d + ")");
+      CUuuid uuid = new CUuuid();
+      CudaCalls.check(cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + d + ")");
+      CUcontext context = new CUcontext();
+      CudaCalls.check(cuDevicePrimaryCtxRetain(context, device), "cuDevicePrimaryCtxRetain(" + d + ")");
+      CudaCalls.check(cuCtxSetCurrent(context), "cuCtxSetCurrent(" + d + ")");
+      long[] free = new long[1];
+      long[] totalNow = new long[1];
+      CudaCalls.check(cuMemGetInfo(free, totalNow), "cuMemGetInfo(" + d + ")");
+      contexts[d] = context;
+      handles[d] = device;
+      infos.add(new DeviceInfo(d, cString(name), formatUuid(uuid.bytes), "cuda", total[0], free[0]));
+    }
+    return new JCudaBackend(List.copyOf(infos), contexts, handles);
+  }
+
+  private static String cString(byte[] bytes) {
+    int end = 0;
+    while (end < bytes.length && bytes[end] != 0) {
+      end++;
+    }
+    return new String(bytes, 0, end, StandardCharsets.UTF_8);
+  }
+
+  /** {@code GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx}, as nvidia-smi prints it. */
+  static String formatUuid(byte[] b) {
+    StringBuilder s = new StringBuilder("GPU-");
+    for (int i = 0; i < 16; i++) {
+      if (i == 4 || i == 6 || i == 8 || i == 10) {
+        s.append('-');
+      }
+      s.append(String.format("%02x", b[i] & 0xff));
+    }
+    return s.toString();
+  }
+
+  private void makeCurrent(int device) {
+    CudaCalls.check(cuCtxSetCurrent(contexts[device]), "cuCtxSetCurrent(" + device + ")");
+  }
+
+  @Override
+  public String name() {
+    return "cuda";
+  }
+
+  @Override
+  public List<DeviceInfo> devices() {
+    return devices;
+  }
+
+  @Override
+  public SegmentMemory allocate(int device, long bytes) {
+    if (closed) {
+      throw new BackendException("cuda backend is closed");
+    }
+    makeCurrent(device);
+    CudaCalls.Address pointer = new CudaCalls.Address();
+    CudaCalls.check(cuMemAlloc(pointer, bytes), "cuMemAlloc(" + bytes + ") on device " + device);
+    try {
+      CUipcMemHandle handle = new CUipcMemHandle();
+      CudaCalls.check(cuIpcGetMemHandle(handle, pointer), "cuIpcGetMemHandle on device " + device);
+      CudaSegment segment = new CudaSegment(device, bytes, pointer, CudaCalls.bytesOf(handle));
+      live.add(segment);
+      return segment;
+    } catch (RuntimeException e) {
+      cuMemFree(pointer);
+      throw e;
+    }
+  }
+
+  @Override
+  public void free(SegmentMemory segment) {
+    CudaSegment cuda = (CudaSegment) segment;
+    if (!live.remove(cuda)) {
+      return;
+    }
+    try {
+      makeCurrent(cuda.device());
+      CudaCalls.check(cuMemFree(cuda.pointer()), "cuMemFree on device " + cuda.device());
+    } catch (BackendException e) {
+      log.error("Cannot free a {}-byte segment on device {}: {}", cuda.bytes(), cuda.device(), e.getMessage());
+    }
+  }
+
+  @Override
+  public void zero(SegmentMemory segment, long offset, long length) {
+    CudaSegment cuda = (CudaSegment) segment;
+    makeCurrent(cuda.device());
+    CudaCalls.check(cuMemsetD8(cuda.pointer().withByteOffset(offset), (byte) 0, length),
+        "cuMemsetD8(" + length + ") on device " + cuda.device());
+    // cuMemsetD8 is asynchronous to the host for device memory; the client must see zeros
+    // on whatever stream it uses, so wait for completion before handing the block out.
+    CudaCalls.check(JCudaDriver.cuCtxSynchronize(), "cuCtxSynchronize on device " + cuda.device());
+  }
+
+  @Override
+  public boolean freshSegmentsAreZeroed() {
+    return false; // cuMemAlloc memory is uninitialized
+  }
+
+  @Override
+  public CompletionEvent openEvent(int device, byte[] ipcEventHandle) {
+    makeCurrent(device);
+    CUevent event = new CUevent();
+    int result = cuIpcOpenEventHandle(event, CudaCalls.eventHandle(ipcEventHandle));
+    if (result != CUresult.CUDA_SUCCESS) {
+      throw InvalidRequestException.of("cuda_ipc_event_handle", "not openable on device " + device
+          + " (" + CUresult.stringFor(result) + ")", "a handle from cuIpcGetEventHandle of an "
+          + "event created with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING");
+    }
+    return new CompletionEvent() {
+      private boolean closed;
+
+      @Override
+      public boolean isComplete() {
+        makeCurrent(device);
+        int status = cuEventQuery(event);
+        if (status == CUresult.CUDA_ERROR_NOT_READY) {
+          return false;
+        }
+        if (status != CUresult.CUDA_SUCCESS) {
+          log.warn("cuEventQuery on device {}: {}; treating the event as complete", device, CUresult.stringFor(status));
+        }
+        return true;
+      }
+
+      @Override
+      public void close() {
+        if (!closed) {
+          closed = true;
+          makeCurrent(device);
+          cuEventDestroy(event);
+        }
+      }
+    };
+  }
+
+  @Override
+  public synchronized void close() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    int freed = 0;
+    for (CudaSegment segment : List.copyOf(live)) {
+      free(segment);
+      freed++;
+    }
+    for (int d = 0; d < handles.length; d++) {
+      cuDevicePrimaryCtxRelease(handles[d]);
+    }
+    if (freed > 0) {
+      log.info("CUDA backend freed {} segments still allocated at close", freed);
+    }
+  }
+}

@@ -1,0 +1,271 @@
+package io.gpumemd.server.backend.host;
+
+import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.backend.BackendOutOfMemoryException;
+import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.error.InvalidRequestException;
+import java.io.IOException;
+import java.io.RandomAccessFile;
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.channels.FileLock;
+import java.nio.channels.OverlappingFileLockException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.DirectoryStream;
+import java.nio.file.FileStore;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.GroupPrincipal;
+import java.nio.file.attribute.PosixFilePermission;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Set;
+import java.util.UUID;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicLongArray;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The {@code host} backend: simulated devices whose memory is shared-memory files, so that two
+ * processes that lease the same block see the same bytes. Real memory, not a mock.
+ *
+ * <p>Layout: {@code <shmDir>/dev<N>/seg-<n>}, one file per segment, created with mode 0600
+ * (0660 with a configured group) so only the daemon's user (and that group) can open it. The
+ * client maps the file named by the handle. A lock file in {@code shmDir} keeps two daemons
+ * from sharing a directory; files left by a daemon that crashed are removed at start.
+ *
+ * <p>Each device has a configured capacity enforced here: an allocation beyond it fails with
+ * {@link BackendOutOfMemoryException}, as {@code cuMemAlloc} would on a full GPU.
+ *
+ * <p>Thread-safe: per-device usage is an atomic counter; files are independent.
+ */
+public final class HostShmBackend implements MemoryBackend {
+  private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
+  private static final int ZERO_CHUNK = 1 << 20;
+  private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(ZERO_CHUNK).asReadOnlyBuffer();
+
+  private final Path root;
+  private final List<DeviceInfo> devices;
+  private final long capacityBytes;
+  private final Set<PosixFilePermission> fileMode;
+  private final GroupPrincipal group;
+  private final AtomicLongArray usedBytes;
+  private final AtomicLong nextFile = new AtomicLong();
+  private final FileChannel lockChannel;
+  private final FileLock lock;
+  private volatile boolean closed;
+
+  /**
+   * Creates the device directories and takes the directory lock.
+   *
+   * @param shmDir directory for the segment files (created if missing; tmpfs recommended)
+   * @param deviceCount number of simulated devices
+   * @param capacityBytes capacity of each device
+   * @param groupName group that may also open the files, or {@code null} for owner only
+   * @throws BackendException when the directory cannot be used or another daemon holds it
+   */
+  public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName) {
+    this.root = shmDir.toAbsolutePath();
+    this.capacityBytes = capacityBytes;
+    this.usedBytes = new AtomicLongArray(deviceCount);
+    try {
+      Files.createDirectories(root);
+      this.group = groupName == null || groupName.isEmpty()
+          ? null
+          : root.getFileSystem().getUserPrincipalLookupService().lookupPrincipalByGroupName(groupName);
+      this.fileMode = PosixFilePermissions.fromString(group == null ? "rw-------" : "rw-rw----");
+      Set<PosixFilePermission> dirMode =
+          PosixFilePermissions.fromString(group == null ? "rwx------" : "rwxr-x---");
+      restrict(root, dirMode);
+      this.lockChannel = FileChannel.open(root.resolve(".gpumemd.lock"),
+          StandardOpenOption.CREATE, StandardOpenOption.WRITE);
+      FileLock taken;
+      try {
+        taken = lockChannel.tryLock();
+      } catch (OverlappingFileLockException e) {
+        taken = null;
+      }
+      if (taken == null) {
+        lockChannel.close();
+        throw new BackendException("shm-dir: " + root
+            + " is in use by another gpumemd (expected: a directory of this daemon's own)");
+      }
+      this.lock = taken;
+      List<DeviceInfo> infos = new ArrayList<>();
+      for (int d = 0; d < deviceCount; d++) {
+        Path dir = deviceDir(d);
+        Files.createDirectories(dir);
+        restrict(dir, dirMode);
+        int stale = removeSegmentFiles(dir);
+        if (stale > 0) {
+          log.warn("Removed {} segment files left in {} by an earlier daemon", stale, dir);
+        }
+        UUID uuid = UUID.nameUUIDFromBytes((root + "#" + d).getBytes(StandardCharsets.UTF_8));
+        infos.add(new DeviceInfo(d, "host-shm", "HOST-" + uuid, "host", capacityBytes, capacityBytes));
+      }
+      this.devices = List.copyOf(infos);
+      warnIfFileSystemTooSmall(deviceCount);
+    } catch (IOException e) {
+      throw new BackendException("shm-dir: cannot use " + root + ": " + e, e);
+    }
+  }
+
+  private void restrict(Path path, Set<PosixFilePermission> mode) throws IOException {
+    Files.setPosixFilePermissions(path, mode);
+    if (group != null) {
+      Files.getFileAttributeView(path, java.nio.file.attribute.PosixFileAttributeView.class)
+          .setGroup(group);
+    }
+  }
+
+  private void warnIfFileSystemTooSmall(int deviceCount) throws IOException {
+    FileStore store = Files.getFileStore(root);
+    long wanted = capacityBytes * deviceCount;
+    if (store.getUsableSpace() < wanted) {
+      // tmpfs files are sparse: allocation succeeds, and a client touching pages past the
+      // file system's room gets SIGBUS. Say so once, loudly, instead of failing later.
+      log.warn("shm-dir {} ({}) has {} bytes free but the host devices may use {}: clients may "
+              + "fault when it fills; lower --host-device-bytes or enlarge the file system",
+          root, store.type(), store.getUsableSpace(), wanted);
+    }
+  }
+
+  private Path deviceDir(int device) {
+    return root.resolve("dev" + device);
+  }
+
+  /** Directory holding the segment files (for logs and tests). */
+  public Path root() {
+    return root;
+  }
+
+  @Override
+  public String name() {
+    return "host";
+  }
+
+  @Override
+  public List<DeviceInfo> devices() {
+    return devices;
+  }
+
+  @Override
+  public SegmentMemory allocate(int device, long bytes) {
+    if (closed) {
+      throw new BackendException("host backend is closed");
+    }
+    long used = usedBytes.addAndGet(device, bytes);
+    if (used > capacityBytes) {
+      usedBytes.addAndGet(device, -bytes);
+      throw new BackendOutOfMemoryException("host device " + device + ": " + bytes
+          + " bytes requested, " + (used - bytes) + " of " + capacityBytes + " in use");
+    }
+    Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
+    try {
+      Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
+      // createFile honours the umask; set the mode (and group) explicitly.
+      restrict(path, fileMode);
+      try (RandomAccessFile file = new RandomAccessFile(path.toFile(), "rw")) {
+        file.setLength(bytes); // sparse: pages are allocated when first touched
+      }
+      return new HostSegment(device, bytes, path);
+    } catch (IOException e) {
+      usedBytes.addAndGet(device, -bytes);
+      deleteQuietly(path);
+      throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
+    }
+  }
+
+  @Override
+  public void free(SegmentMemory segment) {
+    HostSegment host = (HostSegment) segment;
+    if (deleteQuietly(host.path())) {
+      usedBytes.addAndGet(host.device(), -host.bytes());
+    }
+  }
+
+  private static boolean deleteQuietly(Path path) {
+    try {
+      return Files.deleteIfExists(path);
+    } catch (IOException e) {
+      log.error("Cannot delete segment file {}: {}", path, e.toString());
+      return false;
+    }
+  }
+
+  @Override
+  public void zero(SegmentMemory segment, long offset, long length) {
+    HostSegment host = (HostSegment) segment;
+    try (FileChannel channel = FileChannel.open(host.path(), StandardOpenOption.WRITE)) {
+      long position = offset;
+      long end = offset + length;
+      while (position < end) {
+        ByteBuffer chunk = ZEROS.duplicate();
+        chunk.limit((int) Math.min(ZERO_CHUNK, end - position));
+        position += channel.write(chunk, position);
+      }
+    } catch (IOException e) {
+      throw new BackendException("host zero " + host.path() + " [" + offset + ", +" + length + "): " + e, e);
+    }
+  }
+
+  @Override
+  public boolean freshSegmentsAreZeroed() {
+    return true; // a new file reads as zeros
+  }
+
+  @Override
+  public CompletionEvent openEvent(int device, byte[] ipcEventHandle) {
+    throw InvalidRequestException.of("cuda_ipc_event_handle", ipcEventHandle.length + " bytes",
+        "empty: host device " + device + " has no CUDA events");
+  }
+
+  @Override
+  public synchronized void close() {
+    if (closed) {
+      return;
+    }
+    closed = true;
+    int removed = 0;
+    for (DeviceInfo device : devices) {
+      Path dir = deviceDir(device.ordinal());
+      try {
+        removed += removeSegmentFiles(dir);
+        Files.deleteIfExists(dir);
+      } catch (IOException e) {
+        log.error("Cannot clean {}: {}", dir, e.toString());
+      }
+    }
+    try {
+      lock.release();
+      lockChannel.close();
+      Files.deleteIfExists(root.resolve(".gpumemd.lock"));
+    } catch (IOException e) {
+      log.error("Cannot release the lock of {}: {}", root, e.toString());
+    }
+    if (removed > 0) {
+      log.info("Host backend removed {} segment files still present at close", removed);
+    }
+  }
+
+  private static int removeSegmentFiles(Path dir) throws IOException {
+    if (!Files.isDirectory(dir)) {
+      return 0;
+    }
+    int removed = 0;
+    try (DirectoryStream<Path> files = Files.newDirectoryStream(dir, "seg-*")) {
+      for (Path file : files) {
+        if (deleteQuietly(file)) {
+          removed++;
+        }
+      }
+    }
+    return removed;
+  }
+}

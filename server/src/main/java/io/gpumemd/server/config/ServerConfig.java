@@ -1,0 +1,92 @@
+package io.gpumemd.server.config;
+
+import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionSettings;
+import java.nio.file.Path;
+import java.util.Map;
+import java.util.TreeMap;
+
+/**
+ * The daemon's validated, immutable configuration. Built by {@link ConfigLoader}; see its
+ * option table (and {@code --help}) for the meaning and default of each value.
+ *
+ * @param socket Unix domain socket path, or null for none
+ * @param listenHost TCP bind host, or empty for no TCP listener
+ * @param listenPort TCP port (0 = ephemeral, for tests)
+ * @param retentionCapBytes cap on cached bytes per device, or -1 for "the device budget"
+ * @param sources where each value came from (flag, env, file, default), for the start log
+ */
+public record ServerConfig(
+    Path socket,
+    String listenHost,
+    int listenPort,
+    String backend,
+    int metricsPort,
+    String metricsHost,
+    int hostDevices,
+    long hostDeviceBytes,
+    Path shmDir,
+    String shmGroup,
+    double deviceLimitFraction,
+    long deviceLimitBytes,
+    long retentionCapBytes,
+    long maxOversizeBytes,
+    int sessionTtlSeconds,
+    int maxSessionTtlSeconds,
+    long keepaliveGraceMillis,
+    long leakThresholdMillis,
+    Quota defaultQuota,
+    Map<String, Quota> quotaOverrides,
+    long drainTimeoutMillis,
+    String logFormat,
+    String logLevel,
+    Map<String, String> sources) {
+
+  public boolean tcpEnabled() {
+    return !listenHost.isEmpty();
+  }
+
+  public SessionSettings sessionSettings() {
+    return new SessionSettings(sessionTtlSeconds, maxSessionTtlSeconds, keepaliveGraceMillis,
+        leakThresholdMillis, defaultQuota, quotaOverrides);
+  }
+
+  /** The device budget for a device of the given capacity. */
+  public long deviceLimit(long capacityBytes) {
+    long limit = deviceLimitBytes > 0 ? deviceLimitBytes : (long) (capacityBytes * deviceLimitFraction);
+    return Math.min(limit, capacityBytes) & -512L;
+  }
+
+  /** One line per value for the start log, with where it came from. */
+  public String describe() {
+    Map<String, Object> values = new TreeMap<>();
+    values.put("socket", socket == null ? "none" : socket);
+    values.put("listen", tcpEnabled() ? listenHost + ":" + listenPort : "none");
+    values.put("backend", backend);
+    values.put("metrics-port", metricsPort);
+    values.put("metrics-host", metricsHost);
+    values.put("host-devices", hostDevices);
+    values.put("host-device-bytes", hostDeviceBytes);
+    values.put("shm-dir", shmDir);
+    values.put("shm-group", shmGroup.isEmpty() ? "(owner only)" : shmGroup);
+    values.put("device-limit-fraction", deviceLimitFraction);
+    values.put("device-limit-bytes", deviceLimitBytes);
+    values.put("retention-cap-bytes", retentionCapBytes < 0 ? "(device budget)" : retentionCapBytes);
+    values.put("max-oversize-bytes", maxOversizeBytes);
+    values.put("session-ttl-seconds", sessionTtlSeconds);
+    values.put("max-session-ttl-seconds", maxSessionTtlSeconds);
+    values.put("keepalive-grace-ms", keepaliveGraceMillis);
+    values.put("leak-threshold-ms", leakThresholdMillis);
+    values.put("quota-max-leased-bytes", defaultQuota.maxLeasedBytes());
+    values.put("quota-max-leases", defaultQuota.maxLeases());
+    values.put("drain-timeout-ms", drainTimeoutMillis);
+    values.put("log-format", logFormat);
+    values.put("log-level", logLevel);
+    StringBuilder out = new StringBuilder();
+    values.forEach((k, v) -> out.append("\n  ").append(k).append(" = ").append(v)
+        .append(sources.containsKey(k) && !"default".equals(sources.get(k)) ? "  [" + sources.get(k) + "]" : ""));
+    quotaOverrides.forEach((client, q) -> out.append("\n  quota.").append(client).append(" = ")
+        .append(q.maxLeasedBytes()).append(" bytes, ").append(q.maxLeases()).append(" leases  [file]"));
+    return out.toString();
+  }
+}

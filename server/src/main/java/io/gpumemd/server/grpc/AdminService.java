@@ -1,0 +1,169 @@
+package io.gpumemd.server.grpc;
+
+import io.gpumemd.proto.v1.AdminGrpc;
+import io.gpumemd.proto.v1.DeviceInfo;
+import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.GetStatsRequest;
+import io.gpumemd.proto.v1.GetStatsResponse;
+import io.gpumemd.proto.v1.LeaseInfo;
+import io.gpumemd.proto.v1.ListDevicesRequest;
+import io.gpumemd.proto.v1.ListDevicesResponse;
+import io.gpumemd.proto.v1.ListLeasesRequest;
+import io.gpumemd.proto.v1.ListLeasesResponse;
+import io.gpumemd.proto.v1.ListSessionsRequest;
+import io.gpumemd.proto.v1.ListSessionsResponse;
+import io.gpumemd.proto.v1.SessionInfo;
+import io.gpumemd.proto.v1.SetRetentionCapRequest;
+import io.gpumemd.proto.v1.SetRetentionCapResponse;
+import io.gpumemd.proto.v1.TrimRequest;
+import io.gpumemd.proto.v1.TrimResponse;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.PoolStats;
+import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Validation;
+import io.grpc.stub.StreamObserver;
+import java.util.List;
+import java.util.function.Supplier;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The {@code Admin} service: inspection and cache control for operators. A thin translation
+ * over the pools and the session registry; errors go through {@link StatusMapper}.
+ */
+public final class AdminService extends AdminGrpc.AdminImplBase {
+  private static final Logger log = LoggerFactory.getLogger(AdminService.class);
+
+  private final DevicePools pools;
+  private final SessionRegistry registry;
+
+  public AdminService(DevicePools pools, SessionRegistry registry) {
+    this.pools = pools;
+    this.registry = registry;
+  }
+
+  private static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
+    T value;
+    try {
+      value = body.get();
+    } catch (RuntimeException e) {
+      response.onError(StatusMapper.toStatus(rpc, e));
+      return;
+    }
+    response.onNext(value);
+    response.onCompleted();
+  }
+
+  private List<DevicePool> selected(boolean hasDevice, int device) {
+    return hasDevice ? List.of(pools.get(device)) : pools.all();
+  }
+
+  @Override
+  public void listDevices(ListDevicesRequest request, StreamObserver<ListDevicesResponse> response) {
+    answer("ListDevices", response, () -> {
+      ListDevicesResponse.Builder out = ListDevicesResponse.newBuilder();
+      for (DevicePool pool : pools.all()) {
+        var d = pool.device();
+        out.addDevices(DeviceInfo.newBuilder()
+            .setDevice(d.ordinal()).setName(d.name()).setUuid(d.uuid()).setBackend(d.backend())
+            .setCapacityBytes(d.capacityBytes()).setFreeBytesAtStart(d.freeBytesAtStart())
+            .setLimitBytes(pool.limitBytes()).setRetentionCapBytes(pool.stats().retentionCapBytes()));
+      }
+      return out.build();
+    });
+  }
+
+  @Override
+  public void getStats(GetStatsRequest request, StreamObserver<GetStatsResponse> response) {
+    answer("GetStats", response, () -> {
+      GetStatsResponse.Builder out = GetStatsResponse.newBuilder();
+      for (DevicePool pool : selected(request.hasDevice(), request.getDevice())) {
+        out.addDevices(toProto(pool.stats()));
+      }
+      return out.build();
+    });
+  }
+
+  static DeviceStats toProto(PoolStats s) {
+    return DeviceStats.newBuilder()
+        .setDevice(s.device()).setHits(s.hits()).setMisses(s.misses()).setReturns(s.returns())
+        .setEvictions(s.evictions()).setAllocRetries(s.allocRetries()).setOoms(s.ooms())
+        .setLeasedBytes(s.leasedBytes()).setCachedBytes(s.cachedBytes()).setReservedBytes(s.reservedBytes())
+        .setPeakLeasedBytes(s.peakLeasedBytes()).setActiveLeases(s.activeLeases())
+        .setCachedBlocks(s.cachedBlocks()).setSegments(s.segments())
+        .setRetentionCapBytes(s.retentionCapBytes()).setCapacityBytes(s.capacityBytes())
+        .setLimitBytes(s.limitBytes()).setRemainderBytes(s.remainderBytes())
+        .setBackendAllocs(s.backendAllocs()).setBackendFrees(s.backendFrees())
+        .setSegmentsAwaitingUnmap(s.segmentsAwaitingUnmap()).setBlocksAwaitingEvent(s.blocksAwaitingEvent())
+        .build();
+  }
+
+  @Override
+  public void listLeases(ListLeasesRequest request, StreamObserver<ListLeasesResponse> response) {
+    answer("ListLeases", response, () -> {
+      ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder();
+      for (LeaseRecord lease : registry.leases(request.hasDevice() ? request.getDevice() : null, request.getSessionId())) {
+        out.addLeases(LeaseInfo.newBuilder()
+            .setLeaseId(lease.id()).setSessionId(lease.session().id())
+            .setClientName(lease.session().clientName()).setDevice(lease.block().device())
+            .setSizeBytes(lease.sizeBytes()).setBlockBytes(lease.block().size()).setTag(lease.tag())
+            .setAgeMs(registry.ageMillis(lease.grantedNanos()))
+            .setSegmentId(lease.block().segmentId()).setOffset(lease.block().offset()));
+      }
+      return out.build();
+    });
+  }
+
+  @Override
+  public void listSessions(ListSessionsRequest request, StreamObserver<ListSessionsResponse> response) {
+    answer("ListSessions", response, () -> {
+      ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder();
+      for (Session session : registry.sessions()) {
+        long[] holdings = session.holdings();
+        out.addSessions(SessionInfo.newBuilder()
+            .setSessionId(session.id()).setClientName(session.clientName())
+            .setLeases(holdings[0]).setLeasedBytes(holdings[1])
+            .setAgeMs(registry.ageMillis(session.openedNanos()))
+            .setStreamAttached(session.streamAttached()).setTtlSeconds(session.ttlSeconds())
+            .setMappedSegments(registry.mappedSegments(session)));
+      }
+      return out.build();
+    });
+  }
+
+  @Override
+  public void trim(TrimRequest request, StreamObserver<TrimResponse> response) {
+    answer("Trim", response, () -> {
+      long keep = Validation.byteCount("keep_bytes", request.getKeepBytes());
+      List<DevicePool> targets = selected(request.hasDevice(), request.getDevice());
+      long freed = 0;
+      for (DevicePool pool : targets) {
+        freed += pool.trim(keep);
+      }
+      log.info("Trim to {} bytes on {}: freed {} bytes", keep, describe(request.hasDevice(), request.getDevice()), freed);
+      return TrimResponse.newBuilder().setFreedBytes(freed).build();
+    });
+  }
+
+  @Override
+  public void setRetentionCap(SetRetentionCapRequest request, StreamObserver<SetRetentionCapResponse> response) {
+    answer("SetRetentionCap", response, () -> {
+      long cap = Validation.byteCount("cap_bytes", request.getCapBytes());
+      List<DevicePool> targets = selected(request.hasDevice(), request.getDevice());
+      long evicted = 0;
+      for (DevicePool pool : targets) {
+        evicted += pool.setRetentionCap(cap);
+      }
+      log.info("Retention cap set to {} bytes on {}: evicted {} bytes", cap,
+          describe(request.hasDevice(), request.getDevice()), evicted);
+      return SetRetentionCapResponse.newBuilder().setEvictedBytes(evicted).build();
+    });
+  }
+
+  private static String describe(boolean hasDevice, int device) {
+    return hasDevice ? "device " + device : "all devices";
+  }
+}

@@ -1,0 +1,73 @@
+package io.gpumemd.server.pool;
+
+import io.gpumemd.server.backend.SegmentMemory;
+
+/**
+ * A byte range inside a segment: free (cached), leased, or released but waiting for the
+ * client's completion event. Blocks of a segment form a doubly linked list in address order so
+ * that a released block can coalesce with free neighbours.
+ *
+ * <p>All mutable fields are guarded by the owning {@link DevicePool}'s lock. Outside the pool
+ * a leased block is read-only: its segment, offset and size do not change while it is leased.
+ */
+public final class Block {
+  enum State { FREE, LEASED, AWAITING_EVENT }
+
+  final Segment segment;
+  final long id;
+  long offset;
+  long size;
+  State state;
+  Block prev;
+  Block next;
+  /** Set on lease: whether it was served from cache. Read by the leasing thread only. */
+  boolean hit;
+
+  Block(Segment segment, long id, long offset, long size, State state) {
+    this.segment = segment;
+    this.id = id;
+    this.offset = offset;
+    this.size = size;
+    this.state = state;
+  }
+
+  /** Device ordinal. */
+  public int device() {
+    return segment.memory.device();
+  }
+
+  /** Stable id of the segment holding the block. */
+  public long segmentId() {
+    return segment.id;
+  }
+
+  /** Bytes of the whole segment. */
+  public long segmentBytes() {
+    return segment.bytes;
+  }
+
+  /** The backend allocation (with its IPC handle). */
+  public SegmentMemory memory() {
+    return segment.memory;
+  }
+
+  /** Offset of the block in its segment. */
+  public long offset() {
+    return offset;
+  }
+
+  /** Bytes of the block (the request rounded to the pool's classes). */
+  public long size() {
+    return size;
+  }
+
+  /** True when the last lease of this block was served from cached memory. */
+  public boolean poolHit() {
+    return hit;
+  }
+
+  @Override
+  public String toString() {
+    return "Block[segment=" + segment.id + ", offset=" + offset + ", size=" + size + ", " + state + "]";
+  }
+}

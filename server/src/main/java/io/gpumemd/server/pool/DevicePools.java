@@ -1,0 +1,60 @@
+package io.gpumemd.server.pool;
+
+import io.gpumemd.server.error.InvalidRequestException;
+import java.util.List;
+
+/**
+ * The pools of every device, indexed by ordinal. Immutable after construction; thread-safe.
+ * Segment ids carry their device in the top 16 bits, so a segment id alone finds its pool.
+ */
+public final class DevicePools implements AutoCloseable {
+  private static final int DEVICE_SHIFT = 48;
+
+  private final List<DevicePool> pools;
+
+  public DevicePools(List<DevicePool> pools) {
+    this.pools = List.copyOf(pools);
+  }
+
+  /** First segment id of a device's pool. */
+  public static long segmentIdBase(int device) {
+    return ((long) device << DEVICE_SHIFT) + 1;
+  }
+
+  /** Device a segment id belongs to. */
+  public static int deviceOfSegment(long segmentId) {
+    return (int) (segmentId >>> DEVICE_SHIFT);
+  }
+
+  /**
+   * The pool of a device.
+   *
+   * @throws InvalidRequestException for an unknown ordinal
+   */
+  public DevicePool get(int device) {
+    if (device < 0 || device >= pools.size()) {
+      throw InvalidRequestException.of("device", device,
+          pools.size() == 1 ? "0, the only device" : "0.." + (pools.size() - 1));
+    }
+    return pools.get(device);
+  }
+
+  /** The pool owning a segment, or null for an id no pool could have issued. */
+  public DevicePool ofSegment(long segmentId) {
+    int device = deviceOfSegment(segmentId);
+    return device >= 0 && device < pools.size() ? pools.get(device) : null;
+  }
+
+  public List<DevicePool> all() {
+    return pools;
+  }
+
+  public int size() {
+    return pools.size();
+  }
+
+  @Override
+  public void close() {
+    pools.forEach(DevicePool::close);
+  }
+}

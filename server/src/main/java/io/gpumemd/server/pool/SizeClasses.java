@@ -1,0 +1,64 @@
+package io.gpumemd.server.pool;
+
+/**
+ * The pool's size rounding and classes, after PyTorch's CUDA caching allocator.
+ *
+ * <pre>
+ *  request (after rounding up to 512 B)   pool    segment allocated on a miss     split rule on lease
+ *  ------------------------------------   -----   ---------------------------     ---------------------------
+ *  512 B .. 1 MiB                         small   2 MiB, shared by many blocks    split when >= 512 B remain
+ *  &gt; 1 MiB                                 large   the request rounded to 2 MiB    split when &gt; 1 MiB remains
+ * </pre>
+ *
+ * A cached block more than {@code maxOversizeBytes} (default 20 MiB) larger than a large
+ * request is not used for it, so one huge free segment is not chopped up for small neighbours.
+ * All methods are pure functions; the class is thread-safe.
+ */
+public final class SizeClasses {
+  /** Every block size is a multiple of this. */
+  public static final long ALIGNMENT = 512;
+  /** Largest request served from the small pool. */
+  public static final long SMALL_MAX = 1L << 20;
+  /** Segment size of the small pool; large segments are rounded to the same granule. */
+  public static final long SEGMENT_GRANULE = 2L << 20;
+  /** Default most bytes a cached large block may exceed the request by. */
+  public static final long DEFAULT_MAX_OVERSIZE = 20L << 20;
+
+  private SizeClasses() {}
+
+  /** Rounds a request up to the 512-byte alignment. The caller ensures {@code size > 0}. */
+  public static long roundUp(long size) {
+    return (size + ALIGNMENT - 1) & -ALIGNMENT;
+  }
+
+  /** True when a rounded size is served from the small pool. */
+  public static boolean isSmall(long rounded) {
+    return rounded <= SMALL_MAX;
+  }
+
+  /** Bytes of the segment allocated for a rounded size on a miss. */
+  public static long segmentBytes(long rounded) {
+    return isSmall(rounded) ? SEGMENT_GRANULE : (rounded + SEGMENT_GRANULE - 1) & -SEGMENT_GRANULE;
+  }
+
+  /** True when a free block of {@code blockSize} handed out for {@code rounded} is split. */
+  static boolean shouldSplit(long blockSize, long rounded) {
+    long remainder = blockSize - rounded;
+    return isSmall(rounded) ? remainder >= ALIGNMENT : remainder > SMALL_MAX;
+  }
+
+  /** Human-readable size for messages, e.g. {@code 64.0 MiB}. */
+  public static String format(long bytes) {
+    if (bytes < 1024) {
+      return bytes + " B";
+    }
+    String[] units = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    double value = bytes;
+    int unit = -1;
+    while (value >= 1024 && unit < units.length - 1) {
+      value /= 1024;
+      unit++;
+    }
+    return String.format(java.util.Locale.ROOT, "%.1f %s", value, units[unit]);
+  }
+}

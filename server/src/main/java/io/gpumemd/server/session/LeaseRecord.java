@@ -1,0 +1,51 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.server.pool.Block;
+
+/**
+ * One live lease: which session holds which block, since when, and why (the tag). Immutable
+ * but for the leak-warning flag, which only the reaper thread writes.
+ */
+public final class LeaseRecord {
+  private final String id;
+  private final Session session;
+  private final Block block;
+  private final long sizeBytes;
+  private final String tag;
+  private final long grantedNanos;
+  volatile boolean leakReported;
+
+  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos) {
+    this.id = id;
+    this.session = session;
+    this.block = block;
+    this.sizeBytes = sizeBytes;
+    this.tag = tag;
+    this.grantedNanos = grantedNanos;
+  }
+
+  public String id() {
+    return id;
+  }
+
+  public Session session() {
+    return session;
+  }
+
+  public Block block() {
+    return block;
+  }
+
+  /** Bytes requested. */
+  public long sizeBytes() {
+    return sizeBytes;
+  }
+
+  public String tag() {
+    return tag;
+  }
+
+  public long grantedNanos() {
+    return grantedNanos;
+  }
+}

@@ -1,0 +1,18 @@
+package io.gpumemd.server.session;
+
+/**
+ * The server-to-client half of a session's KeepAlive stream, as the domain sees it. The gRPC
+ * layer implements it over the stream.
+ *
+ * <p>Implementations are thread-safe and never block: events are pushed from any thread.
+ */
+public interface SessionChannel {
+  /** Asks the client to unmap a segment and acknowledge. */
+  void requestUnmap(int device, long segmentId);
+
+  /** Tells the client the server is draining and frees everything in {@code drainMillis}. */
+  void shutdownNotice(long drainMillis);
+
+  /** Ends the stream (the session ended, or a newer stream replaced this one). */
+  void close();
+}

@@ -1,0 +1,364 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.error.DrainingException;
+import io.gpumemd.server.error.ExhaustedException;
+import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.SizeClasses;
+import io.gpumemd.server.pool.UnmapRequester;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.Comparator;
+import java.util.List;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Owns sessions and leases: who holds what, and getting it all back when a holder goes away.
+ *
+ * <p>Rules enforced here: only the owning session releases a lease (a foreign, unknown or
+ * repeated release is {@link NotFoundException} and changes nothing); a session ends by
+ * {@link #close}, by its KeepAlive stream staying away past the grace period, or by TTL expiry
+ * without keep-alive, and then every lease it held returns to its pool; quotas hold per
+ * session; a draining registry takes no new sessions or leases.
+ *
+ * <p>Unknown and expired sessions both answer {@link NotFoundException} (NOT_FOUND): an ended
+ * session's id is indistinguishable from one that never existed.
+ *
+ * <p>Thread-safety: sessions and leases live in concurrent maps. Who releases a lease is
+ * decided by an atomic {@code remove(id, record)} on the lease map, so an explicit release and
+ * a session ending concurrently release a block exactly once. {@link #reap} runs on one
+ * housekeeping thread.
+ */
+public final class SessionRegistry implements UnmapRequester {
+  private static final Logger log = LoggerFactory.getLogger(SessionRegistry.class);
+
+  private final DevicePools pools;
+  private final MemoryBackend backend;
+  private final SessionSettings settings;
+  private final Ticker ticker;
+  private final ConcurrentHashMap<String, Session> sessions = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<String, LeaseRecord> leases = new ConcurrentHashMap<>();
+  private volatile boolean draining;
+
+  public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker) {
+    this.pools = pools;
+    this.backend = backend;
+    this.settings = settings;
+    this.ticker = ticker;
+  }
+
+  public SessionSettings settings() {
+    return settings;
+  }
+
+  // ------------------------------------------------------------------------------ sessions
+
+  /** Opens a session; {@code ttlSeconds} 0 takes the default, larger ones are capped. */
+  public Session open(String clientName, int ttlSeconds) {
+    checkNotDraining();
+    Validation.label("client_name", clientName);
+    int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
+    Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), ticker.nanos());
+    sessions.put(session.id(), session);
+    log.info("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
+    return session;
+  }
+
+  /** A live session by id; refreshes its TTL. */
+  public Session session(String sessionId) {
+    SecureIds.check("session_id", sessionId);
+    Session session = sessions.get(sessionId);
+    if (session == null) {
+      throw new NotFoundException("session " + sessionId + " not found (never opened, closed, or expired)");
+    }
+    session.lastSeenNanos = ticker.nanos();
+    return session;
+  }
+
+  /** Closes a session at the client's request. */
+  public long[] close(String sessionId) {
+    return end(session(sessionId), "closed by the client");
+  }
+
+  /** Binds a KeepAlive stream to a session; a previous stream of the session is closed. */
+  public Session attach(String sessionId, SessionChannel channel) {
+    Session session = session(sessionId);
+    SessionChannel previous = session.channel;
+    session.channel = channel;
+    session.hadStream = true;
+    if (previous != null && previous != channel) {
+      previous.close();
+    }
+    if (session.ended()) {
+      // Lost a race with the session ending: the stream must not outlive it.
+      session.channel = null;
+      throw new NotFoundException("session " + sessionId + " has ended");
+    }
+    if (draining) {
+      channel.shutdownNotice(0);
+    }
+    return session;
+  }
+
+  /** A KeepAlive stream went away; the session ends after the grace period unless one returns. */
+  public void detach(Session session, SessionChannel channel) {
+    if (session.channel == channel) {
+      session.detachedNanos = ticker.nanos();
+      session.channel = null;
+      if (!session.ended()) {
+        log.debug("{}: KeepAlive stream closed; ends in {} ms unless it reconnects", session, settings.graceMillis());
+      }
+    }
+  }
+
+  /** Keep-alive traffic on the stream. */
+  public void touch(Session session) {
+    session.lastSeenNanos = ticker.nanos();
+  }
+
+  /** The client confirms it unmapped segments. */
+  public void unmapped(Session session, Collection<Long> segmentIds) {
+    for (long segmentId : segmentIds) {
+      DevicePool pool = pools.ofSegment(segmentId);
+      if (pool != null) {
+        pool.unmapped(session.id(), segmentId);
+      }
+    }
+  }
+
+  @Override
+  public void requestUnmap(String holder, int device, long segmentId) {
+    Session session = sessions.get(holder);
+    SessionChannel channel = session == null ? null : session.channel;
+    if (channel != null) {
+      channel.requestUnmap(device, segmentId);
+    } else if (session != null) {
+      log.debug("{}: segment {} waits for the session to end (no KeepAlive stream to ask)", session, segmentId);
+    }
+  }
+
+  /** Ends a session and returns everything it held. Returns {leases, bytes}; idempotent. */
+  long[] end(Session session, String reason) {
+    List<LeaseRecord> held = session.end();
+    if (held == null) {
+      return new long[] {0, 0};
+    }
+    sessions.remove(session.id(), session);
+    long bytes = 0;
+    long count = 0;
+    for (LeaseRecord lease : held) {
+      if (leases.remove(lease.id(), lease)) {
+        bytes += lease.block().size();
+        count++;
+        returnBlock(lease, null);
+      }
+    }
+    for (DevicePool pool : pools.all()) {
+      pool.holderEnded(session.id());
+    }
+    SessionChannel channel = session.channel;
+    session.channel = null;
+    if (channel != null) {
+      channel.close();
+    }
+    log.info("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
+        session.clientName(), reason, count, bytes, SizeClasses.format(bytes));
+    return new long[] {count, bytes};
+  }
+
+  // ------------------------------------------------------------------------------ leases
+
+  /**
+   * Leases a block for a session.
+   *
+   * @param cachedOnly when true, return null instead of doing anything that needs a backend
+   *     call (a miss, or zeroing): the caller retries on a thread that may block
+   */
+  public LeaseRecord lease(String sessionId, int device, long size, boolean zero, String tag, boolean cachedOnly) {
+    checkNotDraining();
+    Session session = session(sessionId);
+    DevicePool pool = pools.get(device);
+    Validation.leaseSize(size, pool.device());
+    Validation.label("tag", tag);
+    if (cachedOnly && zero) {
+      return null;
+    }
+    long rounded = SizeClasses.roundUp(size);
+    String refused = session.reserve(rounded);
+    if (refused != null) {
+      if (refused.isEmpty()) {
+        throw new NotFoundException("session " + sessionId + " has ended");
+      }
+      throw new ExhaustedException(session + ": " + refused);
+    }
+    Block block;
+    try {
+      block = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
+    } catch (RuntimeException e) {
+      session.unreserve(rounded);
+      throw e;
+    }
+    if (block == null) {
+      session.unreserve(rounded);
+      return null;
+    }
+    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, block, size, tag, ticker.nanos());
+    leases.put(lease.id(), lease);
+    if (!session.commit(lease, rounded)) {
+      if (leases.remove(lease.id(), lease)) {
+        pool.release(block, null);
+      }
+      throw new NotFoundException("session " + sessionId + " has ended");
+    }
+    if (log.isDebugEnabled()) {
+      log.debug("{}: lease {} of {} bytes on device {} (segment {}, offset {}, {}), tag '{}'", session,
+          lease.id(), size, device, block.segmentId(), block.offset(), block.poolHit() ? "hit" : "miss", tag);
+    }
+    return lease;
+  }
+
+  /**
+   * Releases a lease of a session; with a completion event the block is reused once it fires.
+   *
+   * @throws NotFoundException for an unknown lease, another session's lease, or a repeat
+   */
+  public void release(String sessionId, String leaseId, byte[] eventHandle) {
+    Session session = session(sessionId);
+    SecureIds.check("lease_id", leaseId);
+    Validation.eventHandle(eventHandle);
+    LeaseRecord lease = leases.get(leaseId);
+    if (lease == null || lease.session() != session) {
+      // The same answer for "never existed" and "someone else's": ids are not probeable.
+      throw new NotFoundException("lease " + leaseId + " not found in this session (unknown, already released, or held by another session)");
+    }
+    CompletionEvent event = eventHandle.length == 0 ? null
+        : backend.openEvent(lease.block().device(), eventHandle);
+    if (!leases.remove(leaseId, lease)) {
+      if (event != null) {
+        event.close();
+      }
+      throw new NotFoundException("lease " + leaseId + " was already released");
+    }
+    session.forget(lease);
+    returnBlock(lease, event);
+  }
+
+  private void returnBlock(LeaseRecord lease, CompletionEvent event) {
+    Block block = lease.block();
+    pools.get(block.device()).release(block, event);
+    if (lease.leakReported) {
+      log.info("Lease {} of {} ('{}') returned after {} ms (previously reported as possibly leaked)",
+          lease.id(), lease.session(), lease.session().clientName(), ageMillis(lease.grantedNanos()));
+    }
+  }
+
+  // ------------------------------------------------------------------------------ housekeeping
+
+  /**
+   * Ends sessions whose stream stayed away past the grace period or whose TTL passed without
+   * keep-alive, and reports leases held past the leak threshold. Called periodically.
+   */
+  public void reap() {
+    long now = ticker.nanos();
+    long grace = TimeUnit.MILLISECONDS.toNanos(settings.graceMillis());
+    for (Session session : sessions.values()) {
+      if (session.channel != null) {
+        continue;
+      }
+      if (session.hadStream && now - session.detachedNanos > grace) {
+        end(session, "KeepAlive stream closed " + (now - session.detachedNanos) / 1_000_000 + " ms ago");
+      } else if (now - session.lastSeenNanos > TimeUnit.SECONDS.toNanos(session.ttlSeconds())) {
+        end(session, "TTL of " + session.ttlSeconds() + " s expired without keep-alive");
+      }
+    }
+    long leakNanos = TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis());
+    if (leakNanos > 0) {
+      for (LeaseRecord lease : leases.values()) {
+        if (!lease.leakReported && now - lease.grantedNanos() > leakNanos) {
+          lease.leakReported = true;
+          log.warn("Possible leak: lease {} held for {} ms by session {} ('{}'): device {}, {} bytes, tag '{}'",
+              lease.id(), (now - lease.grantedNanos()) / 1_000_000, lease.session().id(),
+              lease.session().clientName(), lease.block().device(), lease.sizeBytes(), lease.tag());
+        }
+      }
+    }
+  }
+
+  /** Stops taking sessions and leases and tells every attached client. */
+  public void beginDrain(long drainMillis) {
+    draining = true;
+    for (Session session : sessions.values()) {
+      SessionChannel channel = session.channel;
+      if (channel != null) {
+        channel.shutdownNotice(drainMillis);
+      }
+    }
+  }
+
+  public boolean draining() {
+    return draining;
+  }
+
+  /** Ends every session (shutdown). */
+  public void endAll(String reason) {
+    for (Session session : sessions.values()) {
+      end(session, reason);
+    }
+  }
+
+  private void checkNotDraining() {
+    if (draining) {
+      throw new DrainingException("gpumemd is shutting down and takes no new sessions or leases");
+    }
+  }
+
+  // ------------------------------------------------------------------------------ listing
+
+  public int liveLeases() {
+    return leases.size();
+  }
+
+  public List<LeaseRecord> leases(Integer device, String sessionId) {
+    if (!sessionId.isEmpty()) {
+      SecureIds.check("session_id", sessionId);
+    }
+    if (device != null) {
+      pools.get(device);
+    }
+    List<LeaseRecord> out = new ArrayList<>();
+    for (LeaseRecord lease : leases.values()) {
+      if ((device == null || lease.block().device() == device)
+          && (sessionId.isEmpty() || lease.session().id().equals(sessionId))) {
+        out.add(lease);
+      }
+    }
+    out.sort(Comparator.comparingLong(LeaseRecord::grantedNanos));
+    return out;
+  }
+
+  public List<Session> sessions() {
+    List<Session> out = new ArrayList<>(sessions.values());
+    out.sort(Comparator.comparingLong(Session::openedNanos));
+    return out;
+  }
+
+  /** Segments a session may have mapped, over all devices. */
+  public int mappedSegments(Session session) {
+    int total = 0;
+    for (DevicePool pool : pools.all()) {
+      total += pool.mappedSegments(session.id());
+    }
+    return total;
+  }
+
+  public long ageMillis(long sinceNanos) {
+    return (ticker.nanos() - sinceNanos) / 1_000_000;
+  }
+}

@@ -1,0 +1,34 @@
+package io.gpumemd.server.session;
+
+import java.util.Map;
+
+/**
+ * Session policy, validated by the configuration.
+ *
+ * @param defaultTtlSeconds TTL of a session that asks for none
+ * @param maxTtlSeconds highest TTL granted
+ * @param graceMillis how long a session outlives its closed KeepAlive stream
+ * @param leakThresholdMillis age after which a lease is reported as a possible leak (0 = off)
+ * @param defaultQuota quota of sessions without an override
+ * @param quotaOverrides quotas by client name
+ */
+public record SessionSettings(
+    int defaultTtlSeconds,
+    int maxTtlSeconds,
+    long graceMillis,
+    long leakThresholdMillis,
+    Quota defaultQuota,
+    Map<String, Quota> quotaOverrides) {
+
+  public SessionSettings {
+    quotaOverrides = Map.copyOf(quotaOverrides);
+  }
+
+  public static SessionSettings defaults() {
+    return new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of());
+  }
+
+  Quota quotaFor(String clientName) {
+    return quotaOverrides.getOrDefault(clientName, defaultQuota);
+  }
+}

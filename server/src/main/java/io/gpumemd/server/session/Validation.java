@@ -1,0 +1,63 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.pool.SizeClasses;
+
+/**
+ * Checks of request fields, in one place, so that every rpc rejects the same input with the
+ * same {@code name: value (expected: …)} message. Stateless and thread-safe.
+ */
+public final class Validation {
+  /** Longest {@code client_name} and {@code tag} accepted. */
+  public static final int MAX_LABEL_LENGTH = 128;
+  /** Event handles (and memory handles) of CUDA IPC are 64 bytes. */
+  public static final int CUDA_IPC_HANDLE_BYTES = 64;
+
+  private Validation() {}
+
+  /** A lease size: positive and within the device's capacity. */
+  public static long leaseSize(long size, DeviceInfo device) {
+    if (size <= 0) {
+      throw InvalidRequestException.of("size_bytes", size, "> 0");
+    }
+    if (size > device.capacityBytes()) {
+      throw InvalidRequestException.of("size_bytes", size,
+          "at most " + device.capacityBytes() + ", the capacity of device " + device.ordinal()
+              + " (" + SizeClasses.format(device.capacityBytes()) + ")");
+    }
+    return size;
+  }
+
+  /** A free-form label ({@code client_name}, {@code tag}): bounded, printable. */
+  public static String label(String field, String value) {
+    if (value.length() > MAX_LABEL_LENGTH) {
+      throw InvalidRequestException.of(field, value.length() + " characters",
+          "at most " + MAX_LABEL_LENGTH);
+    }
+    for (int i = 0; i < value.length(); i++) {
+      if (Character.isISOControl(value.charAt(i))) {
+        throw InvalidRequestException.of(field, "a control character at index " + i,
+            "printable text");
+      }
+    }
+    return value;
+  }
+
+  /** A non-negative byte count such as {@code keep_bytes} or {@code cap_bytes}. */
+  public static long byteCount(String field, long value) {
+    if (value < 0) {
+      throw InvalidRequestException.of(field, value, ">= 0");
+    }
+    return value;
+  }
+
+  /** An optional CUDA IPC event handle: empty or exactly 64 bytes. */
+  public static byte[] eventHandle(byte[] handle) {
+    if (handle.length != 0 && handle.length != CUDA_IPC_HANDLE_BYTES) {
+      throw InvalidRequestException.of("cuda_ipc_event_handle", handle.length + " bytes",
+          "empty or " + CUDA_IPC_HANDLE_BYTES + " bytes");
+    }
+    return handle;
+  }
+}
