@@ -329,8 +329,7 @@ public final class DevicePool implements AutoCloseable {
       block.size = size;
       indexOf(segment).add(rest);
     }
-    if (segment.idle()) {
-      idleSegments.remove(segment);
+    if (idleSegments.remove(segment)) {
       cachedBytes -= segment.bytes;
     }
     block.state = Block.State.LEASED;

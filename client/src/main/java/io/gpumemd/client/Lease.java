@@ -1,0 +1,150 @@
+package io.gpumemd.client;
+
+import io.gpumemd.proto.v1.LeaseResponse;
+import java.nio.ByteBuffer;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+/**
+ * A block of device memory leased from gpumemd, mapped into this process. Close it (ideally
+ * with try-with-resources) to give the block back; {@link #close()} is idempotent.
+ *
+ * <p>Host devices expose the memory as a {@link ByteBuffer} ({@link #buffer()}); CUDA devices
+ * as a device pointer ({@link #devicePointer()}, or {@link CudaLeases#pointer} for JCuda). After
+ * close, buffers and pointers obtained from the lease must not be used: the block may already
+ * belong to another process.
+ *
+ * <p>Thread-safe: close may race with itself; exactly one call releases.
+ */
+public final class Lease implements AutoCloseable {
+  private final GpuMemClient client;
+  private final String id;
+  private final int device;
+  private final long sizeBytes;
+  private final long blockBytes;
+  private final boolean poolHit;
+  private final long segmentId;
+  private final long segmentBytes;
+  private final long offset;
+  private final SegmentMapping mapping;
+  private final AtomicBoolean closed = new AtomicBoolean();
+
+  Lease(GpuMemClient client, LeaseResponse response, SegmentMapping mapping) {
+    this.client = client;
+    this.id = response.getLeaseId();
+    this.device = response.getDevice();
+    this.sizeBytes = response.getSizeBytes();
+    this.blockBytes = response.getBlockBytes();
+    this.poolHit = response.getPoolHit();
+    this.segmentId = response.getHandle().getSegmentId();
+    this.segmentBytes = response.getHandle().getSegmentBytes();
+    this.offset = response.getHandle().getOffset();
+    this.mapping = mapping;
+  }
+
+  /** The lease id (as shown by {@code Admin.ListLeases}). */
+  public String id() {
+    return id;
+  }
+
+  public int device() {
+    return device;
+  }
+
+  /** Bytes requested. */
+  public long sizeBytes() {
+    return sizeBytes;
+  }
+
+  /** Bytes reserved (the request rounded up to the pool's size classes); all usable. */
+  public long blockBytes() {
+    return blockBytes;
+  }
+
+  /** True when the daemon served this lease from cached memory. */
+  public boolean poolHit() {
+    return poolHit;
+  }
+
+  public long segmentId() {
+    return segmentId;
+  }
+
+  public long segmentBytes() {
+    return segmentBytes;
+  }
+
+  /** Offset of the block in its segment. */
+  public long offset() {
+    return offset;
+  }
+
+  SegmentMapping mapping() {
+    return mapping;
+  }
+
+  /** True for a lease on a host (shared-memory) device. */
+  public boolean isHost() {
+    return mapping instanceof HostMapping;
+  }
+
+  /**
+   * The leased memory as a buffer of {@link #sizeBytes()} bytes, shared with the daemon and
+   * every other process that maps the same block (host devices only).
+   */
+  public ByteBuffer buffer() {
+    checkOpen();
+    if (!(mapping instanceof HostMapping host)) {
+      throw new IllegalStateException("lease " + id + " is on a CUDA device: use devicePointer()");
+    }
+    return host.slice(offset, sizeBytes);
+  }
+
+  /** The block's CUDA device address in this process: segment base + offset (CUDA only). */
+  public long devicePointer() {
+    checkOpen();
+    if (isHost()) {
+      throw new IllegalStateException("lease " + id + " is on a host device: use buffer()");
+    }
+    return CudaMappings.address(mapping) + offset;
+  }
+
+  public boolean isClosed() {
+    return closed.get();
+  }
+
+  private void checkOpen() {
+    if (closed.get()) {
+      throw new IllegalStateException("lease " + id + " is closed");
+    }
+  }
+
+  /** Releases the lease; later calls do nothing. */
+  @Override
+  public void close() {
+    if (closed.compareAndSet(false, true)) {
+      client.release(this, null);
+    }
+  }
+
+  /** Releases without waiting for the daemon's answer. */
+  public CompletableFuture<Void> closeAsync() {
+    if (closed.compareAndSet(false, true)) {
+      return client.releaseAsync(this, null);
+    }
+    return CompletableFuture.completedFuture(null);
+  }
+
+  /** Releases with a CUDA IPC event handle; see {@link CudaLeases#closeAfter}. */
+  void closeWithEvent(byte[] eventHandle) {
+    if (closed.compareAndSet(false, true)) {
+      client.release(this, eventHandle);
+    }
+  }
+
+  @Override
+  public String toString() {
+    return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId
+        + "+" + offset + (poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "") + "]";
+  }
+}

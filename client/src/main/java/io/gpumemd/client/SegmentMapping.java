@@ -1,0 +1,10 @@
+package io.gpumemd.client;
+
+/**
+ * A process-local mapping of one segment: a mapped shared-memory file (host) or an opened CUDA
+ * IPC handle. Created once per segment by {@link MappingCache} and shared by every lease on it.
+ */
+interface SegmentMapping {
+  /** Unmaps. Any buffer or pointer derived from the mapping becomes invalid. */
+  void close();
+}

@@ -1,0 +1,128 @@
+package io.gpumemd.server.e2e;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.GpuMemException;
+import io.gpumemd.client.Lease;
+import io.gpumemd.server.pool.PoolStats;
+import io.gpumemd.server.testing.TestDaemon;
+import io.grpc.Status;
+import java.nio.ByteBuffer;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/** The client library against a real daemon on the host backend, over both listeners. */
+class ClientLeaseTest {
+  private TestDaemon daemon;
+
+  @BeforeEach
+  void start() {
+    daemon = TestDaemon.start();
+  }
+
+  @AfterEach
+  void stop() {
+    daemon.verifyInvariants();
+    daemon.close();
+  }
+
+  private PoolStats stats(int device) {
+    return daemon.server().pools().get(device).stats();
+  }
+
+  @Test
+  void lease_overUnixSocket_sharesBytesWithAnotherClient() {
+    try (GpuMemClient writer = GpuMemClient.connect(daemon.unixTarget());
+         GpuMemClient reader = GpuMemClient.builder(daemon.tcpTarget()).clientName("reader").connect()) {
+      Lease lease = writer.lease(0, 4096);
+      ByteBuffer buf = lease.buffer();
+      assertEquals(4096, buf.capacity());
+      for (int i = 0; i < 4096; i++) {
+        buf.put(i, (byte) (i * 31));
+      }
+      lease.close();
+      // The freed block is the best fit for the same size: the reader gets it and sees the bytes.
+      try (Lease again = reader.lease(0, 4096)) {
+        assertTrue(again.poolHit());
+        assertEquals(lease.segmentId(), again.segmentId());
+        assertEquals(lease.offset(), again.offset());
+        ByteBuffer seen = again.buffer();
+        for (int i = 0; i < 4096; i++) {
+          assertEquals((byte) (i * 31), seen.get(i), "byte " + i);
+        }
+      }
+    }
+    PoolStats s = stats(0);
+    assertEquals(1, s.hits());
+    assertEquals(1, s.misses());
+    assertEquals(2, s.returns());
+    assertEquals(0, s.leasedBytes());
+  }
+
+  @Test
+  void lease_zeroTrue_clearsPreviousContents() {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      try (Lease dirty = client.lease(0, 8192)) {
+        dirty.buffer().put(0, (byte) 7).put(8191, (byte) 9);
+      }
+      try (Lease clean = client.lease(0, 8192, true, "zeroed")) {
+        assertTrue(clean.poolHit());
+        assertEquals(0, clean.buffer().get(0));
+        assertEquals(0, clean.buffer().get(8191));
+      }
+    }
+  }
+
+  @Test
+  void poolHit_onMappedSegment_opensNoNewMapping() {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      for (int i = 0; i < 10; i++) {
+        try (Lease lease = client.lease(0, 64 * 1024)) {
+          lease.buffer().put(0, (byte) i);
+        }
+      }
+      assertEquals(1, client.mapsOpened());
+    }
+  }
+
+  @Test
+  void close_isIdempotent_andClientCloseReleasesEverything() {
+    GpuMemClient client = GpuMemClient.connect(daemon.unixTarget());
+    Lease a = client.lease(0, 1 << 20);
+    a.close();
+    a.close();
+    client.lease(1, 3 << 20);
+    client.lease(1, 5000);
+    assertEquals(2, daemon.server().registry().liveLeases());
+    client.close();
+    client.close();
+    assertEquals(0, daemon.server().registry().liveLeases());
+    assertEquals(0, stats(1).leasedBytes());
+  }
+
+  @Test
+  void errors_keepStatusCodeAndServerMessage() {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      GpuMemException zero = assertThrows(GpuMemException.class, () -> client.lease(0, 0));
+      assertEquals(Status.Code.INVALID_ARGUMENT, zero.code());
+      assertTrue(zero.serverMessage().startsWith("size_bytes: 0"), zero.getMessage());
+      GpuMemException device = assertThrows(GpuMemException.class, () -> client.lease(7, 10));
+      assertEquals(Status.Code.INVALID_ARGUMENT, device.code());
+      assertTrue(device.serverMessage().contains("device: 7"), device.getMessage());
+      Lease big = client.lease(0, 200L << 20);
+      GpuMemException full = assertThrows(GpuMemException.class, () -> client.lease(0, 100L << 20));
+      assertEquals(Status.Code.RESOURCE_EXHAUSTED, full.code());
+      assertTrue(full.serverMessage().contains("limit=268435456"), full.getMessage());
+      big.close();
+    }
+    assertEquals(1, stats(0).ooms());
+    assertNotEquals(0, stats(0).cachedBytes());
+    assertFalse(daemon.server().registry().draining());
+  }
+}

@@ -1,0 +1,168 @@
+package io.gpumemd.server.testing;
+
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * The real daemon ({@code io.gpumemd.server.Main}) in its own JVM, started from the test
+ * classpath, for end-to-end tests: signals, exit codes and logs are the real ones. Its output
+ * is collected; {@link #awaitLine} waits for a log line.
+ */
+public final class DaemonProcess implements AutoCloseable {
+  private static final Pattern TCP = Pattern.compile("Listening on tcp://[^:]+:(\\d+)");
+  private static final Pattern METRICS = Pattern.compile("Metrics on http://[^:]+:(\\d+)/metrics");
+
+  private final Process process;
+  private final Path dir;
+  private final List<String> lines = Collections.synchronizedList(new ArrayList<>());
+  private final CountDownLatch ready = new CountDownLatch(1);
+  private volatile int tcpPort = -1;
+  private volatile int metricsPort = -1;
+
+  private DaemonProcess(Process process, Path dir) {
+    this.process = process;
+    this.dir = dir;
+    Thread reader = new Thread(this::pump, "daemon-output");
+    reader.setDaemon(true);
+    reader.start();
+  }
+
+  /** Starts the daemon with {@link TestDaemon#defaultFlags} then {@code extraFlags}. */
+  public static DaemonProcess start(String... extraFlags) {
+    try {
+      Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-");
+      List<String> command = new ArrayList<>(javaCommand("io.gpumemd.server.Main"));
+      command.addAll(List.of(TestDaemon.defaultFlags(dir)));
+      command.addAll(List.of(extraFlags));
+      Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+      DaemonProcess daemon = new DaemonProcess(p, dir);
+      if (!daemon.ready.await(30, TimeUnit.SECONDS)) {
+        daemon.close();
+        throw new IllegalStateException("daemon did not become ready:\n" + daemon.output());
+      }
+      return daemon;
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException(e);
+    }
+  }
+
+  /** {@code java -cp <this test classpath> mainClass}, for daemon and client processes. */
+  public static List<String> javaCommand(String mainClass) {
+    String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+    return new ArrayList<>(List.of(java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        "-cp", System.getProperty("java.class.path"), mainClass));
+  }
+
+  private void pump() {
+    try (BufferedReader in = new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8))) {
+      String line;
+      while ((line = in.readLine()) != null) {
+        lines.add(line);
+        Matcher m = TCP.matcher(line);
+        if (m.find()) {
+          tcpPort = Integer.parseInt(m.group(1));
+        }
+        Matcher mm = METRICS.matcher(line);
+        if (mm.find()) {
+          metricsPort = Integer.parseInt(mm.group(1));
+        }
+        if (line.contains("gpumemd ready")) {
+          ready.countDown();
+        }
+      }
+    } catch (IOException e) {
+      // process ended
+    } finally {
+      ready.countDown();
+    }
+  }
+
+  public Process process() {
+    return process;
+  }
+
+  public String tcpTarget() {
+    return "127.0.0.1:" + tcpPort;
+  }
+
+  public String unixTarget() {
+    return "unix://" + dir.resolve("gpumemd.sock");
+  }
+
+  public int metricsPort() {
+    return metricsPort;
+  }
+
+  public Path dir() {
+    return dir;
+  }
+
+  public Path shmDir() {
+    return dir.resolve("shm");
+  }
+
+  public String output() {
+    synchronized (lines) {
+      return String.join("\n", lines);
+    }
+  }
+
+  /** Waits up to {@code millis} for a log line containing {@code text}. */
+  public boolean awaitLine(String text, long millis) throws InterruptedException {
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
+    while (System.nanoTime() < deadline) {
+      synchronized (lines) {
+        for (String line : lines) {
+          if (line.contains(text)) {
+            return true;
+          }
+        }
+      }
+      Thread.sleep(20);
+    }
+    return false;
+  }
+
+  /** Sends SIGTERM and waits for the exit code. */
+  public int terminate(long millis) throws InterruptedException {
+    process.destroy();
+    if (!process.waitFor(millis, TimeUnit.MILLISECONDS)) {
+      process.destroyForcibly();
+      process.waitFor();
+      return -1;
+    }
+    return process.exitValue();
+  }
+
+  @Override
+  public void close() {
+    if (process.isAlive()) {
+      process.destroyForcibly();
+      try {
+        process.waitFor(10, TimeUnit.SECONDS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+    }
+    try (var walk = Files.walk(dir)) {
+      walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+    } catch (IOException e) {
+      // best effort
+    }
+  }
+}
