@@ -1,0 +1,228 @@
+package io.gpumemd.server.grpc;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.google.protobuf.ByteString;
+import io.gpumemd.proto.v1.AdminGrpc;
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.CloseSessionRequest;
+import io.gpumemd.proto.v1.GetStatsRequest;
+import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.LeaseResponse;
+import io.gpumemd.proto.v1.ListLeasesRequest;
+import io.gpumemd.proto.v1.OpenSessionRequest;
+import io.gpumemd.proto.v1.ReleaseRequest;
+import io.gpumemd.proto.v1.SetRetentionCapRequest;
+import io.gpumemd.proto.v1.TrimRequest;
+import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.metrics.ServerMetrics;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SecureIds;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.testing.FakeTicker;
+import io.grpc.ManagedChannel;
+import io.grpc.Server;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.inprocess.InProcessChannelBuilder;
+import io.grpc.inprocess.InProcessServerBuilder;
+import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.function.Executable;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Every row of the design's status table through the real services on an in-process
+ * transport: the precise code, a message a person understands, and nothing changed.
+ */
+class StatusTableTest {
+  private static final long MIB = 1 << 20;
+
+  @TempDir
+  Path dir;
+
+  private final FakeTicker ticker = new FakeTicker();
+  private HostShmBackend backend;
+  private DevicePools pools;
+  private SessionRegistry registry;
+  private Server server;
+  private ManagedChannel channel;
+  private AllocatorGrpc.AllocatorBlockingStub allocator;
+  private AdminGrpc.AdminBlockingStub admin;
+
+  @BeforeEach
+  void start() throws Exception {
+    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+    AtomicReference<SessionRegistry> ref = new AtomicReference<>();
+    DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(32 * MIB, 32 * MIB, 20 * MIB),
+        (h, d, s) -> ref.get().requestUnmap(h, d, s), DevicePools.segmentIdBase(0));
+    pools = new DevicePools(List.of(pool));
+    registry = new SessionRegistry(pools, backend,
+        new SessionSettings(30, 3600, 2000, 0, new Quota(0, 3), Map.of()), ticker);
+    ref.set(registry);
+    String name = InProcessServerBuilder.generateName();
+    server = InProcessServerBuilder.forName(name).directExecutor()
+        .addService(new AllocatorService(registry, Runnable::run,
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry)))
+        .addService(new AdminService(pools, registry))
+        .build().start();
+    channel = InProcessChannelBuilder.forName(name).directExecutor().build();
+    allocator = AllocatorGrpc.newBlockingStub(channel);
+    admin = AdminGrpc.newBlockingStub(channel);
+  }
+
+  @AfterEach
+  void stop() throws Exception {
+    channel.shutdownNow();
+    server.shutdownNow();
+    assertTrue(server.awaitTermination(5, TimeUnit.SECONDS), "server left running");
+    pools.get(0).verifyInvariants();
+    pools.close();
+    backend.close();
+  }
+
+  private String session() {
+    return allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
+  }
+
+  private LeaseRequest.Builder lease(String session, long size) {
+    return LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(size);
+  }
+
+  /** What a refused call must not change (the ooms counter is allowed to count it). */
+  private String state() {
+    return admin.getStats(GetStatsRequest.getDefaultInstance()).getDevices(0).toBuilder().clearOoms()
+        .build().toString() + admin.listLeases(ListLeasesRequest.getDefaultInstance()).getLeasesList();
+  }
+
+  /** Asserts the call fails with the code, a message containing {@code text}, and no change. */
+  private void refused(Status.Code code, String text, Executable call) {
+    String before = state();
+    StatusRuntimeException e = assertThrows(StatusRuntimeException.class, call);
+    assertEquals(code, e.getStatus().getCode(), e.getStatus().toString());
+    assertTrue(e.getStatus().getDescription().contains(text),
+        "message '" + e.getStatus().getDescription() + "' should contain '" + text + "'");
+    assertEquals(before, state(), "a refused call changed the pool");
+  }
+
+  @Test
+  void invalidArgument_rows() {
+    String s = session();
+    refused(Status.Code.INVALID_ARGUMENT, "size_bytes: 0 (expected: > 0)",
+        () -> allocator.lease(lease(s, 0).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "size_bytes: -4096",
+        () -> allocator.lease(lease(s, -4096).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "the capacity of device 0",
+        () -> allocator.lease(lease(s, Long.MAX_VALUE).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "device: 3 (expected: 0, the only device)",
+        () -> allocator.lease(lease(s, 4096).setDevice(3).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "device: -1",
+        () -> allocator.lease(lease(s, 4096).setDevice(-1).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "session_id: (empty)",
+        () -> allocator.lease(lease("", 4096).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "session_id: 'xyz'",
+        () -> allocator.lease(lease("xyz", 4096).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "lease_id: 'ZZZ'",
+        () -> allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId("ZZZ").build()));
+    refused(Status.Code.INVALID_ARGUMENT, "tag: 129 characters (expected: at most 128)",
+        () -> allocator.lease(lease(s, 4096).setTag("t".repeat(129)).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "client_name: 200 characters",
+        () -> allocator.openSession(OpenSessionRequest.newBuilder().setClientName("c".repeat(200)).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "keep_bytes: -1",
+        () -> admin.trim(TrimRequest.newBuilder().setKeepBytes(-1).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "cap_bytes: -5",
+        () -> admin.setRetentionCap(SetRetentionCapRequest.newBuilder().setCapBytes(-5).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "device: 9",
+        () -> admin.getStats(GetStatsRequest.newBuilder().setDevice(9).build()));
+    LeaseResponse held = allocator.lease(lease(s, 4096).build());
+    refused(Status.Code.INVALID_ARGUMENT, "cuda_ipc_event_handle: 3 bytes (expected: empty or 64 bytes)",
+        () -> allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId())
+            .setCudaIpcEventHandle(ByteString.copyFrom(new byte[3])).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "host device 0 has no CUDA events",
+        () -> allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId())
+            .setCudaIpcEventHandle(ByteString.copyFrom(new byte[64])).build()));
+  }
+
+  @Test
+  void notFound_rows() {
+    String s = session();
+    String other = session();
+    refused(Status.Code.NOT_FOUND, "not found", () -> allocator.lease(lease(SecureIds.next(), 4096).build()));
+    LeaseResponse held = allocator.lease(lease(s, 4096).build());
+    refused(Status.Code.NOT_FOUND, "not found", () -> allocator.release(
+        ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(SecureIds.next()).build()));
+    refused(Status.Code.NOT_FOUND, held.getLeaseId(), () -> allocator.release(
+        ReleaseRequest.newBuilder().setSessionId(other).setLeaseId(held.getLeaseId()).build()));
+    allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId()).build());
+    refused(Status.Code.NOT_FOUND, held.getLeaseId(), () -> allocator.release(
+        ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId()).build()));
+    // expired session
+    ticker.advance(31, TimeUnit.SECONDS);
+    registry.reap();
+    refused(Status.Code.NOT_FOUND, "not found", () -> allocator.lease(lease(s, 4096).build()));
+    refused(Status.Code.NOT_FOUND, "not found",
+        () -> allocator.closeSession(CloseSessionRequest.newBuilder().setSessionId(s).build()));
+  }
+
+  @Test
+  void resourceExhausted_rows_stateThePoolOrQuota() {
+    String s = session();
+    allocator.lease(lease(s, 20 * MIB).build());
+    refused(Status.Code.RESOURCE_EXHAUSTED, "(requested=16777216, leased=20971520, cached=0",
+        () -> allocator.lease(lease(s, 16 * MIB).build()));
+    refused(Status.Code.RESOURCE_EXHAUSTED, "limit=33554432",
+        () -> allocator.lease(lease(s, 16 * MIB).build()));
+    allocator.lease(lease(s, 4096).build());
+    allocator.lease(lease(s, 4096).build());
+    refused(Status.Code.RESOURCE_EXHAUSTED, "session quota max-leases=3",
+        () -> allocator.lease(lease(s, 4096).build()));
+    assertEquals(2, pools.get(0).stats().ooms());
+  }
+
+  @Test
+  void unavailable_whileDraining() {
+    String s = session();
+    registry.beginDrain(1000);
+    refused(Status.Code.UNAVAILABLE, "shutting down", () -> allocator.lease(lease(s, 4096).build()));
+    refused(Status.Code.UNAVAILABLE, "shutting down",
+        () -> allocator.openSession(OpenSessionRequest.getDefaultInstance()));
+  }
+
+  @Test
+  void internal_hidesTheCause_andLogsIt() throws Exception {
+    String s = session();
+    // Break the backend underneath the pool: the device directory disappears.
+    Path devDir = dir.resolve("shm").resolve("dev0");
+    List<Path> files = new ArrayList<>();
+    try (var list = Files.list(devDir)) {
+      list.forEach(files::add);
+    }
+    for (Path f : files) {
+      Files.delete(f);
+    }
+    Files.delete(devDir);
+    try (var log = new io.gpumemd.server.testing.LogCapture(StatusMapper.class)) {
+      refused(Status.Code.INTERNAL, "internal error in gpumemd; the server log has the cause",
+          () -> allocator.lease(lease(s, 4096).build()));
+      List<String> errors = log.messages("ERROR");
+      assertEquals(1, errors.size(), errors.toString());
+      assertTrue(errors.get(0).contains("Lease"), errors.get(0));
+    }
+    Files.createDirectories(devDir);
+  }
+}
