@@ -161,11 +161,12 @@ public final class GpumemdServer {
       health.setStatus(service, ServingStatus.SERVING);
     }
     if (config.socket() != null) {
-      socketPath = config.socket().toAbsolutePath();
-      prepareSocketPath(socketPath);
-      Server uds = build(NettyServerBuilder.forAddress(new DomainSocketAddress(socketPath.toString()))
+      Path path = config.socket().toAbsolutePath();
+      prepareSocketPath(path);
+      Server uds = build(NettyServerBuilder.forAddress(new DomainSocketAddress(path.toString()))
           .channelType(EpollServerDomainSocketChannel.class), services).start();
       servers.add(uds);
+      socketPath = path; // ours from now on: removed at shutdown
       Files.setPosixFilePermissions(socketPath,
           PosixFilePermissions.fromString(config.shmGroup().isEmpty() ? "rw-------" : "rw-rw----"));
       log.info("Listening on unix://{}", socketPath);

@@ -31,10 +31,12 @@ public final class DaemonProcess implements AutoCloseable {
   private volatile int tcpPort = -1;
   private volatile int metricsPort = -1;
 
+  private final Thread reader;
+
   private DaemonProcess(Process process, Path dir) {
     this.process = process;
     this.dir = dir;
-    Thread reader = new Thread(this::pump, "daemon-output");
+    reader = new Thread(this::pump, "daemon-output");
     reader.setDaemon(true);
     reader.start();
   }
@@ -138,14 +140,33 @@ public final class DaemonProcess implements AutoCloseable {
     return false;
   }
 
+  /**
+   * Sends SIGTERM. (Not {@code Process.destroy()}: it also closes our end of the process's
+   * output, and we would lose what the daemon logs while it shuts down.)
+   */
+  public void sigterm() {
+    process.toHandle().destroy();
+  }
+
   /** Sends SIGTERM and waits for the exit code. */
   public int terminate(long millis) throws InterruptedException {
-    process.destroy();
+    sigterm();
+    return awaitExit(millis);
+  }
+
+  /**
+   * Waits for the process to exit and for its output to be read to the end.
+   *
+   * @return the exit code, or -1 if it had to be killed
+   */
+  public int awaitExit(long millis) throws InterruptedException {
     if (!process.waitFor(millis, TimeUnit.MILLISECONDS)) {
       process.destroyForcibly();
       process.waitFor();
+      reader.join(5000);
       return -1;
     }
+    reader.join(5000);
     return process.exitValue();
   }
 
