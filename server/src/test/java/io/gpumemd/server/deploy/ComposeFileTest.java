@@ -7,6 +7,7 @@ import static io.gpumemd.server.deploy.RepoFiles.listOrEmpty;
 import static io.gpumemd.server.deploy.RepoFiles.map;
 import static io.gpumemd.server.deploy.RepoFiles.string;
 import static io.gpumemd.server.deploy.RepoFiles.strings;
+import static io.gpumemd.server.deploy.RepoFiles.volumeAt;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -135,10 +136,6 @@ class ComposeFileTest {
     return out;
   }
 
-  private static String volumeAt(Map<String, String> mounts, String path) {
-    return mounts.entrySet().stream().filter(e -> e.getValue().equals(path)).map(Map.Entry::getKey)
-        .findFirst().orElseThrow(() -> new AssertionError("no volume mounted at " + path + ": " + mounts));
-  }
 
   private List<String> profiles(String service) {
     return strings(get(service(service), "profiles"), "profiles");

@@ -1,5 +1,6 @@
 package io.gpumemd.server.deploy;
 
+import io.gpumemd.server.config.ConfigLoader;
 import io.gpumemd.server.config.ServerConfig;
 import java.util.ArrayList;
 import java.util.List;
@@ -36,11 +37,14 @@ final class GpumemdImage {
     return List.copyOf(e.subList(e.indexOf("-jar") + 2, e.size()));
   }
 
-  /** The daemon's configuration in a container of this image run with {@code args} and {@code env}. */
+  /**
+   * The daemon's configuration in a container of this image run with {@code args} and {@code env},
+   * as the daemon's own {@link ConfigLoader} parses and validates it.
+   */
   ServerConfig config(List<String> args, Map<String, String> env) {
     List<String> flags = new ArrayList<>(daemonFlags());
     flags.addAll(args);
-    return RepoFiles.daemonConfig(flags, env);
+    return ConfigLoader.load(flags.toArray(String[]::new), env);
   }
 
   ServerConfig config(List<String> args) {

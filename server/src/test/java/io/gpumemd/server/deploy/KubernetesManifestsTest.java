@@ -7,6 +7,7 @@ import static io.gpumemd.server.deploy.RepoFiles.listOrEmpty;
 import static io.gpumemd.server.deploy.RepoFiles.map;
 import static io.gpumemd.server.deploy.RepoFiles.string;
 import static io.gpumemd.server.deploy.RepoFiles.strings;
+import static io.gpumemd.server.deploy.RepoFiles.volumeAt;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -216,10 +217,6 @@ class KubernetesManifestsTest {
     assertEquals(metricsPort, w.containerPort("gpumemd", "metrics"), "containerPort metrics");
   }
 
-  private static String volumeAt(Map<String, String> mounts, String path) {
-    return mounts.entrySet().stream().filter(e -> e.getValue().equals(path)).map(Map.Entry::getKey)
-        .findFirst().orElseThrow(() -> new AssertionError("no volume mounted at " + path + ": " + mounts));
-  }
 
   private Workload sidecar() {
     return new Workload(documents("deploy/k8s/sidecar.yaml").get(0), image);

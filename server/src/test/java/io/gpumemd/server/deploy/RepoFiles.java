@@ -1,7 +1,5 @@
 package io.gpumemd.server.deploy;
 
-import io.gpumemd.server.config.ConfigLoader;
-import io.gpumemd.server.config.ServerConfig;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
@@ -50,12 +48,10 @@ final class RepoFiles {
     return docs;
   }
 
-  /**
-   * The configuration the daemon would run with: {@code flags} parsed and validated by the
-   * daemon's own {@link ConfigLoader}, with {@code env} as its environment.
-   */
-  static ServerConfig daemonConfig(List<String> flags, Map<String, String> env) {
-    return ConfigLoader.load(flags.toArray(String[]::new), env);
+  /** The volume mounted at {@code path}, given volume name to mount path. */
+  static String volumeAt(Map<String, String> mounts, String path) {
+    return mounts.entrySet().stream().filter(e -> e.getValue().equals(path)).map(Map.Entry::getKey)
+        .findFirst().orElseThrow(() -> new AssertionError("no volume mounted at " + path + ": " + mounts));
   }
 
   // --- navigation in parsed YAML -------------------------------------------------------
