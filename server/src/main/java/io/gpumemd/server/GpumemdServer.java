@@ -14,7 +14,8 @@ import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.pool.SizeClasses;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.Ticker;
-import io.grpc.BindableService;
+import io.grpc.ServerServiceDefinition;
+import io.gpumemd.server.grpc.DocumentedSchema;
 import io.grpc.Server;
 import io.grpc.health.v1.HealthCheckResponse.ServingStatus;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
@@ -151,12 +152,12 @@ public final class GpumemdServer {
           SizeClasses.format(stats.retentionCapBytes()));
     }
     ServerMetrics metrics = new ServerMetrics(meterRegistry, pools, registry);
-    List<BindableService> services = List.of(
-        new AllocatorService(registry, blockingExecutor, metrics),
-        new AdminService(pools, registry),
-        health.getHealthService(),
-        ProtoReflectionServiceV1.newInstance(),
-        ProtoReflectionService.newInstance());
+    List<ServerServiceDefinition> services = List.of(
+        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics)),
+        DocumentedSchema.bind(new AdminService(pools, registry)),
+        health.getHealthService().bindService(),
+        ProtoReflectionServiceV1.newInstance().bindService(),
+        ProtoReflectionService.newInstance().bindService());
     for (String service : SERVICES) {
       health.setStatus(service, ServingStatus.SERVING);
     }
@@ -189,7 +190,7 @@ public final class GpumemdServer {
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());
   }
 
-  private Server build(NettyServerBuilder builder, List<BindableService> services) {
+  private Server build(NettyServerBuilder builder, List<ServerServiceDefinition> services) {
     builder.bossEventLoopGroup(bossGroup)
         .workerEventLoopGroup(workerGroup)
         // Handlers never block: a lease that needs the backend moves itself to the blocking

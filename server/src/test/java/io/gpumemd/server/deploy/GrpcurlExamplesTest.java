@@ -97,17 +97,21 @@ class GrpcurlExamplesTest {
   }
 
   /**
-   * The README says describe shows no comments: grpc-java reflects the descriptors embedded in
-   * the generated classes, from which protoc's Java generator strips source info. If this ever
-   * fails, comments have become visible: update the README. The comments themselves are held to
-   * the contract (every rpc and DeviceStats field has one) in the .proto source.
+   * {@code grpcurl describe} shows the .proto comments: the daemon serves reflection from a
+   * descriptor set built with source info (DocumentedSchema), not from the generated classes,
+   * whose descriptors have it stripped. The comments themselves are held to the contract
+   * (every rpc and DeviceStats field has one) in the .proto source.
    */
   @Test
-  void reflectedDescriptors_carryNoComments_whileTheProtoSourceHasThem() {
+  void reflectedDescriptors_carryTheProtoComments() {
     try (Channels.Connection connection = Channels.open(target("tcp"))) {
       FileDescriptorProto file = new ReflectionGrpcurl(connection.channel()).rawFileContaining("gpumemd.v1.Admin");
       assertEquals("gpumemd/v1/gpumemd.proto", file.getName());
-      assertFalse(file.hasSourceCodeInfo(), "reflection now carries source info (comments): update deploy/README.md");
+      assertTrue(file.hasSourceCodeInfo(), "reflection serves no source info: describe would show no comments");
+      List<String> comments = file.getSourceCodeInfo().getLocationList().stream()
+          .map(l -> l.getLeadingComments().trim()).toList();
+      assertTrue(comments.contains("Returns the pool counters and gauges of one device, or of every device."), comments.toString());
+      assertTrue(comments.contains("Leases served from cached memory."), comments.toString());
     }
     String proto = RepoFiles.read("proto/src/main/proto/gpumemd/v1/gpumemd.proto");
     List<String> lines = proto.lines().map(String::trim).toList();
@@ -153,14 +157,21 @@ class GrpcurlExamplesTest {
   @ValueSource(strings = {"tcp", "unix"})
   void everyReadmeGrpcurlExample_runs(String transport) {
     ServerConfig image = new GpumemdImage().config(List.of());
-    List<List<String>> examples = readmeGrpcurlCommands();
+    // The root README addresses a daemon started with the defaults; deploy/README.md the image.
+    String defaultSocket = io.gpumemd.server.config.ConfigLoader.load(new String[0], java.util.Map.of())
+        .socket().toString();
+    List<List<String>> examples = readmeGrpcurlCommands("deploy/README.md");
     assertTrue(examples.size() >= 10, "README grpcurl examples: " + examples.size());
+    List<List<String>> rootExamples = readmeGrpcurlCommands("README.md");
+    assertTrue(rootExamples.size() >= 3, "root README grpcurl examples: " + rootExamples.size());
+    examples.addAll(rootExamples);
     try (Channels.Connection connection = Channels.open(target(transport))) {
       ReflectionGrpcurl grpcurl = new ReflectionGrpcurl(connection.channel());
       for (List<String> words : examples) {
         String address = address(words);
         if (words.contains("-unix")) {
-          assertEquals(image.socket().toString(), address, "README's socket is the image's: " + words);
+          String expected = rootExamples.contains(words) ? defaultSocket : image.socket().toString();
+          assertEquals(expected, address, "README's socket: " + words);
         } else {
           assertEquals("127.0.0.1:" + image.listenPort(), address, "README's TCP address: " + words);
         }
@@ -199,10 +210,10 @@ class GrpcurlExamplesTest {
   }
 
   /** The grpcurl lines of the README's sh blocks, split as a shell would. */
-  private static List<List<String>> readmeGrpcurlCommands() {
+  private static List<List<String>> readmeGrpcurlCommands(String file) {
     List<List<String>> out = new ArrayList<>();
     boolean inShell = false;
-    for (String line : RepoFiles.read("deploy/README.md").lines().toList()) {
+    for (String line : RepoFiles.read(file).lines().toList()) {
       if (line.startsWith("```")) {
         inShell = !inShell && line.equals("```sh");
         continue;
