@@ -67,7 +67,8 @@ public final class SessionRegistry implements UnmapRequester {
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
     Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), ticker.nanos());
     sessions.put(session.id(), session);
-    log.info("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("client", clientName)
+        .log("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
     return session;
   }
 
@@ -168,7 +169,9 @@ public final class SessionRegistry implements UnmapRequester {
     if (channel != null) {
       channel.close();
     }
-    log.info("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("client", session.clientName())
+        .addKeyValue("released_leases", count).addKeyValue("released_bytes", bytes)
+        .log("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
         session.clientName(), reason, count, bytes, SizeClasses.format(bytes));
     return new long[] {count, bytes};
   }
@@ -218,7 +221,8 @@ public final class SessionRegistry implements UnmapRequester {
       throw new NotFoundException("session " + sessionId + " has ended");
     }
     if (log.isDebugEnabled()) {
-      log.debug("{}: lease {} of {} bytes on device {} (segment {}, offset {}, {}), tag '{}'", session,
+      log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
+          .log("{}: lease {} of {} bytes on device {} (segment {}, offset {}, {}), tag '{}'", session,
           lease.id(), size, device, block.segmentId(), block.offset(), block.poolHit() ? "hit" : "miss", tag);
     }
     return lease;
@@ -254,7 +258,8 @@ public final class SessionRegistry implements UnmapRequester {
     Block block = lease.block();
     pools.get(block.device()).release(block, event);
     if (lease.leakReported) {
-      log.info("Lease {} of {} ('{}') returned after {} ms (previously reported as possibly leaked)",
+      log.atInfo().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
+          .log("Lease {} of {} ('{}') returned after {} ms (previously reported as possibly leaked)",
           lease.id(), lease.session(), lease.session().clientName(), ageMillis(lease.grantedNanos()));
     }
   }
@@ -283,7 +288,10 @@ public final class SessionRegistry implements UnmapRequester {
       for (LeaseRecord lease : leases.values()) {
         if (!lease.leakReported && now - lease.grantedNanos() > leakNanos) {
           lease.leakReported = true;
-          log.warn("Possible leak: lease {} held for {} ms by session {} ('{}'): device {}, {} bytes, tag '{}'",
+          log.atWarn().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
+              .addKeyValue("client", lease.session().clientName()).addKeyValue("device", lease.block().device())
+              .addKeyValue("size_bytes", lease.sizeBytes()).addKeyValue("tag", lease.tag())
+              .log("Possible leak: lease {} held for {} ms by session {} ('{}'): device {}, {} bytes, tag '{}'",
               lease.id(), (now - lease.grantedNanos()) / 1_000_000, lease.session().id(),
               lease.session().clientName(), lease.block().device(), lease.sizeBytes(), lease.tag());
         }

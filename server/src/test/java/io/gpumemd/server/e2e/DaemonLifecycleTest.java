@@ -164,6 +164,13 @@ class DaemonLifecycleTest {
         assertTrue(line.contains("\"level\":\""), line);
       }
       assertTrue(lines.stream().anyMatch(l -> l.contains("gpumemd ready")));
+      try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientName("json-client").connect()) {
+        client.lease(0, 4096);
+      }
+      assertTrue(daemon.awaitLine("released_leases", 5000), daemon.output());
+      String ended = daemon.output().lines().filter(l -> l.contains("released_leases")).findFirst().orElseThrow();
+      assertTrue(ended.startsWith("{") && ended.contains("\"client\"") && ended.contains("json-client")
+          && ended.contains("\"session\""), "session fields in the JSON event: " + ended);
     } finally {
       daemon.close();
     }
