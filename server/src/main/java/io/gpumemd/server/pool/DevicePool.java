@@ -368,12 +368,17 @@ public final class DevicePool implements AutoCloseable {
         block.state = Block.State.AWAITING_EVENT;
         awaitingEventBytes += block.size;
         awaitingEvent.add(new PendingRelease(block, event));
+        event = null; // now owned by awaitingEvent
         return;
       }
       returnToCache(block, after);
     } finally {
       lock.unlock();
       after.run();
+      if (event != null) {
+        // Closed pool: nothing will wait for the event, but we own it.
+        event.close();
+      }
     }
   }
 

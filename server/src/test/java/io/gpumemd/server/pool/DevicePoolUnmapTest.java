@@ -204,4 +204,16 @@ class DevicePoolUnmapTest extends PoolTestBase {
     pool.unmapped("h2", awaitingUnmap.segmentId());
     pool.holderEnded("h1");
   }
+
+  @Test
+  void close_releaseWithAnEventAfterwards_closesTheEvent() {
+    Block a = lease(4096, false, "h1");
+    pool.close();
+    InMemoryBackend.FakeEvent event = backend.newEvent();
+
+    checked.release(a, event);
+
+    assertTrue(event.closed(), "the pool owns the event it was given and must close it");
+    assertFalse(pool.hasAwaitingEvents());
+  }
 }
