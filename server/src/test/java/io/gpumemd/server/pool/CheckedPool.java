@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.backend.CompletionEvent;
+import java.lang.reflect.Field;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
@@ -13,6 +14,7 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * A {@link DevicePool} on an {@link InMemoryBackend} with the test's own bookkeeping, so that
@@ -26,7 +28,8 @@ import java.util.concurrent.atomic.AtomicLong;
  *       release in single-threaded use, summed in {@link #verify()});
  *   <li>{@code reserved = leased + cached + remainder + awaiting_event + awaiting_unmap}, each
  *       term recomputed from the segments the test has seen;
- *   <li>backend allocations, frees and live segments agree with the pool's counters.
+ *   <li>backend allocations, frees and live segments agree with the pool's counters;
+ *   <li>no backend call is made with the pool lock held (checked at each call).
  * </ul>
  *
  * <p>{@link #lease(long)} leases for a fresh anonymous holder that ends (unmaps everything) as
@@ -73,6 +76,19 @@ final class CheckedPool implements AutoCloseable {
         listener.requestUnmap(holder, device, segmentId);
       }
     }, DevicePools.segmentIdBase(0));
+    ReentrantLock lock = poolLock(pool);
+    backend.checkEveryCall(() -> lock.isHeldByCurrentThread()
+        ? "called with the pool lock held (backend calls must run outside it)" : null);
+  }
+
+  private static ReentrantLock poolLock(DevicePool pool) {
+    try {
+      Field field = DevicePool.class.getDeclaredField("lock");
+      field.setAccessible(true);
+      return (ReentrantLock) field.get(pool);
+    } catch (ReflectiveOperationException e) {
+      throw new AssertionError("DevicePool has no ReentrantLock field 'lock' any more", e);
+    }
   }
 
   /** Default settings: budget = capacity, retention cap = capacity, oversize 20 MiB. */

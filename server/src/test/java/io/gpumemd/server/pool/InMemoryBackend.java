@@ -18,6 +18,7 @@ import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
 import java.util.function.Consumer;
+import java.util.function.Supplier;
 
 /**
  * A {@link MemoryBackend} for pool unit tests and the pool benchmark. It holds no device memory:
@@ -36,6 +37,7 @@ import java.util.function.Consumer;
  *   <li>fake completion events ({@link #newEvent()}) that the test completes by hand;
  *   <li>hooks run inside {@link #allocate} and {@link #free}, to interleave pool calls at the
  *       points where the pool runs outside its lock;
+ *   <li>{@link #checkEveryCall}: a check run on every allocate, free and zero;
  *   <li>{@link #errors()}: misuse the pool must never commit (double free, zeroing a freed
  *       segment or past its end); recorded rather than thrown, because the pool calls
  *       {@code free} from places where an exception would hide the first failure.
@@ -65,6 +67,7 @@ public final class InMemoryBackend implements MemoryBackend {
   private volatile boolean freshZeroed = true;
   private volatile boolean recordZeroCalls = true;
   private volatile RuntimeException zeroFailure;
+  private volatile Supplier<String> callCheck;
   private volatile Runnable allocateHook;
   private volatile Consumer<SegmentMemory> freeHook;
   private volatile boolean closed;
@@ -212,6 +215,23 @@ public final class InMemoryBackend implements MemoryBackend {
     return this;
   }
 
+  /**
+   * Runs at the start of every allocate, free and zero; a non-null answer is recorded in {@link
+   * #errors()}. The pool tests use it to check that backend calls happen outside the pool lock.
+   */
+  public InMemoryBackend checkEveryCall(Supplier<String> check) {
+    this.callCheck = check;
+    return this;
+  }
+
+  private void checkCall(String call) {
+    Supplier<String> check = callCheck;
+    String problem = check == null ? null : check.get();
+    if (problem != null) {
+      errors.add(call + ": " + problem);
+    }
+  }
+
   /** Runs inside {@link #allocate}, before the segment is created; null for none. */
   public InMemoryBackend onAllocate(Runnable hook) {
     this.allocateHook = hook;
@@ -316,6 +336,7 @@ public final class InMemoryBackend implements MemoryBackend {
 
   @Override
   public SegmentMemory allocate(int device, long bytes) {
+    checkCall("allocate");
     if (closed) {
       throw new BackendException("in-memory backend is closed");
     }
@@ -346,6 +367,7 @@ public final class InMemoryBackend implements MemoryBackend {
 
   @Override
   public void free(SegmentMemory segment) {
+    checkCall("free");
     FakeSegment fake = (FakeSegment) segment;
     Consumer<SegmentMemory> hook = freeHook;
     if (hook != null) {
@@ -361,6 +383,7 @@ public final class InMemoryBackend implements MemoryBackend {
 
   @Override
   public void zero(SegmentMemory segment, long offset, long length) {
+    checkCall("zero");
     FakeSegment fake = (FakeSegment) segment;
     if (fake.freed.get()) {
       errors.add("zero of freed " + fake);
