@@ -216,4 +216,21 @@ class DevicePoolUnmapTest extends PoolTestBase {
     assertTrue(event.closed(), "the pool owns the event it was given and must close it");
     assertFalse(pool.hasAwaitingEvents());
   }
+
+  @Test
+  void close_racingANewSegment_freesItAndCountsTheFree() {
+    // close() lands while the pool is outside its lock allocating a segment.
+    backend.onAllocate(() -> {
+      backend.onAllocate(null);
+      pool.close();
+    });
+
+    assertThrows(IllegalStateException.class, () -> pool.lease(4096, false, "h1"));
+
+    assertEquals(List.of(), backend.errors(), "the free runs outside the pool lock");
+    assertEquals(0, backend.liveSegments(), "the segment allocated for the lost race is freed");
+    assertEquals(1, backend.frees());
+    assertEquals(backend.frees(), stats().backendFrees(), "the pool counts that free");
+    assertEquals(0, stats().reservedBytes());
+  }
 }
