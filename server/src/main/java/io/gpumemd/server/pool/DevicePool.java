@@ -665,8 +665,9 @@ public final class DevicePool implements AutoCloseable {
     long remainder = reservedBytes - leasedBytes - cachedBytes - awaitingEventBytes - awaitingUnmapBytes;
     return new ExhaustedException("device " + device.ordinal() + ": cannot lease "
         + SizeClasses.format(size) + ": " + why + " (requested=" + size + ", leased=" + leasedBytes
-        + ", cached=" + cachedBytes + ", remainder=" + remainder + ", awaiting_unmap="
-        + awaitingUnmapBytes + ", in_flight=" + inFlightBytes + ", limit=" + limitBytes + ")");
+        + ", cached=" + cachedBytes + ", remainder=" + remainder + ", awaiting_event="
+        + awaitingEventBytes + ", awaiting_unmap=" + awaitingUnmapBytes + ", in_flight="
+        + inFlightBytes + ", limit=" + limitBytes + ")");
   }
 
   /**

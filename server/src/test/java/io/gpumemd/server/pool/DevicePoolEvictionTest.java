@@ -225,6 +225,30 @@ class DevicePoolEvictionTest extends PoolTestBase {
   }
 
   @Test
+  void lease_pastBudget_messageAccountsForEveryReservedByte() {
+    use(64 * MiB, 8 * MiB, 8 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE);
+    lease(2 * MiB);
+    Block waiting = lease(2 * MiB, false, "h1");
+    checked.release(waiting, backend.newEvent()); // 2 MiB held until the client's event fires
+    Block mapped = lease(2 * MiB, false, "h2");
+    release(mapped);
+    pool.trim(0); // 2 MiB held until h2 unmaps it
+    lease(1 * MiB); // a small segment: 1 MiB leased, 1 MiB remainder
+
+    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h3"));
+
+    String message = e.getMessage();
+    for (String figure : List.of("requested=" + 4 * MiB, "leased=" + 3 * MiB, "cached=0",
+        "remainder=" + MiB, "awaiting_event=" + 2 * MiB, "awaiting_unmap=" + 2 * MiB, "in_flight=0",
+        "limit=" + 8 * MiB)) {
+      assertTrue(message.contains(figure), "'" + figure + "' missing from: " + message);
+    }
+    backend.events().get(0).complete();
+    checked.pollEvents();
+    pool.holderEnded("h2");
+  }
+
+  @Test
   void lease_pastBudget_whenEvictingCannotMakeRoom_evictsNothing() {
     use(64 * MiB, 8 * MiB, 8 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     lease(4 * MiB);
