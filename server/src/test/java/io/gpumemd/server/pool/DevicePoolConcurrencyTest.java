@@ -37,7 +37,7 @@ import org.junit.jupiter.api.Timeout;
  */
 class DevicePoolConcurrencyTest extends PoolTestBase {
   private static final int WORKERS = 4;
-  private static final int ITERATIONS = 5_000;
+  private static final int ITERATIONS = 20_000;
   private static final int MAX_HELD = 8;
   private static final long SEED = 0x5eed_9a11L;
 
@@ -103,6 +103,7 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
 
     assertEquals(List.of(), violations);
     PoolStats s = stats();
+    System.out.println("concurrency run: " + s + ", refused leases=" + exhausted + ", events=" + events.size());
     assertEquals(0, s.activeLeases());
     assertEquals(0, s.segmentsAwaitingUnmap(), "every unmap request was answered");
     assertEquals(0, s.awaitingEventBytes());
