@@ -44,6 +44,18 @@ import org.openjdk.jmh.annotations.Warmup;
  * free blocks are separated by leased ones and cannot coalesce (the setup prints the count). The measured requests are sizes of the released blocks, in
  * random order: each is a best-fit hit (exact or split), and its release coalesces the block
  * back, so the index stays the same size throughout.
+ *
+ * <p>Figures (2026-11-22; 2-core AMD EPYC VM shared with other builds; JDK 17.0.15; fork 1,
+ * 3 x 2 s warm-up, 5 x 2 s measured):
+ *
+ * <pre>
+ *  cachedBlocks   lease + release (ns/op)   allocated (B/op, -prof gc)
+ *  1,000          212 +- 12                 68
+ *  100,000        667 +- 70                 ~87
+ * </pre>
+ *
+ * The step from 1,000 to 100,000 free blocks is the size-ordered TreeSet (about 17 levels
+ * instead of 10, and nodes no longer in cache) walked by best fit, split and coalesce.
  */
 @State(Scope.Thread)
 @BenchmarkMode(Mode.AverageTime)
