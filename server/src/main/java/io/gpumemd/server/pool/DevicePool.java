@@ -271,27 +271,29 @@ public final class DevicePool implements AutoCloseable {
       try {
         inFlightBytes -= segmentBytes;
         backendAllocs++;
-        if (closed) {
-          // Lost a race with close(): nobody will ever free this segment but us.
-          backend.free(memory);
-          checkOpen();
+        if (!closed) {
+          Segment segment = new Segment(nextSegmentId++, memory, SizeClasses.isSmall(size));
+          Block whole = new Block(segment, nextBlockId++, 0, segmentBytes, Block.State.FREE);
+          segment.head = whole;
+          liveSegments.put(segment.id, segment);
+          reservedBytes += segmentBytes;
+          Block block = carve(whole, size, holder);
+          block.hit = false;
+          misses++;
+          if (log.isDebugEnabled()) {
+            log.debug("device {}: new segment {} of {} bytes for a {}-byte block",
+                device.ordinal(), segment.id, segmentBytes, size);
+          }
+          return block;
         }
-        Segment segment = new Segment(nextSegmentId++, memory, SizeClasses.isSmall(size));
-        Block whole = new Block(segment, nextBlockId++, 0, segmentBytes, Block.State.FREE);
-        segment.head = whole;
-        liveSegments.put(segment.id, segment);
-        reservedBytes += segmentBytes;
-        Block block = carve(whole, size, holder);
-        block.hit = false;
-        misses++;
-        if (log.isDebugEnabled()) {
-          log.debug("device {}: new segment {} of {} bytes for a {}-byte block",
-              device.ordinal(), segment.id, segmentBytes, size);
-        }
-        return block;
+        backendFrees++;
       } finally {
         lock.unlock();
       }
+      // Lost a race with close(): nobody will ever free this segment but us (outside the lock,
+      // like every backend call).
+      backend.free(memory);
+      throw closedException();
     }
   }
 
@@ -368,12 +370,17 @@ public final class DevicePool implements AutoCloseable {
         block.state = Block.State.AWAITING_EVENT;
         awaitingEventBytes += block.size;
         awaitingEvent.add(new PendingRelease(block, event));
+        event = null; // now owned by awaitingEvent
         return;
       }
       returnToCache(block, after);
     } finally {
       lock.unlock();
       after.run();
+      if (event != null) {
+        // Closed pool: nothing will wait for the event, but we own it.
+        event.close();
+      }
     }
   }
 
@@ -658,8 +665,9 @@ public final class DevicePool implements AutoCloseable {
     long remainder = reservedBytes - leasedBytes - cachedBytes - awaitingEventBytes - awaitingUnmapBytes;
     return new ExhaustedException("device " + device.ordinal() + ": cannot lease "
         + SizeClasses.format(size) + ": " + why + " (requested=" + size + ", leased=" + leasedBytes
-        + ", cached=" + cachedBytes + ", remainder=" + remainder + ", awaiting_unmap="
-        + awaitingUnmapBytes + ", in_flight=" + inFlightBytes + ", limit=" + limitBytes + ")");
+        + ", cached=" + cachedBytes + ", remainder=" + remainder + ", awaiting_event="
+        + awaitingEventBytes + ", awaiting_unmap=" + awaitingUnmapBytes + ", in_flight="
+        + inFlightBytes + ", limit=" + limitBytes + ")");
   }
 
   /**
@@ -737,8 +745,12 @@ public final class DevicePool implements AutoCloseable {
 
   private void checkOpen() {
     if (closed) {
-      throw new IllegalStateException("device pool " + device.ordinal() + " is closed");
+      throw closedException();
     }
+  }
+
+  private IllegalStateException closedException() {
+    return new IllegalStateException("device pool " + device.ordinal() + " is closed");
   }
 
   /**

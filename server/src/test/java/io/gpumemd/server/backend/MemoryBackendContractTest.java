@@ -1,0 +1,265 @@
+package io.gpumemd.server.backend;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
+
+import io.gpumemd.server.error.InvalidRequestException;
+import java.util.ArrayList;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The contract every {@link MemoryBackend} keeps, run against each real backend by a subclass
+ * ({@code HostShmBackendTest}, {@code JCudaBackendTest}). A subclass creates the backend and
+ * gives the test a way to read and write a segment's bytes from outside the backend (the host
+ * one through the file, the CUDA one with {@code cuMemcpyHtoD}/{@code cuMemcpyDtoH}), so that
+ * "zero really zeroes" is checked on the memory itself.
+ *
+ * <p>Each test gets a fresh backend, closed afterwards; segments a test allocates and does not
+ * free are left to {@code close()}, which must free them.
+ */
+public abstract class MemoryBackendContractTest {
+  protected static final long MiB = 1L << 20;
+
+  protected MemoryBackend backend;
+  private final List<SegmentMemory> allocated = new ArrayList<>();
+
+  /** A new backend with at least one device of at least 64 MiB. */
+  protected abstract MemoryBackend createBackend() throws Exception;
+
+  /** Reads {@code length} bytes of a segment at {@code offset}, bypassing the backend. */
+  protected abstract byte[] read(SegmentMemory segment, long offset, int length) throws Exception;
+
+  /** Writes bytes into a segment at {@code offset}, bypassing the backend. */
+  protected abstract void write(SegmentMemory segment, long offset, byte[] bytes) throws Exception;
+
+  /** Asserts that the memory of segments the backend freed is really gone. */
+  protected abstract void assertReleased(List<SegmentMemory> segments) throws Exception;
+
+  @BeforeEach
+  void openBackend() throws Exception {
+    backend = createBackend();
+  }
+
+  @AfterEach
+  void closeBackend() {
+    if (backend != null) {
+      backend.close();
+    }
+  }
+
+  /** Allocates and remembers the segment for the close test. */
+  protected SegmentMemory allocate(int device, long bytes) {
+    SegmentMemory segment = backend.allocate(device, bytes);
+    allocated.add(segment);
+    return segment;
+  }
+
+  private static byte[] pattern(int length, int seed) {
+    byte[] bytes = new byte[length];
+    for (int i = 0; i < length; i++) {
+      bytes[i] = (byte) (i * 31 + seed);
+    }
+    return bytes;
+  }
+
+  private static byte[] filled(int length, byte value) {
+    byte[] bytes = new byte[length];
+    java.util.Arrays.fill(bytes, value);
+    return bytes;
+  }
+
+  // ------------------------------------------------------------------------------- devices
+
+  @Test
+  protected void devices_areNumberedFromZeroAndDescribed() {
+    List<DeviceInfo> devices = backend.devices();
+    assertFalse(devices.isEmpty());
+    Set<String> uuids = new HashSet<>();
+    for (int d = 0; d < devices.size(); d++) {
+      DeviceInfo info = devices.get(d);
+      assertEquals(d, info.ordinal());
+      assertEquals(backend.name(), info.backend());
+      assertTrue(info.capacityBytes() >= 64 * MiB, info.toString());
+      assertTrue(info.freeBytesAtStart() <= info.capacityBytes(), info.toString());
+      assertFalse(info.name().isBlank(), info.toString());
+      assertTrue(uuids.add(info.uuid()), "uuid repeated: " + info);
+    }
+  }
+
+  // ---------------------------------------------------------------------------- allocation
+
+  @Test
+  protected void allocate_returnsASegmentOfExactlyTheBytesWithOneKindOfHandle() {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+
+    assertEquals(0, segment.device());
+    assertEquals(2 * MiB, segment.bytes());
+    boolean cuda = segment.cudaIpcHandle() != null;
+    boolean host = segment.hostShmPath() != null;
+    assertTrue(cuda ^ host, "exactly one of cuda_ipc_handle and host_shm_path");
+    if (cuda) {
+      assertEquals(64, segment.cudaIpcHandle().length);
+    }
+  }
+
+  @Test
+  protected void allocate_onEveryDevice_reportsThatDevice() {
+    for (DeviceInfo device : backend.devices()) {
+      SegmentMemory segment = allocate(device.ordinal(), 2 * MiB);
+      assertEquals(device.ordinal(), segment.device());
+    }
+  }
+
+  @Test
+  protected void allocate_givesEverySegmentItsOwnHandle() {
+    Set<String> handles = new HashSet<>();
+    for (int i = 0; i < 4; i++) {
+      SegmentMemory segment = allocate(0, 2 * MiB);
+      String handle = segment.cudaIpcHandle() != null
+          ? java.util.HexFormat.of().formatHex(segment.cudaIpcHandle())
+          : segment.hostShmPath();
+      assertTrue(handles.add(handle), "handle repeated: " + handle);
+    }
+  }
+
+  @Test
+  protected void allocate_largerThanTheDevice_isOutOfMemory() {
+    long capacity = backend.devices().get(0).capacityBytes();
+
+    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, capacity + 2 * MiB));
+
+    // ... and leaves the device usable.
+    assertNotNull(allocate(0, 2 * MiB));
+  }
+
+  @Test
+  protected void allocate_afterClose_fails() {
+    backend.close();
+    assertThrows(BackendException.class, () -> backend.allocate(0, 2 * MiB));
+  }
+
+  // ------------------------------------------------------------------------------- contents
+
+  @Test
+  protected void segment_bytesWrittenFromOutside_readBackTheSame() throws Exception {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+    byte[] bytes = pattern(64 * 1024, 7);
+
+    write(segment, MiB, bytes);
+
+    assertArrayEquals(bytes, read(segment, MiB, bytes.length));
+  }
+
+  @Test
+  protected void segment_whenFreshAndTheBackendSaysSo_readsAsZeros() throws Exception {
+    assumeTrue(backend.freshSegmentsAreZeroed(), backend.name() + " makes no promise about fresh memory");
+    SegmentMemory segment = allocate(0, 2 * MiB);
+
+    assertArrayEquals(new byte[4096], read(segment, 0, 4096));
+    assertArrayEquals(new byte[4096], read(segment, 2 * MiB - 4096, 4096));
+  }
+
+  @Test
+  protected void zero_writesZerosOverTheRangeAndOnlyThere() throws Exception {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+    write(segment, 0, filled(64 * 1024, (byte) 0x5a));
+
+    backend.zero(segment, 4096, 8192);
+
+    byte[] after = read(segment, 0, 64 * 1024);
+    for (int i = 0; i < after.length; i++) {
+      byte expected = i >= 4096 && i < 4096 + 8192 ? 0 : (byte) 0x5a;
+      assertEquals(expected, after[i], "byte " + i);
+    }
+  }
+
+  @Test
+  protected void zero_ofAWholeLargeSegment_zeroesEveryByte() throws Exception {
+    SegmentMemory segment = allocate(0, 6 * MiB);
+    write(segment, 0, filled(4096, (byte) 1));
+    write(segment, 3 * MiB, filled(4096, (byte) 2));
+    write(segment, 6 * MiB - 4096, filled(4096, (byte) 3));
+
+    backend.zero(segment, 0, 6 * MiB);
+
+    assertArrayEquals(new byte[4096], read(segment, 0, 4096));
+    assertArrayEquals(new byte[4096], read(segment, 3 * MiB, 4096));
+    assertArrayEquals(new byte[4096], read(segment, 6 * MiB - 4096, 4096));
+  }
+
+  // ---------------------------------------------------------------------------------- free
+
+  @Test
+  protected void free_releasesTheMemory_andATwiceFreedSegmentDoesNotThrow() throws Exception {
+    SegmentMemory segment = backend.allocate(0, 2 * MiB);
+
+    backend.free(segment);
+
+    assertReleased(List.of(segment));
+    assertDoesNotThrow(() -> backend.free(segment), "free never throws for our own segment");
+  }
+
+  @Test
+  protected void close_freesEverySegmentStillAllocated_andIsIdempotent() throws Exception {
+    for (DeviceInfo device : backend.devices()) {
+      allocate(device.ordinal(), 2 * MiB);
+      allocate(device.ordinal(), 4 * MiB);
+    }
+
+    backend.close();
+    backend.close();
+
+    assertReleased(allocated);
+  }
+
+  // -------------------------------------------------------------------------------- events
+
+  @Test
+  protected void openEvent_withAHandleThatIsNoEvent_isAnInvalidRequest() {
+    assertThrows(InvalidRequestException.class, () -> backend.openEvent(0, new byte[64]));
+  }
+
+  // ------------------------------------------------------------------------- thread-safety
+
+  @Test
+  protected void allocateZeroAndFree_fromSeveralThreads_keepSegmentsApart() throws Exception {
+    ExecutorService threads = Executors.newFixedThreadPool(4);
+    try {
+      List<Future<?>> futures = new ArrayList<>();
+      for (int t = 0; t < 4; t++) {
+        int seed = t;
+        futures.add(threads.submit(() -> {
+          for (int i = 0; i < 10; i++) {
+            SegmentMemory segment = backend.allocate(0, 2 * MiB);
+            byte[] mine = pattern(4096, seed * 100 + i);
+            write(segment, 0, mine);
+            backend.zero(segment, 4096, 4096);
+            assertArrayEquals(mine, read(segment, 0, 4096), "another thread wrote into my segment");
+            backend.free(segment);
+          }
+          return null;
+        }));
+      }
+      for (Future<?> f : futures) {
+        f.get(60, TimeUnit.SECONDS);
+      }
+    } finally {
+      threads.shutdownNow();
+    }
+  }
+}

@@ -1,0 +1,119 @@
+package io.gpumemd.server.pool;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.pool.InMemoryBackend.FakeEvent;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Rule 3: a release that carries a completion event makes its block reusable only once the
+ * event has completed, as {@link DevicePool#pollEvents()} finds out.
+ */
+class DevicePoolEventTest extends PoolTestBase {
+
+  @Test
+  void release_withEvent_blockIsNotReusedUntilTheEventCompletes() {
+    Block a = lease(4096, false, "h1");
+    lease(4096, false, "h1"); // keeps the segment in use
+    FakeEvent event = backend.newEvent();
+
+    checked.release(a, event);
+
+    PoolStats s = stats();
+    assertEquals(4096, s.awaitingEventBytes());
+    assertEquals(1, s.blocksAwaitingEvent());
+    assertEquals(4096, s.leasedBytes(), "only the other block is leased");
+    assertEquals(1, s.activeLeases());
+    assertEquals(0, s.returns());
+    assertTrue(pool.hasAwaitingEvents());
+
+    Block meanwhile = lease(4096, false, "h2");
+    assertNotEquals(a.offset(), meanwhile.offset(), "the block waiting for its event is not handed out");
+    checked.pollEvents();
+    assertTrue(event.queries() > 0);
+    assertTrue(pool.hasAwaitingEvents(), "still running");
+    assertFalse(event.closed());
+
+    event.complete();
+    checked.pollEvents();
+
+    assertFalse(pool.hasAwaitingEvents());
+    assertTrue(event.closed(), "the pool closes the event once done with it");
+    assertEquals(1, stats().returns());
+    assertEquals(0, stats().awaitingEventBytes());
+    Block reused = lease(4096, false, "h2");
+    assertTrue(reused.poolHit());
+    assertEquals(a.offset(), reused.offset());
+  }
+
+  @Test
+  void release_withEvent_keepsTheSegmentFromBeingCachedOrEvicted() {
+    Block a = lease(4 * MiB, false, "h1");
+    FakeEvent event = backend.newEvent();
+    checked.release(a, event);
+
+    assertEquals(0, stats().cachedBytes(), "a segment with a block in flight is not idle");
+    assertEquals(0, pool.trim(0));
+    assertEquals(0, pool.setRetentionCap(0));
+    assertNull(checked.tryLeaseCached(4 * MiB, "h2"));
+    assertTrue(backend.isLive(a.memory()));
+
+    event.complete();
+    checked.pollEvents(); // cap is 0 now: the segment is evicted as soon as it is idle
+
+    assertEquals(Segment.State.AWAITING_UNMAP, a.segment.state, "h1 may still map it");
+    pool.holderEnded("h1");
+    assertEquals(Segment.State.FREED, a.segment.state);
+  }
+
+  @Test
+  void pollEvents_completesOnlyTheEventsThatAreDone() {
+    Block a = lease(4096, false, "h1");
+    Block b = lease(4096, false, "h1");
+    lease(4096, false, "h1");
+    FakeEvent first = backend.newEvent();
+    FakeEvent second = backend.newEvent();
+    checked.release(a, first);
+    checked.release(b, second);
+
+    second.complete();
+    checked.pollEvents();
+
+    assertEquals(Block.State.AWAITING_EVENT, a.state);
+    assertEquals(Block.State.FREE, b.state);
+    assertEquals(4096, stats().awaitingEventBytes());
+    assertTrue(second.closed());
+    assertFalse(first.closed());
+
+    first.complete();
+    checked.pollEvents();
+    assertEquals(0, stats().awaitingEventBytes());
+    assertEquals(8192, a.size, "a and b coalesced once both were back");
+  }
+
+  @Test
+  void pollEvents_whenTheEventQueryFails_treatsTheEventAsComplete() {
+    Block a = lease(4096, false, "h1");
+    FakeEvent event = backend.newEvent();
+    event.failQueriesWith(new BackendException("scripted: context gone"));
+    checked.release(a, event);
+
+    checked.pollEvents();
+
+    assertFalse(pool.hasAwaitingEvents());
+    assertTrue(event.closed());
+    assertEquals(1, stats().returns());
+  }
+
+  @Test
+  void pollEvents_withNothingWaiting_doesNothing() {
+    checked.pollEvents();
+    assertFalse(pool.hasAwaitingEvents());
+    assertEquals(0, backend.allocs());
+  }
+}
