@@ -218,6 +218,10 @@ public final class SessionRegistry implements UnmapRequester {
       if (leases.remove(lease.id(), lease)) {
         pool.release(block, null);
       }
+      // The session ended while we were in the pool, after its end() told the pools it maps
+      // nothing; our lease re-registered it as a mapper of the segment. Tell the pool again,
+      // or an eviction of that segment would wait forever for an unmap.
+      pool.holderEnded(session.id());
       throw new NotFoundException("session " + sessionId + " has ended");
     }
     if (log.isDebugEnabled()) {
