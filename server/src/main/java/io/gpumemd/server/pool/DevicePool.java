@@ -462,12 +462,19 @@ public final class DevicePool implements AutoCloseable {
     AfterUnlock after = new AfterUnlock();
     lock.lock();
     try {
-      for (PendingRelease p : done) {
-        if (awaitingEvent.remove(p) && p.block.state == Block.State.AWAITING_EVENT) {
+      // One pass over the pending list (removing one by one would be quadratic when
+      // thousands of events are pending).
+      Set<PendingRelease> completed = new HashSet<>(done);
+      awaitingEvent.removeIf(p -> {
+        if (!completed.contains(p)) {
+          return false;
+        }
+        if (p.block.state == Block.State.AWAITING_EVENT) {
           awaitingEventBytes -= p.block.size;
           returnToCache(p.block, after);
         }
-      }
+        return true;
+      });
     } finally {
       lock.unlock();
       after.run();
