@@ -66,7 +66,8 @@ public final class DaemonProcess implements AutoCloseable {
   /** {@code java -cp <this test classpath> mainClass}, for daemon and client processes. */
   public static List<String> javaCommand(String mainClass) {
     String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
-    return new ArrayList<>(List.of(java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+    String heap = "-Xmx" + System.getProperty("gpumemd.test.xmx", "256m");
+    return new ArrayList<>(List.of(java, heap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
         "-cp", System.getProperty("java.class.path"), mainClass));
   }
 
