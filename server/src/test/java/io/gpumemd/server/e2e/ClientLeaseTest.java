@@ -125,4 +125,27 @@ class ClientLeaseTest {
     assertNotEquals(0, stats(0).cachedBytes());
     assertFalse(daemon.server().registry().draining());
   }
+
+  @Test
+  void evictingAMappedSegment_clientUnmapsOnRequest_thenTheDaemonFreesIt() throws Exception {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 4 << 20).close();
+      assertEquals(1, client.mappedSegments());
+      assertEquals(1, daemon.segmentFiles(0));
+      daemon.server().pools().get(0).setRetentionCap(0);
+      long deadline = System.nanoTime() + 5_000_000_000L;
+      while ((stats(0).segmentsAwaitingUnmap() > 0 || client.mappedSegments() > 0) && System.nanoTime() < deadline) {
+        Thread.sleep(10);
+      }
+      assertEquals(0, client.mappedSegments(), "the client closed its mapping");
+      assertEquals(0, stats(0).segmentsAwaitingUnmap(), "the client's acknowledgement arrived");
+      assertEquals(0, stats(0).reservedBytes());
+      assertEquals(0, daemon.segmentFiles(0));
+      // and the next lease maps a fresh segment
+      try (Lease again = client.lease(0, 4 << 20)) {
+        again.buffer().put(0, (byte) 1);
+        assertEquals(1, client.mappedSegments());
+      }
+    }
+  }
 }
