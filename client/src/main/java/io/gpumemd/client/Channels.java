@@ -2,6 +2,7 @@ package io.gpumemd.client;
 
 import io.grpc.ManagedChannel;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
@@ -67,7 +68,10 @@ public final class Channels {
         throw new IllegalArgumentException("target: " + target + " (expected: unix:///path/to.sock)");
       }
       builder = NettyChannelBuilder.forAddress(new DomainSocketAddress(path))
-          .channelType(EpollDomainSocketChannel.class);
+          .channelType(EpollDomainSocketChannel.class)
+          // grpc-netty sets SO_KEEPALIVE on every channel; a Unix socket has no such option and
+          // Netty logs a warning per connection. A null value removes the option.
+          .withOption(ChannelOption.SO_KEEPALIVE, null);
     } else {
       int colon = target.lastIndexOf(':');
       if (colon <= 0 || target.contains("/")) {
