@@ -10,7 +10,7 @@ import java.util.Set;
 /**
  * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases
  * and sessions, trims the cache, sets the retention cap, checks health, and runs an example
- * worker. Admin commands open no session.
+ * worker and the load generator. Admin commands open no session.
  *
  * <p>Exit codes: 0 success (for {@code health}: SERVING), 1 the daemon answered with an error
  * or could not be reached (printed as {@code gpumemctl: CODE: message}), 2 usage error.
@@ -42,6 +42,8 @@ public final class GpuMemCtl {
         worker   [--device N] [--size SIZE] [--hold-ms MS] [--iterations N] [--name NAME]
                                                    example worker: lease, write and verify a
                                                    pattern, hold, release; 0 iterations = forever
+        loadgen  [flags]                           latency and throughput report; see
+                                                   'gpumemctl loadgen --help'
 
       Sizes: 4096, 512KiB, 64MiB, 1GiB (binary suffixes).
       Exit codes: 0 ok, 1 error from or reaching the daemon, 2 usage error.
@@ -104,8 +106,15 @@ public final class GpuMemCtl {
           }
           return worker.run();
         }
+        case "loadgen" -> {
+          if (cli.has("help")) {
+            out.print(LoadGen.USAGE);
+            return 0;
+          }
+          return LoadGen.fromCommandLine(cli, target, out, err).run();
+        }
         default -> throw new UsageException("unknown command '" + command
-            + "' (expected: devices, stats, leases, sessions, trim, set-cap, health or worker)");
+            + "' (expected: devices, stats, leases, sessions, trim, set-cap, health, worker or loadgen)");
       }
     } catch (UsageException e) {
       err.println("gpumemctl: " + e.getMessage());

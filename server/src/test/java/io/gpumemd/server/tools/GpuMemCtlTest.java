@@ -276,7 +276,8 @@ class GpuMemCtlTest {
         new String[] {"devices", "extra"},
         new String[] {"devices", "--json=yes"},
         new String[] {"worker", "--size", "0"},
-        new String[] {"worker", "--hold-ms", "soon"});
+        new String[] {"loadgen", "--scenarios", "floor,warp"},
+        new String[] {"loadgen", "--seconds", "soon"});
     for (String[] args : bad) {
       Result r = ctl(args);
       assertEquals(2, r.code(), () -> String.join(" ", args) + ": " + r.err());
@@ -301,9 +302,12 @@ class GpuMemCtlTest {
     Result r = ctlRaw("--help");
     assertOk(r);
     assertTrue(r.out().startsWith("Usage: gpumemctl"), r.out());
-    for (String command : List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker")) {
+    for (String command : List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker", "loadgen")) {
       assertTrue(r.out().contains("\n  " + command + " "), command);
     }
+    Result loadgen = ctlRaw("loadgen", "--help");
+    assertOk(loadgen);
+    assertTrue(loadgen.out().contains("--scenarios"), loadgen.out());
   }
 
   // ---------------------------------------------------------------------------- worker
