@@ -91,6 +91,12 @@ public final class Channels {
     ManagedChannel channel = builder.eventLoopGroup(group)
         .usePlaintext()
         .directExecutor()
+        // gRPC's retry machinery wraps every call in a RetriableStream that buffers its messages
+        // for replay; gpumemd configures no retry policy, so it would only ever replay a call
+        // that never reached the daemon during a connection race. The daemon is local and has
+        // no other replica to retry on; measured (gpumemctl loadgen, 2-core VM): without it 64
+        // async pairs in flight run ~20% faster and a blocking pair's p50 drops ~8%.
+        .disableRetry()
         .build();
     return new Connection(channel, group, target);
   }
