@@ -21,9 +21,12 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
   mvn -B -q -pl server,client -am package -DskipTests
 fi
 
+# Truncate here, not in the background job's redirection: that one runs asynchronously and the
+# wait below could still read a previous run's "ready" line.
+: >"$LOG"
 # shellcheck disable=SC2086 # the *_JAVA_OPTS are word lists
 java ${DAEMON_JAVA_OPTS:-} -jar server/target/gpumemd.jar --backend host --socket "$SOCK" \
-  --listen 127.0.0.1:0 --metrics-port 0 --shm-dir "$SHM" --host-device-bytes 2GiB >"$LOG" 2>&1 &
+  --listen 127.0.0.1:0 --metrics-port 0 --shm-dir "$SHM" --host-device-bytes 2GiB >>"$LOG" 2>&1 &
 DAEMON=$!
 stop_daemon() {
   kill -TERM "$DAEMON" 2>/dev/null || true

@@ -15,6 +15,7 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CompletableFuture;
 
 /**
  * {@code gpumemctl loadgen}: drives a live daemon and reports latency percentiles (p50, p90,
@@ -53,6 +54,10 @@ public final class LoadGen {
                                floor,pairs,threads,async,procs,baseline,hit
         --seconds S            measured time per case (default 5; fractions allowed)
         --warmup-seconds S     warm-up per case, not measured (default 2)
+        --jit-warmup-seconds S before the first case, exercise every call the run makes so
+                               that neither JVM compiles during a measured window (default 10)
+        --proc-warmup-seconds S  warm-up of the 'procs' children: fresh JVMs, several
+                               compiling at once on few cores, need long (default 20)
         --device N             device to lease on (default 0)
         --pair-sizes LIST      sizes for 'pairs' (default 4KiB,2MiB,64MiB)
         --size SIZE            lease size for threads, async, procs (default 4KiB)
@@ -71,6 +76,8 @@ public final class LoadGen {
   private final LoadDriver.Timing timing;
   private final double seconds;
   private final double warmupSeconds;
+  private final double jitWarmupSeconds;
+  private final double procWarmupSeconds;
   private final int device;
   private final List<Long> pairSizes;
   private final long size;
@@ -87,13 +94,16 @@ public final class LoadGen {
   private final PrintStream err;
 
   private LoadGen(CommandLine cli, String target, PrintStream out, PrintStream err) {
-    cli.allow(GpuMemCtl.GLOBAL_FLAGS, "scenarios", "seconds", "warmup-seconds", "device", "pair-sizes", "size",
+    cli.allow(GpuMemCtl.GLOBAL_FLAGS, "scenarios", "seconds", "warmup-seconds", "jit-warmup-seconds",
+        "proc-warmup-seconds", "device", "pair-sizes", "size",
         "threads", "in-flight", "procs", "proc-threads", "hit-sizes", "baseline-dir", "json-out", "child");
     this.target = target;
     this.scenarios = parseScenarios(cli.string("scenarios", String.join(",", SCENARIOS)));
     this.seconds = cli.seconds("seconds", 5, 0.001, 86_400);
     this.warmupSeconds = cli.seconds("warmup-seconds", 2, 0, 86_400);
     this.timing = LoadDriver.Timing.ofSeconds(warmupSeconds, seconds);
+    this.jitWarmupSeconds = cli.seconds("jit-warmup-seconds", 10, 0, 86_400);
+    this.procWarmupSeconds = cli.seconds("proc-warmup-seconds", 20, 0, 86_400);
     this.device = cli.integer("device", 0, 0, Integer.MAX_VALUE);
     this.pairSizes = cli.sizes("pair-sizes", List.of(4L << 10, 2L << 20, 64L << 20));
     this.size = cli.size("size", 4L << 10);
@@ -139,6 +149,8 @@ public final class LoadGen {
     s.put("scenarios", scenarios);
     s.put("seconds", seconds);
     s.put("warmupSeconds", warmupSeconds);
+    s.put("jitWarmupSeconds", jitWarmupSeconds);
+    s.put("procWarmupSeconds", procWarmupSeconds);
     s.put("device", device);
     s.put("pairSizes", pairSizes.stream().map(Sizes::label).toList());
     s.put("sizeBytes", size);
@@ -158,6 +170,7 @@ public final class LoadGen {
     }
     List<LoadResult> results = new ArrayList<>();
     try (GpuMemClient client = GpuMemCtl.connect(target, "gpumemctl-loadgen")) {
+      warmUpJit(client);
       for (String scenario : scenarios) {
         switch (scenario) {
           case "floor" -> results.add(measure(() -> floor(client)));
@@ -168,7 +181,8 @@ public final class LoadGen {
           }
           case "threads" -> results.add(measure(() -> threads(client)));
           case "async" -> results.add(measure(() -> async(client)));
-          case "procs" -> results.add(measure(() -> ChildProcesses.run(target, procs, procThreads, size, device, timing, err)));
+          case "procs" -> results.add(measure(() -> ChildProcesses.run(target, procs, procThreads, size, device,
+              LoadDriver.Timing.ofSeconds(procWarmupSeconds, seconds), err)));
           case "baseline" -> {
             ShmBaseline shm = new ShmBaseline(baselineDir);
             for (long hitSize : hitSizes) {
@@ -200,6 +214,40 @@ public final class LoadGen {
       report.printTable(out);
     }
     return report.errors() == 0 ? 0 : 1;
+  }
+
+  /**
+   * Exercises every call the run will make (health, blocking and async pairs of every size)
+   * until the JIT of both JVMs has compiled the hot paths: on a small machine C2 takes many
+   * seconds, and a compile landing in a measured window shows up as latency.
+   */
+  private void warmUpJit(GpuMemClient client) {
+    if (jitWarmupSeconds <= 0) {
+      return;
+    }
+    err.printf("loadgen: JIT warm-up for %.1f s%n", jitWarmupSeconds);
+    HealthGrpc.HealthBlockingStub health = HealthGrpc.newBlockingStub(client.connection().channel());
+    List<Long> sizes = new ArrayList<>(pairSizes);
+    sizes.add(size);
+    sizes.addAll(hitSizes);
+    long deadline = System.nanoTime() + (long) (jitWarmupSeconds * 1e9);
+    while (System.nanoTime() < deadline) {
+      for (int i = 0; i < 50; i++) {
+        health.check(HealthCheckRequest.getDefaultInstance());
+      }
+      for (long warmSize : sizes) {
+        for (int i = 0; i < 10; i++) {
+          try (Lease lease = client.lease(device, warmSize, false, TAG)) {
+            lease.buffer().put(0, (byte) 1);
+          }
+        }
+      }
+      List<CompletableFuture<Void>> inFlightPairs = new ArrayList<>();
+      for (int i = 0; i < 64; i++) {
+        inFlightPairs.add(client.leaseAsync(device, size, false, TAG).thenCompose(Lease::closeAsync));
+      }
+      CompletableFuture.allOf(inFlightPairs.toArray(CompletableFuture[]::new)).join();
+    }
   }
 
   private interface Case {

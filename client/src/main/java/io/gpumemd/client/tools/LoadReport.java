@@ -66,6 +66,8 @@ final class LoadReport {
     List<Ratio> out = new ArrayList<>();
     LoadResult floor = find("floor");
     if (floor != null && floor.micros(50) > 0) {
+      // The machine's own jitter: how far the tail of the simplest call lies from its median.
+      out.add(new Ratio("health p99 / health p50", floor.label, floor.micros(99) / floor.micros(50), "", null));
       double twoFloors = 2 * floor.micros(50);
       for (LoadResult pair : results) {
         if (pair.scenario.equals("pairs") && pair.ops > 0) {

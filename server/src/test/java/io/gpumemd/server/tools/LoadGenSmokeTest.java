@@ -68,7 +68,8 @@ class LoadGenSmokeTest {
   @Test
   void everyScenario_reportsCountsPercentilesAndRatios_asJson() throws Exception {
     Path jsonFile = tmp.resolve("report.json");
-    Result r = loadgen("--seconds", "0.2", "--warmup-seconds", "0.05", "--json", "--json-out", jsonFile.toString(),
+    Result r = loadgen("--seconds", "0.2", "--warmup-seconds", "0.05", "--jit-warmup-seconds", "0.1",
+        "--proc-warmup-seconds", "0.05", "--json", "--json-out", jsonFile.toString(),
         "--threads", "4", "--in-flight", "8", "--procs", "2", "--proc-threads", "2",
         "--baseline-dir", tmp.toString());
     assertEquals(0, r.code(), r.err());
@@ -124,7 +125,8 @@ class LoadGenSmokeTest {
 
   @Test
   void someScenarios_printTableWithRatios() {
-    Result r = loadgen("--scenarios", "pairs,floor", "--pair-sizes", "4KiB", "--seconds", "0.1", "--warmup-seconds", "0");
+    Result r = loadgen("--scenarios", "pairs,floor", "--pair-sizes", "4KiB", "--seconds", "0.1", "--warmup-seconds", "0",
+        "--jit-warmup-seconds", "0");
     assertEquals(0, r.code(), r.err());
     List<String> lines = r.out().lines().toList();
     assertTrue(lines.get(0).startsWith("gpumemd load generator: " + daemon.unixTarget()), lines.get(0));
