@@ -330,12 +330,16 @@ public final class LoadGen {
         memory.put(i, (byte) 1);
       }
     }
-    return LoadDriver.sequential("hit", Sizes.label(sizeBytes), timing, true, sized(sizeBytes), () -> {
+    long mapsBefore = client.mapsOpened();
+    LoadResult result = LoadDriver.sequential("hit", Sizes.label(sizeBytes), timing, true, sized(sizeBytes), () -> {
       try (Lease lease = client.lease(device, sizeBytes, false, TAG)) {
         lease.buffer().put(0, (byte) 1);
         return lease.poolHit();
       }
     });
+    // Evidence that the case measured the hit path: no segment had to be mapped meanwhile.
+    result.details.put("mappingsOpened", client.mapsOpened() - mapsBefore);
+    return result;
   }
 
   /** A {@code procs} child: threads doing pairs, gated by the parent; prints its result as JSON. */

@@ -7,7 +7,7 @@ import org.HdrHistogram.Histogram;
 /**
  * One measured case of the load generator: how many operations completed in the measured
  * window (warm-up excluded), how long the window lasted, and the latency histogram in
- * nanoseconds. Immutable once built, except that the histogram must not be modified after.
+ * nanoseconds. Not modified once built, except that the case that built it may add details.
  */
 final class LoadResult {
   final String scenario;

@@ -99,6 +99,10 @@ class LoadGenSmokeTest {
       if (!name.startsWith("floor") && !name.startsWith("baseline")) {
         assertTrue(num(c, "poolHitPercent") > 0, name + ": a warm pool serves hits");
       }
+      if (name.startsWith("hit/")) {
+        assertEquals(100, num(c, "poolHitPercent"), name);
+        assertEquals(0, num(c, "mappingsOpened"), name + ": the hit path maps nothing");
+      }
     }
     assertEquals(new TreeSet<>(List.of("floor/health check", "pairs/4KiB", "pairs/2MiB", "pairs/64MiB",
         "threads/4 threads x 4KiB", "async/8 in flight x 4KiB", "procs/2 procs x 2 threads x 4KiB",
