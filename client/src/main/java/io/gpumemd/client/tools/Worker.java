@@ -102,6 +102,10 @@ final class Worker {
     try (Lease lease = client.lease(device, sizeBytes, false, "worker")) {
       leaseId = lease.id();
       hit = lease.poolHit();
+      if (!lease.isHost()) {
+        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "device " + device
+            + " is a CUDA device; the example worker writes its pattern through host mappings only", null);
+      }
       ByteBuffer memory = lease.buffer();
       long seed = ProcessHandle.current().pid() * 0x9E3779B97F4A7C15L + iteration;
       long t0 = System.nanoTime();
