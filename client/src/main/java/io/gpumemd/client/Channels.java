@@ -2,6 +2,7 @@ package io.gpumemd.client;
 
 import io.grpc.ManagedChannel;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
@@ -67,7 +68,10 @@ public final class Channels {
         throw new IllegalArgumentException("target: " + target + " (expected: unix:///path/to.sock)");
       }
       builder = NettyChannelBuilder.forAddress(new DomainSocketAddress(path))
-          .channelType(EpollDomainSocketChannel.class);
+          .channelType(EpollDomainSocketChannel.class)
+          // grpc-netty sets SO_KEEPALIVE on every channel; a Unix socket has no such option and
+          // Netty logs a warning per connection. A null value removes the option.
+          .withOption(ChannelOption.SO_KEEPALIVE, null);
     } else {
       int colon = target.lastIndexOf(':');
       if (colon <= 0 || target.contains("/")) {
@@ -87,6 +91,12 @@ public final class Channels {
     ManagedChannel channel = builder.eventLoopGroup(group)
         .usePlaintext()
         .directExecutor()
+        // gRPC's retry machinery wraps every call in a RetriableStream that buffers its messages
+        // for replay; gpumemd configures no retry policy, so it would only ever replay a call
+        // that never reached the daemon during a connection race. The daemon is local and has
+        // no other replica to retry on; measured (gpumemctl loadgen, 2-core VM): without it 64
+        // async pairs in flight run ~20% faster and a blocking pair's p50 drops ~8%.
+        .disableRetry()
         .build();
     return new Connection(channel, group, target);
   }

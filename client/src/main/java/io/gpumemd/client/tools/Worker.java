@@ -1,0 +1,163 @@
+package io.gpumemd.client.tools;
+
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.GpuMemException;
+import io.gpumemd.client.Lease;
+import io.grpc.Status;
+import java.io.PrintStream;
+import java.nio.ByteBuffer;
+import java.time.Instant;
+import java.time.temporal.ChronoUnit;
+import java.util.Locale;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * {@code gpumemctl worker}: the example worker of the docker-compose setup. Opens a session,
+ * then per iteration leases {@code --size} bytes on {@code --device}, writes a pattern over the
+ * whole block, reads it back, holds the lease {@code --hold-ms} and releases it, logging one
+ * line. Runs {@code --iterations} times (0 = until stopped).
+ *
+ * <p>{@link #stop} (called by the SIGTERM/SIGINT handler) ends the run after the current
+ * iteration's lease is released, cutting the hold short; the session is then closed and the
+ * process exits 0. Host devices only: a CUDA device's memory is not reachable as a buffer.
+ *
+ * <p>Runs on the calling thread; {@link #stop} may be called from any thread.
+ */
+final class Worker {
+  private final String target;
+  private final int device;
+  private final long sizeBytes;
+  private final long holdMillis;
+  private final long iterations;
+  private final String name;
+  private final PrintStream out;
+  private final CountDownLatch stopped = new CountDownLatch(1);
+
+  private Worker(String target, int device, long sizeBytes, long holdMillis, long iterations, String name,
+      PrintStream out) {
+    this.target = target;
+    this.device = device;
+    this.sizeBytes = sizeBytes;
+    this.holdMillis = holdMillis;
+    this.iterations = iterations;
+    this.name = name;
+    this.out = out;
+  }
+
+  static Worker fromCommandLine(CommandLine cli, String target, PrintStream out) {
+    cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "size", "hold-ms", "iterations", "name");
+    long size = cli.size("size", 16L << 20);
+    if (size <= 0 || size > Integer.MAX_VALUE) {
+      throw UsageException.of("--size", Long.toString(size), "a size in [1, 2 GiB)");
+    }
+    return new Worker(target, cli.integer("device", 0, 0, Integer.MAX_VALUE), size,
+        cli.longValue("hold-ms", 100, 0, Long.MAX_VALUE), cli.longValue("iterations", 0, 0, Long.MAX_VALUE),
+        cli.string("name", "gpumemctl-worker-" + ProcessHandle.current().pid()), out);
+  }
+
+  /** Makes SIGTERM and SIGINT call {@link #stop} instead of ending the JVM at once. */
+  static void stopOnTermination(Worker worker) {
+    for (String signal : new String[] {"TERM", "INT"}) {
+      try {
+        sun.misc.Signal.handle(new sun.misc.Signal(signal), s -> worker.stop());
+      } catch (IllegalArgumentException e) {
+        // signal not available here; the JVM's default handling stays
+      }
+    }
+  }
+
+  /** Ends the run after the current iteration; returns at once. */
+  void stop() {
+    stopped.countDown();
+  }
+
+  private boolean stopping() {
+    return stopped.getCount() == 0;
+  }
+
+  /** @return the exit code: 0 when all iterations passed or the worker was stopped */
+  int run() {
+    log("starting: target " + target + ", device " + device + ", " + Sizes.format(sizeBytes) + " per lease, hold "
+        + holdMillis + " ms, " + (iterations == 0 ? "until stopped" : iterations + " iteration(s)"));
+    long done = 0;
+    try (GpuMemClient client = GpuMemCtl.connect(target, name)) {
+      while ((iterations == 0 || done < iterations) && !stopping() && !client.sessionLost()) {
+        iterate(client, done + 1);
+        done++;
+      }
+      if (client.sessionLost()) {
+        throw new GpuMemException(Status.Code.NOT_FOUND, "the daemon ended this worker's session", null);
+      }
+    }
+    log("stopped after " + done + " iteration(s)" + (stopping() ? " (signal)" : ""));
+    return 0;
+  }
+
+  private void iterate(GpuMemClient client, long iteration) {
+    long start = System.nanoTime();
+    String leaseId;
+    boolean hit;
+    long verifyNanos;
+    try (Lease lease = client.lease(device, sizeBytes, false, "worker")) {
+      leaseId = lease.id();
+      hit = lease.poolHit();
+      if (!lease.isHost()) {
+        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "device " + device
+            + " is a CUDA device; the example worker writes its pattern through host mappings only", null);
+      }
+      ByteBuffer memory = lease.buffer();
+      long seed = ProcessHandle.current().pid() * 0x9E3779B97F4A7C15L + iteration;
+      long t0 = System.nanoTime();
+      writePattern(memory, seed);
+      verifyPattern(memory, seed, lease);
+      verifyNanos = System.nanoTime() - t0;
+      if (holdMillis > 0) {
+        try {
+          stopped.await(holdMillis, TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          stop();
+        }
+      }
+    }
+    log(String.format(Locale.ROOT, "iteration %d: lease %s, %s on device %d (%s), pattern verified in %.1f ms, "
+            + "released after %.1f ms", iteration, leaseId, Sizes.format(sizeBytes), device, hit ? "pool hit" : "miss",
+        verifyNanos / 1e6, (System.nanoTime() - start) / 1e6));
+  }
+
+  private static long patternAt(long seed, int index) {
+    long x = seed + index * 0xBF58476D1CE4E5B9L;
+    return x ^ (x >>> 31);
+  }
+
+  static void writePattern(ByteBuffer memory, long seed) {
+    int longs = memory.capacity() / 8;
+    for (int i = 0; i < longs; i++) {
+      memory.putLong(i * 8, patternAt(seed, i));
+    }
+    for (int i = longs * 8; i < memory.capacity(); i++) {
+      memory.put(i, (byte) seed);
+    }
+  }
+
+  private static void verifyPattern(ByteBuffer memory, long seed, Lease lease) {
+    int longs = memory.capacity() / 8;
+    for (int i = 0; i < longs; i++) {
+      if (memory.getLong(i * 8) != patternAt(seed, i)) {
+        throw new GpuMemException(Status.Code.DATA_LOSS, "pattern mismatch at offset " + (i * 8L) + " of " + lease
+            + ": another holder wrote to this block", null);
+      }
+    }
+    for (int i = longs * 8; i < memory.capacity(); i++) {
+      if (memory.get(i) != (byte) seed) {
+        throw new GpuMemException(Status.Code.DATA_LOSS, "pattern mismatch at offset " + i + " of " + lease, null);
+      }
+    }
+  }
+
+  private void log(String line) {
+    out.println(Instant.now().truncatedTo(ChronoUnit.MILLIS) + " worker: " + line);
+    out.flush();
+  }
+}

@@ -1,0 +1,378 @@
+package io.gpumemd.server.tools;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.google.protobuf.Message;
+import com.google.protobuf.util.JsonFormat;
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.Lease;
+import io.gpumemd.client.tools.GpuMemCtl;
+import io.gpumemd.proto.v1.GetStatsResponse;
+import io.gpumemd.proto.v1.ListDevicesResponse;
+import io.gpumemd.proto.v1.ListLeasesResponse;
+import io.gpumemd.proto.v1.ListSessionsResponse;
+import io.gpumemd.proto.v1.SetRetentionCapResponse;
+import io.gpumemd.proto.v1.TrimResponse;
+import io.gpumemd.server.pool.PoolStats;
+import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.TestDaemon;
+import io.grpc.health.v1.HealthCheckResponse;
+import java.io.BufferedReader;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * {@code gpumemctl} against a live daemon on the host backend: every command in-process with
+ * captured output, plus real {@code java ... GpuMemCtl} processes for exit codes and SIGTERM.
+ */
+class GpuMemCtlTest {
+  private TestDaemon daemon;
+
+  @BeforeEach
+  void start() {
+    daemon = TestDaemon.start();
+  }
+
+  @AfterEach
+  void stop() {
+    daemon.verifyInvariants();
+    daemon.close();
+  }
+
+  private record Result(int code, String out, String err) {}
+
+  /** Runs gpumemctl in-process against the daemon's Unix socket. */
+  private Result ctl(String... args) {
+    String[] full = Stream.concat(Stream.of("--target", daemon.unixTarget()), Arrays.stream(args)).toArray(String[]::new);
+    return ctlRaw(full);
+  }
+
+  private static Result ctlRaw(String... args) {
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int code;
+    try (PrintStream o = new PrintStream(out, true, StandardCharsets.UTF_8);
+         PrintStream e = new PrintStream(err, true, StandardCharsets.UTF_8)) {
+      code = GpuMemCtl.run(args, o, e);
+    }
+    return new Result(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+  }
+
+  private static <T extends Message.Builder> T parse(String json, T builder) throws IOException {
+    JsonFormat.parser().merge(json, builder);
+    return builder;
+  }
+
+  private static void assertOk(Result r) {
+    assertEquals(0, r.code(), () -> "exit code; stderr: " + r.err() + "\nstdout: " + r.out());
+    assertEquals("", r.err(), "stderr");
+  }
+
+  private PoolStats stats(int device) {
+    return daemon.server().pools().get(device).stats();
+  }
+
+  // ---------------------------------------------------------------------------- inspection
+
+  @Test
+  void devices_listsEveryHostDevice_asTableAndJson() throws IOException {
+    Result table = ctl("devices");
+    assertOk(table);
+    String[] lines = table.out().split("\n");
+    assertEquals(3, lines.length, table.out());
+    assertTrue(lines[0].startsWith("DEVICE  NAME"), lines[0]);
+    assertTrue(lines[1].matches("\\s*0\\s+host-shm\\s+host\\s+256\\.0 MiB\\s+256\\.0 MiB.*"), lines[1]);
+    assertTrue(lines[2].matches("\\s*1\\s+host-shm\\s+host\\s+256\\.0 MiB.*"), lines[2]);
+
+    Result json = ctl("--json", "devices");
+    assertOk(json);
+    ListDevicesResponse devices = parse(json.out(), ListDevicesResponse.newBuilder()).build();
+    assertEquals(2, devices.getDevicesCount());
+    assertEquals(256L << 20, devices.getDevices(1).getCapacityBytes());
+    assertEquals("host", devices.getDevices(0).getBackend());
+  }
+
+  @Test
+  void stats_json_hasHitsAndMisses() throws IOException {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 4096).close();  // miss
+      client.lease(0, 4096).close();  // hit
+    }
+    Result json = ctl("stats", "--device", "0", "--json");  // flags after the command work too
+    assertOk(json);
+    assertTrue(json.out().contains("\"hits\": \"1\""), json.out());
+    GetStatsResponse stats = parse(json.out(), GetStatsResponse.newBuilder()).build();
+    assertEquals(1, stats.getDevicesCount());
+    assertEquals(0, stats.getDevices(0).getDevice());
+    assertEquals(1, stats.getDevices(0).getHits());
+    assertEquals(1, stats.getDevices(0).getMisses());
+    assertEquals(2, stats.getDevices(0).getReturns());
+
+    Result table = ctl("stats");
+    assertOk(table);
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("\\s+DEVICE 0\\s+DEVICE 1")), table.out());
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("hit rate\\s+50\\.0%\\s+-")), table.out());
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("misses\\s+1\\s+0")), table.out());
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("cached\\s+2\\.0 MiB\\s+0 B")), table.out());
+  }
+
+  @Test
+  void leases_listsLeaseIdAndTag_andFilters() throws IOException {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.tcpTarget()).clientName("ctl-leases").connect();
+         Lease lease = client.lease(1, 3 << 20, false, "kv-cache")) {
+      Result table = ctl("leases");
+      assertOk(table);
+      String row = table.out().lines().filter(l -> l.startsWith(lease.id())).findFirst().orElseThrow(
+          () -> new AssertionError("lease " + lease.id() + " not listed:\n" + table.out()));
+      assertTrue(row.contains(client.sessionId()), row);
+      assertTrue(row.contains("ctl-leases"), row);
+      assertTrue(row.contains("kv-cache"), row);
+      assertTrue(row.contains("3.0 MiB"), row);
+
+      Result bySession = ctl("leases", "--session", client.sessionId(), "--json");
+      assertOk(bySession);
+      ListLeasesResponse leases = parse(bySession.out(), ListLeasesResponse.newBuilder()).build();
+      assertEquals(1, leases.getLeasesCount());
+      assertEquals(lease.id(), leases.getLeases(0).getLeaseId());
+      assertEquals("kv-cache", leases.getLeases(0).getTag());
+      assertEquals(1, leases.getLeases(0).getDevice());
+
+      Result otherDevice = ctl("leases", "--device", "0");
+      assertOk(otherDevice);
+      assertEquals("no live leases\n", otherDevice.out());
+    }
+  }
+
+  @Test
+  void sessions_listsClientWithItsLeases() throws IOException {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientName("ctl-sessions").connect();
+         Lease a = client.lease(0, 4096);
+         Lease b = client.lease(0, 1 << 20)) {
+      Result table = ctl("sessions");
+      assertOk(table);
+      assertTrue(table.out().startsWith("SESSION"), table.out());
+      String row = table.out().lines().filter(l -> l.contains("ctl-sessions")).findFirst().orElseThrow();
+      assertTrue(row.startsWith(client.sessionId()), row);
+      assertTrue(row.matches(".*ctl-sessions\\s+2\\s+1\\.0 MiB\\s+1\\s+attached.*"), row);
+
+      ListSessionsResponse json = parse(ctl("sessions", "--json").out(), ListSessionsResponse.newBuilder()).build();
+      assertEquals(1, json.getSessionsCount());
+      assertEquals(2, json.getSessions(0).getLeases());
+      assertEquals(a.blockBytes() + b.blockBytes(), json.getSessions(0).getLeasedBytes());
+    }
+    assertEquals("no live sessions\n", ctl("sessions").out());
+  }
+
+  // ---------------------------------------------------------------------------- cache control
+
+  @Test
+  void trim_freesCachedBytes() throws IOException {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 8 << 20).close();
+      client.lease(1, 4 << 20).close();
+    }
+    assertEquals(8L << 20, stats(0).cachedBytes());
+
+    Result device0 = ctl("trim", "--keep-bytes", "0", "--device", "0");
+    assertOk(device0);
+    assertEquals("freed 8.0 MiB (8388608 bytes) on device 0, keeping at most 0 B cached per device\n", device0.out());
+    assertEquals(0, stats(0).cachedBytes());
+    assertEquals(4L << 20, stats(1).cachedBytes());
+
+    Result rest = ctl("--json", "trim", "--keep-bytes=0KiB");
+    assertOk(rest);
+    assertEquals(4L << 20, parse(rest.out(), TrimResponse.newBuilder()).getFreedBytes());
+    assertEquals(0, stats(1).cachedBytes());
+    assertEquals(0, daemon.segmentFiles(1));
+  }
+
+  @Test
+  void setCap_zero_evictsAndDisablesCaching() throws IOException {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 4 << 20).close();
+      assertEquals(4L << 20, stats(0).cachedBytes());
+
+      Result r = ctl("set-cap", "--cap-bytes", "0", "--device", "0", "--json");
+      assertOk(r);
+      assertEquals(4L << 20, parse(r.out(), SetRetentionCapResponse.newBuilder()).getEvictedBytes());
+      assertEquals(0, stats(0).retentionCapBytes());
+      assertEquals(0, stats(0).cachedBytes());
+      assertTrue(stats(0).evictions() >= 1);
+
+      client.lease(0, 4 << 20).close();  // with cap 0 nothing is kept
+      assertEquals(0, stats(0).cachedBytes());
+
+      Result back = ctl("set-cap", "--cap-bytes", "64MiB");
+      assertOk(back);
+      assertEquals("retention cap set to 64.0 MiB on all devices: evicted 0 B (0 bytes)\n", back.out());
+      assertEquals(64L << 20, stats(1).retentionCapBytes());
+    }
+  }
+
+  // ---------------------------------------------------------------------------- health
+
+  @Test
+  void health_serving_exitsZero_overBothListeners() throws IOException {
+    Result unix = ctl("health");
+    assertOk(unix);
+    assertEquals("SERVING\n", unix.out());
+
+    Result tcp = ctlRaw("--target", daemon.tcpTarget(), "--json", "health", "--service", "gpumemd.v1.Allocator");
+    assertOk(tcp);
+    HealthCheckResponse response = parse(tcp.out(), HealthCheckResponse.newBuilder()).build();
+    assertEquals(HealthCheckResponse.ServingStatus.SERVING, response.getStatus());
+  }
+
+  @Test
+  void health_unknownService_exitsOne() {
+    Result r = ctl("health", "--service", "no.such.Service");
+    assertEquals(1, r.code());
+    assertTrue(r.err().startsWith("gpumemctl: NOT_FOUND: "), r.err());
+  }
+
+  // ---------------------------------------------------------------------------- errors
+
+  @Test
+  void unknownDevice_exitsOne_withInvalidArgument() {
+    for (String command : List.of("stats", "leases", "trim", "set-cap")) {
+      List<String> args = new ArrayList<>(List.of(command, "--device", "7"));
+      if (command.equals("trim")) {
+        args.addAll(List.of("--keep-bytes", "0"));
+      } else if (command.equals("set-cap")) {
+        args.addAll(List.of("--cap-bytes", "0"));
+      }
+      Result r = ctl(args.toArray(String[]::new));
+      assertEquals(1, r.code(), command);
+      assertEquals("", r.out(), command);
+      assertTrue(r.err().startsWith("gpumemctl: INVALID_ARGUMENT: "), command + ": " + r.err());
+      assertTrue(r.err().contains("7"), r.err());
+    }
+    assertEquals(256L << 20, stats(0).retentionCapBytes(), "a refused set-cap changes nothing");
+  }
+
+  @Test
+  void badCommandLines_exitTwo_withoutOutput() {
+    List<String[]> bad = List.of(
+        new String[] {},
+        new String[] {"frobnicate"},
+        new String[] {"stats", "--devcie", "0"},
+        new String[] {"stats", "--device", "zero"},
+        new String[] {"stats", "--device"},
+        new String[] {"trim"},
+        new String[] {"trim", "--keep-bytes", "12XB"},
+        new String[] {"set-cap", "--cap-bytes", "-1"},
+        new String[] {"devices", "extra"},
+        new String[] {"devices", "--json=yes"},
+        new String[] {"worker", "--size", "0"},
+        new String[] {"loadgen", "--scenarios", "floor,warp"},
+        new String[] {"loadgen", "--seconds", "soon"});
+    for (String[] args : bad) {
+      Result r = ctl(args);
+      assertEquals(2, r.code(), () -> String.join(" ", args) + ": " + r.err());
+      assertEquals("", r.out(), String.join(" ", args));
+      assertTrue(r.err().startsWith("gpumemctl: "), r.err());
+    }
+    Result malformedTarget = ctlRaw("--target", "no-port-here", "devices");
+    assertEquals(2, malformedTarget.code(), malformedTarget.err());
+    assertTrue(malformedTarget.err().contains("expected: unix:///path/to.sock or host:port"), malformedTarget.err());
+  }
+
+  @Test
+  void unreachableDaemon_exitsOne_withUnavailableAndTarget() {
+    Result r = ctlRaw("--target", "unix:///tmp/gpumemctl-test-no-such.sock", "devices");
+    assertEquals(1, r.code());
+    assertTrue(r.err().startsWith("gpumemctl: UNAVAILABLE: "), r.err());
+    assertTrue(r.err().contains("unix:///tmp/gpumemctl-test-no-such.sock"), r.err());
+  }
+
+  @Test
+  void help_printsUsage_exitsZero() {
+    Result r = ctlRaw("--help");
+    assertOk(r);
+    assertTrue(r.out().startsWith("Usage: gpumemctl"), r.out());
+    for (String command : List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker", "loadgen")) {
+      assertTrue(r.out().contains("\n  " + command + " "), command);
+    }
+    Result loadgen = ctlRaw("loadgen", "--help");
+    assertOk(loadgen);
+    assertTrue(loadgen.out().contains("--scenarios"), loadgen.out());
+  }
+
+  // ---------------------------------------------------------------------------- worker
+
+  @Test
+  void worker_inProcess_runsIterations_thenReleasesEverything() {
+    Result r = ctl("worker", "--iterations", "3", "--hold-ms", "1", "--size", "64KiB", "--device", "1", "--name", "w1");
+    assertOk(r);
+    List<String> iterations = r.out().lines().filter(l -> l.contains(" worker: iteration ")).toList();
+    assertEquals(3, iterations.size(), r.out());
+    assertTrue(iterations.get(0).contains("(miss)"), iterations.get(0));
+    assertTrue(iterations.get(2).contains("(pool hit)"), iterations.get(2));
+    assertTrue(iterations.stream().allMatch(l -> l.contains("64.0 KiB on device 1") && l.contains("pattern verified")));
+    assertTrue(r.out().contains("stopped after 3 iteration(s)"), r.out());
+    assertEquals(2, stats(1).hits());
+    assertEquals(0, stats(1).activeLeases());
+    assertEquals(0, daemon.server().registry().sessions().size());
+  }
+
+  @Test
+  void worker_realProcess_sigterm_exitsZeroAndReleases() throws Exception {
+    List<String> command = DaemonProcess.javaCommand(GpuMemCtl.class.getName());
+    command.addAll(List.of("worker", "--iterations", "0", "--hold-ms", "20", "--size", "1MiB"));
+    ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true);
+    builder.environment().put("GPUMEMD_TARGET", daemon.unixTarget()); // the default target
+    Process process = builder.start();
+    List<String> lines = new ArrayList<>();
+    try (BufferedReader in = new BufferedReader(new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8))) {
+      String line;
+      while ((line = in.readLine()) != null) {
+        lines.add(line);
+        if (line.contains(" worker: iteration 3:")) {
+          process.toHandle().destroy(); // SIGTERM; Process.destroy would also close our end of stdout
+        }
+      }
+      assertTrue(process.waitFor(30, TimeUnit.SECONDS), "worker did not exit");
+    } finally {
+      process.destroyForcibly();
+    }
+    String output = String.join("\n", lines);
+    assertEquals(0, process.exitValue(), output);
+    assertTrue(output.contains("(signal)"), output);
+    assertTrue(lines.stream().noneMatch(l -> l.contains("WARN") || l.contains("ERROR")), output);
+    assertEquals(0, stats(0).activeLeases());
+    assertEquals(0, daemon.server().registry().sessions().size(), "the worker closed its session");
+  }
+
+  @Test
+  void realProcess_exitCodes() throws Exception {
+    List<String> ok = DaemonProcess.javaCommand(GpuMemCtl.class.getName());
+    ok.addAll(List.of("--target", daemon.tcpTarget(), "--json", "stats", "--device", "1"));
+    Process stats = new ProcessBuilder(ok).start();
+    String statsOut = new String(stats.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    String statsErr = new String(stats.getErrorStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(stats.waitFor(30, TimeUnit.SECONDS));
+    assertEquals(0, stats.exitValue(), statsErr);
+    assertEquals("", statsErr);
+    assertEquals(1, parse(statsOut, GetStatsResponse.newBuilder()).getDevices(0).getDevice());
+
+    List<String> bad = DaemonProcess.javaCommand(GpuMemCtl.class.getName());
+    bad.addAll(List.of("--target", daemon.unixTarget(), "stats", "--device", "9"));
+    Process refused = new ProcessBuilder(bad).start();
+    String err = new String(refused.getErrorStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(refused.waitFor(30, TimeUnit.SECONDS));
+    assertEquals(1, refused.exitValue(), err);
+    assertTrue(err.startsWith("gpumemctl: INVALID_ARGUMENT: "), err);
+  }
+}

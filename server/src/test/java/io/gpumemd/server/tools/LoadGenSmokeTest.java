@@ -1,0 +1,145 @@
+package io.gpumemd.server.tools;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.google.protobuf.ListValue;
+import com.google.protobuf.Struct;
+import com.google.protobuf.Value;
+import com.google.protobuf.util.JsonFormat;
+import io.gpumemd.client.tools.GpuMemCtl;
+import io.gpumemd.server.testing.TestDaemon;
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.stream.Collectors;
+import java.util.stream.Stream;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * {@code gpumemctl loadgen} runs every scenario for a fraction of a second against a live
+ * daemon and reports sane figures. Checks shape and consistency only: timings on a shared
+ * test machine prove nothing, so no thresholds.
+ */
+class LoadGenSmokeTest {
+  private TestDaemon daemon;
+  @TempDir
+  Path tmp;
+
+  @BeforeEach
+  void start() {
+    daemon = TestDaemon.start();
+  }
+
+  @AfterEach
+  void stop() {
+    daemon.verifyInvariants();
+    daemon.close();
+  }
+
+  private record Result(int code, String out, String err) {}
+
+  private Result loadgen(String... flags) {
+    String[] args = Stream.concat(Stream.of("--target", daemon.unixTarget(), "loadgen"), Stream.of(flags))
+        .toArray(String[]::new);
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int code;
+    try (PrintStream o = new PrintStream(out, true, StandardCharsets.UTF_8);
+         PrintStream e = new PrintStream(err, true, StandardCharsets.UTF_8)) {
+      code = GpuMemCtl.run(args, o, e);
+    }
+    return new Result(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+  }
+
+  private static double num(Struct s, String field) {
+    assertTrue(s.containsFields(field), field + " in " + s);
+    return s.getFieldsOrThrow(field).getNumberValue();
+  }
+
+  @Test
+  void everyScenario_reportsCountsPercentilesAndRatios_asJson() throws Exception {
+    Path jsonFile = tmp.resolve("report.json");
+    Result r = loadgen("--seconds", "0.2", "--warmup-seconds", "0.05", "--jit-warmup-seconds", "0.1",
+        "--proc-warmup-seconds", "0.05", "--json", "--json-out", jsonFile.toString(),
+        "--threads", "4", "--in-flight", "8", "--procs", "2", "--proc-threads", "2",
+        "--baseline-dir", tmp.toString());
+    assertEquals(0, r.code(), r.err());
+
+    Struct.Builder parsed = Struct.newBuilder();
+    JsonFormat.parser().merge(r.out(), parsed);
+    Struct report = parsed.build();
+    assertEquals(r.out().strip(), Files.readString(jsonFile).strip(), "--json-out writes the same report");
+    assertTrue(num(report.getFieldsOrThrow("environment").getStructValue(), "cpus") >= 1);
+
+    List<Value> results = report.getFieldsOrThrow("results").getListValue().getValuesList();
+    Set<String> cases = new TreeSet<>();
+    for (Value v : results) {
+      Struct c = v.getStructValue();
+      String name = c.getFieldsOrThrow("scenario").getStringValue() + "/" + c.getFieldsOrThrow("case").getStringValue();
+      cases.add(name);
+      assertEquals(0, num(c, "errors"), name + ": " + c);
+      assertTrue(num(c, "ops") > 0, name);
+      assertTrue(num(c, "seconds") > 0, name);
+      assertTrue(num(c, "opsPerSecond") > 0, name);
+      Struct latency = c.getFieldsOrThrow("latencyUs").getStructValue();
+      assertTrue(num(latency, "p50") > 0, name);
+      assertTrue(num(latency, "p50") <= num(latency, "p90"), name);
+      assertTrue(num(latency, "p90") <= num(latency, "p99"), name);
+      assertTrue(num(latency, "p99") <= num(latency, "p999"), name);
+      assertTrue(num(latency, "p999") <= num(latency, "max"), name);
+      if (!name.startsWith("floor") && !name.startsWith("baseline")) {
+        assertTrue(num(c, "poolHitPercent") > 0, name + ": a warm pool serves hits");
+      }
+      if (name.startsWith("hit/")) {
+        assertEquals(100, num(c, "poolHitPercent"), name);
+        assertEquals(0, num(c, "mappingsOpened"), name + ": the hit path maps nothing");
+      }
+    }
+    assertEquals(new TreeSet<>(List.of("floor/health check", "pairs/4KiB", "pairs/2MiB", "pairs/64MiB",
+        "threads/4 threads x 4KiB", "async/8 in flight x 4KiB", "procs/2 procs x 2 threads x 4KiB",
+        "baseline/4KiB", "baseline/2MiB", "baseline/16MiB", "baseline/64MiB",
+        "hit/4KiB", "hit/2MiB", "hit/16MiB", "hit/64MiB")), cases);
+
+    ListValue ratios = report.getFieldsOrThrow("ratios").getListValue();
+    Set<String> ratioNames = ratios.getValuesList().stream()
+        .map(v -> v.getStructValue().getFieldsOrThrow("name").getStringValue() + "/"
+            + v.getStructValue().getFieldsOrThrow("case").getStringValue())
+        .collect(Collectors.toCollection(TreeSet::new));
+    assertTrue(ratioNames.containsAll(List.of("pair p50 / (2 x health p50)/4KiB", "pair p99 / (2 x health p50)/4KiB",
+        "async pairs/s/8 in flight x 4KiB", "baseline p50 / hit p50/16MiB")), ratioNames.toString());
+    for (Value v : ratios.getValuesList()) {
+      assertTrue(num(v.getStructValue(), "value") > 0, v.toString());
+    }
+
+    try (Stream<Path> left = Files.list(tmp)) {
+      assertEquals(List.of(jsonFile), left.toList(), "the baseline deletes its files");
+    }
+    assertEquals(0, daemon.server().registry().sessions().size(), "loadgen and its children closed their sessions");
+    assertTrue(daemon.server().pools().get(0).stats().hits() > 0);
+  }
+
+  @Test
+  void someScenarios_printTableWithRatios() {
+    Result r = loadgen("--scenarios", "pairs,floor", "--pair-sizes", "4KiB", "--seconds", "0.1", "--warmup-seconds", "0",
+        "--jit-warmup-seconds", "0");
+    assertEquals(0, r.code(), r.err());
+    List<String> lines = r.out().lines().toList();
+    assertTrue(lines.get(0).startsWith("gpumemd load generator: " + daemon.unixTarget()), lines.get(0));
+    assertTrue(lines.stream().anyMatch(l -> l.startsWith("SCENARIO  CASE")), r.out());
+    assertTrue(lines.stream().anyMatch(l -> l.matches("floor\\s+health check\\s+\\d+.*")), r.out());
+    assertTrue(lines.stream().anyMatch(l -> l.matches("pairs\\s+4KiB\\s+\\d+.*")), r.out());
+    assertTrue(lines.stream().anyMatch(l -> l.startsWith("RATIO")), r.out());
+    assertTrue(lines.stream().anyMatch(l -> l.matches("pair p50 / \\(2 x health p50\\)\\s+4KiB\\s+[0-9.]+\\s+<= 1\\.70\\s+(met|missed)")),
+        r.out());
+    assertTrue(r.err().contains("loadgen: floor"), "progress goes to stderr: " + r.err());
+  }
+}
