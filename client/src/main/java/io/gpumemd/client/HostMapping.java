@@ -1,8 +1,6 @@
 package io.gpumemd.client;
 
 import java.io.IOException;
-import java.lang.reflect.Field;
-import java.lang.reflect.Method;
 import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
@@ -13,29 +11,9 @@ import java.nio.file.StandardOpenOption;
  * A host segment's shared-memory file mapped read-write. The daemon owns the file; this
  * process maps it, so both see the same bytes.
  *
- * <p>Unmapping is immediate ({@code Unsafe.invokeCleaner}) rather than left to the garbage
- * collector, because a dropped mapping of a deleted file pins its memory until a GC runs.
+ * <p>Unmapping is immediate ({@link Unmapper}) rather than left to the garbage collector.
  */
 final class HostMapping implements SegmentMapping {
-  private static final Method INVOKE_CLEANER;
-  private static final Object UNSAFE;
-
-  static {
-    Method cleaner = null;
-    Object unsafe = null;
-    try {
-      Class<?> type = Class.forName("sun.misc.Unsafe");
-      Field field = type.getDeclaredField("theUnsafe");
-      field.setAccessible(true);
-      unsafe = field.get(null);
-      cleaner = type.getMethod("invokeCleaner", ByteBuffer.class);
-    } catch (ReflectiveOperationException | RuntimeException e) {
-      // Without it mappings are released by the GC; correct, only later.
-    }
-    INVOKE_CLEANER = cleaner;
-    UNSAFE = unsafe;
-  }
-
   private final MappedByteBuffer buffer;
   private boolean closed;
 
@@ -66,12 +44,6 @@ final class HostMapping implements SegmentMapping {
       return;
     }
     closed = true;
-    if (INVOKE_CLEANER != null) {
-      try {
-        INVOKE_CLEANER.invoke(UNSAFE, buffer);
-      } catch (ReflectiveOperationException e) {
-        // fall back to the GC
-      }
-    }
+    Unmapper.unmap(buffer);
   }
 }

@@ -1,10 +1,8 @@
 package io.gpumemd.client.tools;
 
+import io.gpumemd.client.Unmapper;
 import java.io.IOException;
 import java.io.RandomAccessFile;
-import java.lang.reflect.Field;
-import java.lang.reflect.Method;
-import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -19,31 +17,12 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class ShmBaseline {
   static final int PAGE = 4096;
-  private static final Method INVOKE_CLEANER;
-  private static final Object UNSAFE;
-
-  static {
-    Method cleaner = null;
-    Object unsafe = null;
-    try {
-      Class<?> type = Class.forName("sun.misc.Unsafe");
-      Field field = type.getDeclaredField("theUnsafe");
-      field.setAccessible(true);
-      unsafe = field.get(null);
-      cleaner = type.getMethod("invokeCleaner", ByteBuffer.class);
-    } catch (ReflectiveOperationException | RuntimeException e) {
-      // without it the unmap is left to the GC, which would flatter the baseline
-    }
-    INVOKE_CLEANER = cleaner;
-    UNSAFE = unsafe;
-  }
-
   private final Path dir;
   private final String prefix = "gpumemd-loadgen-" + ProcessHandle.current().pid() + "-";
   private final AtomicLong sequence = new AtomicLong();
 
   ShmBaseline(Path dir) {
-    if (INVOKE_CLEANER == null) {
+    if (!Unmapper.immediate()) {
       throw new IllegalStateException("sun.misc.Unsafe.invokeCleaner is not available: cannot unmap at once");
     }
     this.dir = dir;
@@ -62,16 +41,8 @@ final class ShmBaseline {
         buffer.put(i, (byte) 1);
       }
     } finally {
-      unmap(buffer);
+      Unmapper.unmap(buffer);
       Files.delete(file);
-    }
-  }
-
-  static void unmap(MappedByteBuffer buffer) {
-    try {
-      INVOKE_CLEANER.invoke(UNSAFE, buffer);
-    } catch (ReflectiveOperationException e) {
-      throw new IllegalStateException("invokeCleaner failed", e);
     }
   }
 }

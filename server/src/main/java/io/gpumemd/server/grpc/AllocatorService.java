@@ -47,7 +47,9 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   @Override
   public void openSession(OpenSessionRequest request, StreamObserver<OpenSessionResponse> response) {
     try {
-      Session session = registry.open(request.getClientName(), (int) Math.min(request.getTtlSeconds(), Integer.MAX_VALUE));
+      // ttl_seconds is a uint32: values past 2^31 arrive negative in Java; they mean "huge".
+      int ttl = (int) Math.min(Integer.toUnsignedLong(request.getTtlSeconds()), Integer.MAX_VALUE);
+      Session session = registry.open(request.getClientName(), ttl);
       response.onNext(OpenSessionResponse.newBuilder()
           .setSessionId(session.id())
           .setTtlSeconds(session.ttlSeconds())
