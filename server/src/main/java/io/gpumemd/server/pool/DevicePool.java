@@ -656,7 +656,7 @@ public final class DevicePool implements AutoCloseable {
     lock.lock();
     try {
       long cachedBlocks = smallFree.size() + largeFree.size();
-      long remainder = reservedBytes - leasedBytes - cachedBytes - awaitingEventBytes - awaitingUnmapBytes;
+      long remainder = remainderBytes();
       return new PoolStats(device.ordinal(), hits, misses, returns, evictions, allocRetries, ooms,
           leasedBytes, cachedBytes, reservedBytes, peakLeasedBytes, activeLeases, cachedBlocks,
           liveSegments.size(), retentionCapBytes, device.capacityBytes(), limitBytes, remainder,
@@ -667,9 +667,15 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
+  /** Free bytes inside segments that also hold leases (split remainders). */
+  private long remainderBytes() {
+    assert lock.isHeldByCurrentThread();
+    return reservedBytes - leasedBytes - cachedBytes - awaitingEventBytes - awaitingUnmapBytes;
+  }
+
   private ExhaustedException exhausted(long size, String why) {
     // Built only on the failure path.
-    long remainder = reservedBytes - leasedBytes - cachedBytes - awaitingEventBytes - awaitingUnmapBytes;
+    long remainder = remainderBytes();
     return new ExhaustedException("device " + device.ordinal() + ": cannot lease "
         + SizeClasses.format(size) + ": " + why + " (requested=" + size + ", leased=" + leasedBytes
         + ", cached=" + cachedBytes + ", remainder=" + remainder + ", awaiting_event="
