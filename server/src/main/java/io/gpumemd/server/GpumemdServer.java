@@ -89,7 +89,7 @@ public final class GpumemdServer {
     for (DeviceInfo device : backend.devices()) {
       long limit = config.deviceLimit(device.capacityBytes());
       long cap = config.retentionCapBytes() < 0 ? limit : config.retentionCapBytes();
-      list.add(new DevicePool(device, backend, new PoolSettings(limit, cap, config.maxOversizeBytes()),
+      list.add(new DevicePool(device, backend, new PoolSettings(limit, cap, config.maxOversizeBytes(), config.unmapWaitMillis()),
           (holder, dev, segment) -> registryRef.get().requestUnmap(holder, dev, segment),
           DevicePools.segmentIdBase(device.ordinal())));
     }

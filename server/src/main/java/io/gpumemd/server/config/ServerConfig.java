@@ -31,6 +31,7 @@ public record ServerConfig(
     long deviceLimitBytes,
     long retentionCapBytes,
     long maxOversizeBytes,
+    long unmapWaitMillis,
     int sessionTtlSeconds,
     int maxSessionTtlSeconds,
     long keepaliveGraceMillis,
@@ -73,6 +74,7 @@ public record ServerConfig(
     values.put("device-limit-bytes", deviceLimitBytes);
     values.put("retention-cap-bytes", retentionCapBytes < 0 ? "(device budget)" : retentionCapBytes);
     values.put("max-oversize-bytes", maxOversizeBytes);
+    values.put("unmap-wait-ms", unmapWaitMillis);
     values.put("session-ttl-seconds", sessionTtlSeconds);
     values.put("max-session-ttl-seconds", maxSessionTtlSeconds);
     values.put("keepalive-grace-ms", keepaliveGraceMillis);

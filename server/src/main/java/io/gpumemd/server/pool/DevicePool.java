@@ -17,6 +17,8 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -46,7 +48,9 @@ import org.slf4j.LoggerFactory;
  *       large ones). If it would push the pool past its budget, cached segments are evicted
  *       least recently used first and the allocation retried ({@code allocRetries}); if it
  *       still does not fit, or the backend itself is out of memory after a retry, the lease
- *       fails with {@link ExhaustedException} stating the pool ({@code ooms}).
+ *       fails with {@link ExhaustedException} stating the pool ({@code ooms}). A miss that
+ *       would fit once evicted segments are unmapped by their clients waits for that, up to
+ *       {@code unmapWaitMillis}, on the thread that asked (never a transport thread).
  *   <li><b>Release:</b> the block becomes free and coalesces with free neighbours. A segment
  *       whose blocks are all free is <i>cached</i>; it joins the LRU list of idle segments.
  *       While cached bytes exceed the retention cap, the least recently used idle segment is
@@ -78,7 +82,10 @@ public final class DevicePool implements AutoCloseable {
   private final UnmapRequester unmapRequester;
   private final long limitBytes;
   private final long maxOversizeBytes;
+  private final long unmapWaitNanos;
   private final ReentrantLock lock = new ReentrantLock();
+  /** Signalled when a segment that waited for unmaps is freed. */
+  private final Condition segmentFreed = lock.newCondition();
 
   // ---- guarded by lock ----
   private final TreeSet<Block> smallFree = new TreeSet<>(BY_SIZE);
@@ -129,6 +136,7 @@ public final class DevicePool implements AutoCloseable {
     this.limitBytes = settings.limitBytes();
     this.retentionCapBytes = settings.retentionCapBytes();
     this.maxOversizeBytes = settings.maxOversizeBytes();
+    this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
     this.nextSegmentId = segmentIdBase;
     this.probe = new Block(null, Long.MIN_VALUE, 0, 0, Block.State.FREE);
   }
@@ -209,8 +217,10 @@ public final class DevicePool implements AutoCloseable {
   private Block leaseFromNewSegment(long size, String holder) {
     long segmentBytes = SizeClasses.segmentBytes(size);
     boolean retried = false;
+    long unmapDeadline = System.nanoTime() + unmapWaitNanos;
     while (true) {
       AfterUnlock after = new AfterUnlock();
+      boolean waitForUnmaps = false;
       lock.lock();
       try {
         checkOpen();
@@ -225,14 +235,25 @@ public final class DevicePool implements AutoCloseable {
             allocRetries++;
           }
           if (!fitsBudget(segmentBytes)) {
-            ooms++;
-            throw exhausted(size, "pool limit reached");
+            // Evicted segments that clients still map are freed as soon as they confirm the
+            // unmap (usually within a round trip): wait for that rather than refuse.
+            waitForUnmaps = fitsBudgetOnceUnmapped(segmentBytes) && System.nanoTime() < unmapDeadline;
+            if (!waitForUnmaps) {
+              ooms++;
+              throw exhausted(size, "pool limit reached");
+            }
           }
         }
-        inFlightBytes += segmentBytes;
+        if (!waitForUnmaps) {
+          inFlightBytes += segmentBytes;
+        }
       } finally {
         lock.unlock();
-        after.run();
+        after.run(); // sends the unmap requests
+      }
+      if (waitForUnmaps) {
+        awaitUnmaps(segmentBytes, unmapDeadline);
+        continue;
       }
 
       SegmentMemory memory;
@@ -294,6 +315,25 @@ public final class DevicePool implements AutoCloseable {
       // like every backend call).
       backend.free(memory);
       throw closedException();
+    }
+  }
+
+  private boolean fitsBudgetOnceUnmapped(long segmentBytes) {
+    return reservedBytes - awaitingUnmapBytes + inFlightBytes + segmentBytes <= limitBytes;
+  }
+
+  /** Waits until the allocation fits, no more unmaps are pending, or the deadline passes. */
+  private void awaitUnmaps(long segmentBytes, long deadline) {
+    lock.lock();
+    try {
+      long remaining = deadline - System.nanoTime();
+      while (!closed && !fitsBudget(segmentBytes) && awaitingUnmapBytes > 0 && remaining > 0) {
+        remaining = segmentFreed.awaitNanos(remaining);
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } finally {
+      lock.unlock();
     }
   }
 
@@ -644,6 +684,7 @@ public final class DevicePool implements AutoCloseable {
       awaitingUnmap.remove(segment.id);
       awaitingUnmapBytes -= segment.bytes;
       reservedBytes -= segment.bytes;
+      segmentFreed.signalAll();
       segment.state = Segment.State.FREED;
       backendFrees++;
       after.free(segment);

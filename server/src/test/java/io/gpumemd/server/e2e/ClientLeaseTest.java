@@ -148,4 +148,24 @@ class ClientLeaseTest {
       }
     }
   }
+
+  @Test
+  void missUnderBudgetPressure_waitsForAnotherClientToUnmapTheEvictedSegment() {
+    try (TestDaemon small = TestDaemon.start("--host-devices", "1", "--device-limit-bytes", "8MiB");
+         GpuMemClient first = GpuMemClient.connect(small.unixTarget());
+         GpuMemClient second = GpuMemClient.connect(small.unixTarget())) {
+      first.lease(0, 6 << 20).close(); // a 6 MiB segment stays cached, mapped by `first`
+      // 7 MiB needs an 8 MiB segment: only fits once `first` has unmapped the cached one.
+      try (Lease lease = second.lease(0, 7 << 20)) {
+        assertFalse(lease.poolHit());
+        lease.buffer().put(0, (byte) 1);
+      }
+      PoolStats s = small.server().pools().get(0).stats();
+      assertEquals(0, s.ooms());
+      assertEquals(1, s.evictions());
+      assertEquals(1, s.allocRetries());
+      assertEquals(0, first.mappedSegments(), "first unmapped the evicted segment when asked");
+      small.verifyInvariants();
+    }
+  }
 }
