@@ -26,6 +26,7 @@ public final class Lease implements AutoCloseable {
   private final long segmentId;
   private final long segmentBytes;
   private final long offset;
+  private final String hostShmPath;
   private final SegmentMapping mapping;
   private final AtomicBoolean closed = new AtomicBoolean();
 
@@ -39,6 +40,7 @@ public final class Lease implements AutoCloseable {
     this.segmentId = response.getHandle().getSegmentId();
     this.segmentBytes = response.getHandle().getSegmentBytes();
     this.offset = response.getHandle().getOffset();
+    this.hostShmPath = response.getHandle().hasHostShmPath() ? response.getHandle().getHostShmPath() : null;
     this.mapping = mapping;
   }
 
@@ -77,6 +79,15 @@ public final class Lease implements AutoCloseable {
   /** Offset of the block in its segment. */
   public long offset() {
     return offset;
+  }
+
+  /**
+   * The shared-memory file holding the block's segment (host devices; null on CUDA). Another
+   * process of the same user (or the daemon's {@code --shm-group}) that maps this file at
+   * {@link #offset()} sees the same bytes.
+   */
+  public String hostShmPath() {
+    return hostShmPath;
   }
 
   SegmentMapping mapping() {
