@@ -45,4 +45,61 @@ class MetricsEndpointTest {
           HttpResponse.BodyHandlers.ofString()).statusCode());
     }
   }
+
+  @Test
+  void scrape_agreesWithGetStats_forEveryPoolFigure() throws Exception {
+    int port = freePort();
+    try (TestDaemon daemon = TestDaemon.start("--metrics-port", Integer.toString(port), "--metrics-host", "127.0.0.1");
+         GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      java.util.List<io.gpumemd.client.Lease> held = new java.util.ArrayList<>();
+      for (int i = 0; i < 6; i++) {
+        held.add(client.lease(i % 2, (i + 1) * 700_000L));
+      }
+      held.remove(0).close();
+      held.remove(0).close();
+      client.lease(0, 700_000).close();
+      daemon.server().pools().get(1).trim(0);
+      String text = HttpClient.newHttpClient().send(
+          HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + "/metrics")).build(),
+          HttpResponse.BodyHandlers.ofString()).body();
+      io.gpumemd.proto.v1.GetStatsResponse stats;
+      try (io.gpumemd.client.Channels.Connection admin = io.gpumemd.client.Channels.open(daemon.tcpTarget())) {
+        stats = io.gpumemd.proto.v1.AdminGrpc.newBlockingStub(admin.channel())
+            .getStats(io.gpumemd.proto.v1.GetStatsRequest.getDefaultInstance());
+      }
+      java.util.Map<String, String> names = new java.util.LinkedHashMap<>();
+      names.put("hits", "gpumemd_pool_hits_total");
+      names.put("misses", "gpumemd_pool_misses_total");
+      names.put("returns", "gpumemd_pool_returns_total");
+      names.put("evictions", "gpumemd_pool_evictions_total");
+      names.put("alloc_retries", "gpumemd_pool_alloc_retries_total");
+      names.put("ooms", "gpumemd_pool_ooms_total");
+      names.put("leased_bytes", "gpumemd_pool_leased_bytes");
+      names.put("cached_bytes", "gpumemd_pool_cached_bytes");
+      names.put("reserved_bytes", "gpumemd_pool_reserved_bytes");
+      names.put("remainder_bytes", "gpumemd_pool_remainder_bytes");
+      names.put("peak_leased_bytes", "gpumemd_pool_peak_leased_bytes");
+      names.put("active_leases", "gpumemd_pool_active_leases");
+      names.put("cached_blocks", "gpumemd_pool_cached_blocks");
+      names.put("segments", "gpumemd_pool_segments");
+      names.put("retention_cap_bytes", "gpumemd_pool_retention_cap_bytes");
+      names.put("capacity_bytes", "gpumemd_pool_capacity_bytes");
+      names.put("limit_bytes", "gpumemd_pool_limit_bytes");
+      names.put("backend_allocs", "gpumemd_backend_allocs_total");
+      names.put("backend_frees", "gpumemd_backend_frees_total");
+      for (io.gpumemd.proto.v1.DeviceStats device : stats.getDevicesList()) {
+        for (var entry : names.entrySet()) {
+          var field = io.gpumemd.proto.v1.DeviceStats.getDescriptor().findFieldByName(entry.getKey());
+          long expected = (Long) device.getField(field);
+          java.util.regex.Matcher m = java.util.regex.Pattern.compile("(?m)^" + entry.getValue()
+              + "\\{device=\"" + device.getDevice() + "\"\\} (\\S+)$").matcher(text);
+          assertTrue(m.find(), entry.getValue() + " for device " + device.getDevice() + " missing");
+          assertEquals(expected, (long) Double.parseDouble(m.group(1)),
+              entry.getValue() + "{device=" + device.getDevice() + "} vs GetStats " + entry.getKey());
+        }
+      }
+      assertTrue(stats.getDevices(1).getEvictions() > 0, "the scenario exercised evictions");
+      held.forEach(io.gpumemd.client.Lease::close);
+    }
+  }
 }
