@@ -667,6 +667,26 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
+  /** Segments evicted and waiting for this holder's unmap (to ask again after a reconnect). */
+  public List<Long> awaitingUnmapBy(String holder) {
+    lock.lock();
+    try {
+      Set<Segment> held = segmentsByHolder.get(holder);
+      if (held == null) {
+        return List.of();
+      }
+      List<Long> ids = new ArrayList<>();
+      for (Segment segment : held) {
+        if (segment.state == Segment.State.AWAITING_UNMAP) {
+          ids.add(segment.id);
+        }
+      }
+      return ids;
+    } finally {
+      lock.unlock();
+    }
+  }
+
   /** Number of segments a holder may have mapped. */
   public int mappedSegments(String holder) {
     lock.lock();

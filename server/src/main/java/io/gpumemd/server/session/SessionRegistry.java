@@ -105,6 +105,12 @@ public final class SessionRegistry implements UnmapRequester {
     if (draining) {
       channel.shutdownNotice(0);
     }
+    // Unmap requests sent while no stream was attached were lost: ask again.
+    for (DevicePool pool : pools.all()) {
+      for (long segmentId : pool.awaitingUnmapBy(session.id())) {
+        channel.requestUnmap(pool.device().ordinal(), segmentId);
+      }
+    }
     return session;
   }
 

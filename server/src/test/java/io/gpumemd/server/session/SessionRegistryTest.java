@@ -342,4 +342,22 @@ class SessionRegistryTest {
     assertTrue(hit.block().poolHit());
     assertFalse(registry.draining());
   }
+
+  @Test
+  void unmapRequestsMissedWhileDetached_areRepeatedOnReattach() throws IOException {
+    start();
+    Session s = registry.open("w", 0);
+    RecordingChannel first = new RecordingChannel();
+    registry.attach(s.id(), first);
+    LeaseRecord lease = registry.lease(s.id(), 0, 4 * MIB, false, "", false);
+    registry.release(s.id(), lease.id(), new byte[0]);
+    registry.detach(s, first);
+    pools.get(0).setRetentionCap(0); // asks while no stream is attached: nobody hears it
+    assertTrue(first.unmapRequests.isEmpty());
+    RecordingChannel second = new RecordingChannel();
+    registry.attach(s.id(), second);
+    assertEquals(List.of(lease.block().segmentId()), second.unmapRequests);
+    registry.unmapped(s, second.unmapRequests);
+    assertEquals(0, segmentFiles());
+  }
 }
