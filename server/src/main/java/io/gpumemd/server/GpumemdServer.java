@@ -62,6 +62,7 @@ import org.slf4j.LoggerFactory;
 public final class GpumemdServer {
   private static final Logger log = LoggerFactory.getLogger(GpumemdServer.class);
   private static final String[] SERVICES = {"", "gpumemd.v1.Allocator", "gpumemd.v1.Admin"};
+  private static final int BACKEND_THREADS = 8;
 
   private final ServerConfig config;
   private final MemoryBackend backend;
@@ -99,8 +100,13 @@ public final class GpumemdServer {
     this.bossGroup = new EpollEventLoopGroup(1, daemonThreads("gpumemd-accept"));
     this.workerGroup = new EpollEventLoopGroup(Math.max(2, Runtime.getRuntime().availableProcessors()),
         daemonThreads("gpumemd-io"));
-    this.blockingExecutor = new ThreadPoolExecutor(1, 8, 30, TimeUnit.SECONDS, new LinkedBlockingQueue<>(),
-        daemonThreads("gpumemd-backend"));
+    // Misses and zeroing: backend calls that may take milliseconds, and a miss may wait for
+    // unmaps. With an unbounded queue a ThreadPoolExecutor never grows past its core size, so
+    // core = max, and idle threads time out.
+    ThreadPoolExecutor backendPool = new ThreadPoolExecutor(BACKEND_THREADS, BACKEND_THREADS, 30, TimeUnit.SECONDS,
+        new LinkedBlockingQueue<>(), daemonThreads("gpumemd-backend"));
+    backendPool.allowCoreThreadTimeOut(true);
+    this.blockingExecutor = backendPool;
     ScheduledThreadPoolExecutor scheduler = new ScheduledThreadPoolExecutor(1, daemonThreads("gpumemd-housekeeping"));
     scheduler.setRemoveOnCancelPolicy(true);
     this.housekeeping = scheduler;
