@@ -168,4 +168,29 @@ class ClientLeaseTest {
       small.verifyInvariants();
     }
   }
+
+  @Test
+  void aMissWaitingForUnmaps_doesNotHoldUpOtherMisses_andProceedsWhenTheMapperEnds() throws Exception {
+    try (TestDaemon small = TestDaemon.start("--device-limit-bytes", "8MiB", "--unmap-wait-ms", "60000");
+         GpuMemClient streamless = GpuMemClient.builder(small.unixTarget()).keepAlive(false).connect();
+         GpuMemClient waiter = GpuMemClient.connect(small.unixTarget());
+         GpuMemClient other = GpuMemClient.connect(small.unixTarget())) {
+      streamless.lease(0, 6 << 20).close(); // cached, mapped by a session the daemon cannot ask
+      java.util.concurrent.CompletableFuture<Lease> waiting = waiter.leaseAsync(0, 7 << 20, false, "");
+      long deadline = System.nanoTime() + 10_000_000_000L;
+      while (small.server().pools().get(0).stats().segmentsAwaitingUnmap() == 0 && System.nanoTime() < deadline) {
+        Thread.sleep(5);
+      }
+      assertEquals(1, small.server().pools().get(0).stats().segmentsAwaitingUnmap(), "the cached segment was evicted for the waiter");
+      try (Lease unrelated = other.lease(1, 3 << 20)) { // another miss, served meanwhile
+        assertFalse(unrelated.poolHit());
+      }
+      assertFalse(waiting.isDone(), "still waiting for the unmap");
+      streamless.close(); // its session ends: the segment is freed and the waiter proceeds
+      try (Lease lease = waiting.get(30, java.util.concurrent.TimeUnit.SECONDS)) {
+        assertEquals(7 << 20, lease.sizeBytes());
+      }
+      assertEquals(0, small.server().pools().get(0).stats().ooms());
+    }
+  }
 }
