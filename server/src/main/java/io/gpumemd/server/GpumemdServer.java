@@ -202,6 +202,10 @@ public final class GpumemdServer {
         // Handlers never block: a lease that needs the backend moves itself to the blocking
         // executor (AllocatorService). Running on the transport thread saves a thread hop.
         .directExecutor()
+        // Pings find clients that vanished without closing their connection (a crashed host
+        // on TCP), so their sessions end instead of living forever on a dead stream.
+        .keepAliveTime(30, TimeUnit.SECONDS)
+        .keepAliveTimeout(10, TimeUnit.SECONDS)
         .permitKeepAliveTime(10, TimeUnit.SECONDS)
         .permitKeepAliveWithoutCalls(true);
     services.forEach(builder::addService);
