@@ -57,7 +57,13 @@ public final class BackendSelector {
     }
     String message = root.getMessage() == null ? root.toString() : root.getMessage();
     if (e instanceof LinkageError) {
-      return "cannot load the CUDA driver library (libcuda.so.1): " + message.lines().findFirst().orElse("");
+      // JCuda's message nests both load attempts' stack traces; the telling line is the
+      // dynamic linker's about libcuda (e.g. "cannot open shared object file").
+      String linker = message.lines().map(String::trim)
+          .filter(l -> l.contains("libcuda") && !l.startsWith("at "))
+          .map(l -> l.substring(l.indexOf("libcuda")))
+          .findFirst().orElse(message.lines().findFirst().orElse(""));
+      return "cannot load the CUDA driver library: " + linker;
     }
     return message;
   }
