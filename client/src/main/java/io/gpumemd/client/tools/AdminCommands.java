@@ -67,7 +67,7 @@ final class AdminCommands implements AutoCloseable {
     return switch (command) {
       case "devices" -> devices(cli.allow(GpuMemCtl.GLOBAL_FLAGS));
       case "stats" -> stats(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device"));
-      case "leases" -> leases(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "session"));
+      case "leases" -> leases(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "session", "limit"));
       case "sessions" -> sessions(cli.allow(GpuMemCtl.GLOBAL_FLAGS));
       case "trim" -> trim(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "keep-bytes"));
       case "set-cap" -> setCap(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "cap-bytes"));
@@ -165,7 +165,8 @@ final class AdminCommands implements AutoCloseable {
   }
 
   private int leases(CommandLine cli) {
-    ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(cli.string("session", ""));
+    ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(cli.string("session", ""))
+        .setLimit(cli.integer("limit", 0, 0, Integer.MAX_VALUE));
     if (hasDevice(cli)) {
       request.setDevice(device(cli));
     }
@@ -184,6 +185,9 @@ final class AdminCommands implements AutoCloseable {
           Long.toUnsignedString(l.getSegmentId()), l.getOffset());
     }
     table.print(out);
+    if (response.getTotal() > response.getLeasesCount()) {
+      out.println("(" + response.getLeasesCount() + " of " + response.getTotal() + " leases; --limit N shows more)");
+    }
     return 0;
   }
 

@@ -34,7 +34,8 @@ public final class GpuMemCtl {
       Commands:
         devices                                    devices with backend, capacity, budget, cap
         stats    [--device N]                      pool counters and gauges per device
-        leases   [--device N] [--session ID]       live leases
+        leases   [--device N] [--session ID]       live leases, oldest first
+                 [--limit N]                       (at most N; default 1000)
         sessions                                   live sessions with what they hold
         trim     --keep-bytes SIZE [--device N]    free cached memory down to SIZE per device
         set-cap  --cap-bytes SIZE [--device N]     set the retention cap (0 disables caching)

@@ -17,6 +17,7 @@ import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimRequest;
 import io.gpumemd.proto.v1.TrimResponse;
+import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolStats;
@@ -36,6 +37,8 @@ import org.slf4j.LoggerFactory;
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
   private static final Logger log = LoggerFactory.getLogger(AdminService.class);
+  private static final int DEFAULT_LEASE_LIMIT = 1000;
+  private static final int MAX_LEASE_LIMIT = 100_000;
 
   private final DevicePools pools;
   private final SessionRegistry registry;
@@ -104,8 +107,13 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   public void listLeases(ListLeasesRequest request, StreamObserver<ListLeasesResponse> response) {
     answer("ListLeases", response, () -> {
-      ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder();
-      for (LeaseRecord lease : registry.leases(request.hasDevice() ? request.getDevice() : null, request.getSessionId())) {
+      int limit = request.getLimit() == 0 ? DEFAULT_LEASE_LIMIT : request.getLimit();
+      if (limit < 0 || limit > MAX_LEASE_LIMIT) {
+        throw InvalidRequestException.of("limit", request.getLimit(), "0 (= " + DEFAULT_LEASE_LIMIT + ") to " + MAX_LEASE_LIMIT);
+      }
+      List<LeaseRecord> matching = registry.leases(request.hasDevice() ? request.getDevice() : null, request.getSessionId());
+      ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder().setTotal(matching.size());
+      for (LeaseRecord lease : matching.subList(0, Math.min(limit, matching.size()))) {
         out.addLeases(LeaseInfo.newBuilder()
             .setLeaseId(lease.id()).setSessionId(lease.session().id())
             .setClientName(lease.session().clientName()).setDevice(lease.block().device())

@@ -61,7 +61,7 @@ public final class ServerMetrics {
             .register(registry);
       }
     }
-    Gauge.builder("gpumemd.sessions", sessions, s -> s.sessions().size())
+    Gauge.builder("gpumemd.sessions", sessions, SessionRegistry::sessionCount)
         .description("live sessions").register(registry);
   }
 

@@ -13,15 +13,22 @@ public final class LeaseRecord {
   private final long sizeBytes;
   private final String tag;
   private final long grantedNanos;
+  private final long sequence;
   volatile boolean leakReported;
 
-  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos) {
+  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence) {
     this.id = id;
     this.session = session;
     this.block = block;
     this.sizeBytes = sizeBytes;
     this.tag = tag;
     this.grantedNanos = grantedNanos;
+    this.sequence = sequence;
+  }
+
+  /** Order of grant, daemon-wide: listings sort by it (timestamps can tie). */
+  public long sequence() {
+    return sequence;
   }
 
   public String id() {

@@ -16,6 +16,7 @@ import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -45,7 +46,10 @@ public final class SessionRegistry implements UnmapRequester {
   private final Ticker ticker;
   private final ConcurrentHashMap<String, Session> sessions = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, LeaseRecord> leases = new ConcurrentHashMap<>();
+  private final AtomicLong leaseSequence = new AtomicLong();
   private volatile boolean draining;
+  /** Written by the reaper thread only. */
+  private long lastLeakScanNanos = Long.MIN_VALUE / 2;
 
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker) {
     this.pools = pools;
@@ -218,7 +222,8 @@ public final class SessionRegistry implements UnmapRequester {
       session.unreserve(rounded);
       return null;
     }
-    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, block, size, tag, ticker.nanos());
+    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, block, size, tag, ticker.nanos(),
+        leaseSequence.incrementAndGet());
     leases.put(lease.id(), lease);
     if (!session.commit(lease, rounded)) {
       if (leases.remove(lease.id(), lease)) {
@@ -294,7 +299,10 @@ public final class SessionRegistry implements UnmapRequester {
       }
     }
     long leakNanos = TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis());
-    if (leakNanos > 0) {
+    // Scanning every lease is O(leases): do it a few times per threshold, not on every reap.
+    long scanEvery = Math.max(TimeUnit.MILLISECONDS.toNanos(100), Math.min(leakNanos / 10, TimeUnit.SECONDS.toNanos(5)));
+    if (leakNanos > 0 && now - lastLeakScanNanos >= scanEvery) {
+      lastLeakScanNanos = now;
       for (LeaseRecord lease : leases.values()) {
         if (!lease.leakReported && now - lease.grantedNanos() > leakNanos) {
           lease.leakReported = true;
@@ -357,8 +365,12 @@ public final class SessionRegistry implements UnmapRequester {
         out.add(lease);
       }
     }
-    out.sort(Comparator.comparingLong(LeaseRecord::grantedNanos));
+    out.sort(Comparator.comparingLong(LeaseRecord::sequence));
     return out;
+  }
+
+  public int sessionCount() {
+    return sessions.size();
   }
 
   public List<Session> sessions() {

@@ -149,6 +149,8 @@ class StatusTableTest {
         () -> admin.setRetentionCap(SetRetentionCapRequest.newBuilder().setCapBytes(-5).build()));
     refused(Status.Code.INVALID_ARGUMENT, "device: 9",
         () -> admin.getStats(GetStatsRequest.newBuilder().setDevice(9).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "limit: -2",
+        () -> admin.listLeases(ListLeasesRequest.newBuilder().setLimit(-2).build()));
     LeaseResponse held = allocator.lease(lease(s, 4096).build());
     refused(Status.Code.INVALID_ARGUMENT, "cuda_ipc_event_handle: 3 bytes (expected: empty or 64 bytes)",
         () -> allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId())
@@ -224,5 +226,18 @@ class StatusTableTest {
       assertTrue(errors.get(0).contains("Lease"), errors.get(0));
     }
     Files.createDirectories(devDir);
+  }
+
+  @Test
+  void listLeases_limitCutsTheList_totalCountsAll() {
+    String s = session();
+    List<String> ids = new ArrayList<>();
+    for (int i = 0; i < 3; i++) {
+      ids.add(allocator.lease(lease(s, 4096).build()).getLeaseId());
+    }
+    var two = admin.listLeases(ListLeasesRequest.newBuilder().setLimit(2).build());
+    assertEquals(3, two.getTotal());
+    assertEquals(ids.subList(0, 2), two.getLeasesList().stream().map(l -> l.getLeaseId()).toList(), "oldest first");
+    assertEquals(3, admin.listLeases(ListLeasesRequest.getDefaultInstance()).getLeasesCount());
   }
 }
