@@ -184,6 +184,30 @@ class GrpcurlExamplesTest {
     }
   }
 
+  /** Outputs shown in deploy/README.md ({@code $ grpcurl ...} then lines) are what the daemon answers. */
+  @Test
+  void readmeShownOutputs_areTheDaemonsAnswers() {
+    List<String> lines = RepoFiles.read("deploy/README.md").lines().toList();
+    int checked = 0;
+    try (Channels.Connection connection = Channels.open(target("tcp"))) {
+      ReflectionGrpcurl grpcurl = new ReflectionGrpcurl(connection.channel());
+      for (int i = 0; i < lines.size(); i++) {
+        if (!lines.get(i).startsWith("$ grpcurl ")) {
+          continue;
+        }
+        List<String> shown = new ArrayList<>();
+        for (int j = i + 1; j < lines.size() && !lines.get(j).isBlank() && !lines.get(j).startsWith("```"); j++) {
+          shown.add(lines.get(j));
+        }
+        List<String> answered = new ArrayList<>(grpcurl.run(shellWords(lines.get(i).substring(2))).lines().toList());
+        java.util.Collections.sort(answered); // grpcurl sorts what it lists
+        assertEquals(shown, answered, lines.get(i));
+        checked++;
+      }
+    }
+    assertTrue(checked >= 2, "shown outputs checked: " + checked);
+  }
+
   @Test
   void readmeMetricTable_listsExactlyTheMetricsServed() throws Exception {
     HttpResponse<String> response = HttpClient.newHttpClient().send(HttpRequest.newBuilder(
