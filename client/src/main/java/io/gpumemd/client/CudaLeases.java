@@ -23,9 +23,13 @@ import jcuda.driver.CUstream;
 public final class CudaLeases {
   private CudaLeases() {}
 
-  /** The lease's memory as a device pointer in this process (segment base + offset). */
+  /**
+   * The lease's memory as a device pointer in this process (segment base + offset). Also makes
+   * the device's primary context current on the calling thread, where the pointer is valid.
+   */
   public static CUdeviceptr pointer(Lease lease) {
     CudaMappings.CudaMapping mapping = mapping(lease);
+    CudaMappings.makeCurrent(mapping.device);
     return mapping.base.withByteOffset(lease.offset());
   }
 

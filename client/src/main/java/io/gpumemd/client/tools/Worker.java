@@ -20,7 +20,7 @@ import java.util.concurrent.TimeUnit;
  *
  * <p>{@link #stop} (called by the SIGTERM/SIGINT handler) ends the run after the current
  * iteration's lease is released, cutting the hold short; the session is then closed and the
- * process exits 0. Host devices only: a CUDA device's memory is not reachable as a buffer.
+ * process exits 0. On a CUDA device the pattern goes through device copies ({@link CudaPattern}).
  *
  * <p>Runs on the calling thread; {@link #stop} may be called from any thread.
  */
@@ -102,15 +102,15 @@ final class Worker {
     try (Lease lease = client.lease(device, sizeBytes, false, "worker")) {
       leaseId = lease.id();
       hit = lease.poolHit();
-      if (!lease.isHost()) {
-        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "device " + device
-            + " is a CUDA device; the example worker writes its pattern through host mappings only", null);
-      }
-      ByteBuffer memory = lease.buffer();
       long seed = ProcessHandle.current().pid() * 0x9E3779B97F4A7C15L + iteration;
       long t0 = System.nanoTime();
-      writePattern(memory, seed);
-      verifyPattern(memory, seed, lease);
+      if (lease.isHost()) {
+        ByteBuffer memory = lease.buffer();
+        writePattern(memory, seed);
+        verifyPattern(memory, seed, lease);
+      } else {
+        CudaPattern.writeAndVerify(lease, seed); // device copies through the IPC mapping
+      }
       verifyNanos = System.nanoTime() - t0;
       if (holdMillis > 0) {
         try {
