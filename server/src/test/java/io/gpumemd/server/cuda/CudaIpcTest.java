@@ -5,11 +5,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.server.testing.DaemonProcess;
-import java.nio.charset.StandardCharsets;
-import java.util.HashMap;
-import java.util.List;
+import io.gpumemd.server.testing.ResultProcess;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
@@ -29,20 +26,9 @@ class CudaIpcTest {
   }
 
   private static Map<String, String> run(String... args) throws Exception {
-    List<String> command = DaemonProcess.javaCommand(CudaIpcProcessMain.class.getName());
-    command.addAll(List.of(args));
-    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
-    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-    assertTrue(p.waitFor(60, TimeUnit.SECONDS));
-    assertEquals(0, p.exitValue(), out);
-    String line = out.lines().filter(l -> l.startsWith("RESULT")).findFirst().orElseThrow(() -> new AssertionError(out));
-    Map<String, String> result = new HashMap<>();
-    for (String kv : line.substring(7).split(" ")) {
-      String[] pair = kv.split("=");
-      result.put(pair[0], pair[1]);
-    }
-    return result;
+    return ResultProcess.run(CudaIpcProcessMain.class, args);
   }
+
 
   @Test
   void blockFilledByOneProcess_isReadByAnother_afterItsEvent() throws Exception {

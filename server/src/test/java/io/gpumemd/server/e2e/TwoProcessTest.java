@@ -8,11 +8,8 @@ import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.DeviceStats;
 import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.server.testing.DaemonProcess;
-import java.nio.charset.StandardCharsets;
-import java.util.HashMap;
-import java.util.List;
+import io.gpumemd.server.testing.ResultProcess;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -22,22 +19,10 @@ import org.junit.jupiter.api.Test;
  */
 class TwoProcessTest {
 
-  static Map<String, String> run(String... args) throws Exception {
-    List<String> command = DaemonProcess.javaCommand(PatternClientMain.class.getName());
-    command.addAll(List.of(args));
-    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
-    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-    assertTrue(p.waitFor(60, TimeUnit.SECONDS));
-    assertEquals(0, p.exitValue(), out);
-    String line = out.lines().filter(l -> l.startsWith("RESULT")).findFirst()
-        .orElseThrow(() -> new AssertionError("no RESULT line:\n" + out));
-    Map<String, String> result = new HashMap<>();
-    for (String kv : line.substring(7).trim().split(" ")) {
-      String[] pair = kv.split("=", 2);
-      result.put(pair[0], pair[1]);
-    }
-    return result;
+  private static Map<String, String> run(String... args) throws Exception {
+    return ResultProcess.run(PatternClientMain.class, args);
   }
+
 
   @Test
   void releasedBlock_isTheNextProcessesPoolHit_withTheBytesIntact() throws Exception {
