@@ -29,6 +29,20 @@ mkdir -p "$tools"
 
 log() { printf '== %s\n' "$*"; }
 
+# Registries can hiccup; a CI run should not fail on one: three tries, 5 s then 10 s apart.
+retry() {
+  local attempt=1
+  until "$@"; do
+    if [ "$attempt" -ge 3 ]; then
+      echo "failed 3 times: $*" >&2
+      return 1
+    fi
+    echo "retrying in $((attempt * 5)) s: $*" >&2
+    sleep $((attempt * 5))
+    attempt=$((attempt + 1))
+  done
+}
+
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
@@ -36,10 +50,10 @@ as_root() {
 apt_updated=false
 apt_install() {
   if ! $apt_updated; then
-    as_root apt-get update -qq
+    retry as_root apt-get update -qq
     apt_updated=true
   fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  retry as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 # --- tools -------------------------------------------------------------------------------
@@ -63,11 +77,11 @@ install_tools() {
     if [ ! -x "$promtool" ]; then
       log "apt: fetching promtool (package prometheus)"
       if ! $apt_updated; then
-        as_root apt-get update -qq
+        retry as_root apt-get update -qq
         apt_updated=true
       fi
       rm -rf "$tools/prometheus" "$tools"/prometheus_*.deb
-      (cd "$tools" && apt-get download -qq prometheus 2>/dev/null)
+      (cd "$tools" && retry apt-get download -qq prometheus 2>/dev/null)
       dpkg-deb -x "$tools"/prometheus_*.deb "$tools/prometheus"
       rm -f "$tools"/prometheus_*.deb
     fi
@@ -88,7 +102,7 @@ install_tools() {
       || [ ! -d "$tools/node_modules/kubernetes-models" ]; then
     log "npm: installing dclint, dockerfile-utils, js-yaml, kubernetes-models"
     printf '%s\n' "$manifest" > "$tools/package.json"
-    (cd "$tools" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+    (cd "$tools" && retry npm install --no-audit --no-fund --loglevel=error >/dev/null)
   fi
   cp "$repo/.ci/validate-k8s.mjs" "$tools/validate-k8s.mjs"
 }
