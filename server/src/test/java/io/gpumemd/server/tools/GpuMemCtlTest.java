@@ -19,10 +19,8 @@ import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.health.v1.HealthCheckResponse;
 import java.io.BufferedReader;
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStreamReader;
-import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -51,31 +49,23 @@ class GpuMemCtlTest {
     daemon.close();
   }
 
-  private record Result(int code, String out, String err) {}
-
   /** Runs gpumemctl in-process against the daemon's Unix socket. */
-  private Result ctl(String... args) {
+  private CtlRun ctl(String... args) {
     String[] full = Stream.concat(Stream.of("--target", daemon.unixTarget()), Arrays.stream(args)).toArray(String[]::new);
     return ctlRaw(full);
   }
 
-  private static Result ctlRaw(String... args) {
-    ByteArrayOutputStream out = new ByteArrayOutputStream();
-    ByteArrayOutputStream err = new ByteArrayOutputStream();
-    int code;
-    try (PrintStream o = new PrintStream(out, true, StandardCharsets.UTF_8);
-         PrintStream e = new PrintStream(err, true, StandardCharsets.UTF_8)) {
-      code = GpuMemCtl.run(args, o, e);
-    }
-    return new Result(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+  private static CtlRun ctlRaw(String... args) {
+    return CtlRun.of(args);
   }
+
 
   private static <T extends Message.Builder> T parse(String json, T builder) throws IOException {
     JsonFormat.parser().merge(json, builder);
     return builder;
   }
 
-  private static void assertOk(Result r) {
+  private static void assertOk(CtlRun r) {
     assertEquals(0, r.code(), () -> "exit code; stderr: " + r.err() + "\nstdout: " + r.out());
     assertEquals("", r.err(), "stderr");
   }
@@ -88,7 +78,7 @@ class GpuMemCtlTest {
 
   @Test
   void devices_listsEveryHostDevice_asTableAndJson() throws IOException {
-    Result table = ctl("devices");
+    CtlRun table = ctl("devices");
     assertOk(table);
     String[] lines = table.out().split("\n");
     assertEquals(3, lines.length, table.out());
@@ -96,7 +86,7 @@ class GpuMemCtlTest {
     assertTrue(lines[1].matches("\\s*0\\s+host-shm\\s+host\\s+256\\.0 MiB\\s+256\\.0 MiB.*"), lines[1]);
     assertTrue(lines[2].matches("\\s*1\\s+host-shm\\s+host\\s+256\\.0 MiB.*"), lines[2]);
 
-    Result json = ctl("--json", "devices");
+    CtlRun json = ctl("--json", "devices");
     assertOk(json);
     ListDevicesResponse devices = parse(json.out(), ListDevicesResponse.newBuilder()).build();
     assertEquals(2, devices.getDevicesCount());
@@ -110,7 +100,7 @@ class GpuMemCtlTest {
       client.lease(0, 4096).close();  // miss
       client.lease(0, 4096).close();  // hit
     }
-    Result json = ctl("stats", "--device", "0", "--json");  // flags after the command work too
+    CtlRun json = ctl("stats", "--device", "0", "--json");  // flags after the command work too
     assertOk(json);
     assertTrue(json.out().contains("\"hits\": \"1\""), json.out());
     GetStatsResponse stats = parse(json.out(), GetStatsResponse.newBuilder()).build();
@@ -120,7 +110,7 @@ class GpuMemCtlTest {
     assertEquals(1, stats.getDevices(0).getMisses());
     assertEquals(2, stats.getDevices(0).getReturns());
 
-    Result table = ctl("stats");
+    CtlRun table = ctl("stats");
     assertOk(table);
     assertTrue(table.out().lines().anyMatch(l -> l.matches("\\s+DEVICE 0\\s+DEVICE 1")), table.out());
     assertTrue(table.out().lines().anyMatch(l -> l.matches("hit rate\\s+50\\.0%\\s+-")), table.out());
@@ -132,7 +122,7 @@ class GpuMemCtlTest {
   void leases_listsLeaseIdAndTag_andFilters() throws IOException {
     try (GpuMemClient client = GpuMemClient.builder(daemon.tcpTarget()).clientName("ctl-leases").connect();
          Lease lease = client.lease(1, 3 << 20, false, "kv-cache")) {
-      Result table = ctl("leases");
+      CtlRun table = ctl("leases");
       assertOk(table);
       String row = table.out().lines().filter(l -> l.startsWith(lease.id())).findFirst().orElseThrow(
           () -> new AssertionError("lease " + lease.id() + " not listed:\n" + table.out()));
@@ -141,7 +131,7 @@ class GpuMemCtlTest {
       assertTrue(row.contains("kv-cache"), row);
       assertTrue(row.contains("3.0 MiB"), row);
 
-      Result bySession = ctl("leases", "--session", client.sessionId(), "--json");
+      CtlRun bySession = ctl("leases", "--session", client.sessionId(), "--json");
       assertOk(bySession);
       ListLeasesResponse leases = parse(bySession.out(), ListLeasesResponse.newBuilder()).build();
       assertEquals(1, leases.getLeasesCount());
@@ -149,7 +139,7 @@ class GpuMemCtlTest {
       assertEquals("kv-cache", leases.getLeases(0).getTag());
       assertEquals(1, leases.getLeases(0).getDevice());
 
-      Result otherDevice = ctl("leases", "--device", "0");
+      CtlRun otherDevice = ctl("leases", "--device", "0");
       assertOk(otherDevice);
       assertEquals("no live leases\n", otherDevice.out());
     }
@@ -160,7 +150,7 @@ class GpuMemCtlTest {
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientName("ctl-sessions").connect();
          Lease a = client.lease(0, 4096);
          Lease b = client.lease(0, 1 << 20)) {
-      Result table = ctl("sessions");
+      CtlRun table = ctl("sessions");
       assertOk(table);
       assertTrue(table.out().startsWith("SESSION"), table.out());
       String row = table.out().lines().filter(l -> l.contains("ctl-sessions")).findFirst().orElseThrow();
@@ -185,13 +175,13 @@ class GpuMemCtlTest {
     }
     assertEquals(8L << 20, stats(0).cachedBytes());
 
-    Result device0 = ctl("trim", "--keep-bytes", "0", "--device", "0");
+    CtlRun device0 = ctl("trim", "--keep-bytes", "0", "--device", "0");
     assertOk(device0);
     assertEquals("freed 8.0 MiB (8388608 bytes) on device 0, keeping at most 0 B cached per device\n", device0.out());
     assertEquals(0, stats(0).cachedBytes());
     assertEquals(4L << 20, stats(1).cachedBytes());
 
-    Result rest = ctl("--json", "trim", "--keep-bytes=0KiB");
+    CtlRun rest = ctl("--json", "trim", "--keep-bytes=0KiB");
     assertOk(rest);
     assertEquals(4L << 20, parse(rest.out(), TrimResponse.newBuilder()).getFreedBytes());
     assertEquals(0, stats(1).cachedBytes());
@@ -204,7 +194,7 @@ class GpuMemCtlTest {
       client.lease(0, 4 << 20).close();
       assertEquals(4L << 20, stats(0).cachedBytes());
 
-      Result r = ctl("set-cap", "--cap-bytes", "0", "--device", "0", "--json");
+      CtlRun r = ctl("set-cap", "--cap-bytes", "0", "--device", "0", "--json");
       assertOk(r);
       assertEquals(4L << 20, parse(r.out(), SetRetentionCapResponse.newBuilder()).getEvictedBytes());
       assertEquals(0, stats(0).retentionCapBytes());
@@ -214,7 +204,7 @@ class GpuMemCtlTest {
       client.lease(0, 4 << 20).close();  // with cap 0 nothing is kept
       assertEquals(0, stats(0).cachedBytes());
 
-      Result back = ctl("set-cap", "--cap-bytes", "64MiB");
+      CtlRun back = ctl("set-cap", "--cap-bytes", "64MiB");
       assertOk(back);
       assertEquals("retention cap set to 64.0 MiB on all devices: evicted 0 B (0 bytes)\n", back.out());
       assertEquals(64L << 20, stats(1).retentionCapBytes());
@@ -225,11 +215,11 @@ class GpuMemCtlTest {
 
   @Test
   void health_serving_exitsZero_overBothListeners() throws IOException {
-    Result unix = ctl("health");
+    CtlRun unix = ctl("health");
     assertOk(unix);
     assertEquals("SERVING\n", unix.out());
 
-    Result tcp = ctlRaw("--target", daemon.tcpTarget(), "--json", "health", "--service", "gpumemd.v1.Allocator");
+    CtlRun tcp = ctlRaw("--target", daemon.tcpTarget(), "--json", "health", "--service", "gpumemd.v1.Allocator");
     assertOk(tcp);
     HealthCheckResponse response = parse(tcp.out(), HealthCheckResponse.newBuilder()).build();
     assertEquals(HealthCheckResponse.ServingStatus.SERVING, response.getStatus());
@@ -237,7 +227,7 @@ class GpuMemCtlTest {
 
   @Test
   void health_unknownService_exitsOne() {
-    Result r = ctl("health", "--service", "no.such.Service");
+    CtlRun r = ctl("health", "--service", "no.such.Service");
     assertEquals(1, r.code());
     assertTrue(r.err().startsWith("gpumemctl: NOT_FOUND: "), r.err());
   }
@@ -253,7 +243,7 @@ class GpuMemCtlTest {
       } else if (command.equals("set-cap")) {
         args.addAll(List.of("--cap-bytes", "0"));
       }
-      Result r = ctl(args.toArray(String[]::new));
+      CtlRun r = ctl(args.toArray(String[]::new));
       assertEquals(1, r.code(), command);
       assertEquals("", r.out(), command);
       assertTrue(r.err().startsWith("gpumemctl: INVALID_ARGUMENT: "), command + ": " + r.err());
@@ -279,19 +269,19 @@ class GpuMemCtlTest {
         new String[] {"loadgen", "--scenarios", "floor,warp"},
         new String[] {"loadgen", "--seconds", "soon"});
     for (String[] args : bad) {
-      Result r = ctl(args);
+      CtlRun r = ctl(args);
       assertEquals(2, r.code(), () -> String.join(" ", args) + ": " + r.err());
       assertEquals("", r.out(), String.join(" ", args));
       assertTrue(r.err().startsWith("gpumemctl: "), r.err());
     }
-    Result malformedTarget = ctlRaw("--target", "no-port-here", "devices");
+    CtlRun malformedTarget = ctlRaw("--target", "no-port-here", "devices");
     assertEquals(2, malformedTarget.code(), malformedTarget.err());
     assertTrue(malformedTarget.err().contains("expected: unix:///path/to.sock or host:port"), malformedTarget.err());
   }
 
   @Test
   void unreachableDaemon_exitsOne_withUnavailableAndTarget() {
-    Result r = ctlRaw("--target", "unix:///tmp/gpumemctl-test-no-such.sock", "devices");
+    CtlRun r = ctlRaw("--target", "unix:///tmp/gpumemctl-test-no-such.sock", "devices");
     assertEquals(1, r.code());
     assertTrue(r.err().startsWith("gpumemctl: UNAVAILABLE: "), r.err());
     assertTrue(r.err().contains("unix:///tmp/gpumemctl-test-no-such.sock"), r.err());
@@ -299,13 +289,13 @@ class GpuMemCtlTest {
 
   @Test
   void help_printsUsage_exitsZero() {
-    Result r = ctlRaw("--help");
+    CtlRun r = ctlRaw("--help");
     assertOk(r);
     assertTrue(r.out().startsWith("Usage: gpumemctl"), r.out());
     for (String command : List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker", "loadgen")) {
       assertTrue(r.out().contains("\n  " + command + " "), command);
     }
-    Result loadgen = ctlRaw("loadgen", "--help");
+    CtlRun loadgen = ctlRaw("loadgen", "--help");
     assertOk(loadgen);
     assertTrue(loadgen.out().contains("--scenarios"), loadgen.out());
   }
@@ -314,7 +304,7 @@ class GpuMemCtlTest {
 
   @Test
   void worker_inProcess_runsIterations_thenReleasesEverything() {
-    Result r = ctl("worker", "--iterations", "3", "--hold-ms", "1", "--size", "64KiB", "--device", "1", "--name", "w1");
+    CtlRun r = ctl("worker", "--iterations", "3", "--hold-ms", "1", "--size", "64KiB", "--device", "1", "--name", "w1");
     assertOk(r);
     List<String> iterations = r.out().lines().filter(l -> l.contains(" worker: iteration ")).toList();
     assertEquals(3, iterations.size(), r.out());

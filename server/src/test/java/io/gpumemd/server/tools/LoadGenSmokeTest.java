@@ -7,11 +7,7 @@ import com.google.protobuf.ListValue;
 import com.google.protobuf.Struct;
 import com.google.protobuf.Value;
 import com.google.protobuf.util.JsonFormat;
-import io.gpumemd.client.tools.GpuMemCtl;
 import io.gpumemd.server.testing.TestDaemon;
-import java.io.ByteArrayOutputStream;
-import java.io.PrintStream;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
@@ -45,19 +41,10 @@ class LoadGenSmokeTest {
     daemon.close();
   }
 
-  private record Result(int code, String out, String err) {}
-
-  private Result loadgen(String... flags) {
+  private CtlRun loadgen(String... flags) {
     String[] args = Stream.concat(Stream.of("--target", daemon.unixTarget(), "loadgen"), Stream.of(flags))
         .toArray(String[]::new);
-    ByteArrayOutputStream out = new ByteArrayOutputStream();
-    ByteArrayOutputStream err = new ByteArrayOutputStream();
-    int code;
-    try (PrintStream o = new PrintStream(out, true, StandardCharsets.UTF_8);
-         PrintStream e = new PrintStream(err, true, StandardCharsets.UTF_8)) {
-      code = GpuMemCtl.run(args, o, e);
-    }
-    return new Result(code, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+    return CtlRun.of(args);
   }
 
   private static double num(Struct s, String field) {
@@ -68,7 +55,7 @@ class LoadGenSmokeTest {
   @Test
   void everyScenario_reportsCountsPercentilesAndRatios_asJson() throws Exception {
     Path jsonFile = tmp.resolve("report.json");
-    Result r = loadgen("--seconds", "0.2", "--warmup-seconds", "0.05", "--jit-warmup-seconds", "0.1",
+    CtlRun r = loadgen("--seconds", "0.2", "--warmup-seconds", "0.05", "--jit-warmup-seconds", "0.1",
         "--proc-warmup-seconds", "0.05", "--json", "--json-out", jsonFile.toString(),
         "--threads", "4", "--in-flight", "8", "--procs", "2", "--proc-threads", "2",
         "--baseline-dir", tmp.toString());
@@ -129,7 +116,7 @@ class LoadGenSmokeTest {
 
   @Test
   void someScenarios_printTableWithRatios() {
-    Result r = loadgen("--scenarios", "pairs,floor", "--pair-sizes", "4KiB", "--seconds", "0.1", "--warmup-seconds", "0",
+    CtlRun r = loadgen("--scenarios", "pairs,floor", "--pair-sizes", "4KiB", "--seconds", "0.1", "--warmup-seconds", "0",
         "--jit-warmup-seconds", "0");
     assertEquals(0, r.code(), r.err());
     List<String> lines = r.out().lines().toList();
