@@ -153,10 +153,12 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   }
 
   private void respond(LeaseRecord lease, long startNanos, StreamObserver<LeaseResponse> response) {
-    response.onNext(toResponse(lease));
+    LeaseResponse reply = toResponse(lease);
+    // Recorded before the reply leaves: afterwards the client may already have released the
+    // block and another lease be using it.
+    metrics.recordLease(reply.getDevice(), reply.getPoolHit(), System.nanoTime() - startNanos);
+    response.onNext(reply);
     response.onCompleted();
-    Block block = lease.block();
-    metrics.recordLease(block.device(), block.poolHit(), System.nanoTime() - startNanos);
   }
 
   static LeaseResponse toResponse(LeaseRecord lease) {
@@ -176,7 +178,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
         .setDevice(block.device())
         .setSizeBytes(lease.sizeBytes())
         .setBlockBytes(block.size())
-        .setPoolHit(block.poolHit())
+        .setPoolHit(lease.poolHit())
         .setHandle(handle)
         .build();
   }

@@ -61,7 +61,10 @@ public final class Block {
     return size;
   }
 
-  /** True when the last lease of this block was served from cached memory. */
+  /**
+   * True when the last lease of this block was served from cached memory. Valid for the thread
+   * that leased it until it releases the block; callers keep it elsewhere ({@code LeaseRecord}).
+   */
   public boolean poolHit() {
     return hit;
   }

@@ -14,6 +14,7 @@ public final class LeaseRecord {
   private final String tag;
   private final long grantedNanos;
   private final long sequence;
+  private final boolean poolHit;
   volatile boolean leakReported;
 
   LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence) {
@@ -24,6 +25,14 @@ public final class LeaseRecord {
     this.tag = tag;
     this.grantedNanos = grantedNanos;
     this.sequence = sequence;
+    // Captured now: the block's own flag belongs to whoever leases it next, which can happen
+    // as soon as this lease is released, even before our response has been recorded.
+    this.poolHit = block.poolHit();
+  }
+
+  /** Whether this lease was served from cached memory. */
+  public boolean poolHit() {
+    return poolHit;
   }
 
   /** Order of grant, daemon-wide: listings sort by it (timestamps can tie). */

@@ -238,7 +238,7 @@ public final class SessionRegistry implements UnmapRequester {
     if (log.isDebugEnabled()) {
       log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
           .log("{}: lease {} of {} bytes on device {} (segment {}, offset {}, {}), tag '{}'", session,
-          lease.id(), size, device, block.segmentId(), block.offset(), block.poolHit() ? "hit" : "miss", tag);
+          lease.id(), size, device, block.segmentId(), block.offset(), lease.poolHit() ? "hit" : "miss", tag);
     }
     return lease;
   }
