@@ -15,7 +15,7 @@
 #    and exit status 0.
 #
 # What no check here can do: build the image or start the containers (no container engine in
-# CI). The Java tests in server/src/test/java/io/gpumemd/server/deploy/ check what the files say.
+# CI). The Java tests in it/src/test/java/io/gpumemd/it/deploy/ check what the files say.
 #
 # Installs what it needs (apt: docker-compose, curl, and promtool unpacked from the prometheus
 # package without installing its service; npm: pinned linters in a cache directory). Idempotent:

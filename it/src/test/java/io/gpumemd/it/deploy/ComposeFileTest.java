@@ -1,0 +1,147 @@
+package io.gpumemd.it.deploy;
+
+import static io.gpumemd.it.deploy.RepoFiles.asMap;
+import static io.gpumemd.it.deploy.RepoFiles.find;
+import static io.gpumemd.it.deploy.RepoFiles.get;
+import static io.gpumemd.it.deploy.RepoFiles.listOrEmpty;
+import static io.gpumemd.it.deploy.RepoFiles.map;
+import static io.gpumemd.it.deploy.RepoFiles.string;
+import static io.gpumemd.it.deploy.RepoFiles.strings;
+import static io.gpumemd.it.deploy.RepoFiles.volumeAt;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.server.config.ServerConfig;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+
+/**
+ * docker-compose.yml, loaded as YAML (merge keys resolved, as Compose does) and held to what its
+ * header claims, for both profiles: {@code gpu} (gpumemd + worker) and {@code nogpu}
+ * (gpumemd-nogpu + worker-nogpu). Compose's own validation runs in .ci/deploy-checks.sh.
+ */
+class ComposeFileTest {
+  private final GpumemdImage image = new GpumemdImage();
+  private final Map<String, Object> compose = RepoFiles.yamlDocuments("docker-compose.yml").get(0);
+
+  @Test
+  void everyServiceHasAProfile_soThatAVariantIsChosenExplicitly() {
+    Map<String, Object> services = map(compose, "services");
+    assertEquals(List.of("gpumemd", "worker", "gpumemd-nogpu", "worker-nogpu"), List.copyOf(services.keySet()));
+    assertEquals(List.of("gpu"), profiles("gpumemd"));
+    assertEquals(List.of("gpu"), profiles("worker"));
+    assertEquals(List.of("nogpu"), profiles("gpumemd-nogpu"));
+    assertEquals(List.of("nogpu"), profiles("worker-nogpu"));
+  }
+
+  @Test
+  void gpu_daemonAndWorkerReserveNvidiaGpus() {
+    assertEquals("cuda", daemonConfig("gpumemd").backend());
+    for (String service : List.of("gpumemd", "worker")) {
+      List<Object> devices = listOrEmpty(service(service), "deploy", "resources", "reservations", "devices");
+      assertFalse(devices.isEmpty(), service + " reserves a GPU");
+      Map<String, Object> device = asMap(devices.get(0), "device");
+      assertEquals("nvidia", device.get("driver"));
+      assertTrue(strings(device.get("capabilities"), "capabilities").contains("gpu"));
+    }
+  }
+
+  @Test
+  void gpu_workerSharesSocketVolumeAndPidWithTheDaemon() {
+    assertWorkerJoinsDaemon("worker", "gpumemd");
+  }
+
+  @Test
+  void nogpu_selectsTheHostBackendAndRequestsNoGpu() {
+    ServerConfig config = daemonConfig("gpumemd-nogpu");
+    assertEquals("host", config.backend());
+    for (String service : List.of("gpumemd-nogpu", "worker-nogpu")) {
+      Map<String, Object> s = service(service);
+      assertNull(find(s, "deploy", "resources", "reservations", "devices"), service + " reserves no device");
+      assertNull(s.get("gpus"), service + " asks for no GPUs");
+      assertNull(s.get("runtime"), service + " needs no nvidia runtime");
+    }
+  }
+
+  @Test
+  void nogpu_workerSharesSocketVolumeAndPidWithTheDaemon() {
+    assertWorkerJoinsDaemon("worker-nogpu", "gpumemd-nogpu");
+  }
+
+  @Test
+  void shmVolume_isTmpfsOwnedByTheImageUser() {
+    Map<String, Object> shm = map(compose, "volumes", volumeAt(mounts("gpumemd"), daemonConfig("gpumemd").shmDir().toString()));
+    assertEquals("tmpfs", string(shm, "driver_opts", "type"));
+    String options = string(shm, "driver_opts", "o");
+    assertTrue(options.contains("uid=" + image.uid()) && options.contains("gid=" + image.gid()),
+        "the non-root daemon can write the tmpfs: " + options);
+  }
+
+  @Test
+  void daemon_publishesItsPortsOnLoopbackOnly() {
+    ServerConfig config = daemonConfig("gpumemd");
+    List<String> ports = strings(get(service("gpumemd"), "ports"), "ports");
+    assertEquals(List.of("127.0.0.1:" + config.listenPort() + ":" + config.listenPort(),
+        "127.0.0.1:" + config.metricsPort() + ":" + config.metricsPort()), ports);
+  }
+
+  @Test
+  void daemon_stopGracePeriodOutlastsTheDrain() {
+    for (String service : List.of("gpumemd", "gpumemd-nogpu")) {
+      String grace = string(service(service), "stop_grace_period");
+      assertTrue(grace.endsWith("s"), grace);
+      long millis = Long.parseLong(grace.substring(0, grace.length() - 1)) * 1000;
+      assertTrue(millis > daemonConfig(service).drainTimeoutMillis(), service + ": " + grace);
+    }
+  }
+
+  private void assertWorkerJoinsDaemon(String worker, String daemon) {
+    assertEquals("service:" + daemon, string(service(worker), "pid"), worker + " joins " + daemon + "'s PID namespace");
+    ServerConfig config = daemonConfig(daemon);
+    Map<String, String> daemonMounts = mounts(daemon);
+    Map<String, String> workerMounts = mounts(worker);
+    for (String dir : List.of(config.socket().getParent().toString(), config.shmDir().toString())) {
+      String volume = volumeAt(daemonMounts, dir);
+      assertTrue(map(compose, "volumes").containsKey(volume), volume + " is a named volume");
+      assertEquals(dir, workerMounts.get(volume), worker + " mounts " + volume + " at " + dir + " like " + daemon);
+    }
+    List<String> command = strings(get(service(worker), "command"), "command");
+    assertEquals(List.of("--target", "unix://" + config.socket(), "worker"), command);
+    List<String> entrypoint = strings(get(service(worker), "entrypoint"), "entrypoint");
+    assertEquals("/opt/gpumemd/gpumemctl.jar", entrypoint.get(entrypoint.indexOf("-jar") + 1));
+    assertEquals("service_healthy", string(service(worker), "depends_on", daemon, "condition"));
+  }
+
+  private ServerConfig daemonConfig(String service) {
+    Map<String, Object> s = service(service);
+    assertNull(s.get("entrypoint"), service + " keeps the image's entrypoint");
+    Map<String, String> env = new LinkedHashMap<>();
+    Object environment = s.get("environment");
+    if (environment != null) {
+      asMap(environment, "environment").forEach((k, v) -> env.put(k, String.valueOf(v)));
+    }
+    return image.config(strings(get(s, "command"), "command"), env);
+  }
+
+  private Map<String, String> mounts(String service) {
+    Map<String, String> out = new LinkedHashMap<>();
+    for (String volume : strings(get(service(service), "volumes"), "volumes")) {
+      String[] parts = volume.split(":");
+      out.put(parts[0], parts[1]);
+    }
+    return out;
+  }
+
+
+  private List<String> profiles(String service) {
+    return strings(get(service(service), "profiles"), "profiles");
+  }
+
+  private Map<String, Object> service(String name) {
+    return map(compose, "services", name);
+  }
+}
