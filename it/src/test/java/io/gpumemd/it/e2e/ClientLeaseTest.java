@@ -1,5 +1,6 @@
 package io.gpumemd.it.e2e;
 
+import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -59,10 +60,10 @@ class ClientLeaseTest {
       }
     }
     PoolStats s = stats(0);
-    assertEquals(1, s.hits());
-    assertEquals(1, s.misses());
-    assertEquals(2, s.returns());
-    assertEquals(0, s.leasedBytes());
+    assertEquals(1, s.get(PoolMetric.HITS));
+    assertEquals(1, s.get(PoolMetric.MISSES));
+    assertEquals(2, s.get(PoolMetric.RETURNS));
+    assertEquals(0, s.get(PoolMetric.LEASED_BYTES));
   }
 
   @Test
@@ -103,7 +104,7 @@ class ClientLeaseTest {
     client.close();
     client.close();
     assertEquals(0, daemon.server().registry().liveLeases());
-    assertEquals(0, stats(1).leasedBytes());
+    assertEquals(0, stats(1).get(PoolMetric.LEASED_BYTES));
   }
 
   @Test
@@ -121,8 +122,8 @@ class ClientLeaseTest {
       assertTrue(full.serverMessage().contains("limit=268435456"), full.getMessage());
       big.close();
     }
-    assertEquals(1, stats(0).ooms());
-    assertNotEquals(0, stats(0).cachedBytes());
+    assertEquals(1, stats(0).get(PoolMetric.OOMS));
+    assertNotEquals(0, stats(0).get(PoolMetric.CACHED_BYTES));
     assertFalse(daemon.server().registry().draining());
   }
 
@@ -134,12 +135,12 @@ class ClientLeaseTest {
       assertEquals(1, daemon.segmentFiles(0));
       daemon.server().pools().get(0).setRetentionCap(0);
       long deadline = System.nanoTime() + 5_000_000_000L;
-      while ((stats(0).segmentsAwaitingUnmap() > 0 || client.mappedSegments() > 0) && System.nanoTime() < deadline) {
+      while ((stats(0).get(PoolMetric.SEGMENTS_AWAITING_UNMAP) > 0 || client.mappedSegments() > 0) && System.nanoTime() < deadline) {
         Thread.sleep(10);
       }
       assertEquals(0, client.mappedSegments(), "the client closed its mapping");
-      assertEquals(0, stats(0).segmentsAwaitingUnmap(), "the client's acknowledgement arrived");
-      assertEquals(0, stats(0).reservedBytes());
+      assertEquals(0, stats(0).get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "the client's acknowledgement arrived");
+      assertEquals(0, stats(0).get(PoolMetric.RESERVED_BYTES));
       assertEquals(0, daemon.segmentFiles(0));
       // and the next lease maps a fresh segment
       try (Lease again = client.lease(0, 4 << 20)) {
@@ -161,9 +162,9 @@ class ClientLeaseTest {
         lease.buffer().put(0, (byte) 1);
       }
       PoolStats s = small.server().pools().get(0).stats();
-      assertEquals(0, s.ooms());
-      assertEquals(1, s.evictions());
-      assertEquals(1, s.allocRetries());
+      assertEquals(0, s.get(PoolMetric.OOMS));
+      assertEquals(1, s.get(PoolMetric.EVICTIONS));
+      assertEquals(1, s.get(PoolMetric.ALLOC_RETRIES));
       assertEquals(0, first.mappedSegments(), "first unmapped the evicted segment when asked");
       small.verifyInvariants();
     }
@@ -178,10 +179,10 @@ class ClientLeaseTest {
       streamless.lease(0, 6 << 20).close(); // cached, mapped by a session the daemon cannot ask
       java.util.concurrent.CompletableFuture<Lease> waiting = waiter.leaseAsync(0, 7 << 20, false, "");
       long deadline = System.nanoTime() + 10_000_000_000L;
-      while (small.server().pools().get(0).stats().segmentsAwaitingUnmap() == 0 && System.nanoTime() < deadline) {
+      while (small.server().pools().get(0).stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP) == 0 && System.nanoTime() < deadline) {
         Thread.sleep(5);
       }
-      assertEquals(1, small.server().pools().get(0).stats().segmentsAwaitingUnmap(), "the cached segment was evicted for the waiter");
+      assertEquals(1, small.server().pools().get(0).stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "the cached segment was evicted for the waiter");
       try (Lease unrelated = other.lease(1, 3 << 20)) { // another miss, served meanwhile
         assertFalse(unrelated.poolHit());
       }
@@ -190,7 +191,7 @@ class ClientLeaseTest {
       try (Lease lease = waiting.get(30, java.util.concurrent.TimeUnit.SECONDS)) {
         assertEquals(7 << 20, lease.sizeBytes());
       }
-      assertEquals(0, small.server().pools().get(0).stats().ooms());
+      assertEquals(0, small.server().pools().get(0).stats().get(PoolMetric.OOMS));
     }
   }
 }

@@ -1,5 +1,6 @@
 package io.gpumemd.it.e2e;
 
+import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -155,9 +156,9 @@ class StressTest {
       for (DevicePool pool1 : daemon.server().pools().all()) {
         pool1.verifyInvariants();
         PoolStats s = pool1.stats();
-        assertEquals(0, s.leasedBytes(), "device " + s.device());
-        assertEquals(0, s.segmentsAwaitingUnmap(), "segments of ended sessions are freed");
-        assertEquals(s.segments(), daemon.segmentFiles(s.device()), "one file per live segment, no orphans");
+        assertEquals(0, s.get(PoolMetric.LEASED_BYTES), "device " + s.device());
+        assertEquals(0, s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "segments of ended sessions are freed");
+        assertEquals(s.get(PoolMetric.SEGMENTS), daemon.segmentFiles(s.device()), "one file per live segment, no orphans");
         pool1.trim(0);
         assertEquals(0, daemon.segmentFiles(s.device()));
       }

@@ -1,5 +1,6 @@
 package io.gpumemd.it.grpc;
 
+import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -139,7 +140,7 @@ class MalformedInputTest {
       daemon.server().registry().endAll("test end");
       for (DevicePool pool : daemon.server().pools().all()) {
         pool.verifyInvariants();
-        assertEquals(0, pool.stats().leasedBytes());
+        assertEquals(0, pool.stats().get(PoolMetric.LEASED_BYTES));
       }
     }
     System.out.println("malformed-input statuses: " + seen);

@@ -1,8 +1,7 @@
 package io.gpumemd.server.backend;
 
 import io.gpumemd.server.backend.cuda.JCudaBackend;
-import io.gpumemd.server.backend.host.HostShmBackend;
-import io.gpumemd.server.config.ServerConfig;
+import java.util.function.Supplier;
 
 /**
  * Chooses the backend at start: {@code host}, {@code cuda}, or {@code auto} (cuda when the
@@ -16,13 +15,15 @@ public final class BackendSelector {
   public record Selection(MemoryBackend backend, String reason) {}
 
   /**
+   * @param choice {@code auto}, {@code host} or {@code cuda}
+   * @param host makes the host backend, when that is the choice
    * @throws BackendException when {@code --backend cuda} is asked for and no GPU is usable, or
    *     the host backend's directory cannot be used
    */
-  public static Selection select(ServerConfig config) {
-    switch (config.backend()) {
+  public static Selection select(String choice, Supplier<MemoryBackend> host) {
+    switch (choice) {
       case "host":
-        return new Selection(host(config), "--backend host");
+        return new Selection(host.get(), "--backend host");
       case "cuda":
         try {
           return new Selection(JCudaBackend.open(), "--backend cuda");
@@ -41,12 +42,8 @@ public final class BackendSelector {
         } catch (BackendException | LinkageError e) {
           whyNot = describe(e);
         }
-        return new Selection(host(config), "--backend auto: CUDA is not usable (" + whyNot + ")");
+        return new Selection(host.get(), "--backend auto: CUDA is not usable (" + whyNot + ")");
     }
-  }
-
-  private static MemoryBackend host(ServerConfig config) {
-    return new HostShmBackend(config.shmDir(), config.hostDevices(), config.hostDeviceBytes(), config.shmGroup());
   }
 
   /** The most telling message of a failure to load or use the driver. */

@@ -34,10 +34,16 @@ public interface MemoryBackend extends AutoCloseable {
   boolean freshSegmentsAreZeroed();
 
   /**
+   * True when releases may carry completion events ({@link #openEvent} can succeed), so that
+   * the server polls them; false on the host backend.
+   */
+  boolean supportsCompletionEvents();
+
+  /**
    * Opens a client's 64-byte CUDA IPC event handle on a device.
    *
-   * @throws io.gpumemd.server.error.InvalidRequestException when the backend has no events
-   *     (host) or the handle is not a valid event handle
+   * @throws InvalidEventHandleException when the backend has no events (host) or the handle
+   *     is not a valid event handle
    */
   CompletionEvent openEvent(int device, byte[] ipcEventHandle);
 

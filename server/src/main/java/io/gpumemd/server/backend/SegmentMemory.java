@@ -14,9 +14,6 @@ public interface SegmentMemory {
   /** Bytes of the allocation. */
   long bytes();
 
-  /** 64-byte CUDA IPC memory handle, or {@code null} for host segments. */
-  byte[] cudaIpcHandle();
-
-  /** Path of the shared-memory file, or {@code null} for CUDA segments. */
-  String hostShmPath();
+  /** What a client maps the segment with. */
+  IpcHandle handle();
 }

@@ -1,18 +1,14 @@
 package io.gpumemd.server.grpc;
 
 import io.gpumemd.proto.v1.AdminGrpc;
-import io.gpumemd.proto.v1.DeviceInfo;
-import io.gpumemd.proto.v1.DeviceStats;
 import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.proto.v1.GetStatsResponse;
-import io.gpumemd.proto.v1.LeaseInfo;
 import io.gpumemd.proto.v1.ListDevicesRequest;
 import io.gpumemd.proto.v1.ListDevicesResponse;
 import io.gpumemd.proto.v1.ListLeasesRequest;
 import io.gpumemd.proto.v1.ListLeasesResponse;
 import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.ListSessionsResponse;
-import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimRequest;
@@ -20,7 +16,6 @@ import io.gpumemd.proto.v1.TrimResponse;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
-import io.gpumemd.server.pool.PoolStats;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
@@ -69,11 +64,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("ListDevices", response, () -> {
       ListDevicesResponse.Builder out = ListDevicesResponse.newBuilder();
       for (DevicePool pool : pools.all()) {
-        var d = pool.device();
-        out.addDevices(DeviceInfo.newBuilder()
-            .setDevice(d.ordinal()).setName(d.name()).setUuid(d.uuid()).setBackend(d.backend())
-            .setCapacityBytes(d.capacityBytes()).setFreeBytesAtStart(d.freeBytesAtStart())
-            .setLimitBytes(pool.limitBytes()).setRetentionCapBytes(pool.stats().retentionCapBytes()));
+        out.addDevices(ProtoMapping.deviceInfo(pool));
       }
       return out.build();
     });
@@ -84,24 +75,10 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("GetStats", response, () -> {
       GetStatsResponse.Builder out = GetStatsResponse.newBuilder();
       for (DevicePool pool : selected(request.hasDevice(), request.getDevice())) {
-        out.addDevices(toProto(pool.stats()));
+        out.addDevices(ProtoMapping.deviceStats(pool.stats()));
       }
       return out.build();
     });
-  }
-
-  static DeviceStats toProto(PoolStats s) {
-    return DeviceStats.newBuilder()
-        .setDevice(s.device()).setHits(s.hits()).setMisses(s.misses()).setReturns(s.returns())
-        .setEvictions(s.evictions()).setAllocRetries(s.allocRetries()).setOoms(s.ooms())
-        .setLeasedBytes(s.leasedBytes()).setCachedBytes(s.cachedBytes()).setReservedBytes(s.reservedBytes())
-        .setPeakLeasedBytes(s.peakLeasedBytes()).setActiveLeases(s.activeLeases())
-        .setCachedBlocks(s.cachedBlocks()).setSegments(s.segments())
-        .setRetentionCapBytes(s.retentionCapBytes()).setCapacityBytes(s.capacityBytes())
-        .setLimitBytes(s.limitBytes()).setRemainderBytes(s.remainderBytes())
-        .setBackendAllocs(s.backendAllocs()).setBackendFrees(s.backendFrees())
-        .setSegmentsAwaitingUnmap(s.segmentsAwaitingUnmap()).setBlocksAwaitingEvent(s.blocksAwaitingEvent())
-        .build();
   }
 
   @Override
@@ -114,12 +91,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
       List<LeaseRecord> matching = registry.leases(request.hasDevice() ? request.getDevice() : null, request.getSessionId());
       ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder().setTotal(matching.size());
       for (LeaseRecord lease : matching.subList(0, Math.min(limit, matching.size()))) {
-        out.addLeases(LeaseInfo.newBuilder()
-            .setLeaseId(lease.id()).setSessionId(lease.session().id())
-            .setClientName(lease.session().clientName()).setDevice(lease.block().device())
-            .setSizeBytes(lease.sizeBytes()).setBlockBytes(lease.block().size()).setTag(lease.tag())
-            .setAgeMs(registry.ageMillis(lease.grantedNanos()))
-            .setSegmentId(lease.block().segmentId()).setOffset(lease.block().offset()));
+        out.addLeases(ProtoMapping.leaseInfo(lease, registry.ageMillis(lease.grantedNanos())));
       }
       return out.build();
     });
@@ -130,13 +102,8 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("ListSessions", response, () -> {
       ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder();
       for (Session session : registry.sessions()) {
-        long[] holdings = session.holdings();
-        out.addSessions(SessionInfo.newBuilder()
-            .setSessionId(session.id()).setClientName(session.clientName())
-            .setLeases(holdings[0]).setLeasedBytes(holdings[1])
-            .setAgeMs(registry.ageMillis(session.openedNanos()))
-            .setStreamAttached(session.streamAttached()).setTtlSeconds(session.ttlSeconds())
-            .setMappedSegments(registry.mappedSegments(session)));
+        out.addSessions(ProtoMapping.sessionInfo(session, registry.ageMillis(session.openedNanos()),
+            registry.mappedSegments(session)));
       }
       return out.build();
     });
@@ -160,11 +127,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   public void setRetentionCap(SetRetentionCapRequest request, StreamObserver<SetRetentionCapResponse> response) {
     answer("SetRetentionCap", response, () -> {
       long cap = Validation.byteCount("cap_bytes", request.getCapBytes());
-      List<DevicePool> targets = selected(request.hasDevice(), request.getDevice());
-      long evicted = 0;
-      for (DevicePool pool : targets) {
-        evicted += pool.setRetentionCap(cap);
-      }
+      long evicted = pools.setRetentionCap(selected(request.hasDevice(), request.getDevice()), cap);
       log.info("Retention cap set to {} bytes on {}: evicted {} bytes", cap,
           describe(request.hasDevice(), request.getDevice()), evicted);
       return SetRetentionCapResponse.newBuilder().setEvictedBytes(evicted).build();

@@ -1,21 +1,17 @@
 package io.gpumemd.server.grpc;
 
-import com.google.protobuf.ByteString;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.CloseSessionResponse;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
 import io.gpumemd.proto.v1.LeaseResponse;
-import io.gpumemd.proto.v1.MemoryHandle;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.OpenSessionResponse;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
-import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.metrics.ServerMetrics;
-import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
@@ -153,34 +149,12 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   }
 
   private void respond(LeaseRecord lease, long startNanos, StreamObserver<LeaseResponse> response) {
-    LeaseResponse reply = toResponse(lease);
+    LeaseResponse reply = ProtoMapping.leaseResponse(lease);
     // Recorded before the reply leaves: afterwards the client may already have released the
     // block and another lease be using it.
     metrics.recordLease(reply.getDevice(), reply.getPoolHit(), System.nanoTime() - startNanos);
     response.onNext(reply);
     response.onCompleted();
-  }
-
-  static LeaseResponse toResponse(LeaseRecord lease) {
-    Block block = lease.block();
-    SegmentMemory memory = block.memory();
-    MemoryHandle.Builder handle = MemoryHandle.newBuilder()
-        .setSegmentId(block.segmentId())
-        .setSegmentBytes(block.segmentBytes())
-        .setOffset(block.offset());
-    if (memory.cudaIpcHandle() != null) {
-      handle.setCudaIpcHandle(ByteString.copyFrom(memory.cudaIpcHandle()));
-    } else {
-      handle.setHostShmPath(memory.hostShmPath());
-    }
-    return LeaseResponse.newBuilder()
-        .setLeaseId(lease.id())
-        .setDevice(block.device())
-        .setSizeBytes(lease.sizeBytes())
-        .setBlockBytes(block.size())
-        .setPoolHit(lease.poolHit())
-        .setHandle(handle)
-        .build();
   }
 
   @Override

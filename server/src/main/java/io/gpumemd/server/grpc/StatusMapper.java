@@ -1,5 +1,6 @@
 package io.gpumemd.server.grpc;
 
+import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.error.DrainingException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
@@ -22,7 +23,7 @@ public final class StatusMapper {
 
   public static StatusRuntimeException toStatus(String rpc, Throwable error) {
     Status status;
-    if (error instanceof InvalidRequestException) {
+    if (error instanceof InvalidRequestException || error instanceof InvalidEventHandleException) {
       status = Status.INVALID_ARGUMENT;
     } else if (error instanceof NotFoundException) {
       status = Status.NOT_FOUND;

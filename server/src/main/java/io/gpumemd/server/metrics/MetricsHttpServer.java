@@ -17,7 +17,13 @@ public final class MetricsHttpServer implements AutoCloseable {
   private final HttpServer server;
   private final ExecutorService executor;
 
-  public MetricsHttpServer(String host, int port, PrometheusMeterRegistry registry) throws IOException {
+  /**
+   * @param beforeScrape runs on the metrics thread before each scrape (takes the snapshot the
+   *     pool meters read)
+   * @throws IOException when the address cannot be bound
+   */
+  public MetricsHttpServer(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape)
+      throws IOException {
     server = HttpServer.create(new InetSocketAddress(host, port), 16);
     executor = Executors.newSingleThreadExecutor(r -> {
       Thread t = new Thread(r, "gpumemd-metrics");
@@ -33,6 +39,7 @@ public final class MetricsHttpServer implements AutoCloseable {
           exchange.getResponseBody().write(body);
           return;
         }
+        beforeScrape.run();
         byte[] body = registry.scrape().getBytes(StandardCharsets.UTF_8);
         exchange.getResponseHeaders().set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
         exchange.sendResponseHeaders(200, body.length);

@@ -2,55 +2,82 @@ package io.gpumemd.server.metrics;
 
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolStats;
-import io.gpumemd.server.session.SessionRegistry;
 import io.micrometer.core.instrument.FunctionCounter;
 import io.micrometer.core.instrument.Gauge;
 import io.micrometer.core.instrument.MeterRegistry;
 import io.micrometer.core.instrument.Tags;
 import io.micrometer.core.instrument.Timer;
+import io.micrometer.core.instrument.binder.MeterBinder;
 import java.time.Duration;
 import java.util.concurrent.TimeUnit;
-import java.util.function.ToDoubleFunction;
+import java.util.function.IntSupplier;
 
 /**
- * Publishes the pools' counters and gauges as Micrometer meters tagged {@code device}, with
- * the same figures as {@code Admin.GetStats}, plus a lease-latency timer with percentiles.
+ * The daemon's meters: one per {@link PoolMetric} and device (tagged {@code device}, the same
+ * figures as {@code Admin.GetStats}), the live sessions, and a lease-latency timer with
+ * percentiles per device and result.
  *
- * <p>Counters and gauges are read from {@link DevicePool#stats()} at scrape time, so the pool
- * hot path pays nothing for them; only {@link #recordLease} runs per lease. Thread-safe.
+ * <p>Pool meters read a snapshot that {@link #refresh()} takes once per scrape (one {@link
+ * DevicePool#stats()} per pool, not one per meter), so every figure of a scrape comes from the
+ * same instant and the pool hot path pays nothing for them; only {@link #recordLease} runs per
+ * lease. Meter names: {@code gpumemd.pool.<metric>} ({@code gpumemd.backend.allocs|frees} for
+ * the backend counters), Prometheus-style {@code gpumemd_pool_hits_total}.
+ *
+ * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field.
  */
-public final class ServerMetrics {
-  private final Timer[][] leaseTimers;
+public final class ServerMetrics implements MeterBinder {
+  private final DevicePools pools;
+  private final IntSupplier sessions;
+  private volatile PoolStats[] latest;
+  private Timer[][] leaseTimers;
 
-  public ServerMetrics(MeterRegistry registry, DevicePools pools, SessionRegistry sessions) {
-    leaseTimers = new Timer[pools.size()][2];
+  /** Binds to {@code registry} at once, so that {@link #recordLease} may be called. */
+  public ServerMetrics(MeterRegistry registry, DevicePools pools, IntSupplier sessions) {
+    this.pools = pools;
+    this.sessions = sessions;
+    refresh();
+    bindTo(registry);
+  }
+
+  /** Takes one snapshot of every pool for the meters to read; call before each scrape. */
+  public void refresh() {
+    PoolStats[] stats = new PoolStats[pools.size()];
+    for (DevicePool pool : pools.all()) {
+      stats[pool.device().ordinal()] = pool.stats();
+    }
+    latest = stats;
+  }
+
+  /** The meter name of a pool figure. */
+  static String meterName(PoolMetric metric) {
+    return switch (metric) {
+      case BACKEND_ALLOCS -> "gpumemd.backend.allocs";
+      case BACKEND_FREES -> "gpumemd.backend.frees";
+      default -> "gpumemd.pool." + metric.protoField().replace('_', '.');
+    };
+  }
+
+  @Override
+  public void bindTo(MeterRegistry registry) {
+    Timer[][] timers = new Timer[pools.size()][2];
     for (DevicePool pool : pools.all()) {
       int device = pool.device().ordinal();
       Tags tags = Tags.of("device", Integer.toString(device));
-      counter(registry, "gpumemd.pool.hits", "leases served from cached memory", tags, pool, PoolStats::hits);
-      counter(registry, "gpumemd.pool.misses", "leases that needed a new backend allocation", tags, pool, PoolStats::misses);
-      counter(registry, "gpumemd.pool.returns", "released blocks that went back into the cache", tags, pool, PoolStats::returns);
-      counter(registry, "gpumemd.pool.evictions", "cached segments given back to the backend", tags, pool, PoolStats::evictions);
-      counter(registry, "gpumemd.pool.alloc.retries", "misses that evicted cached memory and retried", tags, pool, PoolStats::allocRetries);
-      counter(registry, "gpumemd.pool.ooms", "leases refused for lack of memory or budget", tags, pool, PoolStats::ooms);
-      counter(registry, "gpumemd.backend.allocs", "backend segment allocations", tags, pool, PoolStats::backendAllocs);
-      counter(registry, "gpumemd.backend.frees", "backend segment frees", tags, pool, PoolStats::backendFrees);
-      gauge(registry, "gpumemd.pool.leased.bytes", "bytes in leased blocks", tags, pool, PoolStats::leasedBytes);
-      gauge(registry, "gpumemd.pool.cached.bytes", "bytes in wholly free cached segments", tags, pool, PoolStats::cachedBytes);
-      gauge(registry, "gpumemd.pool.reserved.bytes", "bytes the backend holds for the pool", tags, pool, PoolStats::reservedBytes);
-      gauge(registry, "gpumemd.pool.remainder.bytes", "free bytes in segments that also hold leases", tags, pool, PoolStats::remainderBytes);
-      gauge(registry, "gpumemd.pool.peak.leased.bytes", "highest leased bytes since start", tags, pool, PoolStats::peakLeasedBytes);
-      gauge(registry, "gpumemd.pool.active.leases", "live leases", tags, pool, PoolStats::activeLeases);
-      gauge(registry, "gpumemd.pool.cached.blocks", "free blocks in the cache", tags, pool, PoolStats::cachedBlocks);
-      gauge(registry, "gpumemd.pool.segments", "live backend segments", tags, pool, PoolStats::segments);
-      gauge(registry, "gpumemd.pool.retention.cap.bytes", "cap on cached bytes", tags, pool, PoolStats::retentionCapBytes);
-      gauge(registry, "gpumemd.pool.capacity.bytes", "total memory of the device", tags, pool, PoolStats::capacityBytes);
-      gauge(registry, "gpumemd.pool.limit.bytes", "the pool budget", tags, pool, PoolStats::limitBytes);
-      gauge(registry, "gpumemd.pool.segments.awaiting.unmap", "evicted segments waiting for clients to unmap", tags, pool, PoolStats::segmentsAwaitingUnmap);
-      gauge(registry, "gpumemd.pool.blocks.awaiting.event", "released blocks waiting for their CUDA event", tags, pool, PoolStats::blocksAwaitingEvent);
+      for (PoolMetric metric : PoolMetric.values()) {
+        String name = meterName(metric);
+        if (metric.kind() == PoolMetric.Kind.COUNTER) {
+          FunctionCounter.builder(name, this, m -> m.latest[device].get(metric))
+              .description(metric.description()).tags(tags).register(registry);
+        } else {
+          Gauge.builder(name, this, m -> m.latest[device].get(metric))
+              .description(metric.description()).tags(tags)
+              .baseUnit(metric.isBytes() ? "bytes" : null).register(registry);
+        }
+      }
       for (int hit = 0; hit < 2; hit++) {
-        leaseTimers[device][hit] = Timer.builder("gpumemd.lease.latency")
+        timers[device][hit] = Timer.builder("gpumemd.lease.latency")
             .description("server-side time to serve a lease")
             .tags(tags).tag("result", hit == 1 ? "hit" : "miss")
             // Client-side percentiles (a Prometheus summary): what an operator reads at a
@@ -61,20 +88,9 @@ public final class ServerMetrics {
             .register(registry);
       }
     }
-    Gauge.builder("gpumemd.sessions", sessions, SessionRegistry::sessionCount)
+    leaseTimers = timers;
+    Gauge.builder("gpumemd.sessions", sessions, IntSupplier::getAsInt)
         .description("live sessions").register(registry);
-  }
-
-  private static void counter(MeterRegistry registry, String name, String help, Tags tags,
-      DevicePool pool, ToDoubleFunction<PoolStats> field) {
-    FunctionCounter.builder(name, pool, p -> field.applyAsDouble(p.stats()))
-        .description(help).tags(tags).register(registry);
-  }
-
-  private static void gauge(MeterRegistry registry, String name, String help, Tags tags,
-      DevicePool pool, ToDoubleFunction<PoolStats> field) {
-    Gauge.builder(name, pool, p -> field.applyAsDouble(p.stats()))
-        .description(help).tags(tags).baseUnit(name.endsWith(".bytes") ? "bytes" : null).register(registry);
   }
 
   /** Records one served lease. */

@@ -20,8 +20,6 @@ public final class Block {
   State state;
   Block prev;
   Block next;
-  /** Set on lease: whether it was served from cache. Read by the leasing thread only. */
-  boolean hit;
 
   Block(Segment segment, long id, long offset, long size, State state) {
     this.segment = segment;
@@ -59,14 +57,6 @@ public final class Block {
   /** Bytes of the block (the request rounded to the pool's classes). */
   public long size() {
     return size;
-  }
-
-  /**
-   * True when the last lease of this block was served from cached memory. Valid for the thread
-   * that leased it until it releases the block; callers keep it elsewhere ({@code LeaseRecord}).
-   */
-  public boolean poolHit() {
-    return hit;
   }
 
   @Override

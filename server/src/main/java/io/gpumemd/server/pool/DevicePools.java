@@ -1,5 +1,6 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.Sizes;
 import io.gpumemd.server.error.InvalidRequestException;
 import java.util.List;
 
@@ -43,6 +44,28 @@ public final class DevicePools implements AutoCloseable {
   public DevicePool ofSegment(long segmentId) {
     int device = deviceOfSegment(segmentId);
     return device >= 0 && device < pools.size() ? pools.get(device) : null;
+  }
+
+  /**
+   * Sets the retention cap of the given pools: all of them, or none when the cap exceeds one's
+   * budget (the budget already bounds the cache, so such a cap is a mistake to report).
+   *
+   * @return bytes evicted, summed over the pools
+   * @throws InvalidRequestException for a negative cap or one above a pool's budget
+   */
+  public long setRetentionCap(List<DevicePool> targets, long capBytes) {
+    for (DevicePool pool : targets) {
+      if (capBytes > pool.limitBytes()) {
+        throw InvalidRequestException.of("cap_bytes", capBytes, "at most " + pool.limitBytes()
+            + ", the budget of device " + pool.device().ordinal() + " ("
+            + Sizes.format(pool.limitBytes()) + ")");
+      }
+    }
+    long evicted = 0;
+    for (DevicePool pool : targets) {
+      evicted += pool.setRetentionCap(capBytes);
+    }
+    return evicted;
   }
 
   public List<DevicePool> all() {

@@ -1,39 +1,46 @@
 package io.gpumemd.server.pool;
 
-/**
- * Immutable snapshot of one device pool's counters and gauges, taken under the pool lock so
- * that the figures agree with each other. Definitions follow the design's {@code DeviceStats}.
- */
-public record PoolStats(
-    int device,
-    long hits,
-    long misses,
-    long returns,
-    long evictions,
-    long allocRetries,
-    long ooms,
-    long leasedBytes,
-    long cachedBytes,
-    long reservedBytes,
-    long peakLeasedBytes,
-    long activeLeases,
-    long cachedBlocks,
-    long segments,
-    long retentionCapBytes,
-    long capacityBytes,
-    long limitBytes,
-    long remainderBytes,
-    long backendAllocs,
-    long backendFrees,
-    long segmentsAwaitingUnmap,
-    long awaitingUnmapBytes,
-    long blocksAwaitingEvent,
-    long awaitingEventBytes) {
+import java.util.Arrays;
+import java.util.StringJoiner;
 
-  /** The pool's state for messages: {@code (leased=…, cached=…, …, limit=…)}. */
-  public String describe() {
-    return "leased=" + leasedBytes + ", cached=" + cachedBytes + ", remainder=" + remainderBytes
-        + ", awaiting_unmap=" + awaitingUnmapBytes + ", awaiting_event=" + awaitingEventBytes
-        + ", limit=" + limitBytes;
+/**
+ * Immutable snapshot of one device pool's figures, taken under the pool lock so that they
+ * agree with each other: one value per {@link PoolMetric}. Thread-safe.
+ */
+public final class PoolStats {
+  private final int device;
+  private final long[] values;
+
+  PoolStats(int device, long[] values) {
+    assert values.length == PoolMetric.values().length;
+    this.device = device;
+    this.values = values;
+  }
+
+  public int device() {
+    return device;
+  }
+
+  public long get(PoolMetric metric) {
+    return values[metric.ordinal()];
+  }
+
+  @Override
+  public boolean equals(Object o) {
+    return o instanceof PoolStats other && device == other.device && Arrays.equals(values, other.values);
+  }
+
+  @Override
+  public int hashCode() {
+    return 31 * device + Arrays.hashCode(values);
+  }
+
+  @Override
+  public String toString() {
+    StringJoiner out = new StringJoiner(", ", "PoolStats[device=" + device + ", ", "]");
+    for (PoolMetric m : PoolMetric.values()) {
+      out.add(m.protoField() + "=" + values[m.ordinal()]);
+    }
+    return out.toString();
   }
 }

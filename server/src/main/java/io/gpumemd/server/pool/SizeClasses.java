@@ -46,19 +46,4 @@ public final class SizeClasses {
     long remainder = blockSize - rounded;
     return isSmall(rounded) ? remainder >= ALIGNMENT : remainder > SMALL_MAX;
   }
-
-  /** Human-readable size for messages, e.g. {@code 64.0 MiB}. */
-  public static String format(long bytes) {
-    if (bytes < 1024) {
-      return bytes + " B";
-    }
-    String[] units = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-    double value = bytes;
-    int unit = -1;
-    while (value >= 1024 && unit < units.length - 1) {
-      value /= 1024;
-      unit++;
-    }
-    return String.format(java.util.Locale.ROOT, "%.1f %s", value, units[unit]);
-  }
 }

@@ -1,10 +1,12 @@
 package io.gpumemd.server.session;
 
 import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.LeasedBlock;
 
 /**
- * One live lease: which session holds which block, since when, and why (the tag). Immutable
- * but for the leak-warning flag, which only the reaper thread writes.
+ * One live lease: which session holds which block, since when, why (the tag), and whether it
+ * was a pool hit. Immutable but for the leak-warning flag, which only the reaper thread writes
+ * (volatile: a release on another thread reads it).
  */
 public final class LeaseRecord {
   private final String id;
@@ -17,17 +19,15 @@ public final class LeaseRecord {
   private final boolean poolHit;
   volatile boolean leakReported;
 
-  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence) {
+  LeaseRecord(String id, Session session, LeasedBlock leased, long sizeBytes, String tag, long grantedNanos, long sequence) {
     this.id = id;
     this.session = session;
-    this.block = block;
+    this.block = leased.block();
     this.sizeBytes = sizeBytes;
     this.tag = tag;
     this.grantedNanos = grantedNanos;
     this.sequence = sequence;
-    // Captured now: the block's own flag belongs to whoever leases it next, which can happen
-    // as soon as this lease is released, even before our response has been recorded.
-    this.poolHit = block.poolHit();
+    this.poolHit = leased.poolHit();
   }
 
   /** Whether this lease was served from cached memory. */

@@ -4,13 +4,17 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
 
 /**
- * A client's connection-scoped identity and what it holds. Owned by the {@link
- * SessionRegistry}.
+ * A client's connection-scoped identity and what it holds. Created and ended by the {@link
+ * SessionRegistry}; every state change goes through a method of this class.
  *
- * <p>Thread-safety: the lease set, byte counts and the ended flag are guarded by the session's
- * monitor; the keep-alive fields are volatile and written by the gRPC threads and the reaper.
+ * <p>Thread-safety: the lease set, byte counts, the ended flag and the KeepAlive stream state
+ * (channel, when it detached, whether there ever was one) are guarded by the session's
+ * monitor, so that attaching a stream, detaching one and ending the session are atomic with
+ * respect to each other. {@code lastSeenNanos} is volatile: every call refreshes it, and a lost
+ * race between two refreshes costs nothing.
  */
 public final class Session {
   private final String id;
@@ -18,14 +22,13 @@ public final class Session {
   private final int ttlSeconds;
   private final Quota quota;
   private final long openedNanos;
-
-  volatile long lastSeenNanos;
-  volatile SessionChannel channel;
-  /** When the last stream detached; meaningful while {@code channel == null && hadStream}. */
-  volatile long detachedNanos;
-  volatile boolean hadStream;
+  private volatile long lastSeenNanos;
 
   // guarded by this
+  private SessionChannel channel;
+  /** When the last stream detached; meaningful while {@code channel == null && hadStream}. */
+  private long detachedNanos;
+  private boolean hadStream;
   private final Map<String, LeaseRecord> leases = new HashMap<>();
   private long leasedBytes;
   private long reservedBytes;
@@ -61,7 +64,7 @@ public final class Session {
     return openedNanos;
   }
 
-  public boolean streamAttached() {
+  public synchronized boolean streamAttached() {
     return channel != null;
   }
 
@@ -74,14 +77,76 @@ public final class Session {
     return ended;
   }
 
+  /** The client did something: its TTL starts again. */
+  void touch(long nowNanos) {
+    lastSeenNanos = nowNanos;
+  }
+
+  // ------------------------------------------------------------------------ KeepAlive stream
+
+  /**
+   * Makes {@code stream} the session's KeepAlive stream.
+   *
+   * @return the stream it replaces (to close), or null
+   * @throws IllegalStateException when the session has ended: the stream must not outlive it
+   */
+  synchronized SessionChannel attach(SessionChannel stream) {
+    if (ended) {
+      throw new IllegalStateException(this + " has ended");
+    }
+    SessionChannel previous = channel;
+    channel = stream;
+    hadStream = true;
+    return previous == stream ? null : previous;
+  }
+
+  /**
+   * A stream went away. Only the session's current stream detaches it: a late detach of a
+   * stream that a newer one replaced changes nothing.
+   *
+   * @return true when {@code stream} was the current stream
+   */
+  synchronized boolean detach(SessionChannel stream, long nowNanos) {
+    if (channel != stream) {
+      return false;
+    }
+    channel = null;
+    detachedNanos = nowNanos;
+    return true;
+  }
+
+  /** The current KeepAlive stream, or null. Events are sent on it outside this monitor. */
+  synchronized SessionChannel channel() {
+    return channel;
+  }
+
+  /**
+   * Why the session should end now, or null: its stream stayed away past the grace period, or
+   * it never had one and its TTL passed without a call.
+   */
+  synchronized String expiry(long nowNanos, long graceNanos) {
+    if (channel != null || ended) {
+      return null;
+    }
+    if (hadStream) {
+      long away = nowNanos - detachedNanos;
+      return away > graceNanos ? "KeepAlive stream closed " + away / 1_000_000 + " ms ago" : null;
+    }
+    return nowNanos - lastSeenNanos > TimeUnit.SECONDS.toNanos(ttlSeconds)
+        ? "TTL of " + ttlSeconds + " s expired without keep-alive" : null;
+  }
+
+  // ------------------------------------------------------------------------ leases and quota
+
   /**
    * Reserves quota for a lease about to be made.
    *
    * @return null when reserved, else the quota that would be exceeded, as a message
+   * @throws IllegalStateException when the session has ended
    */
   synchronized String reserve(long bytes) {
     if (ended) {
-      return "";
+      throw new IllegalStateException(this + " has ended");
     }
     long count = leases.size() + reservedLeases + 1;
     long total = leasedBytes + reservedBytes + bytes;
@@ -121,8 +186,11 @@ public final class Session {
     }
   }
 
-  /** Marks the session ended and hands over its leases; null if it had already ended. */
-  synchronized List<LeaseRecord> end() {
+  /** What {@link #end} hands over: the leases it held and the stream to close (or null). */
+  record Ending(List<LeaseRecord> leases, SessionChannel channel) {}
+
+  /** Marks the session ended and hands over its leases and stream; null if it had already ended. */
+  synchronized Ending end() {
     if (ended) {
       return null;
     }
@@ -130,11 +198,13 @@ public final class Session {
     List<LeaseRecord> held = new ArrayList<>(leases.values());
     leases.clear();
     leasedBytes = 0;
-    return held;
+    SessionChannel stream = channel;
+    channel = null;
+    return new Ending(held, stream);
   }
 
   @Override
   public String toString() {
-    return "session " + id.substring(0, 8) + " (" + clientName + ")";
+    return "session " + id.substring(0, 8) + " ('" + clientName + "')";
   }
 }

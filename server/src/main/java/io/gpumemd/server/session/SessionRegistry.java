@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.common.Sizes;
+import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.error.DrainingException;
@@ -8,8 +10,8 @@ import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.LeasedBlock;
 import io.gpumemd.server.pool.SizeClasses;
-import io.gpumemd.server.pool.UnmapRequester;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.Comparator;
@@ -34,25 +36,32 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Thread-safety: sessions and leases live in concurrent maps. Who releases a lease is
  * decided by an atomic {@code remove(id, record)} on the lease map, so an explicit release and
- * a session ending concurrently release a block exactly once. {@link #reap} runs on one
- * housekeeping thread.
+ * a session ending concurrently release a block exactly once. A session's own transitions
+ * (stream attach and detach, quota, ending) are atomic on the {@link Session}. {@link #reap}
+ * runs on one housekeeping thread.
  */
-public final class SessionRegistry implements UnmapRequester {
+public final class SessionRegistry {
   private static final Logger log = LoggerFactory.getLogger(SessionRegistry.class);
 
   private final DevicePools pools;
   private final MemoryBackend backend;
   private final SessionSettings settings;
   private final Ticker ticker;
-  private final ConcurrentHashMap<String, Session> sessions = new ConcurrentHashMap<>();
+  private final LiveSessions sessions;
   private final ConcurrentHashMap<String, LeaseRecord> leases = new ConcurrentHashMap<>();
   private final AtomicLong leaseSequence = new AtomicLong();
   private volatile boolean draining;
   /** Written by the reaper thread only. */
   private long lastLeakScanNanos = Long.MIN_VALUE / 2;
 
-  public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker) {
+  /**
+   * @param sessions the live sessions, shared with the pools (which send unmap requests
+   *     through it)
+   */
+  public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
+      LiveSessions sessions) {
     this.pools = pools;
+    this.sessions = sessions;
     this.backend = backend;
     this.settings = settings;
     this.ticker = ticker;
@@ -70,8 +79,8 @@ public final class SessionRegistry implements UnmapRequester {
     Validation.label("client_name", clientName);
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
     Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), ticker.nanos());
-    sessions.put(session.id(), session);
-    log.atInfo().addKeyValue("session", session.id()).addKeyValue("client", clientName)
+    sessions.add(session);
+    log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
         .log("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
     return session;
   }
@@ -83,7 +92,7 @@ public final class SessionRegistry implements UnmapRequester {
     if (session == null) {
       throw new NotFoundException("session " + sessionId + " not found (never opened, closed, or expired)");
     }
-    session.lastSeenNanos = ticker.nanos();
+    session.touch(ticker.nanos());
     return session;
   }
 
@@ -95,16 +104,15 @@ public final class SessionRegistry implements UnmapRequester {
   /** Binds a KeepAlive stream to a session; a previous stream of the session is closed. */
   public Session attach(String sessionId, SessionChannel channel) {
     Session session = session(sessionId);
-    SessionChannel previous = session.channel;
-    session.channel = channel;
-    session.hadStream = true;
-    if (previous != null && previous != channel) {
-      previous.close();
-    }
-    if (session.ended()) {
+    SessionChannel previous;
+    try {
+      previous = session.attach(channel);
+    } catch (IllegalStateException e) {
       // Lost a race with the session ending: the stream must not outlive it.
-      session.channel = null;
       throw new NotFoundException("session " + sessionId + " has ended");
+    }
+    if (previous != null) {
+      previous.close();
     }
     if (draining) {
       channel.shutdownNotice(0);
@@ -120,18 +128,14 @@ public final class SessionRegistry implements UnmapRequester {
 
   /** A KeepAlive stream went away; the session ends after the grace period unless one returns. */
   public void detach(Session session, SessionChannel channel) {
-    if (session.channel == channel) {
-      session.detachedNanos = ticker.nanos();
-      session.channel = null;
-      if (!session.ended()) {
-        log.debug("{}: KeepAlive stream closed; ends in {} ms unless it reconnects", session, settings.graceMillis());
-      }
+    if (session.detach(channel, ticker.nanos()) && !session.ended()) {
+      log.debug("{}: KeepAlive stream closed; ends in {} ms unless it reconnects", session, settings.graceMillis());
     }
   }
 
   /** Keep-alive traffic on the stream. */
   public void touch(Session session) {
-    session.lastSeenNanos = ticker.nanos();
+    session.touch(ticker.nanos());
   }
 
   /** The client confirms it unmapped segments. */
@@ -144,27 +148,16 @@ public final class SessionRegistry implements UnmapRequester {
     }
   }
 
-  @Override
-  public void requestUnmap(String holder, int device, long segmentId) {
-    Session session = sessions.get(holder);
-    SessionChannel channel = session == null ? null : session.channel;
-    if (channel != null) {
-      channel.requestUnmap(device, segmentId);
-    } else if (session != null) {
-      log.debug("{}: segment {} waits for the session to end (no KeepAlive stream to ask)", session, segmentId);
-    }
-  }
-
   /** Ends a session and returns everything it held. Returns {leases, bytes}; idempotent. */
   long[] end(Session session, String reason) {
-    List<LeaseRecord> held = session.end();
-    if (held == null) {
+    Session.Ending ending = session.end();
+    if (ending == null) {
       return new long[] {0, 0};
     }
-    sessions.remove(session.id(), session);
+    sessions.remove(session);
     long bytes = 0;
     long count = 0;
-    for (LeaseRecord lease : held) {
+    for (LeaseRecord lease : ending.leases()) {
       if (leases.remove(lease.id(), lease)) {
         bytes += lease.block().size();
         count++;
@@ -174,15 +167,15 @@ public final class SessionRegistry implements UnmapRequester {
     for (DevicePool pool : pools.all()) {
       pool.holderEnded(session.id());
     }
-    SessionChannel channel = session.channel;
-    session.channel = null;
-    if (channel != null) {
-      channel.close();
+    if (ending.channel() != null) {
+      ending.channel().close();
     }
-    log.atInfo().addKeyValue("session", session.id()).addKeyValue("client", session.clientName())
+    // A session that ends holding memory is news to an operator; an empty one is routine.
+    (count > 0 ? log.atInfo() : log.atDebug())
+        .addKeyValue("session", session.id()).addKeyValue("client", session.clientName())
         .addKeyValue("released_leases", count).addKeyValue("released_bytes", bytes)
         .log("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
-        session.clientName(), reason, count, bytes, SizeClasses.format(bytes));
+        session.clientName(), reason, count, bytes, Sizes.format(bytes));
     return new long[] {count, bytes};
   }
 
@@ -198,31 +191,34 @@ public final class SessionRegistry implements UnmapRequester {
     checkNotDraining();
     Session session = session(sessionId);
     DevicePool pool = pools.get(device);
-    Validation.leaseSize(size, pool.device());
+    Validation.leaseSize(size, pool);
     Validation.label("tag", tag);
     if (cachedOnly && zero) {
       return null;
     }
     long rounded = SizeClasses.roundUp(size);
-    String refused = session.reserve(rounded);
+    String refused;
+    try {
+      refused = session.reserve(rounded);
+    } catch (IllegalStateException e) {
+      throw new NotFoundException("session " + sessionId + " has ended");
+    }
     if (refused != null) {
-      if (refused.isEmpty()) {
-        throw new NotFoundException("session " + sessionId + " has ended");
-      }
       throw new ExhaustedException(session + ": " + refused);
     }
-    Block block;
+    LeasedBlock leased;
     try {
-      block = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
+      leased = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
     } catch (RuntimeException e) {
       session.unreserve(rounded);
       throw e;
     }
-    if (block == null) {
+    if (leased == null) {
       session.unreserve(rounded);
       return null;
     }
-    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, block, size, tag, ticker.nanos(),
+    Block block = leased.block();
+    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, leased, size, tag, ticker.nanos(),
         leaseSequence.incrementAndGet());
     leases.put(lease.id(), lease);
     if (!session.commit(lease, rounded)) {
@@ -274,8 +270,8 @@ public final class SessionRegistry implements UnmapRequester {
     pools.get(block.device()).release(block, event);
     if (lease.leakReported) {
       log.atInfo().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
-          .log("Lease {} of {} ('{}') returned after {} ms (previously reported as possibly leaked)",
-          lease.id(), lease.session(), lease.session().clientName(), ageMillis(lease.grantedNanos()));
+          .log("Lease {} of {} returned after {} ms (previously reported as possibly leaked)",
+          lease.id(), lease.session(), ageMillis(lease.grantedNanos()));
     }
   }
 
@@ -288,14 +284,10 @@ public final class SessionRegistry implements UnmapRequester {
   public void reap() {
     long now = ticker.nanos();
     long grace = TimeUnit.MILLISECONDS.toNanos(settings.graceMillis());
-    for (Session session : sessions.values()) {
-      if (session.channel != null) {
-        continue;
-      }
-      if (session.hadStream && now - session.detachedNanos > grace) {
-        end(session, "KeepAlive stream closed " + (now - session.detachedNanos) / 1_000_000 + " ms ago");
-      } else if (now - session.lastSeenNanos > TimeUnit.SECONDS.toNanos(session.ttlSeconds())) {
-        end(session, "TTL of " + session.ttlSeconds() + " s expired without keep-alive");
+    for (Session session : sessions.all()) {
+      String why = session.expiry(now, grace);
+      if (why != null) {
+        end(session, why);
       }
     }
     long leakNanos = TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis());
@@ -320,8 +312,8 @@ public final class SessionRegistry implements UnmapRequester {
   /** Stops taking sessions and leases and tells every attached client. */
   public void beginDrain(long drainMillis) {
     draining = true;
-    for (Session session : sessions.values()) {
-      SessionChannel channel = session.channel;
+    for (Session session : sessions.all()) {
+      SessionChannel channel = session.channel();
       if (channel != null) {
         channel.shutdownNotice(drainMillis);
       }
@@ -334,7 +326,7 @@ public final class SessionRegistry implements UnmapRequester {
 
   /** Ends every session (shutdown). */
   public void endAll(String reason) {
-    for (Session session : sessions.values()) {
+    for (Session session : sessions.all()) {
       end(session, reason);
     }
   }
@@ -374,7 +366,7 @@ public final class SessionRegistry implements UnmapRequester {
   }
 
   public List<Session> sessions() {
-    List<Session> out = new ArrayList<>(sessions.values());
+    List<Session> out = new ArrayList<>(sessions.all());
     out.sort(Comparator.comparingLong(Session::openedNanos));
     return out;
   }

@@ -1,8 +1,8 @@
 package io.gpumemd.server.session;
 
-import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.common.Sizes;
 import io.gpumemd.server.error.InvalidRequestException;
-import io.gpumemd.server.pool.SizeClasses;
+import io.gpumemd.server.pool.DevicePool;
 
 /**
  * Checks of request fields, in one place, so that every rpc rejects the same input with the
@@ -16,15 +16,20 @@ public final class Validation {
 
   private Validation() {}
 
-  /** A lease size: positive and within the device's capacity. */
-  public static long leaseSize(long size, DeviceInfo device) {
+  /**
+   * A lease size: positive and within the device's budget. A larger lease could never be
+   * served (the budget bounds everything the pool holds), so it is a bad request, not an
+   * exhausted pool.
+   */
+  public static long leaseSize(long size, DevicePool pool) {
     if (size <= 0) {
       throw InvalidRequestException.of("size_bytes", size, "> 0");
     }
-    if (size > device.capacityBytes()) {
+    long budget = pool.limitBytes();
+    if (size > budget) {
       throw InvalidRequestException.of("size_bytes", size,
-          "at most " + device.capacityBytes() + ", the capacity of device " + device.ordinal()
-              + " (" + SizeClasses.format(device.capacityBytes()) + ")");
+          "at most " + budget + ", the budget of device " + pool.device().ordinal()
+              + " (" + Sizes.format(budget) + ")");
     }
     return size;
   }

@@ -9,7 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
-import io.gpumemd.server.error.InvalidRequestException;
+
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
@@ -109,11 +109,11 @@ public abstract class MemoryBackendContractTest {
 
     assertEquals(0, segment.device());
     assertEquals(2 * MiB, segment.bytes());
-    boolean cuda = segment.cudaIpcHandle() != null;
-    boolean host = segment.hostShmPath() != null;
-    assertTrue(cuda ^ host, "exactly one of cuda_ipc_handle and host_shm_path");
-    if (cuda) {
-      assertEquals(64, segment.cudaIpcHandle().length);
+    IpcHandle handle = segment.handle();
+    if (handle instanceof IpcHandle.CudaIpc cuda) {
+      assertEquals(64, cuda.bytes().length);
+    } else {
+      assertFalse(((IpcHandle.HostShm) handle).path().isEmpty(), "a host handle names its file");
     }
   }
 
@@ -130,9 +130,9 @@ public abstract class MemoryBackendContractTest {
     Set<String> handles = new HashSet<>();
     for (int i = 0; i < 4; i++) {
       SegmentMemory segment = allocate(0, 2 * MiB);
-      String handle = segment.cudaIpcHandle() != null
-          ? java.util.HexFormat.of().formatHex(segment.cudaIpcHandle())
-          : segment.hostShmPath();
+      String handle = segment.handle() instanceof IpcHandle.CudaIpc cuda
+          ? java.util.HexFormat.of().formatHex(cuda.bytes())
+          : ((IpcHandle.HostShm) segment.handle()).path();
       assertTrue(handles.add(handle), "handle repeated: " + handle);
     }
   }
@@ -231,7 +231,8 @@ public abstract class MemoryBackendContractTest {
 
   @Test
   protected void openEvent_withAHandleThatIsNoEvent_isAnInvalidRequest() {
-    assertThrows(InvalidRequestException.class, () -> backend.openEvent(0, new byte[64]));
+    InvalidEventHandleException e = assertThrows(InvalidEventHandleException.class, () -> backend.openEvent(0, new byte[64]));
+    assertTrue(e.getMessage().startsWith("cuda_ipc_event_handle: "), e.getMessage());
   }
 
   // ------------------------------------------------------------------------- thread-safety

@@ -1,5 +1,7 @@
 package io.gpumemd.server.grpc;
 
+import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.common.Ticker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -21,6 +23,7 @@ import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SecureIds;
 import io.gpumemd.server.session.SessionRegistry;
@@ -39,7 +42,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -68,17 +70,16 @@ class StatusTableTest {
   @BeforeEach
   void start() throws Exception {
     backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    AtomicReference<SessionRegistry> ref = new AtomicReference<>();
+    LiveSessions sessions = new LiveSessions();
     DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(32 * MIB, 32 * MIB, 20 * MIB),
-        (h, d, s) -> ref.get().requestUnmap(h, d, s), DevicePools.segmentIdBase(0));
+        sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
     registry = new SessionRegistry(pools, backend,
-        new SessionSettings(30, 3600, 2000, 0, new Quota(0, 3), Map.of()), ticker);
-    ref.set(registry);
+        new SessionSettings(30, 3600, 2000, 0, new Quota(0, 3), Map.of()), ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry)))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
@@ -127,8 +128,11 @@ class StatusTableTest {
         () -> allocator.lease(lease(s, 0).build()));
     refused(Status.Code.INVALID_ARGUMENT, "size_bytes: -4096",
         () -> allocator.lease(lease(s, -4096).build()));
-    refused(Status.Code.INVALID_ARGUMENT, "the capacity of device 0",
+    refused(Status.Code.INVALID_ARGUMENT, "the budget of device 0",
         () -> allocator.lease(lease(s, Long.MAX_VALUE).build()));
+    // Within the device's 64 MiB capacity but over its 32 MiB budget: it could never be served.
+    refused(Status.Code.INVALID_ARGUMENT, "size_bytes: 50331648 (expected: at most 33554432, the budget of device 0 (32.0 MiB))",
+        () -> allocator.lease(lease(s, 48 * MIB).build()));
     refused(Status.Code.INVALID_ARGUMENT, "device: 3 (expected: 0, the only device)",
         () -> allocator.lease(lease(s, 4096).setDevice(3).build()));
     refused(Status.Code.INVALID_ARGUMENT, "device: -1",
@@ -147,6 +151,10 @@ class StatusTableTest {
         () -> admin.trim(TrimRequest.newBuilder().setKeepBytes(-1).build()));
     refused(Status.Code.INVALID_ARGUMENT, "cap_bytes: -5",
         () -> admin.setRetentionCap(SetRetentionCapRequest.newBuilder().setCapBytes(-5).build()));
+    // Above the 32 MiB budget: refused, and the cap stays what it was (state() includes it).
+    refused(Status.Code.INVALID_ARGUMENT,
+        "cap_bytes: 33554944 (expected: at most 33554432, the budget of device 0 (32.0 MiB))",
+        () -> admin.setRetentionCap(SetRetentionCapRequest.newBuilder().setCapBytes(32 * MIB + 512).build()));
     refused(Status.Code.INVALID_ARGUMENT, "device: 9",
         () -> admin.getStats(GetStatsRequest.newBuilder().setDevice(9).build()));
     refused(Status.Code.INVALID_ARGUMENT, "limit: -2",
@@ -193,7 +201,7 @@ class StatusTableTest {
     allocator.lease(lease(s, 4096).build());
     refused(Status.Code.RESOURCE_EXHAUSTED, "session quota max-leases=3",
         () -> allocator.lease(lease(s, 4096).build()));
-    assertEquals(2, pools.get(0).stats().ooms());
+    assertEquals(2, pools.get(0).stats().get(PoolMetric.OOMS));
   }
 
   @Test

@@ -3,8 +3,8 @@ package io.gpumemd.server.pool;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
-import java.lang.reflect.Field;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
@@ -57,6 +57,7 @@ final class CheckedPool implements AutoCloseable {
   private final AtomicLong evictedOnRelease = new AtomicLong();
   private final Set<Segment> seen = ConcurrentHashMap.newKeySet();
   private final Map<Block, String> anonymousHolders = Collections.synchronizedMap(new IdentityHashMap<>());
+  private final Map<Block, Boolean> hits = Collections.synchronizedMap(new IdentityHashMap<>());
   private final List<Block> awaitingEvent = new CopyOnWriteArrayList<>();
   private final List<CompletionEvent> eventsGiven = new CopyOnWriteArrayList<>();
   private final List<UnmapRequest> unmapRequests = new CopyOnWriteArrayList<>();
@@ -75,20 +76,10 @@ final class CheckedPool implements AutoCloseable {
       if (listener != null) {
         listener.requestUnmap(holder, device, segmentId);
       }
-    }, DevicePools.segmentIdBase(0));
-    ReentrantLock lock = poolLock(pool);
+    }, DevicePools.segmentIdBase(0), Ticker.system());
+    ReentrantLock lock = pool.lock;
     backend.checkEveryCall(() -> lock.isHeldByCurrentThread()
         ? "called with the pool lock held (backend calls must run outside it)" : null);
-  }
-
-  private static ReentrantLock poolLock(DevicePool pool) {
-    try {
-      Field field = DevicePool.class.getDeclaredField("lock");
-      field.setAccessible(true);
-      return (ReentrantLock) field.get(pool);
-    } catch (ReflectiveOperationException e) {
-      throw new AssertionError("DevicePool has no ReentrantLock field 'lock' any more", e);
-    }
   }
 
   /** Default settings: budget = capacity, retention cap = capacity, oversize 20 MiB. */
@@ -113,22 +104,36 @@ final class CheckedPool implements AutoCloseable {
   }
 
   Block lease(long size, boolean zero, String holder) {
-    Block block = pool.lease(size, zero, holder);
-    leased(block);
-    return block;
+    return leased(pool.lease(size, zero, holder));
   }
 
   /** {@link DevicePool#tryLeaseCached}, counted when it leases. */
   Block tryLeaseCached(long size, String holder) {
-    Block block = pool.tryLeaseCached(size, holder);
-    if (block != null) {
-      assertTrue(block.poolHit(), "tryLeaseCached returned a block that is not a hit");
-      leased(block);
+    LeasedBlock leased = pool.tryLeaseCached(size, holder);
+    if (leased == null) {
+      return null;
     }
+    assertTrue(leased.poolHit(), "tryLeaseCached returned a block that is not a hit");
+    return leased(leased);
+  }
+
+  /** Whether the lease that handed out {@code block} (its latest) was a pool hit. */
+  boolean wasHit(Block block) {
+    Boolean hit = hits.get(block);
+    if (hit == null) {
+      throw new AssertionError("never leased through this CheckedPool: " + block);
+    }
+    return hit;
+  }
+
+  private Block leased(LeasedBlock leased) {
+    Block block = leased.block();
+    hits.put(block, leased.poolHit());
+    recordLease(block);
     return block;
   }
 
-  private void leased(Block block) {
+  private void recordLease(Block block) {
     leases.incrementAndGet();
     seen.add(block.segment);
     assertEquals(Segment.State.LIVE, block.segment.state, "leased from a segment that is not live");
@@ -144,13 +149,13 @@ final class CheckedPool implements AutoCloseable {
     pool.release(block, null);
     if (!wasLive) {
       // After close(): the segment is already gone; the release only settles the books.
-      assertTrue(!exact || pool.stats().returns() == before.returns(), "a release after close is no return");
+      assertTrue(!exact || pool.stats().get(PoolMetric.RETURNS) == before.get(PoolMetric.RETURNS), "a release after close is no return");
       endAnonymousHolder(block);
       return;
     }
     releasesCompleted.incrementAndGet();
     if (exact) {
-      long returned = pool.stats().returns() - before.returns();
+      long returned = pool.stats().get(PoolMetric.RETURNS) - before.get(PoolMetric.RETURNS);
       boolean evicted = segment.state != Segment.State.LIVE;
       assertEquals(1, returned + (evicted ? 1 : 0),
           "a release must be exactly one return or the eviction of its segment (returns +" + returned
@@ -198,7 +203,7 @@ final class CheckedPool implements AutoCloseable {
         }
       }
     }
-    long returned = pool.stats().returns() - before.returns();
+    long returned = pool.stats().get(PoolMetric.RETURNS) - before.get(PoolMetric.RETURNS);
     assertEquals(completed, returned + evicted, "completed event releases vs returns + evictions");
     releasesCompleted.addAndGet(completed);
     returnsSeen.addAndGet(returned);
@@ -233,13 +238,13 @@ final class CheckedPool implements AutoCloseable {
   void verify() {
     pool.verifyInvariants();
     PoolStats s = pool.stats();
-    assertEquals(leases.get(), s.hits() + s.misses(),
-        "every successful lease is a hit or a miss (hits=" + s.hits() + ", misses=" + s.misses() + ")");
+    assertEquals(leases.get(), s.get(PoolMetric.HITS) + s.get(PoolMetric.MISSES),
+        "every successful lease is a hit or a miss (hits=" + s.get(PoolMetric.HITS) + ", misses=" + s.get(PoolMetric.MISSES) + ")");
     if (exact) {
-      assertEquals(returnsSeen.get(), s.returns(), "returns counted by the pool vs seen at release");
+      assertEquals(returnsSeen.get(), s.get(PoolMetric.RETURNS), "returns counted by the pool vs seen at release");
       assertEquals(releasesCompleted.get(), returnsSeen.get() + evictedOnRelease.get(),
           "every completed release is a return or an eviction of its segment");
-      assertTrue(s.evictions() >= evictedOnRelease.get(), "evictions include those caused by releases");
+      assertTrue(s.get(PoolMetric.EVICTIONS) >= evictedOnRelease.get(), "evictions include those caused by releases");
     }
 
     // Byte accounting, recomputed from the segments' blocks.
@@ -285,31 +290,31 @@ final class CheckedPool implements AutoCloseable {
         }
       }
     }
-    assertEquals(s.reservedBytes(), s.leasedBytes() + s.cachedBytes() + s.remainderBytes()
-        + s.awaitingEventBytes() + s.awaitingUnmapBytes(),
+    assertEquals(s.get(PoolMetric.RESERVED_BYTES), s.get(PoolMetric.LEASED_BYTES) + s.get(PoolMetric.CACHED_BYTES) + s.get(PoolMetric.REMAINDER_BYTES)
+        + s.get(PoolMetric.AWAITING_EVENT_BYTES) + s.get(PoolMetric.AWAITING_UNMAP_BYTES),
         "reserved = leased + cached + remainder + awaiting_event + awaiting_unmap");
-    assertTrue(s.remainderBytes() >= 0, "negative remainder " + s.remainderBytes());
+    assertTrue(s.get(PoolMetric.REMAINDER_BYTES) >= 0, "negative remainder " + s.get(PoolMetric.REMAINDER_BYTES));
     if (seen.size() == backend.allocs()) {
       // The test saw every segment the pool allocated: the figures must match exactly.
-      assertEquals(reserved, s.reservedBytes(), "reserved bytes");
-      assertEquals(leased, s.leasedBytes(), "leased bytes");
-      assertEquals(cached, s.cachedBytes(), "cached bytes");
-      assertEquals(remainder, s.remainderBytes(), "remainder bytes");
-      assertEquals(awaitingEv, s.awaitingEventBytes(), "awaiting-event bytes");
-      assertEquals(awaitingUnmap, s.awaitingUnmapBytes(), "awaiting-unmap bytes");
-      assertEquals(liveCount, s.segments(), "live segments");
-      assertEquals(awaitingUnmapCount, s.segmentsAwaitingUnmap(), "segments awaiting unmap");
-      assertEquals(activeLeases, s.activeLeases(), "active leases");
-      assertEquals(freeBlocks, s.cachedBlocks(), "cached blocks");
+      assertEquals(reserved, s.get(PoolMetric.RESERVED_BYTES), "reserved bytes");
+      assertEquals(leased, s.get(PoolMetric.LEASED_BYTES), "leased bytes");
+      assertEquals(cached, s.get(PoolMetric.CACHED_BYTES), "cached bytes");
+      assertEquals(remainder, s.get(PoolMetric.REMAINDER_BYTES), "remainder bytes");
+      assertEquals(awaitingEv, s.get(PoolMetric.AWAITING_EVENT_BYTES), "awaiting-event bytes");
+      assertEquals(awaitingUnmap, s.get(PoolMetric.AWAITING_UNMAP_BYTES), "awaiting-unmap bytes");
+      assertEquals(liveCount, s.get(PoolMetric.SEGMENTS), "live segments");
+      assertEquals(awaitingUnmapCount, s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "segments awaiting unmap");
+      assertEquals(activeLeases, s.get(PoolMetric.ACTIVE_LEASES), "active leases");
+      assertEquals(freeBlocks, s.get(PoolMetric.CACHED_BLOCKS), "cached blocks");
     }
 
     // The backend agrees with the pool.
-    assertEquals(backend.allocs(), s.backendAllocs(), "backend allocations");
-    assertEquals(backend.frees(), s.backendFrees(), "backend frees");
-    assertEquals(backend.allocs() - backend.frees(), s.segments() + s.segmentsAwaitingUnmap(),
+    assertEquals(backend.allocs(), s.get(PoolMetric.BACKEND_ALLOCS), "backend allocations");
+    assertEquals(backend.frees(), s.get(PoolMetric.BACKEND_FREES), "backend frees");
+    assertEquals(backend.allocs() - backend.frees(), s.get(PoolMetric.SEGMENTS) + s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP),
         "backend allocs - frees == live segments + segments awaiting unmap");
-    assertEquals(backend.liveBytes(), s.reservedBytes(), "backend bytes vs reserved");
-    assertTrue(s.reservedBytes() <= s.limitBytes(), "reserved over the budget");
+    assertEquals(backend.liveBytes(), s.get(PoolMetric.RESERVED_BYTES), "backend bytes vs reserved");
+    assertTrue(s.get(PoolMetric.RESERVED_BYTES) <= s.get(PoolMetric.LIMIT_BYTES), "reserved over the budget");
     assertEquals(List.of(), backend.errors(), "backend misuse");
   }
 
@@ -320,7 +325,7 @@ final class CheckedPool implements AutoCloseable {
     assertEquals(0, backend.liveSegments(), "segments left in the backend after close");
     assertEquals(backend.allocs(), backend.frees(), "backend allocs vs frees after close");
     PoolStats s = pool.stats();
-    assertEquals(backend.frees(), s.backendFrees(), "pool's backend frees after close");
+    assertEquals(backend.frees(), s.get(PoolMetric.BACKEND_FREES), "pool's backend frees after close");
     assertEquals(List.of(), backend.errors(), "backend misuse");
     for (CompletionEvent event : eventsGiven) {
       if (event instanceof InMemoryBackend.FakeEvent fake) {

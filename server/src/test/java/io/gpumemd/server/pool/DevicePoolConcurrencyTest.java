@@ -94,7 +94,7 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
     }
 
     // Settle: let every pending event complete, then answer every unmap request.
-    while (pool.hasAwaitingEvents()) {
+    while ((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0)) {
       pool.pollEvents();
     }
     for (int w = 0; w < WORKERS; w++) {
@@ -104,14 +104,14 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
     assertEquals(List.of(), violations);
     PoolStats s = stats();
     System.out.println("concurrency run: " + s + ", refused leases=" + exhausted + ", events=" + events.size());
-    assertEquals(0, s.activeLeases());
-    assertEquals(0, s.segmentsAwaitingUnmap(), "every unmap request was answered");
-    assertEquals(0, s.awaitingEventBytes());
+    assertEquals(0, s.get(PoolMetric.ACTIVE_LEASES));
+    assertEquals(0, s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "every unmap request was answered");
+    assertEquals(0, s.get(PoolMetric.AWAITING_EVENT_BYTES));
     assertTrue(events.stream().allMatch(e -> e.closed.get()), "every event was closed");
     // The run exercised what it claims to.
-    assertTrue(s.hits() > 0 && s.misses() > 0, s.toString());
-    assertTrue(s.evictions() > 0, s.toString());
-    assertTrue(s.returns() > 0, s.toString());
+    assertTrue(s.get(PoolMetric.HITS) > 0 && s.get(PoolMetric.MISSES) > 0, s.toString());
+    assertTrue(s.get(PoolMetric.EVICTIONS) > 0, s.toString());
+    assertTrue(s.get(PoolMetric.RETURNS) > 0, s.toString());
     assertFalse(events.isEmpty());
     for (AtomicLongArray owners : shadow.values()) {
       for (int g = 0; g < owners.length(); g++) {

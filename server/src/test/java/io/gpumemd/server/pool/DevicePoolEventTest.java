@@ -25,29 +25,29 @@ class DevicePoolEventTest extends PoolTestBase {
     checked.release(a, event);
 
     PoolStats s = stats();
-    assertEquals(4096, s.awaitingEventBytes());
-    assertEquals(1, s.blocksAwaitingEvent());
-    assertEquals(4096, s.leasedBytes(), "only the other block is leased");
-    assertEquals(1, s.activeLeases());
-    assertEquals(0, s.returns());
-    assertTrue(pool.hasAwaitingEvents());
+    assertEquals(4096, s.get(PoolMetric.AWAITING_EVENT_BYTES));
+    assertEquals(1, s.get(PoolMetric.BLOCKS_AWAITING_EVENT));
+    assertEquals(4096, s.get(PoolMetric.LEASED_BYTES), "only the other block is leased");
+    assertEquals(1, s.get(PoolMetric.ACTIVE_LEASES));
+    assertEquals(0, s.get(PoolMetric.RETURNS));
+    assertTrue((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
 
     Block meanwhile = lease(4096, false, "h2");
     assertNotEquals(a.offset(), meanwhile.offset(), "the block waiting for its event is not handed out");
     checked.pollEvents();
     assertTrue(event.queries() > 0);
-    assertTrue(pool.hasAwaitingEvents(), "still running");
+    assertTrue((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0), "still running");
     assertFalse(event.closed());
 
     event.complete();
     checked.pollEvents();
 
-    assertFalse(pool.hasAwaitingEvents());
+    assertFalse((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
     assertTrue(event.closed(), "the pool closes the event once done with it");
-    assertEquals(1, stats().returns());
-    assertEquals(0, stats().awaitingEventBytes());
+    assertEquals(1, stats().get(PoolMetric.RETURNS));
+    assertEquals(0, stats().get(PoolMetric.AWAITING_EVENT_BYTES));
     Block reused = lease(4096, false, "h2");
-    assertTrue(reused.poolHit());
+    assertTrue(hit(reused));
     assertEquals(a.offset(), reused.offset());
   }
 
@@ -57,7 +57,7 @@ class DevicePoolEventTest extends PoolTestBase {
     FakeEvent event = backend.newEvent();
     checked.release(a, event);
 
-    assertEquals(0, stats().cachedBytes(), "a segment with a block in flight is not idle");
+    assertEquals(0, stats().get(PoolMetric.CACHED_BYTES), "a segment with a block in flight is not idle");
     assertEquals(0, pool.trim(0));
     assertEquals(0, pool.setRetentionCap(0));
     assertNull(checked.tryLeaseCached(4 * MiB, "h2"));
@@ -86,13 +86,13 @@ class DevicePoolEventTest extends PoolTestBase {
 
     assertEquals(Block.State.AWAITING_EVENT, a.state);
     assertEquals(Block.State.FREE, b.state);
-    assertEquals(4096, stats().awaitingEventBytes());
+    assertEquals(4096, stats().get(PoolMetric.AWAITING_EVENT_BYTES));
     assertTrue(second.closed());
     assertFalse(first.closed());
 
     first.complete();
     checked.pollEvents();
-    assertEquals(0, stats().awaitingEventBytes());
+    assertEquals(0, stats().get(PoolMetric.AWAITING_EVENT_BYTES));
     assertEquals(8192, a.size, "a and b coalesced once both were back");
   }
 
@@ -105,15 +105,15 @@ class DevicePoolEventTest extends PoolTestBase {
 
     checked.pollEvents();
 
-    assertFalse(pool.hasAwaitingEvents());
+    assertFalse((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
     assertTrue(event.closed());
-    assertEquals(1, stats().returns());
+    assertEquals(1, stats().get(PoolMetric.RETURNS));
   }
 
   @Test
   void pollEvents_withNothingWaiting_doesNothing() {
     checked.pollEvents();
-    assertFalse(pool.hasAwaitingEvents());
+    assertFalse((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
     assertEquals(0, backend.allocs());
   }
 }

@@ -30,8 +30,8 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     release(b);
     release(a); // cached 4 MiB: at the cap, nothing evicted
-    assertEquals(4 * MiB, stats().cachedBytes());
-    assertEquals(0, stats().evictions());
+    assertEquals(4 * MiB, stats().get(PoolMetric.CACHED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.EVICTIONS));
     release(c); // 6 MiB > 4 MiB: b has been idle longest
 
     assertEquals(Segment.State.FREED, b.segment.state);
@@ -39,10 +39,10 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertTrue(backend.isLive(a.memory()));
     assertTrue(backend.isLive(c.memory()));
     PoolStats s = stats();
-    assertEquals(1, s.evictions());
-    assertEquals(3, s.returns());
-    assertEquals(4 * MiB, s.cachedBytes());
-    assertEquals(2, s.segments());
+    assertEquals(1, s.get(PoolMetric.EVICTIONS));
+    assertEquals(3, s.get(PoolMetric.RETURNS));
+    assertEquals(4 * MiB, s.get(PoolMetric.CACHED_BYTES));
+    assertEquals(2, s.get(PoolMetric.SEGMENTS));
     assertEquals(List.of(), checked.unmapRequests(), "anonymous holders unmapped on release");
   }
 
@@ -73,8 +73,8 @@ class DevicePoolEvictionTest extends PoolTestBase {
     release(a);
 
     assertEquals(Segment.State.FREED, a.segment.state);
-    assertEquals(0, stats().returns());
-    assertEquals(1, stats().evictions());
+    assertEquals(0, stats().get(PoolMetric.RETURNS));
+    assertEquals(1, stats().get(PoolMetric.EVICTIONS));
   }
 
   @Test
@@ -83,24 +83,24 @@ class DevicePoolEvictionTest extends PoolTestBase {
     Block only = lease(4096);
     release(only);
     assertEquals(Segment.State.FREED, only.segment.state);
-    assertEquals(0, stats().cachedBytes());
-    assertEquals(0, stats().segments());
+    assertEquals(0, stats().get(PoolMetric.CACHED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS));
     assertEquals(1, backend.frees());
 
     // Free blocks in a segment that still holds leases are not cached segments: they stay.
     Block b = lease(4096);
     Block c = lease(4096);
-    assertFalse(b.poolHit());
+    assertFalse(hit(b));
     release(b);
     assertEquals(Segment.State.LIVE, b.segment.state);
-    assertEquals(1, stats().returns());
+    assertEquals(1, stats().get(PoolMetric.RETURNS));
     Block reuse = lease(4096);
-    assertTrue(reuse.poolHit());
+    assertTrue(hit(reuse));
     release(reuse);
     release(c);
     assertEquals(Segment.State.FREED, c.segment.state);
-    assertEquals(0, stats().cachedBytes());
-    assertEquals(2, stats().evictions());
+    assertEquals(0, stats().get(PoolMetric.CACHED_BYTES));
+    assertEquals(2, stats().get(PoolMetric.EVICTIONS));
   }
 
   @Test
@@ -111,18 +111,18 @@ class DevicePoolEvictionTest extends PoolTestBase {
     release(a);
     release(b);
     release(c);
-    assertEquals(6 * MiB, stats().cachedBytes());
+    assertEquals(6 * MiB, stats().get(PoolMetric.CACHED_BYTES));
 
     assertEquals(4 * MiB, pool.setRetentionCap(2 * MiB));
-    assertEquals(2 * MiB, stats().retentionCapBytes());
-    assertEquals(2 * MiB, stats().cachedBytes());
+    assertEquals(2 * MiB, stats().get(PoolMetric.RETENTION_CAP_BYTES));
+    assertEquals(2 * MiB, stats().get(PoolMetric.CACHED_BYTES));
     assertEquals(Segment.State.FREED, a.segment.state);
     assertEquals(Segment.State.FREED, b.segment.state);
     assertEquals(Segment.State.LIVE, c.segment.state);
 
     assertEquals(0, pool.setRetentionCap(32 * MiB), "raising evicts nothing");
     assertEquals(2 * MiB, pool.setRetentionCap(0));
-    assertEquals(0, stats().segments());
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS));
     assertEquals(3, backend.frees());
   }
 
@@ -155,14 +155,14 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertEquals(Segment.State.FREED, a.segment.state);
     assertEquals(Segment.State.FREED, b.segment.state);
     assertEquals(Segment.State.LIVE, c.segment.state);
-    assertEquals(2 * MiB, stats().cachedBytes());
-    assertEquals(2 * MiB - 4096, stats().remainderBytes(), "remainders of used segments are not trimmed");
-    assertEquals(64 * MiB, stats().retentionCapBytes(), "a trim does not change the cap");
+    assertEquals(2 * MiB, stats().get(PoolMetric.CACHED_BYTES));
+    assertEquals(2 * MiB - 4096, stats().get(PoolMetric.REMAINDER_BYTES), "remainders of used segments are not trimmed");
+    assertEquals(64 * MiB, stats().get(PoolMetric.RETENTION_CAP_BYTES), "a trim does not change the cap");
 
     assertEquals(2 * MiB, pool.trim(0));
     assertEquals(0, pool.trim(0));
     assertEquals(Segment.State.LIVE, partial.segment.state);
-    assertEquals(1, stats().segments());
+    assertEquals(1, stats().get(PoolMetric.SEGMENTS));
   }
 
   // ---------------------------------------------------------------------------------- budget
@@ -176,13 +176,13 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     Block small = lease(4096); // needs a new 2 MiB segment: 8 + 2 > 8, so a goes
 
-    assertFalse(small.poolHit());
+    assertFalse(hit(small));
     assertEquals(Segment.State.FREED, a.segment.state);
     PoolStats s = stats();
-    assertEquals(1, s.allocRetries());
-    assertEquals(0, s.ooms());
-    assertEquals(1, s.evictions());
-    assertEquals(6 * MiB, s.reservedBytes());
+    assertEquals(1, s.get(PoolMetric.ALLOC_RETRIES));
+    assertEquals(0, s.get(PoolMetric.OOMS));
+    assertEquals(1, s.get(PoolMetric.EVICTIONS));
+    assertEquals(6 * MiB, s.get(PoolMetric.RESERVED_BYTES));
   }
 
   @Test
@@ -201,7 +201,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertEquals(Segment.State.FREED, a.segment.state);
     assertEquals(Segment.State.FREED, b.segment.state);
     assertEquals(Segment.State.LIVE, c.segment.state);
-    assertEquals(1, stats().allocRetries());
+    assertEquals(1, stats().get(PoolMetric.ALLOC_RETRIES));
   }
 
   @Test
@@ -219,8 +219,8 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertTrue(message.contains("limit=" + 8 * MiB), message);
     assertTrue(message.contains("device 0"), message);
     PoolStats s = stats();
-    assertEquals(1, s.ooms());
-    assertEquals(0, s.allocRetries());
+    assertEquals(1, s.get(PoolMetric.OOMS));
+    assertEquals(0, s.get(PoolMetric.ALLOC_RETRIES));
     assertEquals(2, backend.allocs(), "no allocation was tried");
   }
 
@@ -259,8 +259,8 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     assertTrue(e.getMessage().contains("cached=" + 2 * MiB), e.getMessage());
     assertEquals(Segment.State.LIVE, b.segment.state, "evicting b would not have made room");
-    assertEquals(0, stats().evictions());
-    assertEquals(1, stats().ooms());
+    assertEquals(0, stats().get(PoolMetric.EVICTIONS));
+    assertEquals(1, stats().get(PoolMetric.OOMS));
   }
 
   @Test
@@ -270,7 +270,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertThrows(ExhaustedException.class, () -> pool.lease(10 * MiB, false, "h"));
 
     assertEquals(0, backend.allocs());
-    assertEquals(1, stats().ooms());
+    assertEquals(1, stats().get(PoolMetric.OOMS));
   }
 
   @Test
@@ -278,7 +278,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     use(64 * MiB, 8 * MiB, 8 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     lease(6 * MiB);
     lease(2 * MiB);
-    assertEquals(8 * MiB, stats().reservedBytes());
+    assertEquals(8 * MiB, stats().get(PoolMetric.RESERVED_BYTES));
   }
 
   // ------------------------------------------------------------------------- backend memory
@@ -294,13 +294,13 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     Block big = lease(4 * MiB); // 6 + 4 > 8: OOM, evict a and b, retry
 
-    assertFalse(big.poolHit());
+    assertFalse(hit(big));
     assertEquals(Segment.State.FREED, a.segment.state);
     assertEquals(Segment.State.FREED, b.segment.state);
     PoolStats s = stats();
-    assertEquals(1, s.allocRetries());
-    assertEquals(2, s.evictions());
-    assertEquals(0, s.ooms());
+    assertEquals(1, s.get(PoolMetric.ALLOC_RETRIES));
+    assertEquals(2, s.get(PoolMetric.EVICTIONS));
+    assertEquals(0, s.get(PoolMetric.OOMS));
   }
 
   @Test
@@ -316,9 +316,9 @@ class DevicePoolEvictionTest extends PoolTestBase {
     assertTrue(e.getMessage().contains("still full"), e.getMessage());
     assertEquals(Segment.State.FREED, a.segment.state, "everything idle was given back first");
     PoolStats s = stats();
-    assertEquals(1, s.allocRetries());
-    assertEquals(1, s.ooms());
-    assertEquals(0, s.reservedBytes());
+    assertEquals(1, s.get(PoolMetric.ALLOC_RETRIES));
+    assertEquals(1, s.get(PoolMetric.OOMS));
+    assertEquals(0, s.get(PoolMetric.RESERVED_BYTES));
   }
 
   @Test
@@ -328,10 +328,10 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h"));
 
-    assertEquals(0, stats().allocRetries());
-    assertEquals(1, stats().ooms());
+    assertEquals(0, stats().get(PoolMetric.ALLOC_RETRIES));
+    assertEquals(1, stats().get(PoolMetric.OOMS));
     // The failed allocation's bytes are no longer counted in flight: the budget admits a segment.
-    assertFalse(lease(4096).poolHit());
+    assertFalse(hit(lease(4096)));
   }
 
   @Test
@@ -344,11 +344,11 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
     assertSame(failure, thrown);
     PoolStats s = stats();
-    assertEquals(0, s.misses());
-    assertEquals(0, s.ooms(), "not a lack of memory");
-    assertEquals(0, s.reservedBytes());
+    assertEquals(0, s.get(PoolMetric.MISSES));
+    assertEquals(0, s.get(PoolMetric.OOMS), "not a lack of memory");
+    assertEquals(0, s.get(PoolMetric.RESERVED_BYTES));
     // The failed allocation's bytes are no longer counted in flight: the budget admits a segment.
     Block b = lease(4096);
-    assertFalse(b.poolHit());
+    assertFalse(hit(b));
   }
 }

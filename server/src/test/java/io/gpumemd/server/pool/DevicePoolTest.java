@@ -34,40 +34,40 @@ class DevicePoolTest extends PoolTestBase {
     assertEquals(0, one.offset());
     assertEquals(512, exact.offset());
     assertEquals(1024, over.offset());
-    assertEquals(2048, stats().leasedBytes());
-    assertEquals(3, stats().activeLeases());
+    assertEquals(2048, stats().get(PoolMetric.LEASED_BYTES));
+    assertEquals(3, stats().get(PoolMetric.ACTIVE_LEASES));
   }
 
   @Test
   void lease_small_isCarvedFromATwoMiBSegmentAndTheRestStaysFree() {
     Block first = lease(1000);
 
-    assertFalse(first.poolHit());
+    assertFalse(hit(first));
     assertEquals(2 * MiB, first.segmentBytes());
     assertEquals(0, first.offset());
     assertEquals(1024, first.size());
     PoolStats s = stats();
-    assertEquals(1, s.misses());
-    assertEquals(1, s.segments());
-    assertEquals(2 * MiB, s.reservedBytes());
-    assertEquals(2 * MiB - 1024, s.remainderBytes());
-    assertEquals(0, s.cachedBytes(), "a segment with a lease is not cached");
-    assertEquals(1, s.cachedBlocks());
+    assertEquals(1, s.get(PoolMetric.MISSES));
+    assertEquals(1, s.get(PoolMetric.SEGMENTS));
+    assertEquals(2 * MiB, s.get(PoolMetric.RESERVED_BYTES));
+    assertEquals(2 * MiB - 1024, s.get(PoolMetric.REMAINDER_BYTES));
+    assertEquals(0, s.get(PoolMetric.CACHED_BYTES), "a segment with a lease is not cached");
+    assertEquals(1, s.get(PoolMetric.CACHED_BLOCKS));
 
     Block second = lease(300 * KiB);
-    assertTrue(second.poolHit(), "served from the remainder of the first segment");
+    assertTrue(hit(second), "served from the remainder of the first segment");
     assertEquals(first.segmentId(), second.segmentId());
     assertEquals(1024, second.offset());
 
     Block third = lease(1 * MiB); // the largest small request still fits the remainder
-    assertTrue(third.poolHit());
+    assertTrue(hit(third));
     assertEquals(first.segmentId(), third.segmentId());
     assertEquals(1024 + 300 * KiB, third.offset());
 
     Block fourth = lease(1 * MiB); // 2 MiB - 1 KiB - 300 KiB - 1 MiB left: a new segment
-    assertFalse(fourth.poolHit());
+    assertFalse(hit(fourth));
     assertNotEquals(first.segmentId(), fourth.segmentId());
-    assertEquals(2, stats().segments());
+    assertEquals(2, stats().get(PoolMetric.SEGMENTS));
     assertEquals(2, backend.allocs());
   }
 
@@ -77,13 +77,13 @@ class DevicePoolTest extends PoolTestBase {
     release(first);
     Block again = lease(4096);
 
-    assertTrue(again.poolHit());
+    assertTrue(hit(again));
     assertEquals(first.segmentId(), again.segmentId());
     assertEquals(first.offset(), again.offset());
     PoolStats s = stats();
-    assertEquals(1, s.hits());
-    assertEquals(1, s.misses());
-    assertEquals(1, s.returns());
+    assertEquals(1, s.get(PoolMetric.HITS));
+    assertEquals(1, s.get(PoolMetric.MISSES));
+    assertEquals(1, s.get(PoolMetric.RETURNS));
     assertEquals(1, backend.allocs());
   }
 
@@ -93,26 +93,26 @@ class DevicePoolTest extends PoolTestBase {
     Block a = lease(8 * KiB);
     Block b = lease(16 * KiB);
     Block c = lease(32 * KiB);
-    assertEquals(1, stats().cachedBlocks(), "one free block: the tail of the segment");
+    assertEquals(1, stats().get(PoolMetric.CACHED_BLOCKS), "one free block: the tail of the segment");
 
     release(a); // between two leased blocks: stays alone
-    assertEquals(2, stats().cachedBlocks());
+    assertEquals(2, stats().get(PoolMetric.CACHED_BLOCKS));
     release(c); // merges with the free tail
-    assertEquals(2, stats().cachedBlocks());
+    assertEquals(2, stats().get(PoolMetric.CACHED_BLOCKS));
     release(b); // merges with a before and c + tail after
-    assertEquals(1, stats().cachedBlocks());
+    assertEquals(1, stats().get(PoolMetric.CACHED_BLOCKS));
 
     Block free = keep.next;
     assertEquals(Block.State.FREE, free.state);
     assertEquals(4 * KiB, free.offset);
     assertEquals(2 * MiB - 4 * KiB, free.size);
     assertNull(free.next);
-    assertEquals(2 * MiB - 4 * KiB, stats().remainderBytes());
+    assertEquals(2 * MiB - 4 * KiB, stats().get(PoolMetric.REMAINDER_BYTES));
 
     release(keep); // and the whole segment is one cached block again
-    assertEquals(1, stats().cachedBlocks());
-    assertEquals(2 * MiB, stats().cachedBytes());
-    assertEquals(0, stats().remainderBytes());
+    assertEquals(1, stats().get(PoolMetric.CACHED_BLOCKS));
+    assertEquals(2 * MiB, stats().get(PoolMetric.CACHED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.REMAINDER_BYTES));
     assertEquals(2 * MiB, keep.segment.head.size);
   }
 
@@ -129,10 +129,10 @@ class DevicePoolTest extends PoolTestBase {
     assertEquals(Block.State.FREE, merged.state);
     assertEquals(16 * KiB, merged.size);
     assertSame(wall, merged.next);
-    assertEquals(2, stats().cachedBlocks(), "the merged block and the tail");
+    assertEquals(2, stats().get(PoolMetric.CACHED_BLOCKS), "the merged block and the tail");
     // The merged range serves a request of its full size.
     Block big = lease(16 * KiB);
-    assertTrue(big.poolHit());
+    assertTrue(hit(big));
     assertEquals(0, big.offset());
   }
 
@@ -152,9 +152,9 @@ class DevicePoolTest extends PoolTestBase {
     assertEquals(4 * MiB, three.size());
     assertEquals(6 * MiB, fiveAndABit.size());
     assertEquals(10 * MiB, ten.size());
-    assertEquals(4, stats().misses());
-    assertEquals(22 * MiB, stats().leasedBytes());
-    assertEquals(0, stats().remainderBytes());
+    assertEquals(4, stats().get(PoolMetric.MISSES));
+    assertEquals(22 * MiB, stats().get(PoolMetric.LEASED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.REMAINDER_BYTES));
   }
 
   @Test
@@ -163,9 +163,9 @@ class DevicePoolTest extends PoolTestBase {
     Block first = lease(2 * MiB + 512 * KiB);
     assertEquals(4 * MiB, first.segmentBytes());
     assertEquals(2 * MiB + 512 * KiB, first.size());
-    assertEquals(MiB + 512 * KiB, stats().remainderBytes());
+    assertEquals(MiB + 512 * KiB, stats().get(PoolMetric.REMAINDER_BYTES));
     Block rest = lease(MiB + 512 * KiB);
-    assertTrue(rest.poolHit(), "the split-off remainder is in the large index");
+    assertTrue(hit(rest), "the split-off remainder is in the large index");
     assertEquals(first.segmentId(), rest.segmentId());
     assertEquals(2 * MiB + 512 * KiB, rest.offset());
 
@@ -173,12 +173,12 @@ class DevicePoolTest extends PoolTestBase {
     Block eight = lease(8 * MiB);
     release(eight);
     Block seven = lease(7 * MiB);
-    assertTrue(seven.poolHit());
+    assertTrue(hit(seven));
     assertEquals(8 * MiB, seven.size());
     release(seven);
     // 1 MiB + 512 B would remain: split.
     Block sevenLess = lease(7 * MiB - 512);
-    assertTrue(sevenLess.poolHit());
+    assertTrue(hit(sevenLess));
     assertEquals(7 * MiB - 512, sevenLess.size());
     assertEquals(MiB + 512, sevenLess.next.size);
     assertEquals(Block.State.FREE, sevenLess.next.state);
@@ -233,7 +233,7 @@ class DevicePoolTest extends PoolTestBase {
     assertEquals(eight.segmentId(), lease(7 * MiB).segmentId());
     assertEquals(four.segmentId(), lease(3 * MiB).segmentId());
     assertEquals(3, backend.allocs());
-    assertEquals(3, stats().hits());
+    assertEquals(3, stats().get(PoolMetric.HITS));
   }
 
   @Test
@@ -243,15 +243,15 @@ class DevicePoolTest extends PoolTestBase {
     release(big);
 
     Block ten = lease(10 * MiB); // 32 > 10 + 20: a new segment, the big one stays cached
-    assertFalse(ten.poolHit());
+    assertFalse(hit(ten));
     assertNotEquals(big.segmentId(), ten.segmentId());
-    assertEquals(32 * MiB, stats().cachedBytes());
+    assertEquals(32 * MiB, stats().get(PoolMetric.CACHED_BYTES));
 
     Block twelve = lease(12 * MiB); // 32 == 12 + 20: still allowed, and split
-    assertTrue(twelve.poolHit());
+    assertTrue(hit(twelve));
     assertEquals(big.segmentId(), twelve.segmentId());
     assertEquals(12 * MiB, twelve.size());
-    assertEquals(20 * MiB, stats().remainderBytes());
+    assertEquals(20 * MiB, stats().get(PoolMetric.REMAINDER_BYTES));
   }
 
   @Test
@@ -261,9 +261,9 @@ class DevicePoolTest extends PoolTestBase {
     release(four);
 
     Block three = lease(3 * MiB);
-    assertFalse(three.poolHit(), "4 MiB > 3 MiB + 0");
+    assertFalse(hit(three), "4 MiB > 3 MiB + 0");
     Block exact = lease(4 * MiB);
-    assertTrue(exact.poolHit());
+    assertTrue(hit(exact));
     assertEquals(four.segmentId(), exact.segmentId());
   }
 
@@ -274,12 +274,12 @@ class DevicePoolTest extends PoolTestBase {
     release(four);
 
     Block three = lease(3 * MiB);
-    assertTrue(three.poolHit(), "4 MiB <= 3 MiB + 1 MiB");
+    assertTrue(hit(three), "4 MiB <= 3 MiB + 1 MiB");
     assertEquals(4 * MiB, three.size(), "1 MiB remainder is not split off");
     release(three);
     Block two = lease(2 * MiB);
-    assertFalse(two.poolHit(), "4 MiB > 2 MiB + 1 MiB");
-    assertEquals(4 * MiB, stats().cachedBytes());
+    assertFalse(hit(two), "4 MiB > 2 MiB + 1 MiB");
+    assertEquals(4 * MiB, stats().get(PoolMetric.CACHED_BYTES));
   }
 
   @Test
@@ -288,7 +288,7 @@ class DevicePoolTest extends PoolTestBase {
     release(lease(1 * MiB)); // leaves a whole, cached 2 MiB small segment
 
     Block tiny = lease(512);
-    assertTrue(tiny.poolHit(), "small requests are carved from 2 MiB segments whatever the oversize rule");
+    assertTrue(hit(tiny), "small requests are carved from 2 MiB segments whatever the oversize rule");
   }
 
   // ------------------------------------------------------------------------ cached-only path
@@ -297,19 +297,19 @@ class DevicePoolTest extends PoolTestBase {
   void tryLeaseCached_onMiss_returnsNullWithoutAllocating() {
     assertNull(checked.tryLeaseCached(4096, "h"));
     assertEquals(0, backend.allocs());
-    assertEquals(0, stats().hits() + stats().misses());
+    assertEquals(0, stats().get(PoolMetric.HITS) + stats().get(PoolMetric.MISSES));
 
     release(lease(4096));
     Block hit = checked.tryLeaseCached(4096, "h");
     assertNotNull(hit);
     assertEquals(1, backend.allocs());
-    assertEquals(1, stats().hits());
+    assertEquals(1, stats().get(PoolMetric.HITS));
     release(hit);
     // A cached block past the oversize rule is not a fit here either.
     release(lease(32 * MiB));
     assertNull(checked.tryLeaseCached(4 * MiB, "h"));
     assertEquals(2, backend.allocs());
-    assertEquals(2 * MiB + 32 * MiB, stats().cachedBytes(), "the small segment and the big one");
+    assertEquals(2 * MiB + 32 * MiB, stats().get(PoolMetric.CACHED_BYTES), "the small segment and the big one");
   }
 
   // ------------------------------------------------------------------------------- zeroing
@@ -324,7 +324,7 @@ class DevicePoolTest extends PoolTestBase {
 
     Block clean = lease(4096, true, "h");
 
-    assertTrue(clean.poolHit());
+    assertTrue(hit(clean));
     assertEquals(dirty.offset(), clean.offset());
     assertEquals(List.of(new InMemoryBackend.ZeroCall(
         (InMemoryBackend.FakeSegment) clean.memory(), clean.offset(), 4096)), backend.zeroCalls());
@@ -341,7 +341,7 @@ class DevicePoolTest extends PoolTestBase {
 
     Block reused = lease(4096, false, "h");
 
-    assertTrue(reused.poolHit());
+    assertTrue(hit(reused));
     assertEquals(0, backend.zeroes());
     assertFalse(InMemoryBackend.isZero(reused.memory(), reused.offset(), reused.size()));
   }
@@ -350,7 +350,7 @@ class DevicePoolTest extends PoolTestBase {
   void lease_zeroOnFreshSegment_skipsZeroingWhenFreshMemoryReadsAsZeros() {
     Block fresh = lease(4096, true, "h");
 
-    assertFalse(fresh.poolHit());
+    assertFalse(hit(fresh));
     assertTrue(backend.freshSegmentsAreZeroed());
     assertEquals(0, backend.zeroes(), "a new host segment is already zero");
   }
@@ -361,7 +361,7 @@ class DevicePoolTest extends PoolTestBase {
 
     Block fresh = lease(4096, true, "h");
 
-    assertFalse(fresh.poolHit());
+    assertFalse(hit(fresh));
     assertEquals(List.of(new InMemoryBackend.ZeroCall(
         (InMemoryBackend.FakeSegment) fresh.memory(), 0, 4096)), backend.zeroCalls());
   }
@@ -386,12 +386,12 @@ class DevicePoolTest extends PoolTestBase {
     BackendException thrown = assertThrows(BackendException.class, () -> pool.lease(4096, true, "h"));
 
     assertSame(failure, thrown);
-    assertEquals(0, stats().leasedBytes());
-    assertEquals(0, stats().activeLeases());
+    assertEquals(0, stats().get(PoolMetric.LEASED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.ACTIVE_LEASES));
     // The pool served the block (a hit) and took it back (a return): account for both.
     checked.countServedAndReturnedByPool(1);
     Block next = lease(4096);
-    assertTrue(next.poolHit(), "the block is reusable");
+    assertTrue(hit(next), "the block is reusable");
   }
 
   // --------------------------------------------------------------------------- the checker

@@ -30,20 +30,20 @@ class DevicePoolUnmapTest extends PoolTestBase {
     assertTrue(backend.isLive(a.memory()), "not freed while h1 may have it mapped");
     assertEquals(List.of(new UnmapRequest("h1", 0, a.segmentId())), checked.unmapRequests());
     PoolStats s = stats();
-    assertEquals(0, s.segments());
-    assertEquals(1, s.segmentsAwaitingUnmap());
-    assertEquals(2 * MiB, s.awaitingUnmapBytes());
-    assertEquals(2 * MiB, s.reservedBytes());
-    assertEquals(0, s.cachedBytes());
-    assertEquals(1, s.evictions());
+    assertEquals(0, s.get(PoolMetric.SEGMENTS));
+    assertEquals(1, s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
+    assertEquals(2 * MiB, s.get(PoolMetric.AWAITING_UNMAP_BYTES));
+    assertEquals(2 * MiB, s.get(PoolMetric.RESERVED_BYTES));
+    assertEquals(0, s.get(PoolMetric.CACHED_BYTES));
+    assertEquals(1, s.get(PoolMetric.EVICTIONS));
     checked.verify();
 
     pool.unmapped("h1", a.segmentId());
 
     assertEquals(Segment.State.FREED, a.segment.state);
     assertFalse(backend.isLive(a.memory()));
-    assertEquals(0, stats().reservedBytes());
-    assertEquals(0, stats().segmentsAwaitingUnmap());
+    assertEquals(0, stats().get(PoolMetric.RESERVED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     assertEquals(0, pool.mappedSegments("h1"));
   }
 
@@ -108,11 +108,11 @@ class DevicePoolUnmapTest extends PoolTestBase {
     release(large);
     assertEquals(3, pool.mappedSegments("h1"));
     pool.trim(0);
-    assertEquals(2, stats().segmentsAwaitingUnmap());
+    assertEquals(2, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
 
     pool.holderEnded("h1");
 
-    assertEquals(0, stats().segmentsAwaitingUnmap());
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     assertEquals(0, pool.mappedSegments("h1"));
     assertFalse(backend.isLive(small.memory()));
     assertFalse(backend.isLive(large.memory()));
@@ -146,11 +146,11 @@ class DevicePoolUnmapTest extends PoolTestBase {
     assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h2"));
     assertEquals(Segment.State.AWAITING_UNMAP, a.segment.state);
     assertEquals(List.of(new UnmapRequest("h1", 0, a.segmentId())), checked.unmapRequests());
-    assertEquals(1, stats().ooms());
+    assertEquals(1, stats().get(PoolMetric.OOMS));
 
     pool.unmapped("h1", a.segmentId());
     Block b = lease(4 * MiB, false, "h2");
-    assertFalse(b.poolHit());
+    assertFalse(hit(b));
   }
 
   @Test
@@ -161,7 +161,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
 
     Block b = lease(4096, false, "h2");
 
-    assertFalse(b.poolHit());
+    assertFalse(hit(b));
     assertFalse(a.segmentId() == b.segmentId());
     pool.holderEnded("h1");
   }
@@ -186,7 +186,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
     release(awaitingUnmap);
     pool.trim(0);
     release(lease(16 * MiB)); // cached
-    assertEquals(1, stats().segmentsAwaitingUnmap());
+    assertEquals(1, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     assertEquals(4, backend.liveSegments());
 
     pool.close();
@@ -198,8 +198,8 @@ class DevicePoolUnmapTest extends PoolTestBase {
     pool.close(); // idempotent
     // Releasing after close is harmless and settles the books.
     release(leased);
-    assertEquals(0, stats().leasedBytes());
-    assertEquals(0, stats().reservedBytes());
+    assertEquals(0, stats().get(PoolMetric.LEASED_BYTES));
+    assertEquals(0, stats().get(PoolMetric.RESERVED_BYTES));
     pool.pollEvents();
     pool.unmapped("h2", awaitingUnmap.segmentId());
     pool.holderEnded("h1");
@@ -214,7 +214,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
     checked.release(a, event);
 
     assertTrue(event.closed(), "the pool owns the event it was given and must close it");
-    assertFalse(pool.hasAwaitingEvents());
+    assertFalse((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
   }
 
   @Test
@@ -230,7 +230,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
     assertEquals(List.of(), backend.errors(), "the free runs outside the pool lock");
     assertEquals(0, backend.liveSegments(), "the segment allocated for the lost race is freed");
     assertEquals(1, backend.frees());
-    assertEquals(backend.frees(), stats().backendFrees(), "the pool counts that free");
-    assertEquals(0, stats().reservedBytes());
+    assertEquals(backend.frees(), stats().get(PoolMetric.BACKEND_FREES), "the pool counts that free");
+    assertEquals(0, stats().get(PoolMetric.RESERVED_BYTES));
   }
 }

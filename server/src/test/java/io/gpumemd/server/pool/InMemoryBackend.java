@@ -3,6 +3,7 @@ package io.gpumemd.server.pool;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
@@ -125,13 +126,8 @@ public final class InMemoryBackend implements MemoryBackend {
     }
 
     @Override
-    public byte[] cudaIpcHandle() {
-      return null;
-    }
-
-    @Override
-    public String hostShmPath() {
-      return "mem://dev" + device + "/seg-" + serial;
+    public IpcHandle handle() {
+      return new IpcHandle.HostShm("mem://dev" + device + "/seg-" + serial);
     }
 
     @Override
@@ -410,6 +406,11 @@ public final class InMemoryBackend implements MemoryBackend {
   @Override
   public boolean freshSegmentsAreZeroed() {
     return freshZeroed;
+  }
+
+  @Override
+  public boolean supportsCompletionEvents() {
+    return true;
   }
 
   @Override

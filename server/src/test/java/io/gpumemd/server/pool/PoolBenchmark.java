@@ -13,6 +13,7 @@ package io.gpumemd.server.pool;
  * generates the harness during test-compile; nothing here runs during `mvn test`.
  */
 
+import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.DeviceInfo;
 import java.util.ArrayList;
 import java.util.Comparator;
@@ -81,13 +82,13 @@ public class PoolBenchmark {
     InMemoryBackend backend = new InMemoryBackend(1, huge, false).recordZeroCalls(false);
     DeviceInfo device = backend.devices().get(0);
     pool = new DevicePool(device, backend, new PoolSettings(huge, huge, SizeClasses.DEFAULT_MAX_OVERSIZE),
-        (holder, dev, segment) -> { }, DevicePools.segmentIdBase(0));
+        (holder, dev, segment) -> { }, DevicePools.segmentIdBase(0), Ticker.system());
     SplittableRandom random = new SplittableRandom(42);
     // A little over twice as many blocks as wanted: every other one is released below, and
     // the last block of a small segment merges with the segment's free tail when released.
     List<Block> blocks = new ArrayList<>();
     for (int i = 0; i < 2 * cachedBlocks + cachedBlocks / 5; i++) {
-      blocks.add(pool.lease(mixedSize(random), false, "bench"));
+      blocks.add(pool.lease(mixedSize(random), false, "bench").block());
     }
     // Every other block by address, so that no two released blocks are neighbours.
     blocks.sort(Comparator.comparingLong(Block::segmentId).thenComparingLong(Block::offset));
@@ -101,13 +102,13 @@ public class PoolBenchmark {
       sizes[i] = released.get(random.nextInt(released.size()));
     }
     PoolStats s = pool.stats();
-    if (s.cachedBlocks() < cachedBlocks) {
-      throw new IllegalStateException("prefill left " + s.cachedBlocks() + " free blocks (expected: >= " + cachedBlocks + ")");
+    if (s.get(PoolMetric.CACHED_BLOCKS) < cachedBlocks) {
+      throw new IllegalStateException("prefill left " + s.get(PoolMetric.CACHED_BLOCKS) + " free blocks (expected: >= " + cachedBlocks + ")");
     }
     System.out.printf("prefill: %d free blocks in the index, %d leased, %d segments%n",
-        s.cachedBlocks(), s.activeLeases(), s.segments());
+        s.get(PoolMetric.CACHED_BLOCKS), s.get(PoolMetric.ACTIVE_LEASES), s.get(PoolMetric.SEGMENTS));
     pool.verifyInvariants();
-    missesAfterPrefill = pool.stats().misses();
+    missesAfterPrefill = pool.stats().get(PoolMetric.MISSES);
   }
 
   /** 85% small (512 B .. 1 MiB), 15% large (1 .. 32 MiB), log-uniform within each. */
@@ -121,7 +122,7 @@ public class PoolBenchmark {
   @Benchmark
   public Block leaseAndRelease() {
     long size = sizes[next++ & (SIZES - 1)];
-    Block block = pool.lease(size, false, "bench");
+    Block block = pool.lease(size, false, "bench").block();
     pool.release(block, null);
     return block;
   }
@@ -130,7 +131,7 @@ public class PoolBenchmark {
   public void check() {
     pool.verifyInvariants();
     PoolStats s = pool.stats();
-    if (s.misses() != missesAfterPrefill) {
+    if (s.get(PoolMetric.MISSES) != missesAfterPrefill) {
       throw new IllegalStateException("the benchmark missed the cache: " + s);
     }
     pool.close();

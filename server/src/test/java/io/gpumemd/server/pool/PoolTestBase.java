@@ -57,6 +57,11 @@ abstract class PoolTestBase {
     return checked.lease(size, zero, holder);
   }
 
+  /** Whether the lease that handed out {@code block} was a pool hit. */
+  boolean hit(Block block) {
+    return checked.wasHit(block);
+  }
+
   void release(Block block) {
     checked.release(block);
   }

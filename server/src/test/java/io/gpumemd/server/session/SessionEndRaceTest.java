@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.common.Ticker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
@@ -10,7 +12,6 @@ import io.gpumemd.server.pool.InMemoryBackend;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.testing.FakeTicker;
 import java.util.List;
-import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.Test;
 
 /** A session that ends while one of its leases is inside the pool gives everything back. */
@@ -18,12 +19,12 @@ class SessionEndRaceTest {
   @Test
   void sessionClosedDuringABackendAllocation_leavesNoMapperBehind() {
     InMemoryBackend backend = new InMemoryBackend(64L << 20);
-    AtomicReference<SessionRegistry> ref = new AtomicReference<>();
+    LiveSessions sessions = new LiveSessions();
+    FakeTicker ticker = new FakeTicker();
     DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(64L << 20, 64L << 20, 20L << 20),
-        (h, d, s) -> ref.get().requestUnmap(h, d, s), DevicePools.segmentIdBase(0));
+        sessions, DevicePools.segmentIdBase(0), ticker);
     DevicePools pools = new DevicePools(List.of(pool));
-    SessionRegistry registry = new SessionRegistry(pools, backend, SessionSettings.defaults(), new FakeTicker());
-    ref.set(registry);
+    SessionRegistry registry = new SessionRegistry(pools, backend, SessionSettings.defaults(), ticker, sessions);
     Session session = registry.open("racer", 0);
     backend.onAllocate(() -> registry.close(session.id())); // the session ends mid-lease
 
@@ -31,7 +32,7 @@ class SessionEndRaceTest {
     assertEquals(0, registry.liveLeases());
     assertEquals(0, pool.mappedSegments(session.id()));
     assertEquals(2L << 20, pool.trim(0));
-    assertEquals(0, pool.stats().segmentsAwaitingUnmap(), "freed at once: nobody maps it");
+    assertEquals(0, pool.stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "freed at once: nobody maps it");
     assertEquals(0, backend.liveSegments());
     pool.verifyInvariants();
     pools.close();

@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.common.Ticker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -25,7 +27,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicReference;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
@@ -70,13 +71,11 @@ class SessionRegistryTest {
 
   private void start(SessionSettings settings) {
     backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    AtomicReference<SessionRegistry> ref = new AtomicReference<>();
+    LiveSessions sessions = new LiveSessions();
     DevicePool pool = new DevicePool(backend.devices().get(0), backend,
-        new PoolSettings(64 * MIB, 64 * MIB, 20 * MIB),
-        (holder, device, segment) -> ref.get().requestUnmap(holder, device, segment), DevicePools.segmentIdBase(0));
+        new PoolSettings(64 * MIB, 64 * MIB, 20 * MIB), sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, settings, ticker);
-    ref.set(registry);
+    registry = new SessionRegistry(pools, backend, settings, ticker, sessions);
   }
 
   private void start() {
@@ -118,7 +117,7 @@ class SessionRegistryTest {
     ticker.advance(2, TimeUnit.SECONDS);
     registry.reap();
     assertEquals(0, registry.liveLeases());
-    assertEquals(0, stats().leasedBytes());
+    assertEquals(0, stats().get(PoolMetric.LEASED_BYTES));
     assertThrows(NotFoundException.class, () -> registry.session(s.id()));
   }
 
@@ -183,7 +182,7 @@ class SessionRegistryTest {
     }
     long[] released = registry.close(s.id());
     assertEquals(5, released[0]);
-    assertEquals(0, stats().leasedBytes());
+    assertEquals(0, stats().get(PoolMetric.LEASED_BYTES));
     assertTrue(channel.closed);
     assertThrows(NotFoundException.class, () -> registry.close(s.id()));
   }
@@ -292,11 +291,11 @@ class SessionRegistryTest {
     assertEquals(1, segmentFiles());
     pools.get(0).setRetentionCap(0);
     assertEquals(List.of(segment), channel.unmapRequests);
-    assertEquals(1, stats().segmentsAwaitingUnmap());
+    assertEquals(1, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     assertEquals(1, segmentFiles(), "not freed while the client may still map it");
     registry.unmapped(s, List.of(segment));
-    assertEquals(0, stats().segmentsAwaitingUnmap());
-    assertEquals(0, stats().reservedBytes());
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
+    assertEquals(0, stats().get(PoolMetric.RESERVED_BYTES));
     assertEquals(0, segmentFiles());
   }
 
@@ -312,11 +311,11 @@ class SessionRegistryTest {
     assertEquals(la.block().segmentId(), lb.block().segmentId());
     registry.release(b.id(), lb.id(), new byte[0]);
     pools.get(0).trim(0);
-    assertEquals(1, stats().segmentsAwaitingUnmap());
+    assertEquals(1, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     registry.unmapped(a, List.of(la.block().segmentId()));
-    assertEquals(1, stats().segmentsAwaitingUnmap(), "b (no stream) may still have it mapped");
+    assertEquals(1, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "b (no stream) may still have it mapped");
     registry.close(b.id());
-    assertEquals(0, stats().segmentsAwaitingUnmap());
+    assertEquals(0, stats().get(PoolMetric.SEGMENTS_AWAITING_UNMAP));
     assertEquals(0, segmentFiles());
   }
 
@@ -336,11 +335,11 @@ class SessionRegistryTest {
     start(new SessionSettings(30, 3600, 2000, 0, new Quota(0, 1), Map.of()));
     Session s = registry.open("w", 0);
     assertNull(registry.lease(s.id(), 0, 4096, false, "", true));
-    assertEquals(0, stats().misses());
+    assertEquals(0, stats().get(PoolMetric.MISSES));
     LeaseRecord lease = registry.lease(s.id(), 0, 4096, false, "", false); // quota of 1 still free
     registry.release(s.id(), lease.id(), new byte[0]);
     LeaseRecord hit = registry.lease(s.id(), 0, 4096, false, "", true);
-    assertTrue(hit.block().poolHit());
+    assertTrue(hit.poolHit());
     assertFalse(registry.draining());
   }
 

@@ -1,6 +1,6 @@
 package io.gpumemd.server.testing;
 
-import io.gpumemd.server.session.Ticker;
+import io.gpumemd.common.Ticker;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 

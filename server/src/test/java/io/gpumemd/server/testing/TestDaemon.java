@@ -1,9 +1,9 @@
 package io.gpumemd.server.testing;
 
+import io.gpumemd.common.Ticker;
 import io.gpumemd.server.GpumemdServer;
 import io.gpumemd.server.config.ConfigLoader;
 import io.gpumemd.server.config.ServerConfig;
-import io.gpumemd.server.session.Ticker;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;

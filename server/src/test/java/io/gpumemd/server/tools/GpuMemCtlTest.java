@@ -1,5 +1,6 @@
 package io.gpumemd.server.tools;
 
+import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -173,18 +174,18 @@ class GpuMemCtlTest {
       client.lease(0, 8 << 20).close();
       client.lease(1, 4 << 20).close();
     }
-    assertEquals(8L << 20, stats(0).cachedBytes());
+    assertEquals(8L << 20, stats(0).get(PoolMetric.CACHED_BYTES));
 
     CtlRun device0 = ctl("trim", "--keep-bytes", "0", "--device", "0");
     assertOk(device0);
     assertEquals("freed 8.0 MiB (8388608 bytes) on device 0, keeping at most 0 B cached per device\n", device0.out());
-    assertEquals(0, stats(0).cachedBytes());
-    assertEquals(4L << 20, stats(1).cachedBytes());
+    assertEquals(0, stats(0).get(PoolMetric.CACHED_BYTES));
+    assertEquals(4L << 20, stats(1).get(PoolMetric.CACHED_BYTES));
 
     CtlRun rest = ctl("--json", "trim", "--keep-bytes=0KiB");
     assertOk(rest);
     assertEquals(4L << 20, parse(rest.out(), TrimResponse.newBuilder()).getFreedBytes());
-    assertEquals(0, stats(1).cachedBytes());
+    assertEquals(0, stats(1).get(PoolMetric.CACHED_BYTES));
     assertEquals(0, daemon.segmentFiles(1));
   }
 
@@ -192,22 +193,22 @@ class GpuMemCtlTest {
   void setCap_zero_evictsAndDisablesCaching() throws IOException {
     try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
       client.lease(0, 4 << 20).close();
-      assertEquals(4L << 20, stats(0).cachedBytes());
+      assertEquals(4L << 20, stats(0).get(PoolMetric.CACHED_BYTES));
 
       CtlRun r = ctl("set-cap", "--cap-bytes", "0", "--device", "0", "--json");
       assertOk(r);
       assertEquals(4L << 20, parse(r.out(), SetRetentionCapResponse.newBuilder()).getEvictedBytes());
-      assertEquals(0, stats(0).retentionCapBytes());
-      assertEquals(0, stats(0).cachedBytes());
-      assertTrue(stats(0).evictions() >= 1);
+      assertEquals(0, stats(0).get(PoolMetric.RETENTION_CAP_BYTES));
+      assertEquals(0, stats(0).get(PoolMetric.CACHED_BYTES));
+      assertTrue(stats(0).get(PoolMetric.EVICTIONS) >= 1);
 
       client.lease(0, 4 << 20).close();  // with cap 0 nothing is kept
-      assertEquals(0, stats(0).cachedBytes());
+      assertEquals(0, stats(0).get(PoolMetric.CACHED_BYTES));
 
       CtlRun back = ctl("set-cap", "--cap-bytes", "64MiB");
       assertOk(back);
       assertEquals("retention cap set to 64.0 MiB on all devices: evicted 0 B (0 bytes)\n", back.out());
-      assertEquals(64L << 20, stats(1).retentionCapBytes());
+      assertEquals(64L << 20, stats(1).get(PoolMetric.RETENTION_CAP_BYTES));
     }
   }
 
@@ -249,7 +250,7 @@ class GpuMemCtlTest {
       assertTrue(r.err().startsWith("gpumemctl: INVALID_ARGUMENT: "), command + ": " + r.err());
       assertTrue(r.err().contains("7"), r.err());
     }
-    assertEquals(256L << 20, stats(0).retentionCapBytes(), "a refused set-cap changes nothing");
+    assertEquals(256L << 20, stats(0).get(PoolMetric.RETENTION_CAP_BYTES), "a refused set-cap changes nothing");
   }
 
   @Test
@@ -312,8 +313,8 @@ class GpuMemCtlTest {
     assertTrue(iterations.get(2).contains("(pool hit)"), iterations.get(2));
     assertTrue(iterations.stream().allMatch(l -> l.contains("64.0 KiB on device 1") && l.contains("pattern verified")));
     assertTrue(r.out().contains("stopped after 3 iteration(s)"), r.out());
-    assertEquals(2, stats(1).hits());
-    assertEquals(0, stats(1).activeLeases());
+    assertEquals(2, stats(1).get(PoolMetric.HITS));
+    assertEquals(0, stats(1).get(PoolMetric.ACTIVE_LEASES));
     assertEquals(0, daemon.server().registry().sessions().size());
   }
 
@@ -341,7 +342,7 @@ class GpuMemCtlTest {
     assertEquals(0, process.exitValue(), output);
     assertTrue(output.contains("(signal)"), output);
     assertTrue(lines.stream().noneMatch(l -> l.contains("WARN") || l.contains("ERROR")), output);
-    assertEquals(0, stats(0).activeLeases());
+    assertEquals(0, stats(0).get(PoolMetric.ACTIVE_LEASES));
     assertEquals(0, daemon.server().registry().sessions().size(), "the worker closed its session");
   }
 

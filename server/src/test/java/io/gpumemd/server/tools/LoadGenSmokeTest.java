@@ -1,5 +1,6 @@
 package io.gpumemd.server.tools;
 
+import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -111,7 +112,7 @@ class LoadGenSmokeTest {
       assertEquals(List.of(jsonFile), left.toList(), "the baseline deletes its files");
     }
     assertEquals(0, daemon.server().registry().sessions().size(), "loadgen and its children closed their sessions");
-    assertTrue(daemon.server().pools().get(0).stats().hits() > 0);
+    assertTrue(daemon.server().pools().get(0).stats().get(PoolMetric.HITS) > 0);
   }
 
   @Test

@@ -1,17 +1,8 @@
 package io.gpumemd.server.backend.cuda;
 
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentMemory;
 import jcuda.driver.CUdeviceptr;
 
 /** One {@code cuMemAlloc} with its IPC handle, taken once at allocation. Immutable. */
-record CudaSegment(int device, long bytes, CUdeviceptr pointer, byte[] ipcHandle) implements SegmentMemory {
-  @Override
-  public byte[] cudaIpcHandle() {
-    return ipcHandle;
-  }
-
-  @Override
-  public String hostShmPath() {
-    return null;
-  }
-}
+record CudaSegment(int device, long bytes, CUdeviceptr pointer, IpcHandle.CudaIpc handle) implements SegmentMemory {}

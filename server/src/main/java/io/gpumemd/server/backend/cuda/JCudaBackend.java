@@ -18,12 +18,14 @@ import static jcuda.driver.JCudaDriver.cuMemFree;
 import static jcuda.driver.JCudaDriver.cuMemGetInfo;
 import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
+import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
-import io.gpumemd.server.error.InvalidRequestException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -31,6 +33,7 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
+import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUevent;
 import jcuda.driver.CUipcMemHandle;
 import jcuda.driver.CUresult;
@@ -151,12 +154,12 @@ public final class JCudaBackend implements MemoryBackend {
       throw new BackendException("cuda backend is closed");
     }
     makeCurrent(device);
-    CudaCalls.Address pointer = new CudaCalls.Address();
+    CUdeviceptr pointer = new CUdeviceptr();
     CudaCalls.check(cuMemAlloc(pointer, bytes), "cuMemAlloc(" + bytes + ") on device " + device);
     try {
       CUipcMemHandle handle = new CUipcMemHandle();
       CudaCalls.check(cuIpcGetMemHandle(handle, pointer), "cuIpcGetMemHandle on device " + device);
-      CudaSegment segment = new CudaSegment(device, bytes, pointer, CudaCalls.bytesOf(handle));
+      CudaSegment segment = new CudaSegment(device, bytes, pointer, new IpcHandle.CudaIpc(CudaHandles.bytes(handle)));
       live.add(segment);
       return segment;
     } catch (RuntimeException e) {
@@ -196,12 +199,17 @@ public final class JCudaBackend implements MemoryBackend {
   }
 
   @Override
+  public boolean supportsCompletionEvents() {
+    return true;
+  }
+
+  @Override
   public CompletionEvent openEvent(int device, byte[] ipcEventHandle) {
     makeCurrent(device);
     CUevent event = new CUevent();
-    int result = cuIpcOpenEventHandle(event, CudaCalls.eventHandle(ipcEventHandle));
+    int result = cuIpcOpenEventHandle(event, CudaHandles.eventHandle(ipcEventHandle));
     if (result != CUresult.CUDA_SUCCESS) {
-      throw InvalidRequestException.of("cuda_ipc_event_handle", "not openable on device " + device
+      throw new InvalidEventHandleException("not openable on device " + device
           + " (" + CUresult.stringFor(result) + ")", "a handle from cuIpcGetEventHandle of an "
           + "event created with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING");
     }

@@ -3,10 +3,10 @@ package io.gpumemd.server.backend.host;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
-import io.gpumemd.server.error.InvalidRequestException;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
@@ -51,6 +51,8 @@ public final class HostShmBackend implements MemoryBackend {
   private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(ZERO_CHUNK).asReadOnlyBuffer();
 
   private final Path root;
+  /** True when this backend created {@link #root}, and so removes it at close. */
+  private final boolean createdRoot;
   private final List<DeviceInfo> devices;
   private final long capacityBytes;
   private final Set<PosixFilePermission> fileMode;
@@ -75,6 +77,7 @@ public final class HostShmBackend implements MemoryBackend {
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
+      this.createdRoot = !Files.exists(root);
       Files.createDirectories(root);
       this.group = groupName == null || groupName.isEmpty()
           ? null
@@ -221,8 +224,13 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
+  public boolean supportsCompletionEvents() {
+    return false;
+  }
+
+  @Override
   public CompletionEvent openEvent(int device, byte[] ipcEventHandle) {
-    throw InvalidRequestException.of("cuda_ipc_event_handle", ipcEventHandle.length + " bytes",
+    throw new InvalidEventHandleException(ipcEventHandle.length + " bytes",
         "empty: host device " + device + " has no CUDA events");
   }
 
@@ -246,8 +254,12 @@ public final class HostShmBackend implements MemoryBackend {
       lock.release();
       lockChannel.close();
       Files.deleteIfExists(root.resolve(".gpumemd.lock"));
+      if (createdRoot) {
+        // Ours since start: leave nothing behind (an operator's own directory stays).
+        Files.deleteIfExists(root);
+      }
     } catch (IOException e) {
-      log.error("Cannot release the lock of {}: {}", root, e.toString());
+      log.error("Cannot release the lock of {} or remove it: {}", root, e.toString());
     }
     if (removed > 0) {
       log.info("Host backend removed {} segment files still present at close", removed);

@@ -15,6 +15,7 @@ import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.MemoryBackendContractTest;
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentMemory;
 import java.util.List;
 import java.util.regex.Pattern;
@@ -129,8 +130,9 @@ class JCudaBackendTest extends MemoryBackendContractTest {
     long[] size = new long[1];
     CudaCalls.check(cuMemGetAddressRange(base, size, ((CudaSegment) segment).pointer()), "cuMemGetAddressRange");
     assertEquals(2 * MiB, size[0]);
-    assertEquals(64, segment.cudaIpcHandle().length);
-    assertFalse(java.util.Arrays.equals(new byte[64], segment.cudaIpcHandle()), "an all-zero IPC handle");
+    byte[] handle = ((IpcHandle.CudaIpc) segment.handle()).bytes();
+    assertEquals(64, handle.length);
+    assertFalse(java.util.Arrays.equals(new byte[64], handle), "an all-zero IPC handle");
   }
 
   @Test

@@ -9,6 +9,7 @@ import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.MemoryBackendContractTest;
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentMemory;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
@@ -48,7 +49,7 @@ class HostShmBackendTest extends MemoryBackendContractTest {
   }
 
   private static Path path(SegmentMemory segment) {
-    return Path.of(segment.hostShmPath());
+    return Path.of(((IpcHandle.HostShm) segment.handle()).path());
   }
 
   @Override

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.common;
 
 /**
  * Source of monotonic time in nanoseconds (after Caffeine's {@code Ticker}), injected so that

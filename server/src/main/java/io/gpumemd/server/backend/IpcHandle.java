@@ -1,0 +1,23 @@
+package io.gpumemd.server.backend;
+
+/**
+ * What a client needs to map a segment into its own process: a CUDA IPC memory handle, or the
+ * path of a shared-memory file. Sealed, so that code handing it out covers both kinds (a
+ * {@code switch} without default) and never asks a backend for its name. Immutable.
+ */
+public sealed interface IpcHandle {
+  /** The 64 bytes of {@code cuIpcGetMemHandle}, opened with {@code cuIpcOpenMemHandle}. */
+  record CudaIpc(byte[] bytes) implements IpcHandle {
+    public CudaIpc {
+      bytes = bytes.clone();
+    }
+
+    @Override
+    public byte[] bytes() {
+      return bytes.clone();
+    }
+  }
+
+  /** A shared-memory file the client maps with {@code mmap}. */
+  record HostShm(String path) implements IpcHandle {}
+}

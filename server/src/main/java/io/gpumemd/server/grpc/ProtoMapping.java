@@ -1,0 +1,103 @@
+package io.gpumemd.server.grpc;
+
+import com.google.protobuf.ByteString;
+import com.google.protobuf.Descriptors.FieldDescriptor;
+import io.gpumemd.proto.v1.DeviceInfo;
+import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.LeaseInfo;
+import io.gpumemd.proto.v1.LeaseResponse;
+import io.gpumemd.proto.v1.MemoryHandle;
+import io.gpumemd.proto.v1.SessionInfo;
+import io.gpumemd.server.backend.IpcHandle;
+import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.server.pool.PoolStats;
+import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.Session;
+import java.util.EnumMap;
+import java.util.Map;
+
+/**
+ * The one place where domain objects become protobuf messages. Pool figures map by name: each
+ * {@link PoolMetric} fills the {@code DeviceStats} field it names, so a figure added to the
+ * pool reaches {@code GetStats} without a line here. Stateless and thread-safe.
+ */
+final class ProtoMapping {
+  private static final Map<PoolMetric, FieldDescriptor> STATS_FIELDS = statsFields();
+
+  private ProtoMapping() {}
+
+  private static Map<PoolMetric, FieldDescriptor> statsFields() {
+    Map<PoolMetric, FieldDescriptor> fields = new EnumMap<>(PoolMetric.class);
+    for (PoolMetric metric : PoolMetric.values()) {
+      FieldDescriptor field = DeviceStats.getDescriptor().findFieldByName(metric.protoField());
+      if (field == null || field.getJavaType() != FieldDescriptor.JavaType.LONG) {
+        throw new ExceptionInInitializerError("DeviceStats has no int64 field " + metric.protoField());
+      }
+      fields.put(metric, field);
+    }
+    return fields;
+  }
+
+  static DeviceStats deviceStats(PoolStats stats) {
+    DeviceStats.Builder out = DeviceStats.newBuilder().setDevice(stats.device());
+    STATS_FIELDS.forEach((metric, field) -> out.setField(field, stats.get(metric)));
+    return out.build();
+  }
+
+  static DeviceInfo deviceInfo(DevicePool pool) {
+    var d = pool.device();
+    return DeviceInfo.newBuilder()
+        .setDevice(d.ordinal()).setName(d.name()).setUuid(d.uuid()).setBackend(d.backend())
+        .setCapacityBytes(d.capacityBytes()).setFreeBytesAtStart(d.freeBytesAtStart())
+        .setLimitBytes(pool.limitBytes())
+        .setRetentionCapBytes(pool.stats().get(PoolMetric.RETENTION_CAP_BYTES))
+        .build();
+  }
+
+  static LeaseResponse leaseResponse(LeaseRecord lease) {
+    Block block = lease.block();
+    MemoryHandle.Builder handle = MemoryHandle.newBuilder()
+        .setSegmentId(block.segmentId())
+        .setSegmentBytes(block.segmentBytes())
+        .setOffset(block.offset());
+    // The two kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
+    IpcHandle ipc = block.memory().handle();
+    if (ipc instanceof IpcHandle.CudaIpc cuda) {
+      handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
+    } else {
+      handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
+    }
+    return LeaseResponse.newBuilder()
+        .setLeaseId(lease.id())
+        .setDevice(block.device())
+        .setSizeBytes(lease.sizeBytes())
+        .setBlockBytes(block.size())
+        .setPoolHit(lease.poolHit())
+        .setHandle(handle)
+        .build();
+  }
+
+  static LeaseInfo leaseInfo(LeaseRecord lease, long ageMillis) {
+    Block block = lease.block();
+    return LeaseInfo.newBuilder()
+        .setLeaseId(lease.id()).setSessionId(lease.session().id())
+        .setClientName(lease.session().clientName()).setDevice(block.device())
+        .setSizeBytes(lease.sizeBytes()).setBlockBytes(block.size()).setTag(lease.tag())
+        .setAgeMs(ageMillis)
+        .setSegmentId(block.segmentId()).setOffset(block.offset())
+        .build();
+  }
+
+  static SessionInfo sessionInfo(Session session, long ageMillis, int mappedSegments) {
+    long[] holdings = session.holdings();
+    return SessionInfo.newBuilder()
+        .setSessionId(session.id()).setClientName(session.clientName())
+        .setLeases(holdings[0]).setLeasedBytes(holdings[1])
+        .setAgeMs(ageMillis)
+        .setStreamAttached(session.streamAttached()).setTtlSeconds(session.ttlSeconds())
+        .setMappedSegments(mappedSegments)
+        .build();
+  }
+}

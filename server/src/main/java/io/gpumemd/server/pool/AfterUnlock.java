@@ -1,0 +1,60 @@
+package io.gpumemd.server.pool;
+
+import io.gpumemd.server.backend.MemoryBackend;
+import java.util.ArrayList;
+import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Work a pool finds under its lock that must run after the lock is released: backend frees
+ * (which may take milliseconds) and unmap requests (which call into the session layer). One
+ * per pool operation, owned by the thread running it.
+ */
+final class AfterUnlock {
+  private static final Logger log = LoggerFactory.getLogger(AfterUnlock.class);
+
+  /** Asks {@code holder} to unmap a segment. */
+  private record UnmapAsk(String holder, long segmentId) {}
+
+  private final MemoryBackend backend;
+  private final UnmapRequester unmapRequester;
+  private final int device;
+  private List<Segment> toFree;
+  private List<UnmapAsk> unmaps;
+
+  AfterUnlock(MemoryBackend backend, UnmapRequester unmapRequester, int device) {
+    this.backend = backend;
+    this.unmapRequester = unmapRequester;
+    this.device = device;
+  }
+
+  void free(Segment segment) {
+    if (toFree == null) {
+      toFree = new ArrayList<>(2);
+    }
+    toFree.add(segment);
+  }
+
+  void askUnmap(String holder, long segmentId) {
+    if (unmaps == null) {
+      unmaps = new ArrayList<>(2);
+    }
+    unmaps.add(new UnmapAsk(holder, segmentId));
+  }
+
+  /** Runs the collected work; call with the pool lock released. */
+  void run() {
+    if (toFree != null) {
+      for (Segment segment : toFree) {
+        backend.free(segment.memory);
+        log.debug("device {}: freed segment {} ({} bytes)", device, segment.id, segment.bytes);
+      }
+    }
+    if (unmaps != null) {
+      for (UnmapAsk ask : unmaps) {
+        unmapRequester.requestUnmap(ask.holder(), device, ask.segmentId());
+      }
+    }
+  }
+}

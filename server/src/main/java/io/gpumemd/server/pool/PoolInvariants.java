@@ -1,0 +1,84 @@
+package io.gpumemd.server.pool;
+
+/**
+ * The structural invariants of a {@link DevicePool}, checked by tests after every operation
+ * they care about: blocks tile each segment without gaps or overlaps, free neighbours are
+ * coalesced, the free index holds exactly the free blocks, the idle list exactly the wholly
+ * free segments, and every byte counter agrees with the blocks:
+ * {@code reserved = leased + cached + remainder + awaiting_event + awaiting_unmap <= limit}.
+ *
+ * <p>Called with the pool's lock held.
+ */
+final class PoolInvariants {
+  private PoolInvariants() {}
+
+  /** Throws {@link AssertionError} describing the first violation. */
+  static void verify(DevicePool pool) {
+    assert pool.lock.isHeldByCurrentThread();
+    long segBytes = 0;
+    long leased = 0;
+    long cached = 0;
+    long awaitingEvent = 0;
+    long freeBlocks = 0;
+    long leasedCount = 0;
+    for (Segment s : pool.liveSegments.values()) {
+      check(s.state == Segment.State.LIVE, "live segment in state " + s.state);
+      segBytes += s.bytes;
+      long expectOffset = 0;
+      long used = 0;
+      Block prev = null;
+      for (Block b = s.head; b != null; b = b.next) {
+        check(b.prev == prev, "broken prev link at " + b);
+        check(b.offset == expectOffset, "gap or overlap at " + b + " (expected offset " + expectOffset + ")");
+        check(b.size > 0 && b.size % SizeClasses.ALIGNMENT == 0, "bad size " + b);
+        expectOffset += b.size;
+        switch (b.state) {
+          case FREE -> {
+            check(pool.free.contains(b), "free block not indexed: " + b);
+            check(prev == null || prev.state != Block.State.FREE, "uncoalesced free neighbours at " + b);
+            freeBlocks++;
+          }
+          case LEASED -> {
+            leased += b.size;
+            leasedCount++;
+            used += b.size;
+          }
+          case AWAITING_EVENT -> {
+            awaitingEvent += b.size;
+            used += b.size;
+          }
+        }
+        prev = b;
+      }
+      check(expectOffset == s.bytes, "blocks do not cover " + s);
+      check(used == s.usedBytes, "used bytes " + s.usedBytes + " != " + used + " in " + s);
+      check(s.idle() == pool.idle.contains(s), "idle list disagrees for " + s);
+      if (s.idle()) {
+        cached += s.bytes;
+      }
+    }
+    check(pool.idle.size() <= pool.liveSegments.size(), "idle list holds dead segments");
+    long awaitingUnmap = 0;
+    for (Segment s : pool.holders.awaitingUnmap()) {
+      segBytes += s.bytes;
+      awaitingUnmap += s.bytes;
+      check(s.state == Segment.State.AWAITING_UNMAP, "segment awaiting unmap in state " + s.state);
+      check(!s.mappers.isEmpty(), "awaiting-unmap segment without mappers: " + s);
+    }
+    check(freeBlocks == pool.free.size(), "index holds blocks that are not free");
+    check(segBytes == pool.reservedBytes, "reserved " + pool.reservedBytes + " != segments " + segBytes);
+    check(leased == pool.leasedBytes, "leased " + pool.leasedBytes + " != blocks " + leased);
+    check(leasedCount == pool.activeLeases, "active leases " + pool.activeLeases + " != " + leasedCount);
+    check(cached == pool.idle.bytes(), "cached " + pool.idle.bytes() + " != idle segments " + cached);
+    check(awaitingEvent == pool.events.bytes(), "awaiting-event bytes " + pool.events.bytes() + " != " + awaitingEvent);
+    check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
+        "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
+    check(pool.reservedBytes <= pool.limitBytes(), "reserved " + pool.reservedBytes + " over limit " + pool.limitBytes());
+  }
+
+  private static void check(boolean condition, String message) {
+    if (!condition) {
+      throw new AssertionError("pool invariant: " + message);
+    }
+  }
+}

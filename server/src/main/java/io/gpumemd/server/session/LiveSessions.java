@@ -1,0 +1,55 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.server.pool.UnmapRequester;
+import java.util.Collection;
+import java.util.concurrent.ConcurrentHashMap;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The live sessions by id, and the pools' way to reach them: an unmap request for a holder
+ * goes to that session's KeepAlive stream. Created before the pools and the {@link
+ * SessionRegistry}, which both hold it, so neither needs the other at construction.
+ *
+ * <p>Thread-safe: a concurrent map; {@link #requestUnmap} never blocks.
+ */
+public final class LiveSessions implements UnmapRequester {
+  private static final Logger log = LoggerFactory.getLogger(LiveSessions.class);
+
+  private final ConcurrentHashMap<String, Session> byId = new ConcurrentHashMap<>();
+
+  Session get(String id) {
+    return byId.get(id);
+  }
+
+  void add(Session session) {
+    byId.put(session.id(), session);
+  }
+
+  void remove(Session session) {
+    byId.remove(session.id(), session);
+  }
+
+  Collection<Session> all() {
+    return byId.values();
+  }
+
+  public int size() {
+    return byId.size();
+  }
+
+  @Override
+  public void requestUnmap(String holder, int device, long segmentId) {
+    Session session = byId.get(holder);
+    if (session == null) {
+      return; // ended: the pool hears of it through holderEnded
+    }
+    SessionChannel channel = session.channel();
+    if (channel != null) {
+      channel.requestUnmap(device, segmentId);
+    } else {
+      log.debug("{}: segment {} waits for the session to end or reattach (no KeepAlive stream to ask)",
+          session, segmentId);
+    }
+  }
+}
