@@ -17,7 +17,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 class ServerOptionsTest {
-  /** Every option of the command line: its name, and its default as the README states it. */
+  /** Every option of the command line, by name. */
   private static final List<String> OPTIONS = List.of("socket", "listen", "backend", "metrics-port", "metrics-host",
       "host-devices", "host-device-bytes", "shm-dir", "shm-group", "device-limit-fraction", "device-limit-bytes",
       "retention-cap-bytes", "max-oversize-bytes", "unmap-wait-ms", "session-ttl-seconds", "max-session-ttl-seconds",
