@@ -2,29 +2,30 @@ package io.gpumemd.server;
 
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.config.ConfigException;
-import io.gpumemd.server.config.ConfigLoader;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.config.ServerOptions;
 import java.io.IOException;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import sun.misc.Signal;
 
 /**
- * {@code java -jar gpumemd.jar [flags]}: parses the configuration, starts the daemon, and turns
- * SIGTERM/SIGINT into a graceful drain (a second signal forces it). Exit codes: 0 after a clean
- * shutdown, 1 when the daemon cannot start, 2 for a configuration error.
+ * {@code java -jar gpumemd.jar [flags]}: parses the configuration ({@link ServerOptions}), starts
+ * the daemon, and turns SIGTERM/SIGINT into a graceful drain (a second signal forces it). Exit
+ * codes: 0 after a clean shutdown (and after {@code --help}), 1 when the daemon cannot start, 2
+ * for a configuration error, with every bad value named in one message.
  */
 public final class Main {
   private Main() {}
 
   public static void main(String[] args) {
-    if (ConfigLoader.wantsHelp(args)) {
-      System.out.print(ConfigLoader.help());
+    if (ServerOptions.helpRequested(args)) {
+      System.out.print(ServerOptions.usage());
       return;
     }
     ServerConfig config;
     try {
-      config = ConfigLoader.load(args);
+      config = ServerOptions.parse(args, System.getenv());
     } catch (ConfigException e) {
       System.err.println("gpumemd: " + e.getMessage());
       System.err.println("Run with --help for the options.");
@@ -44,7 +45,14 @@ public final class Main {
     try {
       server = GpumemdServer.start(config);
     } catch (BackendException | IOException e) {
+      // the message names the value and what was expected; a stack trace would bury it
       log.error("gpumemd cannot start: {}", e.getMessage());
+      System.exit(1);
+      return;
+    } catch (RuntimeException | Error e) {
+      // anything else: logged before the exit, with its cause, rather than lost to stderr or a
+      // JVM kept alive by the threads already started
+      log.error("gpumemd cannot start", e);
       System.exit(1);
       return;
     }

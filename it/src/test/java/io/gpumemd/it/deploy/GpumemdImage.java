@@ -1,7 +1,7 @@
 package io.gpumemd.it.deploy;
 
-import io.gpumemd.server.config.ConfigLoader;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.config.ServerOptions;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -39,12 +39,12 @@ final class GpumemdImage {
 
   /**
    * The daemon's configuration in a container of this image run with {@code args} and {@code env},
-   * as the daemon's own {@link ConfigLoader} parses and validates it.
+   * as the daemon's own {@link ServerOptions} parses and validates it.
    */
   ServerConfig config(List<String> args, Map<String, String> env) {
     List<String> flags = new ArrayList<>(daemonFlags());
     flags.addAll(args);
-    return ConfigLoader.load(flags.toArray(String[]::new), env);
+    return ServerOptions.parse(flags.toArray(String[]::new), env);
   }
 
   ServerConfig config(List<String> args) {

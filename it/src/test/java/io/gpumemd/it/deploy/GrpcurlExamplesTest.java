@@ -158,7 +158,7 @@ class GrpcurlExamplesTest {
   void everyReadmeGrpcurlExample_runs(String transport) {
     ServerConfig image = new GpumemdImage().config(List.of());
     // The root README addresses a daemon started with the defaults; deploy/README.md the image.
-    String defaultSocket = io.gpumemd.server.config.ConfigLoader.load(new String[0], java.util.Map.of())
+    String defaultSocket = io.gpumemd.server.config.ServerOptions.parse(new String[0], java.util.Map.of())
         .socket().toString();
     List<List<String>> examples = readmeGrpcurlCommands("deploy/README.md");
     assertTrue(examples.size() >= 10, "README grpcurl examples: " + examples.size());

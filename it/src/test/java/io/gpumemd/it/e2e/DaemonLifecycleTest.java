@@ -52,6 +52,8 @@ class DaemonLifecycleTest {
     try {
       assertTrue(daemon.output().contains("Backend: host (--backend host)"), daemon.output());
       assertTrue(daemon.output().contains("Listening on unix://"), daemon.output());
+      // where no interface has a MAC address netty warns at the first channel; logback.xml silences it
+      assertFalse(daemon.output().contains("usable hardware address"), daemon.output());
       CountDownLatch told = new CountDownLatch(1);
       GpuMemClient client = GpuMemClient.builder(daemon.unixTarget())
           .onShutdownNotice(ms -> told.countDown()).connect();
@@ -138,7 +140,20 @@ class DaemonLifecycleTest {
         (String) result[1]);
     Object[] unknown = runMain("--frobnicate", "1");
     assertEquals(2, unknown[0]);
-    assertTrue(((String) unknown[1]).contains("flag: --frobnicate"), (String) unknown[1]);
+    assertTrue(((String) unknown[1]).contains("flag: '--frobnicate'"), (String) unknown[1]);
+  }
+
+  @Test
+  void severalBadValues_exitTwo_withAllOfThemInOneMessage() throws Exception {
+    Object[] result = runMain("--host-device-bytes", "12 parsecs", "--metrics-port", "-5");
+    String out = (String) result[1];
+    assertEquals(2, result[0], out);
+    assertTrue(out.startsWith("gpumemd: 2 invalid settings:\n"), out);
+    assertTrue(out.contains("\n  host-device-bytes: '12 parsecs' (expected: a byte size with suffix B, KiB, MiB, GiB "
+        + "or TiB) [flag --host-device-bytes]\n"), out);
+    assertTrue(out.contains("\n  metrics-port: '-5' (expected: an integer in [0, 65535]) [flag --metrics-port]\n"), out);
+    assertTrue(out.endsWith("Run with --help for the options.\n"), out);
+    assertFalse(out.contains("gpumemd starting"), "a configuration error starts nothing: " + out);
   }
 
   @Test
@@ -151,6 +166,8 @@ class DaemonLifecycleTest {
       assertTrue(out.contains(flag), flag + " missing from --help");
     }
     assertTrue(out.contains("GPUMEMD_RETENTION_CAP_BYTES"), out);
+    assertTrue(out.startsWith("Usage: java -jar gpumemd.jar"), out);
+    assertTrue(out.contains("env GPUMEMD_HOST_DEVICE_BYTES, default 1GiB"), out);
   }
 
   @Test

@@ -7,14 +7,16 @@ import java.util.Map;
 import java.util.TreeMap;
 
 /**
- * The daemon's validated, immutable configuration. Built by {@link ConfigLoader}; see its
- * option table (and {@code --help}) for the meaning and default of each value.
+ * The daemon's validated, immutable configuration. Built by {@link ServerOptions}; see its
+ * option declarations (and {@code --help}) for the meaning and default of each value.
  *
  * @param socket Unix domain socket path, or null for none
  * @param listenHost TCP bind host, or empty for no TCP listener
  * @param listenPort TCP port (0 = ephemeral, for tests)
  * @param retentionCapBytes cap on cached bytes per device, or -1 for "the device budget"
- * @param sources where each value came from (flag, env, file, default), for the start log
+ * @param sources where each value came from, by option name ({@code default}, {@code flag},
+ *     {@code env GPUMEMD_…}, {@code file /path}; {@code quota.<client>} for the file's quotas),
+ *     for the start log
  */
 public record ServerConfig(
     Path socket,
@@ -88,7 +90,8 @@ public record ServerConfig(
     values.forEach((k, v) -> out.append("\n  ").append(k).append(" = ").append(v)
         .append(sources.containsKey(k) && !"default".equals(sources.get(k)) ? "  [" + sources.get(k) + "]" : ""));
     quotaOverrides.forEach((client, q) -> out.append("\n  quota.").append(client).append(" = ")
-        .append(q.maxLeasedBytes()).append(" bytes, ").append(q.maxLeases()).append(" leases  [file]"));
+        .append(q.maxLeasedBytes()).append(" bytes, ").append(q.maxLeases()).append(" leases  [")
+        .append(sources.getOrDefault("quota." + client, "file")).append("]"));
     return out.toString();
   }
 }

@@ -2,8 +2,8 @@ package io.gpumemd.server.testing;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.GpumemdServer;
-import io.gpumemd.server.config.ConfigLoader;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.config.ServerOptions;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
@@ -38,7 +38,7 @@ public final class TestDaemon implements AutoCloseable {
       Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-test-");
       List<String> args = new ArrayList<>(List.of(defaultFlags(dir)));
       args.addAll(List.of(extraFlags));
-      ServerConfig config = ConfigLoader.load(args.toArray(String[]::new), Map.of());
+      ServerConfig config = ServerOptions.parse(args.toArray(String[]::new), Map.of());
       return new TestDaemon(GpumemdServer.start(config, ticker), dir);
     } catch (IOException e) {
       throw new UncheckedIOException(e);

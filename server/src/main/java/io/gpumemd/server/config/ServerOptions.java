@@ -1,0 +1,430 @@
+package io.gpumemd.server.config;
+
+import io.gpumemd.server.session.Quota;
+import java.io.IOException;
+import java.io.Reader;
+import java.nio.file.AccessDeniedException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Properties;
+import java.util.TreeMap;
+import java.util.TreeSet;
+import picocli.CommandLine;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Help;
+import picocli.CommandLine.Help.Ansi.Text;
+import picocli.CommandLine.MissingParameterException;
+import picocli.CommandLine.Model.ArgSpec;
+import picocli.CommandLine.Model.CommandSpec;
+import picocli.CommandLine.Model.OptionSpec;
+import picocli.CommandLine.Option;
+import picocli.CommandLine.ParseResult;
+
+/**
+ * The daemon's command line, on picocli: each option is declared once below, with its flag,
+ * default and help text. Its environment variable and file key follow from the flag by one
+ * rule: {@code --retention-cap-bytes} is {@code GPUMEMD_RETENTION_CAP_BYTES} in the environment
+ * and {@code retention-cap-bytes} in the {@code --config} properties file. The file may also
+ * hold per-client quotas: {@code quota.<client_name>.max-leased-bytes} and
+ * {@code quota.<client_name>.max-leases}.
+ *
+ * <p>{@link #parse} resolves each option through the layers flag &gt; environment &gt; file &gt;
+ * default, remembering which layer gave the value, then validates everything and builds the
+ * {@link ServerConfig}. It does not stop at the first problem: unknown flags, unknown file keys
+ * and every bad value are reported together in one {@link ConfigException}, each as
+ * {@code name: 'value' (expected: …) [flag --name | env GPUMEMD_NAME | file /path]}.
+ *
+ * <p>The fields hold the raw text of each option once parsed (picocli's binding); the typed,
+ * validated values live in {@link ServerConfig}. An instance serves one parse; the static
+ * entry points are thread-safe.
+ */
+@Command(
+    name = "gpumemd",
+    customSynopsis = "java -jar gpumemd.jar [--option value | --option=value]...",
+    description = {
+        "",
+        "gpumemd: a GPU memory allocator daemon. Leases pooled device memory to local processes",
+        "over gRPC (Unix socket and/or TCP).",
+        "",
+        "Every option can also be set by its environment variable or, without the dashes, as a key",
+        "in the --config file. Precedence: flag > environment > file > default.",
+        "Sizes accept B, KiB, MiB, GiB, TiB (binary: 1KiB = 1024).",
+        ""},
+    optionListHeading = "Options:%n",
+    footer = {
+        "",
+        "Per-client quotas (file only): quota.<client_name>.max-leased-bytes, quota.<client_name>.max-leases",
+        "Exit codes: 0 after a clean shutdown, 1 when the daemon cannot start, 2 for a configuration error."},
+    sortOptions = false,
+    usageHelpWidth = 100)
+public final class ServerOptions {
+  static final String ENV_PREFIX = "GPUMEMD_";
+
+  @Option(names = "--socket", paramLabel = "PATH", defaultValue = "/tmp/gpumemd.sock",
+      description = "Unix domain socket to listen on ('none' = off)")
+  String socket;
+
+  @Option(names = "--listen", paramLabel = "HOST:PORT", defaultValue = "127.0.0.1:50051",
+      description = "TCP address to listen on ('none' = off)")
+  String listen;
+
+  @Option(names = "--backend", paramLabel = "auto|host|cuda", defaultValue = "auto",
+      description = "memory backend; auto = cuda when a GPU is usable, else host")
+  String backend;
+
+  @Option(names = "--metrics-port", paramLabel = "N", defaultValue = "9464",
+      description = "Prometheus /metrics HTTP port (0 = off)")
+  String metricsPort;
+
+  @Option(names = "--metrics-host", paramLabel = "HOST", defaultValue = "0.0.0.0",
+      description = "address the metrics endpoint binds")
+  String metricsHost;
+
+  @Option(names = "--host-devices", paramLabel = "N", defaultValue = "1",
+      description = "number of simulated devices (host backend)")
+  String hostDevices;
+
+  @Option(names = "--host-device-bytes", paramLabel = "BYTES", defaultValue = "1GiB",
+      description = "capacity of each simulated device (host backend)")
+  String hostDeviceBytes;
+
+  @Option(names = "--shm-dir", paramLabel = "DIR", defaultValue = "/dev/shm/gpumemd",
+      description = "directory of the shared-memory segment files (host backend)")
+  String shmDir;
+
+  @Option(names = "--shm-group", paramLabel = "GROUP",
+      description = "group that may also open the segment files (default: owner only)")
+  String shmGroup;
+
+  @Option(names = "--device-limit-fraction", paramLabel = "F", defaultValue = "0.9",
+      description = "device budget as a fraction of device memory")
+  String deviceLimitFraction;
+
+  @Option(names = "--device-limit-bytes", paramLabel = "BYTES", defaultValue = "0",
+      description = "device budget in bytes; overrides the fraction (0 = use it)")
+  String deviceLimitBytes;
+
+  @Option(names = "--retention-cap-bytes", paramLabel = "BYTES",
+      description = "cap on cached free memory per device (0 = no caching; default: the budget)")
+  String retentionCapBytes;
+
+  @Option(names = "--max-oversize-bytes", paramLabel = "BYTES", defaultValue = "20MiB",
+      description = "most a cached block may exceed a large request and still serve it")
+  String maxOversizeBytes;
+
+  @Option(names = "--unmap-wait-ms", paramLabel = "MS", defaultValue = "2000",
+      description = "how long a lease may wait for clients to unmap evicted segments before RESOURCE_EXHAUSTED")
+  String unmapWaitMs;
+
+  @Option(names = "--session-ttl-seconds", paramLabel = "N", defaultValue = "30",
+      description = "TTL of sessions without keep-alive, when the client asks for none")
+  String sessionTtlSeconds;
+
+  @Option(names = "--max-session-ttl-seconds", paramLabel = "N", defaultValue = "3600",
+      description = "highest TTL a client may ask for")
+  String maxSessionTtlSeconds;
+
+  @Option(names = "--keepalive-grace-ms", paramLabel = "MS", defaultValue = "2000",
+      description = "how long a session outlives its closed KeepAlive stream")
+  String keepaliveGraceMs;
+
+  @Option(names = "--leak-threshold-ms", paramLabel = "MS", defaultValue = "0",
+      description = "warn about leases held longer than this (0 = off)")
+  String leakThresholdMs;
+
+  @Option(names = "--quota-max-leased-bytes", paramLabel = "BYTES", defaultValue = "0",
+      description = "per-session limit on leased bytes (0 = none)")
+  String quotaMaxLeasedBytes;
+
+  @Option(names = "--quota-max-leases", paramLabel = "N", defaultValue = "0",
+      description = "per-session limit on live leases (0 = none)")
+  String quotaMaxLeases;
+
+  @Option(names = "--drain-timeout-ms", paramLabel = "MS", defaultValue = "10000",
+      description = "on SIGTERM, how long leases may drain before memory is freed")
+  String drainTimeoutMs;
+
+  @Option(names = "--log-format", paramLabel = "plain|json", defaultValue = "plain",
+      description = "log output: plain text, or one JSON object per line")
+  String logFormat;
+
+  @Option(names = "--log-level", paramLabel = "LEVEL", defaultValue = "INFO",
+      description = "log level of gpumemd's own loggers (TRACE..ERROR)")
+  String logLevel;
+
+  @Option(names = "--config", paramLabel = "FILE",
+      description = "properties file with any of these options (flags and environment win)")
+  String config;
+
+  @Option(names = {"-h", "--help"}, usageHelp = true, description = "print this help and exit")
+  boolean help;
+
+  private ServerOptions() {}
+
+  /** Parses the process's arguments and environment. */
+  public static ServerConfig parse(String[] args) {
+    return parse(args, System.getenv());
+  }
+
+  /**
+   * Resolves, validates and builds the configuration.
+   *
+   * @param env the environment ({@code GPUMEMD_*} variables are read from it)
+   * @throws ConfigException listing every problem found
+   */
+  public static ServerConfig parse(String[] args, Map<String, String> env) {
+    CommandLine cmd = commandLine();
+    ParseResult parsed = cmd.parseArgs(args);
+    Settings settings = new Settings();
+    commandLineProblems(parsed, settings);
+    Map<String, Quota> quotas = resolve(cmd.getCommandSpec(), parsed, env, settings);
+    ServerConfig config = build(settings, quotas);
+    if (!settings.problems().isEmpty()) {
+      throw new ConfigException(settings.problems());
+    }
+    return config;
+  }
+
+  /** True when the arguments ask for {@code --help} (which wins over any error in them). */
+  public static boolean helpRequested(String[] args) {
+    return commandLine().parseArgs(args).isUsageHelpRequested();
+  }
+
+  /** The {@code --help} text, generated by picocli. */
+  public static String usage() {
+    return commandLine().getUsageMessage(Help.Ansi.OFF);
+  }
+
+  /** {@code GPUMEMD_RETENTION_CAP_BYTES} for {@code retention-cap-bytes}. */
+  static String envVar(String name) {
+    return ENV_PREFIX + name.toUpperCase(Locale.ROOT).replace('-', '_');
+  }
+
+  /** The option's name: its flag without the dashes, and its key in the file. */
+  static String name(OptionSpec option) {
+    return option.longestName().substring(2);
+  }
+
+  private static CommandLine commandLine() {
+    CommandLine cmd = new CommandLine(new ServerOptions());
+    cmd.setOverwrittenOptionsAllowed(true); // a later flag wins, as scripts that append flags expect
+    cmd.getCommandSpec().parser().collectErrors(true);
+    cmd.setUsageHelpLongOptionsMaxWidth(36); // room for --max-session-ttl-seconds=N
+    cmd.setHelpFactory(ServerOptions::help);
+    return cmd;
+  }
+
+  /** picocli's help, with a line under each option naming its environment variable and default. */
+  private static Help help(CommandSpec spec, Help.ColorScheme colors) {
+    return new Help(spec, colors) {
+      @Override
+      public Help.IOptionRenderer createDefaultOptionRenderer() {
+        Help.IOptionRenderer standard = super.createDefaultOptionRenderer();
+        return (option, labels, scheme) -> {
+          Text[][] rows = standard.render(option, labels, scheme);
+          if (option.usageHelp()) {
+            return rows;
+          }
+          Text[] extra = new Text[rows[0].length];
+          Arrays.fill(extra, scheme.text(""));
+          String fallback = option.defaultValue();
+          extra[extra.length - 1] = scheme.text("env " + envVar(name(option))
+              + (fallback == null || fallback.isEmpty() ? "" : ", default " + fallback));
+          Text[][] out = Arrays.copyOf(rows, rows.length + 1);
+          out[rows.length] = extra;
+          return out;
+        };
+      }
+    };
+  }
+
+  /** Unknown flags, stray arguments, flags without a value. */
+  private static void commandLineProblems(ParseResult parsed, Settings settings) {
+    List<String> unmatched = parsed.unmatched();
+    for (int i = 0; i < unmatched.size(); i++) {
+      String arg = unmatched.get(i);
+      if (arg.startsWith("-")) {
+        settings.problem("flag: '" + arg + "' (expected: one of the options listed by --help)");
+        boolean takesNext = !arg.contains("=") && i + 1 < unmatched.size() && !unmatched.get(i + 1).startsWith("-");
+        if (takesNext) {
+          i++; // its value: one mistake, one message
+        }
+      } else {
+        settings.problem("argument: '" + arg + "' (expected: --option value or --option=value)");
+      }
+    }
+    for (Exception e : parsed.errors()) {
+      if (e instanceof MissingParameterException missing) {
+        for (ArgSpec arg : missing.getMissing()) {
+          String flag = arg instanceof OptionSpec o ? o.longestName() : arg.paramLabel();
+          settings.problem(flag + ": no value (expected: " + arg.paramLabel() + " after the flag)");
+        }
+      } else if (!(e instanceof CommandLine.UnmatchedArgumentException)) {
+        settings.problem("command line: " + e.getMessage());
+      }
+    }
+  }
+
+  /**
+   * Resolves every option through flag &gt; environment &gt; file &gt; default into
+   * {@code settings}, reports unknown file keys, and returns the per-client quotas of the file.
+   */
+  private static Map<String, Quota> resolve(CommandSpec spec, ParseResult parsed, Map<String, String> env,
+      Settings settings) {
+    Setting configFile = layer(spec.findOption("--config"), parsed, env, new Properties(), "");
+    settings.put(configFile);
+    Properties file = configFile.value().isEmpty() ? new Properties() : readFile(configFile, settings);
+    String fileOrigin = "file " + configFile.value();
+    for (OptionSpec option : spec.options()) {
+      if (!option.usageHelp() && option != spec.findOption("--config")) {
+        settings.put(layer(option, parsed, env, file, fileOrigin));
+      }
+    }
+    Map<String, Quota> quotas = new TreeMap<>();
+    Map<String, long[]> raw = new TreeMap<>();
+    for (String key : new TreeSet<>(file.stringPropertyNames())) {
+      Setting s = new Setting(key, file.getProperty(key).trim(), fileOrigin);
+      if (key.startsWith("quota.")) {
+        quota(s, raw, settings);
+      } else if (key.equals("config")) {
+        settings.problem("file key: 'config' (expected: the file named by --config or GPUMEMD_CONFIG, "
+            + "which cannot name another) [" + fileOrigin + "]");
+      } else if (spec.findOption("--" + key) == null || spec.findOption("--" + key).usageHelp()) {
+        settings.problem("file key: '" + key + "' (expected: an option listed by --help, without the dashes,"
+            + " or quota.<client_name>.max-leased-bytes|max-leases) [" + fileOrigin + "]");
+      }
+    }
+    raw.forEach((client, q) -> quotas.put(client, new Quota(q[0], q[1])));
+    return quotas;
+  }
+
+  private static Setting layer(OptionSpec option, ParseResult parsed, Map<String, String> env, Properties file,
+      String fileOrigin) {
+    String name = name(option);
+    Setting s;
+    String fromEnv = env.get(envVar(name));
+    String fromFile = file.getProperty(name);
+    if (parsed.hasMatchedOption(option)) {
+      s = new Setting(name, ((String) option.getValue()).trim(), "flag");
+    } else if (fromEnv != null) {
+      s = new Setting(name, fromEnv.trim(), "env " + envVar(name));
+    } else if (fromFile != null) {
+      s = new Setting(name, fromFile.trim(), fileOrigin);
+    } else {
+      s = new Setting(name, option.defaultValue() == null ? "" : option.defaultValue(), "default");
+    }
+    option.setValue(s.value());
+    return s;
+  }
+
+  private static Properties readFile(Setting path, Settings settings) {
+    Properties props = new Properties();
+    try (Reader reader = Files.newBufferedReader(Path.of(path.value()))) {
+      props.load(reader);
+    } catch (NoSuchFileException e) {
+      settings.problem(path, "a readable properties file; there is no such file");
+    } catch (AccessDeniedException e) {
+      settings.problem(path, "a readable properties file; permission denied");
+    } catch (IOException | IllegalArgumentException e) {
+      settings.problem(path, "a readable properties file; " + e);
+    }
+    return props;
+  }
+
+  private static void quota(Setting s, Map<String, long[]> raw, Settings settings) {
+    String key = s.name();
+    int dot = key.lastIndexOf('.');
+    String client = dot > 6 ? key.substring(6, dot) : "";
+    String field = key.substring(dot + 1);
+    if (client.isEmpty() || !(field.equals("max-leased-bytes") || field.equals("max-leases"))) {
+      settings.problem("file key: '" + key + "' (expected: quota.<client_name>.max-leased-bytes or "
+          + "quota.<client_name>.max-leases) [" + s.origin() + "]");
+      return;
+    }
+    long[] quota = raw.computeIfAbsent(client, c -> new long[2]);
+    if (field.equals("max-leased-bytes")) {
+      quota[0] = settings.size(s);
+    } else {
+      quota[1] = settings.integer(s, 0, Long.MAX_VALUE);
+    }
+    settings.put(new Setting("quota." + client, "", s.origin()));
+  }
+
+  /** Validates the settings (recording every problem) and builds the config from them. */
+  private static ServerConfig build(Settings s, Map<String, Quota> quotas) {
+    Setting socketSetting = s.get("socket");
+    Setting listenSetting = s.get("listen");
+    String socket = socketSetting.value().equals("none") ? "" : socketSetting.value();
+    String listen = listenSetting.value().equals("none") ? "" : listenSetting.value();
+    String listenHost = "";
+    int listenPort = 0;
+    if (!listen.isEmpty()) {
+      int colon = listen.lastIndexOf(':');
+      if (colon <= 0) {
+        s.problem(listenSetting, "HOST:PORT, e.g. 127.0.0.1:50051, or 'none'");
+      } else {
+        listenHost = listen.substring(0, colon);
+        if (listenHost.startsWith("[") && listenHost.endsWith("]")) {
+          listenHost = listenHost.substring(1, listenHost.length() - 1);
+        }
+        try {
+          listenPort = Integer.parseInt(listen.substring(colon + 1));
+        } catch (NumberFormatException e) {
+          listenPort = -1;
+        }
+        if (listenPort < 0 || listenPort > 65535) {
+          s.problem(listenSetting, "HOST:PORT with a port in [0, 65535]");
+          listenPort = 0;
+        }
+      }
+    }
+    if (socket.isEmpty() && listen.isEmpty()) {
+      s.problem("socket/listen: both 'none' (expected: at least one listener) [" + socketSetting.where() + ", "
+          + listenSetting.where() + "]");
+    }
+    long hostDeviceBytes = s.size("host-device-bytes");
+    if (s.valid("host-device-bytes") && (hostDeviceBytes < (2L << 20) || hostDeviceBytes % 512 != 0)) {
+      s.problem(s.get("host-device-bytes"), "at least 2MiB, a multiple of 512");
+    }
+    if (s.text("shm-dir").isEmpty()) {
+      s.problem(s.get("shm-dir"), "a directory path");
+    }
+    String cap = s.text("retention-cap-bytes");
+    int ttl = (int) s.integer("session-ttl-seconds", 1, 86_400 * 7);
+    int maxTtl = (int) s.integer("max-session-ttl-seconds", 1, 86_400 * 7);
+    if (s.valid("session-ttl-seconds") && s.valid("max-session-ttl-seconds") && ttl > maxTtl) {
+      s.problem(s.get("session-ttl-seconds"), "at most max-session-ttl-seconds=" + maxTtl);
+    }
+    return new ServerConfig(
+        socket.isEmpty() ? null : Path.of(socket),
+        listenHost,
+        listenPort,
+        s.choice("backend", List.of("auto", "host", "cuda")),
+        (int) s.integer("metrics-port", 0, 65535),
+        s.text("metrics-host"),
+        (int) s.integer("host-devices", 1, 64),
+        hostDeviceBytes,
+        Path.of(s.text("shm-dir")),
+        s.text("shm-group"),
+        s.fraction("device-limit-fraction"),
+        s.size("device-limit-bytes"),
+        cap.isEmpty() ? -1 : s.size("retention-cap-bytes"),
+        s.size("max-oversize-bytes"),
+        s.integer("unmap-wait-ms", 0, 600_000),
+        ttl,
+        maxTtl,
+        s.integer("keepalive-grace-ms", 0, 3_600_000),
+        s.integer("leak-threshold-ms", 0, Long.MAX_VALUE / 1_000_000),
+        new Quota(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
+        Map.copyOf(quotas),
+        s.integer("drain-timeout-ms", 0, 3_600_000),
+        s.choice("log-format", List.of("plain", "json")),
+        s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),
+        Map.copyOf(s.sources()));
+  }
+}
