@@ -1,12 +1,11 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.cuda.CudaHandles;
 import static jcuda.driver.JCudaDriver.cuEventCreate;
 import static jcuda.driver.JCudaDriver.cuEventDestroy;
 import static jcuda.driver.JCudaDriver.cuEventRecord;
 import static jcuda.driver.JCudaDriver.cuIpcGetEventHandle;
 
-import io.grpc.Status;
-import java.lang.reflect.Field;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUevent;
 import jcuda.driver.CUevent_flags;
@@ -47,7 +46,7 @@ public final class CudaLeases {
       CudaMappings.check(cuEventRecord(event, stream), "cuEventRecord");
       CUipcEventHandle handle = new CUipcEventHandle();
       CudaMappings.check(cuIpcGetEventHandle(handle, event), "cuIpcGetEventHandle");
-      lease.closeWithEvent(bytes(handle));
+      lease.closeWithEvent(CudaHandles.bytes(handle));
     } finally {
       // The daemon has opened its own reference by the time Release returns.
       cuEventDestroy(event);
@@ -59,15 +58,5 @@ public final class CudaLeases {
       throw new IllegalStateException("lease " + lease.id() + " is not on a CUDA device");
     }
     return cuda;
-  }
-
-  private static byte[] bytes(CUipcEventHandle handle) {
-    try {
-      Field f = CUipcEventHandle.class.getDeclaredField("reserved");
-      f.setAccessible(true);
-      return ((byte[]) f.get(handle)).clone();
-    } catch (ReflectiveOperationException e) {
-      throw new GpuMemException(Status.Code.INTERNAL, "cannot read CUipcEventHandle bytes", e);
-    }
   }
 }

@@ -7,8 +7,8 @@ import static jcuda.driver.JCudaDriver.cuInit;
 import static jcuda.driver.JCudaDriver.cuIpcCloseMemHandle;
 import static jcuda.driver.JCudaDriver.cuIpcOpenMemHandle;
 
+import io.gpumemd.common.cuda.CudaHandles;
 import io.grpc.Status;
-import java.lang.reflect.Field;
 import java.util.HashMap;
 import java.util.Map;
 import jcuda.driver.CUcontext;
@@ -30,16 +30,6 @@ import jcuda.driver.JCudaDriver;
  */
 final class CudaMappings {
   private static final Map<Integer, CUcontext> CONTEXTS = new HashMap<>();
-  private static final Field HANDLE_BYTES;
-
-  static {
-    try {
-      HANDLE_BYTES = CUipcMemHandle.class.getDeclaredField("reserved");
-      HANDLE_BYTES.setAccessible(true);
-    } catch (ReflectiveOperationException e) {
-      throw new ExceptionInInitializerError(e);
-    }
-  }
 
   private CudaMappings() {}
 
@@ -66,13 +56,8 @@ final class CudaMappings {
 
   static SegmentMapping open(int device, byte[] handleBytes) {
     makeCurrent(device);
-    CUipcMemHandle handle = new CUipcMemHandle();
-    try {
-      HANDLE_BYTES.set(handle, handleBytes.clone());
-    } catch (IllegalAccessException e) {
-      throw new GpuMemException(Status.Code.INTERNAL, "cannot set CUipcMemHandle bytes", e);
-    }
-    Address base = new Address();
+    CUipcMemHandle handle = CudaHandles.memHandle(handleBytes);
+    CUdeviceptr base = new CUdeviceptr();
     check(cuIpcOpenMemHandle(base, handle, CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
         "cuIpcOpenMemHandle on device " + device);
     return new CudaMapping(device, base);
@@ -80,14 +65,7 @@ final class CudaMappings {
 
   /** The device address of a mapping's base in this process. */
   static long address(SegmentMapping mapping) {
-    return ((Address) ((CudaMapping) mapping).base).value();
-  }
-
-  /** A device pointer whose address can be read (JCuda keeps it protected). */
-  static final class Address extends CUdeviceptr {
-    long value() {
-      return getNativePointer();
-    }
+    return CudaHandles.address(((CudaMapping) mapping).base);
   }
 
   /** Makes the primary context of a device current on this thread, retaining it once. */

@@ -21,6 +21,7 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -60,6 +61,8 @@ public final class GpuMemClient implements AutoCloseable {
   private final Object streamLock = new Object();
   private StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
   private volatile boolean closing;
+  private final AtomicBoolean closeStarted = new AtomicBoolean();
+  private final CountDownLatch closed = new CountDownLatch(1);
   private volatile boolean sessionLost;
 
   /** Builds a client; {@link #connect()} opens it. */
@@ -380,11 +383,13 @@ public final class GpuMemClient implements AutoCloseable {
 
   /**
    * Closes the session (the daemon releases whatever it still holds), unmaps every segment and
-   * closes the connection. Idempotent.
+   * closes the connection. Idempotent, also under concurrent calls: one caller closes, the
+   * others wait until it has finished, so that every call returns with the client closed.
    */
   @Override
   public void close() {
-    if (closing) {
+    if (!closeStarted.compareAndSet(false, true)) {
+      awaitClosed();
       return;
     }
     closing = true;
@@ -407,6 +412,15 @@ public final class GpuMemClient implements AutoCloseable {
       reconnector.shutdownNow();
       mappings.closeAll();
       connection.close();
+      closed.countDown();
+    }
+  }
+
+  private void awaitClosed() {
+    try {
+      closed.await();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
     }
   }
 }

@@ -10,12 +10,12 @@ import static jcuda.driver.JCudaDriver.cuIpcCloseMemHandle;
 import static jcuda.driver.JCudaDriver.cuMemAlloc;
 import static jcuda.driver.JCudaDriver.cuMemFree;
 
+import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintWriter;
-import java.lang.reflect.Field;
 import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
@@ -86,7 +86,7 @@ public final class CudaBenchmarkMain {
           cuMemAlloc(q, size);
           CUipcMemHandle handle = new CUipcMemHandle();
           cuIpcGetMemHandle(handle, q);
-          toOpener.println(HexFormat.of().formatHex(bytes(handle)));
+          toOpener.println(HexFormat.of().formatHex(CudaHandles.bytes(handle)));
           fromOpener.readLine(); // opened and closed there
           ipc[i] = System.nanoTime() - t0;
           cuMemFree(q);
@@ -104,22 +104,13 @@ public final class CudaBenchmarkMain {
     BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
     String line;
     while ((line = in.readLine()) != null) {
-      CUipcMemHandle handle = new CUipcMemHandle();
-      Field f = CUipcMemHandle.class.getDeclaredField("reserved");
-      f.setAccessible(true);
-      f.set(handle, HexFormat.of().parseHex(line));
+      CUipcMemHandle handle = CudaHandles.memHandle(HexFormat.of().parseHex(line));
       CUdeviceptr p = new CUdeviceptr();
       cuIpcOpenMemHandle(p, handle, CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
       cuIpcCloseMemHandle(p);
       System.out.println("ok");
       System.out.flush();
     }
-  }
-
-  private static byte[] bytes(CUipcMemHandle handle) throws ReflectiveOperationException {
-    Field f = CUipcMemHandle.class.getDeclaredField("reserved");
-    f.setAccessible(true);
-    return ((byte[]) f.get(handle)).clone();
   }
 
   private static double p50(long[] nanos) {

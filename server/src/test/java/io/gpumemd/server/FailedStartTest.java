@@ -1,0 +1,84 @@
+package io.gpumemd.server;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.server.config.ServerOptions;
+import io.gpumemd.server.testing.LogCapture;
+import io.gpumemd.server.testing.TestDaemon;
+import java.io.IOException;
+import java.net.InetAddress;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * A daemon that cannot start says which listener and address stopped it, logs nothing about a
+ * shutdown or freed memory (it never served), and leaves nothing behind: the shared-memory
+ * directory it created and the socket file are gone.
+ */
+class FailedStartTest {
+  @TempDir
+  Path dir;
+
+  private IOException startExpectingFailure(String... extraFlags) {
+    List<String> args = new ArrayList<>(List.of(TestDaemon.defaultFlags(dir)));
+    args.addAll(List.of(extraFlags));
+    var config = ServerOptions.parse(args.toArray(String[]::new), Map.of());
+    try (LogCapture log = new LogCapture(GpumemdServer.class)) {
+      IOException e = assertThrows(IOException.class, () -> GpumemdServer.start(config));
+      List<String> info = log.messages("INFO");
+      assertFalse(info.stream().anyMatch(m -> m.contains("Shutting down") || m.contains("memory freed")),
+          "a failed start logs no shutdown: " + info);
+      assertFalse(info.stream().anyMatch(m -> m.startsWith("gpumemd ready")), "never ready: " + info);
+      return e;
+    }
+  }
+
+  @Test
+  void tcpPortInUse_namesTheListenerAndAddress_andLeavesNothingBehind() throws IOException {
+    try (ServerSocket taken = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      int port = taken.getLocalPort();
+      IOException e = startExpectingFailure("--listen", "127.0.0.1:" + port);
+      assertEquals("tcp listener: 127.0.0.1:" + port + " already in use", e.getMessage());
+    }
+    assertFalse(Files.exists(dir.resolve("shm")), "the shm directory the daemon created is removed");
+    assertFalse(Files.exists(dir.resolve("gpumemd.sock")), "the socket file is removed");
+  }
+
+  @Test
+  void metricsPortInUse_namesTheMetricsListener() throws IOException {
+    try (ServerSocket taken = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      int port = taken.getLocalPort();
+      IOException e = startExpectingFailure("--metrics-host", "127.0.0.1", "--metrics-port", Integer.toString(port));
+      assertEquals("metrics listener: 127.0.0.1:" + port + " already in use", e.getMessage());
+    }
+    assertFalse(Files.exists(dir.resolve("shm")));
+  }
+
+  @Test
+  void socketOfALiveDaemon_isRefused_andTheLiveDaemonKeepsIt() throws IOException {
+    try (TestDaemon live = TestDaemon.start()) {
+      Path socket = live.server().socketPath();
+      IOException e = startExpectingFailure("--socket", socket.toString(), "--listen", "none");
+      assertEquals("unix listener: " + socket + " is in use by a running process (expected: a free path)", e.getMessage());
+      assertTrue(Files.exists(socket), "the live daemon's socket stays");
+    }
+  }
+
+  @Test
+  void existingShmDirectory_ofTheOperator_isKept() throws IOException {
+    Files.createDirectories(dir.resolve("shm"));
+    try (ServerSocket taken = new ServerSocket(0, 1, InetAddress.getLoopbackAddress())) {
+      startExpectingFailure("--listen", "127.0.0.1:" + taken.getLocalPort());
+    }
+    assertTrue(Files.isDirectory(dir.resolve("shm")), "a directory the daemon did not create stays");
+  }
+}
