@@ -49,6 +49,14 @@ group=$(pom_value pom.xml groupId)
 version=$(pom_value pom.xml version)
 [ -n "$modules" ] && [ -n "$group" ] && [ -n "$version" ] || { echo "cannot read modules, groupId, version from pom.xml" >&2; exit 1; }
 
+# a JDK 17 with jmods (for jlink and jar), and the tools used below
+jdk=${JAVA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v javac)")")")}
+[ -d "$jdk/jmods" ] || jdk=/usr/lib/jvm/java-17-openjdk-amd64
+[ -x "$jdk/bin/jlink" ] && [ -d "$jdk/jmods" ] || { echo "no JDK with jmods at $jdk (set JAVA_HOME)" >&2; exit 1; }
+for tool in mvn zip xz tar; do
+  command -v "$tool" >/dev/null || { echo "$tool is needed" >&2; exit 1; }
+done
+
 rm -rf "$stage"
 mkdir -p "$stage/lib" "$stage/m2"
 
@@ -68,7 +76,7 @@ for m in $modules; do
   [ -f "$main" ] || { echo "$m: $main is missing after the build" >&2; exit 1; }
   cp "$main" "$stage/lib/"
   if [ -d "$m/target/test-classes" ] && [ -n "$(ls -A "$m/target/test-classes")" ]; then
-    jar cf "$stage/lib/$artifact-test-classes.jar" -C "$m/target/test-classes" .
+    "$jdk/bin/jar" cf "$stage/lib/$artifact-test-classes.jar" -C "$m/target/test-classes" .
   fi
 done
 
@@ -110,8 +118,6 @@ fi
 # the protobuf descriptor set (for grpcurl -protoset on the GPU machine)
 find . -path ./.gpu -prune -o -name '*.protoset' -path '*/target/classes/*' -print | xargs -r -I{} cp {} "$stage/lib/"
 
-jdk=${JAVA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v javac)")")")}
-[ -d "$jdk/jmods" ] || jdk=/usr/lib/jvm/java-17-openjdk-amd64
 log "jlink from $jdk"
 "$jdk/bin/jlink" --module-path "$jdk/jmods" \
   --add-modules java.base,java.logging,java.management,java.naming,java.net.http,java.xml,java.sql,jdk.unsupported,jdk.httpserver,jdk.management,jdk.crypto.ec,jdk.jcmd,jdk.attach,jdk.jfr,java.instrument,jdk.zipfs \
