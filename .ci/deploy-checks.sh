@@ -13,6 +13,8 @@
 #    catches wrong types and missing required fields, not unknown field names).
 # 4. /metrics of a live daemon (host backend) through `promtool check metrics`, then SIGTERM
 #    and exit status 0.
+# 5. deploy/grafana/*.json: JSON syntax (python3 -m json.tool, or Node where python3 is missing).
+#    GrafanaDashboardTest checks the dashboard's structure and its metrics against a live daemon.
 #
 # What no check here can do: build the image or start the containers (no container engine in
 # CI). The Java tests in it/src/test/java/io/gpumemd/it/deploy/ check what the files say.
@@ -187,16 +189,28 @@ check_metrics() {
   echo "daemon exited 0 after SIGTERM"
 }
 
+check_dashboards() {
+  local f
+  for f in deploy/grafana/*.json; do
+    if command -v python3 >/dev/null; then
+      python3 -m json.tool "$f" >/dev/null
+    else
+      node -e 'JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"))' "$f"
+    fi
+    echo "$f: valid JSON"
+  done
+}
+
 # --- main ----------------------------------------------------------------------------------
 
 install_tools
 # Each check runs in a bash of its own: errexit is off for anything run as an `if` condition,
 # subshells included, but a new process starts with the options it is given.
 export repo tools promtool
-export -f log check_compose check_dockerfile check_manifests check_metrics
+export -f log check_compose check_dockerfile check_manifests check_metrics check_dashboards
 failed=()
 passed=0
-for check in check_compose check_dockerfile check_manifests check_metrics; do
+for check in check_compose check_dockerfile check_manifests check_metrics check_dashboards; do
   log "${check#check_}"
   if bash -euo pipefail -c "$check"; then
     passed=$((passed + 1))
