@@ -1,4 +1,4 @@
-package io.gpumemd.server.tools;
+package io.gpumemd.ctl;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -7,7 +7,6 @@ import com.google.protobuf.Message;
 import com.google.protobuf.util.JsonFormat;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
-import io.gpumemd.client.tools.GpuMemCtl;
 import io.gpumemd.proto.v1.GetStatsResponse;
 import io.gpumemd.proto.v1.ListDevicesResponse;
 import io.gpumemd.proto.v1.ListLeasesResponse;

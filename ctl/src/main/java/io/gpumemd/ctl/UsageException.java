@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 /**
  * A command line that cannot be run as written (unknown flag, missing or malformed value):

@@ -1,4 +1,4 @@
-package io.gpumemd.server.tools;
+package io.gpumemd.ctl;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;

@@ -1,6 +1,5 @@
-package io.gpumemd.server.tools;
+package io.gpumemd.ctl;
 
-import io.gpumemd.client.tools.GpuMemCtl;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
