@@ -129,7 +129,7 @@ final class LoadReport {
       derived.add(r);
     }
     json.put("ratios", derived);
-    return JsonText.write(json);
+    return JsonTree.print(json);
   }
 
   void printTable(PrintStream out) {
