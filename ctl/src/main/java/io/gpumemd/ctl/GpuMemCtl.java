@@ -5,59 +5,90 @@ import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.GpuMemException;
 import io.grpc.StatusRuntimeException;
 import java.io.PrintStream;
+import java.io.PrintWriter;
+import java.util.List;
 import java.util.Set;
+import java.util.concurrent.Callable;
+import java.util.function.Function;
+import picocli.CommandLine;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+import picocli.CommandLine.ParameterException;
+import picocli.CommandLine.ParseResult;
+import picocli.CommandLine.Model.CommandSpec;
+import picocli.CommandLine.ScopeType;
+import picocli.CommandLine.Spec;
 
 /**
  * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases
  * and sessions, trims the cache, sets the retention cap, checks health, and runs an example
  * worker and the load generator. Admin commands open no session.
  *
+ * <p>The command line is declared with picocli: this class is the top command and owns the
+ * global options ({@code --target}, {@code --json}, inherited by every subcommand, so that they
+ * may stand before or after the subcommand's name); each subcommand is its own
+ * {@code @Command} class. Parsing collects every error rather than stopping at the first, and
+ * each is reported as {@code --flag: 'value' (expected: …)} ({@link UsageErrors}).
+ *
  * <p>Exit codes: 0 success (for {@code health}: SERVING), 1 the daemon answered with an error
  * or could not be reached (printed as {@code gpumemctl: CODE: message}), 2 usage error.
  *
  * <p>{@link #run} is the whole program minus process concerns, so that tests call it in-process
  * with captured streams; {@link #main} adds logging setup, signal handling and the exit code.
+ * One instance per command line; not thread-safe.
  */
-public final class GpuMemCtl {
+@Command(name = "gpumemctl",
+    synopsisSubcommandLabel = "<command>",
+    description = "The operator's command line for gpumemd: devices, pools, leases, sessions, "
+        + "cache control, health; an example worker and a load generator.",
+    footerHeading = "%n",
+    footer = {
+        "Sizes: 4096, 512KiB, 64MiB, 1GiB (binary suffixes).",
+        "Run 'gpumemctl <command> --help' for one command's flags.",
+        "Bash completion: source <(gpumemctl completion)"},
+    exitCodeListHeading = "%nExit codes:%n",
+    exitCodeList = {
+        "0:ok (for health: SERVING)",
+        "1:error from or reaching the daemon",
+        "2:usage error"})
+public final class GpuMemCtl implements Callable<Integer> {
   static final String DEFAULT_TARGET = "unix:///tmp/gpumemd.sock";
-  static final Set<String> GLOBAL_FLAGS = Set.of("target", "json", "help");
+  static final String TARGET_ENV = "GPUMEMD_TARGET";
 
-  private static final String USAGE = """
-      Usage: gpumemctl [--target unix:///path.sock|host:port] [--json] <command> [flags]
+  @Option(names = "--target", paramLabel = "TARGET", scope = ScopeType.INHERIT,
+      description = "the daemon: unix:///path/to.sock or host:port "
+          + "(default: $" + TARGET_ENV + ", else " + DEFAULT_TARGET + ")")
+  private String target;
 
-      Global flags:
-        --target T   the daemon: unix:///path/to.sock or host:port
-                     (default: $GPUMEMD_TARGET, else %s)
-        --json       machine-readable output (protobuf JSON mapping, as grpcurl prints it)
-        --help       this text; 'gpumemctl <command> --help' for one command
+  @Option(names = "--json", scope = ScopeType.INHERIT,
+      description = "machine-readable output (protobuf JSON mapping, as grpcurl prints it)")
+  private boolean json;
 
-      Commands:
-        devices                                    devices with backend, capacity, budget, cap
-        stats    [--device N]                      pool counters and gauges per device
-        leases   [--device N] [--session ID]       live leases, oldest first
-                 [--limit N]                       (at most N; default 1000)
-        sessions                                   live sessions with what they hold
-        trim     --keep-bytes SIZE [--device N]    free cached memory down to SIZE per device
-        set-cap  --cap-bytes SIZE [--device N]     set the retention cap (0 disables caching)
-        health   [--service NAME]                  grpc.health.v1 check; exit 0 if SERVING, else 1
-        worker   [--device N] [--size SIZE] [--hold-ms MS] [--iterations N] [--name NAME]
-                                                   example worker: lease, write and verify a
-                                                   pattern, hold, release; 0 iterations = forever
-        loadgen  [flags]                           latency and throughput report; see
-                                                   'gpumemctl loadgen --help'
+  @Option(names = {"-h", "--help"}, usageHelp = true, scope = ScopeType.INHERIT,
+      description = "show this help and exit")
+  private boolean help;
 
-      Sizes: 4096, 512KiB, 64MiB, 1GiB (binary suffixes).
-      Exit codes: 0 ok, 1 error from or reaching the daemon, 2 usage error.
-      """.formatted(DEFAULT_TARGET);
+  @Spec
+  private CommandSpec spec;
 
-  private GpuMemCtl() {}
+  private final PrintStream out;
+  private final PrintStream err;
+  private final Function<String, String> env;
+  private final boolean ownsProcess;
+
+  private GpuMemCtl(PrintStream out, PrintStream err, Function<String, String> env, boolean ownsProcess) {
+    this.out = out;
+    this.err = err;
+    this.env = env;
+    this.ownsProcess = ownsProcess;
+  }
 
   public static void main(String[] args) {
     // A command-line tool: warnings of the client library go to stderr, nothing else.
     System.setProperty("org.slf4j.simpleLogger.defaultLogLevel",
         System.getProperty("org.slf4j.simpleLogger.defaultLogLevel", "warn"));
     System.setProperty("org.slf4j.simpleLogger.logFile", "System.err");
-    int code = run(args, System.out, System.err, true);
+    int code = run(args, System.out, System.err, System::getenv, true);
     System.out.flush();
     System.exit(code);
   }
@@ -67,90 +98,129 @@ public final class GpuMemCtl {
    * {@code System.exit} and installs no signal handler.
    */
   public static int run(String[] args, PrintStream out, PrintStream err) {
-    return run(args, out, err, false);
+    return run(args, out, err, System::getenv, false);
   }
 
-  /** @param ownsProcess true when running as {@code main}: may handle SIGTERM/SIGINT */
-  static int run(String[] args, PrintStream out, PrintStream err, boolean ownsProcess) {
-    String target = null;
+  /**
+   * @param env the environment ({@code GPUMEMD_TARGET}); tests pass their own
+   * @param ownsProcess true when running as {@code main}: may handle SIGTERM/SIGINT
+   */
+  static int run(String[] args, PrintStream out, PrintStream err, Function<String, String> env, boolean ownsProcess) {
+    GpuMemCtl top = new GpuMemCtl(out, err, env, ownsProcess);
+    CommandLine cli = commandLine(top);
+    ParseResult parsed = cli.parseArgs(args);
+    List<String> problems = UsageErrors.describe(parsed);
+    if (problems.isEmpty() && CommandLine.printHelpIfRequested(parsed)) {
+      return 0;
+    }
+    ParseResult last = parsed;
+    while (last.hasSubcommand()) {
+      last = last.subcommand();
+    }
+    Object command = last.commandSpec().userObject();
+    // also after conversion errors: a value that failed to convert left its valid default, so
+    // this adds only the other problems, and the operator sees every one at once
+    if (command instanceof Validated validated) {
+      validated.validate(new Problems(problems, UsageErrors.given(last), UsageErrors.failed(parsed)));
+    }
+    if (!problems.isEmpty()) {
+      return top.usageError(problems, last.commandSpec().qualifiedName());
+    }
     try {
-      CommandLine cli = CommandLine.parse(args);
-      String command = cli.command();
-      if (command == null) {
-        cli.allow(GLOBAL_FLAGS);
-        if (cli.has("help")) {
-          out.print(USAGE);
-          return 0;
-        }
-        throw new UsageException("no command given");
-      }
-      target = cli.string("target", defaultTarget());
-      boolean json = cli.has("json");
-      switch (command) {
-        case "devices", "stats", "leases", "sessions", "trim", "set-cap", "health" -> {
-          if (cli.has("help")) {
-            out.print(USAGE);
-            return 0;
-          }
-          try (AdminCommands admin = AdminCommands.connect(target, json, out)) {
-            return admin.run(command, cli);
-          }
-        }
-        case "worker" -> {
-          if (cli.has("help")) {
-            out.print(USAGE);
-            return 0;
-          }
-          Worker worker = Worker.fromCommandLine(cli, target, out);
-          if (ownsProcess) {
-            Worker.stopOnTermination(worker);
-          }
-          return worker.run();
-        }
-        case "loadgen" -> {
-          if (cli.has("help")) {
-            out.print(LoadGen.USAGE);
-            return 0;
-          }
-          return LoadGen.fromCommandLine(cli, target, out, err).run();
-        }
-        default -> throw new UsageException("unknown command '" + command
-            + "' (expected: devices, stats, leases, sessions, trim, set-cap, health, worker or loadgen)");
-      }
-    } catch (UsageException e) {
-      err.println("gpumemctl: " + e.getMessage());
-      err.println("Run 'gpumemctl --help' for usage.");
-      return 2;
+      return ((Callable<?>) command).call() instanceof Integer code ? code : 0;
+    } catch (ParameterException e) {
+      return top.usageError(List.of(e.getMessage()), last.commandSpec().qualifiedName());
     } catch (GpuMemException e) {
-      err.println("gpumemctl: " + e.code() + ": " + withTransportCause(e.serverMessage(), e.getCause(), target));
+      err.println("gpumemctl: " + e.code() + ": " + withTransportCause(e.serverMessage(), e.getCause(), top.target()));
       return 1;
     } catch (StatusRuntimeException e) {
-      err.println("gpumemctl: " + e.getStatus().getCode() + ": " + withTransportCause(describe(e), e, target));
+      err.println("gpumemctl: " + e.getStatus().getCode() + ": " + withTransportCause(describe(e), e, top.target()));
       return 1;
+    } catch (RuntimeException e) {
+      throw e;
+    } catch (Exception e) {
+      throw new IllegalStateException(e);
     }
   }
 
+  /** The whole command tree, with the project's converters and every error collected. */
+  static CommandLine commandLine(GpuMemCtl top) {
+    CommandLine cli = new CommandLine(top)
+        .addSubcommand(new AdminCommands.Devices(top))
+        .addSubcommand(new AdminCommands.Stats(top))
+        .addSubcommand(new AdminCommands.Leases(top))
+        .addSubcommand(new AdminCommands.Sessions(top))
+        .addSubcommand(new AdminCommands.Trim(top))
+        .addSubcommand(new AdminCommands.SetCap(top))
+        .addSubcommand(new AdminCommands.Health(top))
+        .addSubcommand(new Worker(top))
+        .addSubcommand(new LoadGen(top))
+        .addSubcommand(new Completion());
+    // Set after the subcommands are added: these settings propagate to the commands present.
+    Converters.register(cli);
+    cli.getCommandSpec().parser().collectErrors(true);
+    cli.getSubcommands().values().forEach(sub -> sub.getCommandSpec().parser().collectErrors(true));
+    cli.setOut(new PrintWriter(top.out, true));
+    cli.setErr(new PrintWriter(top.err, true));
+    return cli;
+  }
+
+  private int usageError(List<String> problems, String command) {
+    for (String problem : problems) {
+      err.println("gpumemctl: " + problem);
+    }
+    err.println("Run '" + command + " --help' for usage.");
+    return 2;
+  }
+
+  /** Without a command: a usage error (the help lists the commands). */
+  @Override
+  public Integer call() {
+    throw new ParameterException(spec.commandLine(), "no command given (expected one of: "
+        + String.join(", ", spec.subcommands().keySet()) + ")");
+  }
+
+  /** The daemon to talk to: {@code --target}, else {@code $GPUMEMD_TARGET}, else the default socket. */
+  String target() {
+    if (target != null) {
+      return target;
+    }
+    String fromEnv = env.apply(TARGET_ENV);
+    return fromEnv == null || fromEnv.isBlank() ? DEFAULT_TARGET : fromEnv.trim();
+  }
+
+  boolean json() {
+    return json;
+  }
+
+  PrintStream out() {
+    return out;
+  }
+
+  PrintStream err() {
+    return err;
+  }
+
+  boolean ownsProcess() {
+    return ownsProcess;
+  }
+
   /** Opens a channel; a malformed target is a usage error. */
-  static Channels.Connection open(String target) {
+  Channels.Connection open() {
     try {
-      return Channels.open(target);
+      return Channels.open(target());
     } catch (IllegalArgumentException e) {
-      throw new UsageException("--" + e.getMessage());
+      throw new ParameterException(spec.commandLine(), "--" + e.getMessage());
     }
   }
 
   /** Connects a client with a session; a malformed target is a usage error. */
-  static GpuMemClient connect(String target, String clientName) {
+  GpuMemClient connect(String clientName) {
     try {
-      return GpuMemClient.builder(target).clientName(clientName).connect();
+      return GpuMemClient.builder(target()).clientName(clientName).connect();
     } catch (IllegalArgumentException e) {
-      throw new UsageException("--" + e.getMessage());
+      throw new ParameterException(spec.commandLine(), "--" + e.getMessage());
     }
-  }
-
-  private static String defaultTarget() {
-    String env = System.getenv("GPUMEMD_TARGET");
-    return env == null || env.isBlank() ? DEFAULT_TARGET : env.trim();
   }
 
   /** The server's message (the status code's name when it sent none). */
@@ -170,5 +240,39 @@ public final class GpuMemCtl {
       return (message.contains(detail) ? message : message + ": " + detail) + " (target " + target + ")";
     }
     return message;
+  }
+
+  /** A command that checks its parsed values together (ranges, combinations) before it runs. */
+  interface Validated {
+    void validate(Problems problems);
+  }
+
+  /**
+   * Collects a command's invalid values, one {@code --flag: 'value' (expected: …)} line each.
+   * Only flags given on the command line count (a default is valid by construction, and after
+   * a conversion error picocli may leave later defaults unapplied), and a flag whose value did
+   * not convert is not reported twice.
+   */
+  static final class Problems {
+    private final List<String> lines;
+    private final Set<String> given;
+    private final Set<String> failed;
+
+    Problems(List<String> lines, Set<String> given, Set<String> failed) {
+      this.lines = lines;
+      this.given = given;
+      this.failed = failed;
+    }
+
+    void add(String flag, Object value, String expected) {
+      if (given.contains(flag) && !failed.contains(flag)) {
+        lines.add(invalid(flag, value, expected));
+      }
+    }
+  }
+
+  /** Builds the {@code name: 'value' (expected: …)} message of an invalid value. */
+  static String invalid(String name, Object value, String expected) {
+    return name + ": '" + value + "' (expected: " + expected + ")";
   }
 }
