@@ -56,7 +56,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
 
   private final GpuMemCtl ctl;
 
-  @Option(names = "--scenarios", paramLabel = "LIST", split = ",", converter = ScenarioName.class,
+  @Option(names = "--scenarios", paramLabel = "NAME", split = ",", converter = ScenarioName.class,
       defaultValue = "floor,pairs,threads,async,procs,baseline,hit",
       description = "comma-separated, in any order (default: all: ${DEFAULT-VALUE})")
   private List<String> scenarios;
@@ -82,7 +82,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
   @Option(names = "--device", paramLabel = "N", description = "device to lease on (default: ${DEFAULT-VALUE})")
   private int device;
 
-  @Option(names = "--pair-sizes", paramLabel = "LIST", split = ",", converter = Converters.Size.class,
+  @Option(names = "--pair-sizes", paramLabel = "SIZE", split = ",", converter = Converters.Size.class,
       defaultValue = "4KiB,2MiB,64MiB", description = "sizes for 'pairs' (default: ${DEFAULT-VALUE})")
   private List<Long> pairSizes;
 
@@ -106,7 +106,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
       description = "threads per process for 'procs' (default: ${DEFAULT-VALUE})")
   private int procThreads;
 
-  @Option(names = "--hit-sizes", paramLabel = "LIST", split = ",", converter = Converters.Size.class,
+  @Option(names = "--hit-sizes", paramLabel = "SIZE", split = ",", converter = Converters.Size.class,
       defaultValue = "4KiB,2MiB,16MiB,64MiB", description = "sizes for 'baseline' and 'hit' (default: ${DEFAULT-VALUE})")
   private List<Long> hitSizes;
 
