@@ -60,15 +60,19 @@ class DockerfileTest {
     String server = "server/target/" + finalName("server/pom.xml") + ".jar";
     assertEquals("server/target/gpumemd.jar", server, "what the server module's shade execution writes");
     assertTrue(sources.contains(server), "COPY " + server + " (copies " + sources + ")");
-    assertTrue(sources.contains("client/target/gpumemctl.jar"), "COPY client/target/gpumemctl.jar (copies " + sources + ")");
+    assertTrue(sources.contains("ctl/target/gpumemctl.jar"), "COPY ctl/target/gpumemctl.jar (copies " + sources + ")");
   }
 
   @Test
-  void clientModule_buildsGpumemctlJar() {
-    // The shade plugin's outputFile names the jar (the module's own artifact stays the library).
-    assertTrue(RepoFiles.read("client/pom.xml").contains(
+  void ctlModule_buildsGpumemctlJar() {
+    // The shade plugin's outputFile names the jar (the module's own artifact stays the plain jar).
+    assertTrue(RepoFiles.read("ctl/pom.xml").contains(
         "<outputFile>${project.build.directory}/gpumemctl.jar</outputFile>"),
-        "client/pom.xml shades client/target/gpumemctl.jar, which the Dockerfile copies");
+        "ctl/pom.xml shades ctl/target/gpumemctl.jar, which the Dockerfile copies");
+    assertTrue(RepoFiles.read("ctl/pom.xml").contains("<mainClass>io.gpumemd.ctl.GpuMemCtl</mainClass>"),
+        "gpumemctl.jar runs io.gpumemd.ctl.GpuMemCtl");
+    assertFalse(RepoFiles.read("client/pom.xml").contains("maven-shade-plugin"),
+        "the client module builds the library only");
   }
 
   @Test

@@ -1,16 +1,20 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.GpuMemException;
 import io.gpumemd.client.Lease;
+import io.gpumemd.common.Sizes;
 import io.grpc.Status;
-import java.io.PrintStream;
 import java.nio.ByteBuffer;
 import java.time.Instant;
 import java.time.temporal.ChronoUnit;
+import java.util.List;
 import java.util.Locale;
+import java.util.concurrent.Callable;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
 
 /**
  * {@code gpumemctl worker}: the example worker of the docker-compose setup. Opens a session,
@@ -24,36 +28,61 @@ import java.util.concurrent.TimeUnit;
  *
  * <p>Runs on the calling thread; {@link #stop} may be called from any thread.
  */
-final class Worker {
-  private final String target;
-  private final int device;
-  private final long sizeBytes;
-  private final long holdMillis;
-  private final long iterations;
-  private final String name;
-  private final PrintStream out;
+@Command(name = "worker",
+    description = {"example worker: lease, write and verify a pattern, hold, release",
+        "Per iteration: leases --size bytes on --device, writes a pattern over the whole block, reads it "
+            + "back, holds the lease --hold-ms and releases it. SIGTERM ends the run after the current "
+            + "lease is released."})
+final class Worker implements Callable<Integer>, GpuMemCtl.Validated {
+  private final GpuMemCtl ctl;
   private final CountDownLatch stopped = new CountDownLatch(1);
 
-  private Worker(String target, int device, long sizeBytes, long holdMillis, long iterations, String name,
-      PrintStream out) {
-    this.target = target;
-    this.device = device;
-    this.sizeBytes = sizeBytes;
-    this.holdMillis = holdMillis;
-    this.iterations = iterations;
-    this.name = name;
-    this.out = out;
+  @Option(names = "--device", paramLabel = "N", description = "device to lease on (default: ${DEFAULT-VALUE})")
+  private int device;
+
+  @Option(names = "--size", paramLabel = "SIZE", converter = Converters.Size.class, defaultValue = "16MiB",
+      description = "bytes per lease, below 2 GiB (default: ${DEFAULT-VALUE})")
+  private long sizeBytes;
+
+  @Option(names = "--hold-ms", paramLabel = "MS", defaultValue = "100",
+      description = "how long each lease is held (default: ${DEFAULT-VALUE})")
+  private long holdMillis;
+
+  @Option(names = "--iterations", paramLabel = "N", description = "leases to take; 0 = until stopped (default: ${DEFAULT-VALUE})")
+  private long iterations;
+
+  @Option(names = "--name", paramLabel = "NAME", description = "the session's client name (default: gpumemctl-worker-PID)")
+  private String name;
+
+  Worker(GpuMemCtl ctl) {
+    this.ctl = ctl;
   }
 
-  static Worker fromCommandLine(CommandLine cli, String target, PrintStream out) {
-    cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "size", "hold-ms", "iterations", "name");
-    long size = cli.size("size", 16L << 20);
-    if (size <= 0 || size > Integer.MAX_VALUE) {
-      throw UsageException.of("--size", Long.toString(size), "a size in [1, 2 GiB)");
+  @Override
+  public void validate(GpuMemCtl.Problems problems) {
+    if (sizeBytes <= 0 || sizeBytes > Integer.MAX_VALUE) {
+      problems.add("--size", Sizes.label(sizeBytes), "a size in [1, 2 GiB)");
     }
-    return new Worker(target, cli.integer("device", 0, 0, Integer.MAX_VALUE), size,
-        cli.longValue("hold-ms", 100, 0, Long.MAX_VALUE), cli.longValue("iterations", 0, 0, Long.MAX_VALUE),
-        cli.string("name", "gpumemctl-worker-" + ProcessHandle.current().pid()), out);
+    if (device < 0) {
+      problems.add("--device", device, "an integer in [0, " + Integer.MAX_VALUE + "]");
+    }
+    if (holdMillis < 0) {
+      problems.add("--hold-ms", holdMillis, "an integer in [0, " + Long.MAX_VALUE + "]");
+    }
+    if (iterations < 0) {
+      problems.add("--iterations", iterations, "an integer in [0, " + Long.MAX_VALUE + "] (0: forever)");
+    }
+  }
+
+  @Override
+  public Integer call() {
+    if (name == null) {
+      name = "gpumemctl-worker-" + ProcessHandle.current().pid();
+    }
+    if (ctl.ownsProcess()) {
+      stopOnTermination(this);
+    }
+    return run();
   }
 
   /** Makes SIGTERM and SIGINT call {@link #stop} instead of ending the JVM at once. */
@@ -78,10 +107,10 @@ final class Worker {
 
   /** @return the exit code: 0 when all iterations passed or the worker was stopped */
   int run() {
-    log("starting: target " + target + ", device " + device + ", " + Sizes.format(sizeBytes) + " per lease, hold "
+    log("starting: target " + ctl.target() + ", device " + device + ", " + Sizes.format(sizeBytes) + " per lease, hold "
         + holdMillis + " ms, " + (iterations == 0 ? "until stopped" : iterations + " iteration(s)"));
     long done = 0;
-    try (GpuMemClient client = GpuMemCtl.connect(target, name)) {
+    try (GpuMemClient client = ctl.connect(name)) {
       while ((iterations == 0 || done < iterations) && !stopping() && !client.sessionLost()) {
         iterate(client, done + 1);
         done++;
@@ -157,7 +186,7 @@ final class Worker {
   }
 
   private void log(String line) {
-    out.println(Instant.now().truncatedTo(ChronoUnit.MILLIS) + " worker: " + line);
-    out.flush();
+    ctl.out().println(Instant.now().truncatedTo(ChronoUnit.MILLIS) + " worker: " + line);
+    ctl.out().flush();
   }
 }

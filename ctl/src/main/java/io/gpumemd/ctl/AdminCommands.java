@@ -1,9 +1,10 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import com.google.protobuf.InvalidProtocolBufferException;
 import com.google.protobuf.MessageOrBuilder;
 import com.google.protobuf.util.JsonFormat;
 import io.gpumemd.client.Channels;
+import io.gpumemd.common.Sizes;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.DeviceInfo;
 import io.gpumemd.proto.v1.DeviceStats;
@@ -27,15 +28,22 @@ import io.grpc.health.v1.HealthGrpc;
 import java.io.PrintStream;
 import java.util.List;
 import java.util.Locale;
+import java.util.concurrent.Callable;
 import java.util.concurrent.TimeUnit;
 import java.util.function.ToLongFunction;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Mixin;
+import picocli.CommandLine.Option;
 
 /**
  * The operator commands: one Admin (or health) call each, printed as an aligned table or, with
  * {@code --json}, as the response message in the protobuf JSON mapping (lowerCamelCase names,
  * 64-bit integers as strings, zero values included so that scripts find every field).
  *
- * <p>Owns its connection; close it when done. Not thread-safe (one command per instance).
+ * <p>Each command is a picocli {@code @Command} nested here ({@link Devices}, {@link Stats},
+ * {@link Leases}, {@link Sessions}, {@link Trim}, {@link SetCap}, {@link Health}); it opens an
+ * {@code AdminCommands} (one connection), makes its call and closes it. Not thread-safe (one
+ * command per instance).
  */
 final class AdminCommands implements AutoCloseable {
   /** Admin calls are quick; a daemon that does not answer in this time is reported. */
@@ -47,45 +55,173 @@ final class AdminCommands implements AutoCloseable {
   private final boolean json;
   private final PrintStream out;
 
-  private AdminCommands(Channels.Connection connection, boolean json, PrintStream out) {
-    this.connection = connection;
+  private AdminCommands(GpuMemCtl ctl) {
+    this.connection = ctl.open();
     this.admin = AdminGrpc.newBlockingStub(connection.channel());
-    this.json = json;
-    this.out = out;
-  }
-
-  static AdminCommands connect(String target, boolean json, PrintStream out) {
-    return new AdminCommands(GpuMemCtl.open(target), json, out);
+    this.json = ctl.json();
+    this.out = ctl.out();
   }
 
   private AdminGrpc.AdminBlockingStub admin() {
     return admin.withDeadlineAfter(DEADLINE_SECONDS, TimeUnit.SECONDS);
   }
 
-  /** Runs {@code command}; returns the exit code. */
-  int run(String command, CommandLine cli) {
-    return switch (command) {
-      case "devices" -> devices(cli.allow(GpuMemCtl.GLOBAL_FLAGS));
-      case "stats" -> stats(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device"));
-      case "leases" -> leases(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "session", "limit"));
-      case "sessions" -> sessions(cli.allow(GpuMemCtl.GLOBAL_FLAGS));
-      case "trim" -> trim(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "keep-bytes"));
-      case "set-cap" -> setCap(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "device", "cap-bytes"));
-      case "health" -> health(cli.allow(GpuMemCtl.GLOBAL_FLAGS, "service"));
-      default -> throw new IllegalArgumentException(command);
-    };
+  // ---------------------------------------------------------------------------- the commands
+
+  /** The options every admin command shares: the device filter. */
+  static final class DeviceFilter {
+    /** Any integer: whether the ordinal exists is the daemon's to say (INVALID_ARGUMENT). */
+    @Option(names = "--device", paramLabel = "N", description = "only this device (default: all)")
+    Integer device;
+
+    String where() {
+      return device == null ? "all devices" : "device " + device;
+    }
   }
 
-  private static boolean hasDevice(CommandLine cli) {
-    return cli.has("device");
+  @Command(name = "devices", description = "devices with backend, capacity, budget, cap")
+  static final class Devices implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+
+    Devices(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.devices();
+      }
+    }
   }
 
-  /** Any integer: whether the ordinal exists is the daemon's to say (INVALID_ARGUMENT). */
-  private static int device(CommandLine cli) {
-    return cli.integer("device", 0, Integer.MIN_VALUE, Integer.MAX_VALUE);
+  @Command(name = "stats", description = "pool counters and gauges per device")
+  static final class Stats implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Mixin
+    DeviceFilter filter = new DeviceFilter();
+
+    Stats(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.stats(filter.device);
+      }
+    }
   }
 
-  private int devices(CommandLine cli) {
+  @Command(name = "leases", description = "live leases, oldest first")
+  static final class Leases implements Callable<Integer>, GpuMemCtl.Validated {
+    private final GpuMemCtl ctl;
+    @Mixin
+    DeviceFilter filter = new DeviceFilter();
+    @Option(names = "--session", paramLabel = "ID", description = "only this session's leases")
+    String session = "";
+    @Option(names = "--limit", paramLabel = "N", description = "at most N leases (0: the daemon's default, 1000)")
+    int limit;
+
+    Leases(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public void validate(GpuMemCtl.Problems problems) {
+      if (limit < 0) {
+        problems.add("--limit", limit, "an integer in [0, " + Integer.MAX_VALUE + "]");
+      }
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.leases(filter.device, session, limit);
+      }
+    }
+  }
+
+  @Command(name = "sessions", description = "live sessions with what they hold")
+  static final class Sessions implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+
+    Sessions(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.sessions();
+      }
+    }
+  }
+
+  @Command(name = "trim", description = "free cached memory down to SIZE per device")
+  static final class Trim implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Mixin
+    DeviceFilter filter = new DeviceFilter();
+    @Option(names = "--keep-bytes", paramLabel = "SIZE", required = true, converter = Converters.Size.class,
+        description = "cached bytes to keep per device (0 frees every cached segment)")
+    long keepBytes;
+
+    Trim(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.trim(filter, keepBytes);
+      }
+    }
+  }
+
+  @Command(name = "set-cap", description = "set the retention cap (0 disables caching)")
+  static final class SetCap implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Mixin
+    DeviceFilter filter = new DeviceFilter();
+    @Option(names = "--cap-bytes", paramLabel = "SIZE", required = true, converter = Converters.Size.class,
+        description = "the most cached free memory to keep per device; lowering it evicts at once")
+    long capBytes;
+
+    SetCap(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.setCap(filter, capBytes);
+      }
+    }
+  }
+
+  @Command(name = "health", description = "grpc.health.v1 check; exit 0 if SERVING, else 1")
+  static final class Health implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Option(names = "--service", paramLabel = "NAME",
+        description = "the service to check, e.g. gpumemd.v1.Allocator (default: the whole server)")
+    String service = "";
+
+    Health(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.health(service);
+      }
+    }
+  }
+
+  // ---------------------------------------------------------------------------- the calls
+
+  private int devices() {
     ListDevicesResponse response = admin().listDevices(ListDevicesRequest.getDefaultInstance());
     if (json) {
       return printJson(response);
@@ -126,10 +262,10 @@ final class AdminCommands implements AutoCloseable {
       new Row("limit", true, DeviceStats::getLimitBytes),
       new Row("capacity", true, DeviceStats::getCapacityBytes));
 
-  private int stats(CommandLine cli) {
+  private int stats(Integer device) {
     GetStatsRequest.Builder request = GetStatsRequest.newBuilder();
-    if (hasDevice(cli)) {
-      request.setDevice(device(cli));
+    if (device != null) {
+      request.setDevice(device);
     }
     GetStatsResponse response = admin().getStats(request.build());
     if (json) {
@@ -164,11 +300,10 @@ final class AdminCommands implements AutoCloseable {
     return 0;
   }
 
-  private int leases(CommandLine cli) {
-    ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(cli.string("session", ""))
-        .setLimit(cli.integer("limit", 0, 0, Integer.MAX_VALUE));
-    if (hasDevice(cli)) {
-      request.setDevice(device(cli));
+  private int leases(Integer device, String session, int limit) {
+    ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(session).setLimit(limit);
+    if (device != null) {
+      request.setDevice(device);
     }
     ListLeasesResponse response = admin().listLeases(request.build());
     if (json) {
@@ -191,7 +326,7 @@ final class AdminCommands implements AutoCloseable {
     return 0;
   }
 
-  private int sessions(CommandLine cli) {
+  private int sessions() {
     ListSessionsResponse response = admin().listSessions(ListSessionsRequest.getDefaultInstance());
     if (json) {
       return printJson(response);
@@ -210,42 +345,38 @@ final class AdminCommands implements AutoCloseable {
     return 0;
   }
 
-  private int trim(CommandLine cli) {
-    TrimRequest.Builder request = TrimRequest.newBuilder().setKeepBytes(cli.requiredSize("keep-bytes"));
-    if (hasDevice(cli)) {
-      request.setDevice(device(cli));
+  private int trim(DeviceFilter filter, long keepBytes) {
+    TrimRequest.Builder request = TrimRequest.newBuilder().setKeepBytes(keepBytes);
+    if (filter.device != null) {
+      request.setDevice(filter.device);
     }
     TrimResponse response = admin().trim(request.build());
     if (json) {
       return printJson(response);
     }
     out.println("freed " + Sizes.format(response.getFreedBytes()) + " (" + response.getFreedBytes() + " bytes) on "
-        + where(cli) + ", keeping at most " + Sizes.format(request.getKeepBytes()) + " cached per device");
+        + filter.where() + ", keeping at most " + Sizes.format(request.getKeepBytes()) + " cached per device");
     return 0;
   }
 
-  private int setCap(CommandLine cli) {
-    SetRetentionCapRequest.Builder request = SetRetentionCapRequest.newBuilder().setCapBytes(cli.requiredSize("cap-bytes"));
-    if (hasDevice(cli)) {
-      request.setDevice(device(cli));
+  private int setCap(DeviceFilter filter, long capBytes) {
+    SetRetentionCapRequest.Builder request = SetRetentionCapRequest.newBuilder().setCapBytes(capBytes);
+    if (filter.device != null) {
+      request.setDevice(filter.device);
     }
     SetRetentionCapResponse response = admin().setRetentionCap(request.build());
     if (json) {
       return printJson(response);
     }
-    out.println("retention cap set to " + Sizes.format(request.getCapBytes()) + " on " + where(cli) + ": evicted "
+    out.println("retention cap set to " + Sizes.format(request.getCapBytes()) + " on " + filter.where() + ": evicted "
         + Sizes.format(response.getEvictedBytes()) + " (" + response.getEvictedBytes() + " bytes)");
     return 0;
   }
 
-  private static String where(CommandLine cli) {
-    return hasDevice(cli) ? "device " + device(cli) : "all devices";
-  }
-
-  private int health(CommandLine cli) {
+  private int health(String service) {
     HealthCheckResponse response = HealthGrpc.newBlockingStub(connection.channel())
         .withDeadlineAfter(DEADLINE_SECONDS, TimeUnit.SECONDS)
-        .check(HealthCheckRequest.newBuilder().setService(cli.string("service", "")).build());
+        .check(HealthCheckRequest.newBuilder().setService(service).build());
     if (json) {
       printJson(response);
     } else {

@@ -1,4 +1,4 @@
-package io.gpumemd.server.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;

@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.client.GpuMemException;
 import java.util.ArrayList;

@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.client.Unmapper;
 import java.io.IOException;

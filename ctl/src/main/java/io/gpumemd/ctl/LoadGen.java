@@ -1,7 +1,8 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
+import io.gpumemd.common.Sizes;
 import io.grpc.health.v1.HealthCheckRequest;
 import io.grpc.health.v1.HealthCheckResponse;
 import io.grpc.health.v1.HealthGrpc;
@@ -15,7 +16,12 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.ITypeConverter;
+import picocli.CommandLine.Option;
+import picocli.CommandLine.TypeConversionException;
 
 /**
  * {@code gpumemctl loadgen}: drives a live daemon and reports latency percentiles (p50, p90,
@@ -40,108 +46,145 @@ import java.util.concurrent.CompletableFuture;
  *
  * <p>Runs on the calling thread (plus its load threads); one instance per run.
  */
-public final class LoadGen {
+@Command(name = "loadgen",
+    description = {"latency and throughput report of a live daemon",
+        "Measures latency percentiles and throughput per scenario, and the ratios the design's "
+            + "targets are stated in. Progress goes to stderr; the report to stdout."})
+final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
   static final List<String> SCENARIOS = List.of("floor", "pairs", "threads", "async", "procs", "baseline", "hit");
   private static final String TAG = "loadgen";
 
-  static final String USAGE = """
-      Usage: gpumemctl [--target T] loadgen [flags]
+  private final GpuMemCtl ctl;
 
-      Measures a live daemon: latency percentiles and throughput per scenario, and the ratios
-      the design's targets are stated in. Progress goes to stderr; the report to stdout.
+  @Option(names = "--scenarios", paramLabel = "NAME", split = ",", converter = ScenarioName.class,
+      defaultValue = "floor,pairs,threads,async,procs,baseline,hit",
+      description = "comma-separated, in any order (default: all: ${DEFAULT-VALUE})")
+  private List<String> scenarios;
 
-        --scenarios LIST       comma-separated, in any order; default all:
-                               floor,pairs,threads,async,procs,baseline,hit
-        --seconds S            measured time per case (default 5; fractions allowed)
-        --warmup-seconds S     warm-up per case, not measured (default 2)
-        --jit-warmup-seconds S before the first case, exercise every call the run makes so
-                               that neither JVM compiles during a measured window (default 10)
-        --proc-warmup-seconds S  warm-up of the 'procs' children: fresh JVMs, several
-                               compiling at once on few cores, need long (default 20)
-        --device N             device to lease on (default 0)
-        --pair-sizes LIST      sizes for 'pairs' (default 4KiB,2MiB,64MiB)
-        --size SIZE            lease size for threads, async, procs (default 4KiB)
-        --threads N            blocking threads for 'threads' (default 16)
-        --in-flight N          outstanding async pairs for 'async' (default 64)
-        --procs N              client processes for 'procs' (default 4)
-        --proc-threads N       threads per process for 'procs' (default 4)
-        --hit-sizes LIST       sizes for 'baseline' and 'hit' (default 4KiB,2MiB,16MiB,64MiB)
-        --baseline-dir DIR     where 'baseline' creates its files (default /dev/shm)
-        --json                 print the report as JSON instead of a table
-        --json-out FILE        also write the JSON report to FILE
-      """;
+  @Option(names = "--seconds", paramLabel = "S", defaultValue = "5",
+      description = "measured time per case; fractions allowed (default: ${DEFAULT-VALUE})")
+  private double seconds;
 
-  private final String target;
-  private final List<String> scenarios;
-  private final LoadDriver.Timing timing;
-  private final double seconds;
-  private final double warmupSeconds;
-  private final double jitWarmupSeconds;
-  private final double procWarmupSeconds;
-  private final int device;
-  private final List<Long> pairSizes;
-  private final long size;
-  private final int threads;
-  private final int inFlight;
-  private final int procs;
-  private final int procThreads;
-  private final List<Long> hitSizes;
-  private final Path baselineDir;
-  private final boolean json;
-  private final Path jsonOut;
-  private final boolean child;
-  private final PrintStream out;
-  private final PrintStream err;
+  @Option(names = "--warmup-seconds", paramLabel = "S", defaultValue = "2",
+      description = "warm-up per case, not measured (default: ${DEFAULT-VALUE})")
+  private double warmupSeconds;
 
-  private LoadGen(CommandLine cli, String target, PrintStream out, PrintStream err) {
-    cli.allow(GpuMemCtl.GLOBAL_FLAGS, "scenarios", "seconds", "warmup-seconds", "jit-warmup-seconds",
-        "proc-warmup-seconds", "device", "pair-sizes", "size",
-        "threads", "in-flight", "procs", "proc-threads", "hit-sizes", "baseline-dir", "json-out", "child");
-    this.target = target;
-    this.scenarios = parseScenarios(cli.string("scenarios", String.join(",", SCENARIOS)));
-    this.seconds = cli.seconds("seconds", 5, 0.001, 86_400);
-    this.warmupSeconds = cli.seconds("warmup-seconds", 2, 0, 86_400);
-    this.timing = LoadDriver.Timing.ofSeconds(warmupSeconds, seconds);
-    this.jitWarmupSeconds = cli.seconds("jit-warmup-seconds", 10, 0, 86_400);
-    this.procWarmupSeconds = cli.seconds("proc-warmup-seconds", 20, 0, 86_400);
-    this.device = cli.integer("device", 0, 0, Integer.MAX_VALUE);
-    this.pairSizes = cli.sizes("pair-sizes", List.of(4L << 10, 2L << 20, 64L << 20));
-    this.size = cli.size("size", 4L << 10);
-    if (size <= 0) {
-      throw UsageException.of("--size", Long.toString(size), "a size above 0");
-    }
-    this.threads = cli.integer("threads", 16, 1, 4096);
-    this.inFlight = cli.integer("in-flight", 64, 1, 65_536);
-    this.procs = cli.integer("procs", 4, 1, 256);
-    this.procThreads = cli.integer("proc-threads", 4, 1, 4096);
-    this.hitSizes = cli.sizes("hit-sizes", List.of(4L << 10, 2L << 20, 16L << 20, 64L << 20));
-    for (long hitSize : hitSizes) {
-      if (hitSize > Integer.MAX_VALUE) {
-        throw UsageException.of("--hit-sizes", Sizes.label(hitSize), "sizes below 2 GiB (one mapped buffer)");
-      }
-    }
-    this.baselineDir = Path.of(cli.string("baseline-dir", "/dev/shm"));
-    this.json = cli.has("json");
-    this.jsonOut = cli.has("json-out") ? Path.of(cli.string("json-out", "")) : null;
-    this.child = cli.has("child");
-    this.out = out;
-    this.err = err;
+  @Option(names = "--jit-warmup-seconds", paramLabel = "S", defaultValue = "10",
+      description = "before the first case, exercise every call the run makes so that neither JVM "
+          + "compiles during a measured window (default: ${DEFAULT-VALUE})")
+  private double jitWarmupSeconds;
+
+  @Option(names = "--proc-warmup-seconds", paramLabel = "S", defaultValue = "20",
+      description = "warm-up of the 'procs' children: fresh JVMs, several compiling at once on few "
+          + "cores, need long (default: ${DEFAULT-VALUE})")
+  private double procWarmupSeconds;
+
+  @Option(names = "--device", paramLabel = "N", description = "device to lease on (default: ${DEFAULT-VALUE})")
+  private int device;
+
+  @Option(names = "--pair-sizes", paramLabel = "SIZE", split = ",", converter = Converters.Size.class,
+      defaultValue = "4KiB,2MiB,64MiB", description = "sizes for 'pairs' (default: ${DEFAULT-VALUE})")
+  private List<Long> pairSizes;
+
+  @Option(names = "--size", paramLabel = "SIZE", converter = Converters.Size.class, defaultValue = "4KiB",
+      description = "lease size for threads, async, procs (default: ${DEFAULT-VALUE})")
+  private long size;
+
+  @Option(names = "--threads", paramLabel = "N", defaultValue = "16",
+      description = "blocking threads for 'threads' (default: ${DEFAULT-VALUE})")
+  private int threads;
+
+  @Option(names = "--in-flight", paramLabel = "N", defaultValue = "64",
+      description = "outstanding async pairs for 'async' (default: ${DEFAULT-VALUE})")
+  private int inFlight;
+
+  @Option(names = "--procs", paramLabel = "N", defaultValue = "4",
+      description = "client processes for 'procs' (default: ${DEFAULT-VALUE})")
+  private int procs;
+
+  @Option(names = "--proc-threads", paramLabel = "N", defaultValue = "4",
+      description = "threads per process for 'procs' (default: ${DEFAULT-VALUE})")
+  private int procThreads;
+
+  @Option(names = "--hit-sizes", paramLabel = "SIZE", split = ",", converter = Converters.Size.class,
+      defaultValue = "4KiB,2MiB,16MiB,64MiB", description = "sizes for 'baseline' and 'hit' (default: ${DEFAULT-VALUE})")
+  private List<Long> hitSizes;
+
+  @Option(names = "--baseline-dir", paramLabel = "DIR", defaultValue = "/dev/shm",
+      description = "where 'baseline' creates its files (default: ${DEFAULT-VALUE})")
+  private Path baselineDir;
+
+  @Option(names = "--json-out", paramLabel = "FILE", description = "also write the JSON report to FILE")
+  private Path jsonOut;
+
+  /** A {@code procs} child process ({@link ChildProcesses}); not for people. */
+  @Option(names = "--child", hidden = true)
+  private boolean child;
+
+  private LoadDriver.Timing timing;
+  private boolean json;
+  private PrintStream out;
+  private PrintStream err;
+
+  LoadGen(GpuMemCtl ctl) {
+    this.ctl = ctl;
   }
 
-  static LoadGen fromCommandLine(CommandLine cli, String target, PrintStream out, PrintStream err) {
-    return new LoadGen(cli, target, out, err);
-  }
-
-  private static List<String> parseScenarios(String text) {
-    List<String> wanted = new ArrayList<>();
-    for (String part : text.split(",")) {
-      String name = part.trim();
+  /** A scenario's name, checked against {@link #SCENARIOS}. */
+  static final class ScenarioName implements ITypeConverter<String> {
+    @Override
+    public String convert(String value) {
+      String name = value.trim();
       if (!SCENARIOS.contains(name)) {
-        throw UsageException.of("--scenarios", "'" + name + "'", "a comma-separated list of " + String.join(", ", SCENARIOS));
+        throw new TypeConversionException("a comma-separated list of " + String.join(", ", SCENARIOS));
       }
-      wanted.add(name);
+      return name;
     }
-    return SCENARIOS.stream().filter(wanted::contains).toList();
+  }
+
+  @Override
+  public void validate(GpuMemCtl.Problems problems) {
+    checkRange(problems, "--seconds", seconds, 0.001, 86_400);
+    checkRange(problems, "--warmup-seconds", warmupSeconds, 0, 86_400);
+    checkRange(problems, "--jit-warmup-seconds", jitWarmupSeconds, 0, 86_400);
+    checkRange(problems, "--proc-warmup-seconds", procWarmupSeconds, 0, 86_400);
+    checkRange(problems, "--device", device, 0, Integer.MAX_VALUE);
+    checkRange(problems, "--threads", threads, 1, 4096);
+    checkRange(problems, "--in-flight", inFlight, 1, 65_536);
+    checkRange(problems, "--procs", procs, 1, 256);
+    checkRange(problems, "--proc-threads", procThreads, 1, 4096);
+    if (size <= 0) {
+      problems.add("--size", Sizes.label(size), "a size above 0");
+    }
+    for (long pairSize : pairSizes == null ? List.<Long>of() : pairSizes) {
+      if (pairSize <= 0) {
+        problems.add("--pair-sizes", Sizes.label(pairSize), "sizes above 0");
+      }
+    }
+    for (long hitSize : hitSizes == null ? List.<Long>of() : hitSizes) {
+      if (hitSize <= 0 || hitSize > Integer.MAX_VALUE) {
+        problems.add("--hit-sizes", Sizes.label(hitSize), "sizes in [1, 2 GiB) (one mapped buffer)");
+      }
+    }
+  }
+
+  private static void checkRange(GpuMemCtl.Problems problems, String name, double value, double min, double max) {
+    if (!(value >= min && value <= max)) {
+      boolean integral = value == Math.rint(value) && min == Math.rint(min) && max == Math.rint(max);
+      problems.add(name, integral ? Long.toString((long) value) : Double.toString(value),
+          integral ? "an integer in [" + (long) min + ", " + (long) max + "]" : "seconds in [" + min + ", " + max + "]");
+    }
+  }
+
+  @Override
+  public Integer call() {
+    // in the order of SCENARIOS, whatever the order given, each once
+    scenarios = SCENARIOS.stream().filter(scenarios::contains).toList();
+    timing = LoadDriver.Timing.ofSeconds(warmupSeconds, seconds);
+    json = ctl.json();
+    out = ctl.out();
+    err = ctl.err();
+    return run();
   }
 
   private Map<String, Object> settings() {
@@ -164,33 +207,33 @@ public final class LoadGen {
   }
 
   /** @return 0, or 1 when a case saw errors */
-  int run() {
+  private int run() {
     if (child) {
       return runChild();
     }
     List<LoadResult> results = new ArrayList<>();
-    try (GpuMemClient client = GpuMemCtl.connect(target, "gpumemctl-loadgen")) {
+    try (GpuMemClient client = ctl.connect("gpumemctl-loadgen")) {
       warmUpJit(client);
       for (String scenario : scenarios) {
         switch (scenario) {
           case "floor" -> results.add(measure(() -> floor(client)));
           case "pairs" -> {
-            for (long pairSize : pairSizes) {
+            for (long pairSize : pairSizes == null ? List.<Long>of() : pairSizes) {
               results.add(measure(() -> pairs(client, pairSize)));
             }
           }
           case "threads" -> results.add(measure(() -> threads(client)));
           case "async" -> results.add(measure(() -> async(client)));
-          case "procs" -> results.add(measure(() -> ChildProcesses.run(target, procs, procThreads, size, device,
+          case "procs" -> results.add(measure(() -> ChildProcesses.run(ctl.target(), procs, procThreads, size, device,
               LoadDriver.Timing.ofSeconds(procWarmupSeconds, seconds), err)));
           case "baseline" -> {
             ShmBaseline shm = new ShmBaseline(baselineDir);
-            for (long hitSize : hitSizes) {
+            for (long hitSize : hitSizes == null ? List.<Long>of() : hitSizes) {
               results.add(measure(() -> baseline(shm, hitSize)));
             }
           }
           case "hit" -> {
-            for (long hitSize : hitSizes) {
+            for (long hitSize : hitSizes == null ? List.<Long>of() : hitSizes) {
               results.add(measure(() -> hit(client, hitSize)));
             }
           }
@@ -198,7 +241,7 @@ public final class LoadGen {
         }
       }
     }
-    LoadReport report = new LoadReport(target, settings(), results);
+    LoadReport report = new LoadReport(ctl.target(), settings(), results);
     String reportJson = report.toJson();
     if (jsonOut != null) {
       try {
@@ -344,7 +387,7 @@ public final class LoadGen {
 
   /** A {@code procs} child: threads doing pairs, gated by the parent; prints its result as JSON. */
   private int runChild() {
-    try (GpuMemClient client = GpuMemCtl.connect(target, "gpumemctl-loadgen-child")) {
+    try (GpuMemClient client = ctl.connect("gpumemctl-loadgen-child")) {
       LoadResult result = LoadDriver.threaded("procs", "child", threads, timing, true, Map.of(), pair(client, size),
           ChildProcesses.childGate(out));
       out.println(ChildProcesses.childResult(result));

@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import java.io.PrintStream;
 import java.util.ArrayList;
@@ -129,7 +129,7 @@ final class LoadReport {
       derived.add(r);
     }
     json.put("ratios", derived);
-    return JsonText.write(json);
+    return JsonTree.print(json);
   }
 
   void printTable(PrintStream out) {

@@ -3,22 +3,22 @@
 # own process on the host backend, runs 'gpumemctl loadgen' against it over the Unix socket as
 # a separate process, prints the table and writes the JSON report, then stops the daemon.
 #
-#   client/loadgen.sh                                   # every scenario, 5 s each after 2 s warm-up
-#   client/loadgen.sh --scenarios floor,pairs --seconds 10
+#   ctl/loadgen.sh                                      # every scenario, 5 s each after 2 s warm-up
+#   ctl/loadgen.sh --scenarios floor,pairs --seconds 10
 #
 # Environment: SKIP_BUILD=1 reuses the built jars; DAEMON_JAVA_OPTS / LOADGEN_JAVA_OPTS add JVM
 # flags (e.g. -XX:StartFlightRecording=filename=daemon.jfr,settings=profile to profile);
-# REPORT (default client/target/loadgen-report.json) is where the JSON report goes.
+# REPORT (default ctl/target/loadgen-report.json) is where the JSON report goes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SOCK=/tmp/lg.sock
 SHM=/dev/shm/gpumemd-lg
 LOG=${DAEMON_LOG:-/tmp/gpumemd-lg.log}
-REPORT=${REPORT:-client/target/loadgen-report.json}
+REPORT=${REPORT:-ctl/target/loadgen-report.json}
 
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
-  mvn -B -q -pl server,client -am package -DskipTests
+  mvn -B -q -pl server,ctl -am package -DskipTests
 fi
 
 # Truncate here, not in the background job's redirection: that one runs asynchronously and the
@@ -42,6 +42,6 @@ done
 grep -q "gpumemd ready" "$LOG" || { echo "gpumemd not ready after 30 s:" >&2; cat "$LOG" >&2; exit 1; }
 
 # shellcheck disable=SC2086
-java ${LOADGEN_JAVA_OPTS:-} -jar client/target/gpumemctl.jar --target "unix://$SOCK" loadgen \
+java ${LOADGEN_JAVA_OPTS:-} -jar ctl/target/gpumemctl.jar --target "unix://$SOCK" loadgen \
   --json-out "$REPORT" "$@"
 echo "JSON report: $REPORT; daemon log: $LOG" >&2

@@ -1,4 +1,4 @@
-package io.gpumemd.server.tools;
+package io.gpumemd.ctl;
 
 import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -8,7 +8,6 @@ import com.google.protobuf.Message;
 import com.google.protobuf.util.JsonFormat;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
-import io.gpumemd.client.tools.GpuMemCtl;
 import io.gpumemd.proto.v1.GetStatsResponse;
 import io.gpumemd.proto.v1.ListDevicesResponse;
 import io.gpumemd.proto.v1.ListLeasesResponse;
@@ -23,9 +22,12 @@ import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
@@ -281,6 +283,102 @@ class GpuMemCtlTest {
   }
 
   @Test
+  void manyInvalidValues_areReportedTogether_eachWithItsFlag_exitTwo() {
+    CtlRun r = ctl("worker", "--size", "12 parsecs", "--device", "x", "--hold-ms", "-5", "--iterations", "2");
+    assertEquals(2, r.code(), r.err());
+    assertEquals("", r.out());
+    List<String> lines = r.err().lines().toList();
+    assertEquals(List.of(
+        "gpumemctl: --size: '12 parsecs' (expected: a byte size with suffix B, KiB, MiB, GiB or TiB)",
+        "gpumemctl: --device: 'x' (expected: an integer)",
+        "gpumemctl: --hold-ms: '-5' (expected: an integer in [0, " + Long.MAX_VALUE + "])",
+        "Run 'gpumemctl worker --help' for usage."), lines);
+    assertEquals(0, daemon.server().registry().sessions().size(), "a usage error contacts no daemon");
+
+    CtlRun ranges = ctl("loadgen", "--threads", "0", "--seconds", "soon", "--scenarios", "floor,warp", "--procs=999");
+    assertEquals(2, ranges.code(), ranges.err());
+    assertEquals(List.of(
+        "gpumemctl: --seconds: 'soon' (expected: a number such as 5 or 0.25)",
+        "gpumemctl: --scenarios: 'warp' (expected: a comma-separated list of floor, pairs, threads, async, procs, "
+            + "baseline, hit)",
+        "gpumemctl: --threads: '0' (expected: an integer in [1, 4096])",
+        "gpumemctl: --procs: '999' (expected: an integer in [1, 256])"),
+        ranges.err().lines().filter(l -> l.startsWith("gpumemctl: ")).toList());
+  }
+
+  @Test
+  void usageErrors_nameTheFlag_andWhatWasExpected() {
+    assertEquals("gpumemctl: --keep-bytes: required (e.g. --keep-bytes 64MiB)", firstLine(ctl("trim")));
+    assertEquals("gpumemctl: --device: missing value", firstLine(ctl("stats", "--device")));
+    assertEquals("gpumemctl: --json: 'yes' (expected: no value: it is a switch)", firstLine(ctl("devices", "--json=yes")));
+    CtlRun typo = ctl("stats", "--devcie", "0");
+    assertEquals(List.of("gpumemctl: --devcie: unknown flag for 'gpumemctl stats' (expected one of: --device, --target, "
+        + "--json, --help)", "Run 'gpumemctl stats --help' for usage."), typo.err().lines().toList());
+    assertTrue(firstLine(ctl("frobnicate")).startsWith("gpumemctl: unknown command 'frobnicate' (expected one of: devices, "),
+        ctl("frobnicate").err());
+  }
+
+  private static String firstLine(CtlRun r) {
+    assertEquals(2, r.code(), r.err());
+    return r.err().lines().findFirst().orElse("");
+  }
+
+  @Test
+  void targetFromEnvironment_isTheDefault_andTargetFlagOverridesIt() {
+    CtlRun fromEnv = CtlRun.withEnv(Map.of("GPUMEMD_TARGET", daemon.unixTarget()), "health");
+    assertOk(fromEnv);
+    assertEquals("SERVING\n", fromEnv.out());
+
+    String nowhere = "unix:///tmp/gpumemctl-test-env-nowhere.sock";
+    CtlRun envUsed = CtlRun.withEnv(Map.of("GPUMEMD_TARGET", nowhere), "devices");
+    assertEquals(1, envUsed.code(), envUsed.err());
+    assertTrue(envUsed.err().contains("(target " + nowhere + ")"), envUsed.err());
+
+    CtlRun flagWins = CtlRun.withEnv(Map.of("GPUMEMD_TARGET", nowhere), "devices", "--target", daemon.tcpTarget());
+    assertOk(flagWins);
+    assertTrue(flagWins.out().startsWith("DEVICE"), flagWins.out());
+  }
+
+  @Test
+  void completion_printsBashScript_namingEveryCommand_thatBashAccepts() throws Exception {
+    CtlRun r = ctlRaw("completion");
+    assertOk(r);
+    List<String> commands = List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker",
+        "loadgen", "completion");
+    String commandList = r.out().lines().map(String::trim).filter(l -> l.startsWith("local commands=\"devices"))
+        .findFirst().orElseThrow(() -> new AssertionError("no top-level command list:\n" + r.out()));
+    assertEquals("local commands=\"" + String.join(" ", commands) + "\"", commandList);
+    for (String command : commands) {
+      assertTrue(r.out().contains("function _picocli_gpumemctl_" + command.replace("-", "") + "()")
+          || r.out().contains("function _picocli_gpumemctl_" + command + "()"), "a completion function for " + command);
+    }
+
+    Path script = Files.createTempFile("gpumemctl-completion", ".bash");
+    try {
+      Files.writeString(script, r.out());
+      assertEquals("", bash("-n", script.toString()), "bash -n accepts the script");
+      // and it completes: 'gpumemctl st<TAB>' offers stats, 'gpumemctl trim --k<TAB>' offers --keep-bytes
+      assertEquals("stats", bash("-c", "source " + script + "; COMP_WORDS=(gpumemctl st); COMP_CWORD=1; "
+          + "_complete_gpumemctl 2>/dev/null; printf '%s\\n' \"${COMPREPLY[@]}\"").strip());
+      assertEquals("--keep-bytes", bash("-c", "source " + script + "; COMP_WORDS=(gpumemctl trim --k); COMP_CWORD=2; "
+          + "_complete_gpumemctl 2>/dev/null; printf '%s\\n' \"${COMPREPLY[@]}\"").strip());
+    } finally {
+      Files.delete(script);
+    }
+  }
+
+  /** Runs bash; returns its output; fails the test unless it exits 0. */
+  private static String bash(String... args) throws Exception {
+    List<String> command = new ArrayList<>(List.of("bash"));
+    command.addAll(List.of(args));
+    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+    String output = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(p.waitFor(30, TimeUnit.SECONDS), "bash did not finish");
+    assertEquals(0, p.exitValue(), "bash " + String.join(" ", args) + ": " + output);
+    return output;
+  }
+
+  @Test
   void unreachableDaemon_exitsOne_withUnavailableAndTarget() {
     CtlRun r = ctlRaw("--target", "unix:///tmp/gpumemctl-test-no-such.sock", "devices");
     assertEquals(1, r.code());
@@ -299,6 +397,17 @@ class GpuMemCtlTest {
     CtlRun loadgen = ctlRaw("loadgen", "--help");
     assertOk(loadgen);
     assertTrue(loadgen.out().contains("--scenarios"), loadgen.out());
+
+    // picocli's generated help, per command, with the inherited global flags
+    CtlRun stats = ctlRaw("stats", "--help");
+    assertOk(stats);
+    assertTrue(stats.out().startsWith("Usage: gpumemctl stats "), stats.out());
+    for (String flag : List.of("--device=N", "--json", "--target=TARGET", "--help")) {
+      assertTrue(stats.out().contains(flag), flag + " in\n" + stats.out());
+    }
+    CtlRun trimHelp = ctlRaw("--target", "unix:///x.sock", "trim", "-h");
+    assertOk(trimHelp);
+    assertTrue(trimHelp.out().contains("--keep-bytes=SIZE"), trimHelp.out());
   }
 
   // ---------------------------------------------------------------------------- worker

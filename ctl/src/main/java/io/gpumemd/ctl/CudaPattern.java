@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;

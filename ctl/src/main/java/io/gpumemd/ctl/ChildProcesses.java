@@ -1,9 +1,10 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import com.google.protobuf.InvalidProtocolBufferException;
 import com.google.protobuf.Struct;
 import com.google.protobuf.Value;
 import com.google.protobuf.util.JsonFormat;
+import io.gpumemd.common.Sizes;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
@@ -212,7 +213,7 @@ final class ChildProcesses {
       json.put("firstError", result.firstError);
     }
     json.put("histogram", encode(result.latency));
-    return JsonText.write(json);
+    return JsonTree.print(json);
   }
 
   static String encode(Histogram histogram) {

@@ -1,4 +1,4 @@
-package io.gpumemd.client.tools;
+package io.gpumemd.ctl;
 
 import java.util.LinkedHashMap;
 import java.util.Map;
