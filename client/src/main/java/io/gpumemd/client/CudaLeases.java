@@ -29,7 +29,7 @@ public final class CudaLeases {
   public static CUdeviceptr pointer(Lease lease) {
     CudaMappings.CudaMapping mapping = mapping(lease);
     CudaMappings.makeCurrent(mapping.device);
-    return mapping.base.withByteOffset(lease.offset());
+    return CudaMappings.pointer(mapping, lease.offset());
   }
 
   /**

@@ -64,8 +64,9 @@ final class CudaMappings {
   }
 
   /** The device address of a mapping's base in this process. */
-  static long address(SegmentMapping mapping) {
-    return CudaHandles.address(((CudaMapping) mapping).base);
+  /** A device pointer {@code offset} bytes into a mapped segment: the one place of that sum. */
+  static CUdeviceptr pointer(SegmentMapping mapping, long offset) {
+    return ((CudaMapping) mapping).base.withByteOffset(offset);
   }
 
   /** Makes the primary context of a device current on this thread, retaining it once. */

@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.proto.v1.LeaseResponse;
 import java.nio.ByteBuffer;
 import java.util.concurrent.CompletableFuture;
@@ -117,7 +118,7 @@ public final class Lease implements AutoCloseable {
     if (isHost()) {
       throw new IllegalStateException("lease " + id + " is on a host device: use buffer()");
     }
-    return CudaMappings.address(mapping) + offset;
+    return CudaHandles.address(CudaMappings.pointer(mapping, offset));
   }
 
   public boolean isClosed() {
