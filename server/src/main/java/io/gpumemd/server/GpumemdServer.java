@@ -73,6 +73,10 @@ public final class GpumemdServer {
     for (DeviceInfo device : backend.devices()) {
       long limit = config.deviceLimit(device.capacityBytes());
       long cap = config.retentionCapBytes() < 0 ? limit : Math.min(config.retentionCapBytes(), limit);
+      if (config.retentionCapBytes() > limit) {
+        log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
+            config.retentionCapBytes(), device.ordinal(), limit);
+      }
       list.add(new DevicePool(device, backend,
           new PoolSettings(limit, cap, config.maxOversizeBytes(), config.unmapWaitMillis()),
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));

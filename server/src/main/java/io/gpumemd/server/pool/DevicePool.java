@@ -82,7 +82,7 @@ public final class DevicePool implements AutoCloseable {
   /** Signalled when a segment that waited for unmaps is freed. */
   private final Condition segmentFreed = lock.newCondition();
 
-  // ---- guarded by lock ----
+  // ---- guarded by lock; package-private for PoolInvariants and the pool's tests ----
   final BlockIndex free;
   final IdleSegments idle = new IdleSegments();
   final HolderMappings holders = new HolderMappings();
