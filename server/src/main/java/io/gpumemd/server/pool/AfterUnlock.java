@@ -1,6 +1,5 @@
 package io.gpumemd.server.pool;
 
-import io.gpumemd.server.backend.MemoryBackend;
 import java.util.ArrayList;
 import java.util.List;
 import org.slf4j.Logger;
@@ -17,16 +16,13 @@ final class AfterUnlock {
   /** Asks {@code holder} to unmap a segment. */
   private record UnmapAsk(String holder, long segmentId) {}
 
-  private final MemoryBackend backend;
-  private final UnmapRequester unmapRequester;
-  private final int device;
+  /** The one reference to the pool's collaborators: one of these is made per release. */
+  private final DevicePool pool;
   private List<Segment> toFree;
   private List<UnmapAsk> unmaps;
 
-  AfterUnlock(MemoryBackend backend, UnmapRequester unmapRequester, int device) {
-    this.backend = backend;
-    this.unmapRequester = unmapRequester;
-    this.device = device;
+  AfterUnlock(DevicePool pool) {
+    this.pool = pool;
   }
 
   void free(Segment segment) {
@@ -45,15 +41,16 @@ final class AfterUnlock {
 
   /** Runs the collected work; call with the pool lock released. */
   void run() {
+    int device = pool.device().ordinal();
     if (toFree != null) {
       for (Segment segment : toFree) {
-        backend.free(segment.memory);
+        pool.backend.free(segment.memory);
         log.debug("device {}: freed segment {} ({} bytes)", device, segment.id, segment.bytes);
       }
     }
     if (unmaps != null) {
       for (UnmapAsk ask : unmaps) {
-        unmapRequester.requestUnmap(ask.holder(), device, ask.segmentId());
+        pool.unmapRequester.requestUnmap(ask.holder(), device, ask.segmentId());
       }
     }
   }

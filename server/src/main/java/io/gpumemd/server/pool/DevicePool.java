@@ -73,8 +73,8 @@ public final class DevicePool implements AutoCloseable {
   private static final long UNMAP_WAIT_SLICE_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
 
   private final DeviceInfo device;
-  private final MemoryBackend backend;
-  private final UnmapRequester unmapRequester;
+  final MemoryBackend backend;
+  final UnmapRequester unmapRequester;
   private final Ticker ticker;
   private final long limitBytes;
   private final long unmapWaitNanos;
@@ -669,7 +669,7 @@ public final class DevicePool implements AutoCloseable {
   }
 
   private AfterUnlock afterUnlock() {
-    return new AfterUnlock(backend, unmapRequester, device.ordinal());
+    return new AfterUnlock(this);
   }
 
   private void checkOpen() {
