@@ -1,6 +1,7 @@
 package io.gpumemd.server.session;
 
 import io.gpumemd.common.Sizes;
+import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.pool.DevicePool;
 
@@ -11,8 +12,6 @@ import io.gpumemd.server.pool.DevicePool;
 public final class Validation {
   /** Longest {@code client_name} and {@code tag} accepted. */
   public static final int MAX_LABEL_LENGTH = 128;
-  /** Event handles (and memory handles) of CUDA IPC are 64 bytes. */
-  public static final int CUDA_IPC_HANDLE_BYTES = 64;
 
   private Validation() {}
 
@@ -59,9 +58,9 @@ public final class Validation {
 
   /** An optional CUDA IPC event handle: empty or exactly 64 bytes. */
   public static byte[] eventHandle(byte[] handle) {
-    if (handle.length != 0 && handle.length != CUDA_IPC_HANDLE_BYTES) {
+    if (handle.length != 0 && handle.length != CudaHandles.IPC_HANDLE_BYTES) {
       throw InvalidRequestException.of("cuda_ipc_event_handle", handle.length + " bytes",
-          "empty or " + CUDA_IPC_HANDLE_BYTES + " bytes");
+          "empty or " + CudaHandles.IPC_HANDLE_BYTES + " bytes");
     }
     return handle;
   }
