@@ -72,6 +72,8 @@ public final class GpuMemClient implements AutoCloseable {
     private int ttlSeconds;
     private boolean keepAlive = true;
     private Consumer<Long> onShutdownNotice = drainMs -> { };
+    private Long clientCacheBytes;
+    private boolean unaryCalls;
 
     private Builder(String target) {
       this.target = target;
@@ -95,6 +97,29 @@ public final class GpuMemClient implements AutoCloseable {
      */
     public Builder keepAlive(boolean keepAlive) {
       this.keepAlive = keepAlive;
+      return this;
+    }
+
+    /**
+     * Asks for at most this client cache allowance (0 turns the client cache tier off). By
+     * default the client takes what the daemon grants. Closed leases stay mapped in the client,
+     * within the allowance, and serve later leases that fit without a round trip.
+     */
+    public Builder clientCacheBytes(long bytes) {
+      if (bytes < 0) {
+        throw new IllegalArgumentException("clientCacheBytes: " + bytes + " (expected: >= 0)");
+      }
+      this.clientCacheBytes = bytes;
+      return this;
+    }
+
+    /**
+     * Uses the unary Lease and Release calls (two round trips a pair) instead of the session's
+     * stream (one round trip a lease, releases not waited for). For comparison and for
+     * daemons that predate the stream; default false.
+     */
+    public Builder unaryCalls(boolean unary) {
+      this.unaryCalls = unary;
       return this;
     }
 
@@ -179,6 +204,11 @@ public final class GpuMemClient implements AutoCloseable {
   /** Mappings opened since connect; a pool hit on a mapped segment does not add one. */
   public long mapsOpened() {
     return mappings.mapsOpened();
+  }
+
+  /** What the cache tier and the lease path did since connect. */
+  public ClientStats stats() {
+    throw new UnsupportedOperationException("not yet");
   }
 
   /** True once the daemon ended the session (expired, or the server restarted). */
