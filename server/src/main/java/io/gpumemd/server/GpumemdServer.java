@@ -92,7 +92,7 @@ public final class GpumemdServer {
     this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount);
     List<ServerServiceDefinition> services = List.of(
         DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics)),
-        DocumentedSchema.bind(new AdminService(pools, registry)),
+        DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor)),
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());

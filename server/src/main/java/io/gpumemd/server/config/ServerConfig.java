@@ -40,6 +40,7 @@ public record ServerConfig(
     long leakThresholdMillis,
     Quota defaultQuota,
     Map<String, Quota> quotaOverrides,
+    long clientCacheBytes,
     long drainTimeoutMillis,
     String logFormat,
     String logLevel,
@@ -51,7 +52,7 @@ public record ServerConfig(
 
   public SessionSettings sessionSettings() {
     return new SessionSettings(sessionTtlSeconds, maxSessionTtlSeconds, keepaliveGraceMillis,
-        leakThresholdMillis, defaultQuota, quotaOverrides);
+        leakThresholdMillis, defaultQuota, quotaOverrides, clientCacheBytes);
   }
 
   /** The device budget for a device of the given capacity. */
@@ -83,6 +84,7 @@ public record ServerConfig(
     values.put("leak-threshold-ms", leakThresholdMillis);
     values.put("quota-max-leased-bytes", defaultQuota.maxLeasedBytes());
     values.put("quota-max-leases", defaultQuota.maxLeases());
+    values.put("client-cache-bytes", clientCacheBytes);
     values.put("drain-timeout-ms", drainTimeoutMillis);
     values.put("log-format", logFormat);
     values.put("log-level", logLevel);

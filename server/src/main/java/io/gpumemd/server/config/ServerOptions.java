@@ -145,6 +145,11 @@ public final class ServerOptions {
       description = "per-session limit on live leases (0 = none)")
   String quotaMaxLeases;
 
+  @Option(names = "--client-cache-bytes", paramLabel = "BYTES", defaultValue = "64MiB",
+      description = "client cache allowance per session: closed leases a client keeps mapped to "
+          + "serve its next leases locally (0 = no client cache tier)")
+  String clientCacheBytes;
+
   @Option(names = "--drain-timeout-ms", paramLabel = "MS", defaultValue = "10000",
       description = "on SIGTERM, how long leases may drain before memory is freed")
   String drainTimeoutMs;
@@ -422,6 +427,7 @@ public final class ServerOptions {
         s.integer("leak-threshold-ms", 0, Long.MAX_VALUE / 1_000_000),
         new Quota(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
         Map.copyOf(quotas),
+        s.size("client-cache-bytes"),
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

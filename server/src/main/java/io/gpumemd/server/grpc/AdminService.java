@@ -20,8 +20,11 @@ import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.Validation;
+import io.grpc.Status;
 import io.grpc.stub.StreamObserver;
 import java.util.List;
+import java.util.concurrent.Executor;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -37,10 +40,16 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
 
   private final DevicePools pools;
   private final SessionRegistry registry;
+  private final Executor blockingExecutor;
 
-  public AdminService(DevicePools pools, SessionRegistry registry) {
+  /**
+   * @param blockingExecutor runs Trim, which may wait (up to the unmap wait) for clients to
+   *     give back their cached blocks, off the transport thread
+   */
+  public AdminService(DevicePools pools, SessionRegistry registry, Executor blockingExecutor) {
     this.pools = pools;
     this.registry = registry;
+    this.blockingExecutor = blockingExecutor;
   }
 
   private static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
@@ -111,16 +120,27 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
 
   @Override
   public void trim(TrimRequest request, StreamObserver<TrimResponse> response) {
-    answer("Trim", response, () -> {
-      long keep = Validation.byteCount("keep_bytes", request.getKeepBytes());
-      List<DevicePool> targets = selected(request.hasDevice(), request.getDevice());
-      long freed = 0;
-      for (DevicePool pool : targets) {
-        freed += pool.trim(keep);
-      }
-      log.info("Trim to {} bytes on {}: freed {} bytes", keep, describe(request.hasDevice(), request.getDevice()), freed);
-      return TrimResponse.newBuilder().setFreedBytes(freed).build();
-    });
+    long keep;
+    List<DevicePool> targets;
+    try {
+      keep = Validation.byteCount("keep_bytes", request.getKeepBytes());
+      targets = selected(request.hasDevice(), request.getDevice());
+    } catch (RuntimeException e) {
+      response.onError(StatusMapper.toStatus("Trim", e));
+      return;
+    }
+    try {
+      blockingExecutor.execute(() -> answer("Trim", response, () -> {
+        long freed = 0;
+        for (DevicePool pool : targets) {
+          freed += pool.trim(keep);
+        }
+        log.info("Trim to {} bytes on {}: freed {} bytes", keep, describe(request.hasDevice(), request.getDevice()), freed);
+        return TrimResponse.newBuilder().setFreedBytes(freed).build();
+      }));
+    } catch (RejectedExecutionException e) {
+      response.onError(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
+    }
   }
 
   @Override

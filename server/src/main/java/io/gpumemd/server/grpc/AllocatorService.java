@@ -15,10 +15,13 @@ import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Validation;
 import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
 import java.util.concurrent.Executor;
+import java.util.function.Consumer;
 import java.util.concurrent.RejectedExecutionException;
 
 /**
@@ -45,13 +48,15 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
     try {
       // ttl_seconds is a uint32: values past 2^31 arrive negative in Java; they mean "huge".
       int ttl = (int) Math.min(Integer.toUnsignedLong(request.getTtlSeconds()), Integer.MAX_VALUE);
-      Session session = registry.open(request.getClientName(), ttl);
+      Session session = registry.open(request.getClientName(), ttl,
+          request.hasClientCacheBytes() ? Validation.byteCount("client_cache_bytes", request.getClientCacheBytes()) : -1);
       response.onNext(OpenSessionResponse.newBuilder()
           .setSessionId(session.id())
           .setTtlSeconds(session.ttlSeconds())
           .setKeepaliveGraceMs((int) registry.settings().graceMillis())
           .setMaxLeasedBytes(session.quota().maxLeasedBytes())
           .setMaxLeases(session.quota().maxLeases())
+          .setClientCacheBytes(session.cacheAllowance())
           .build());
       response.onCompleted();
     } catch (RuntimeException e) {
@@ -61,50 +66,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public StreamObserver<KeepAliveRequest> keepAlive(StreamObserver<SessionEvent> events) {
-    StreamSessionChannel channel = new StreamSessionChannel((ServerCallStreamObserver<SessionEvent>) events);
-    return new StreamObserver<>() {
-      private Session session;
-
-      @Override
-      public void onNext(KeepAliveRequest message) {
-        try {
-          if (session == null) {
-            session = registry.attach(message.getSessionId(), channel);
-            channel.attached(session.id());
-          } else if (!message.getSessionId().isEmpty() && !message.getSessionId().equals(session.id())) {
-            throw Status.INVALID_ARGUMENT
-                .withDescription("session_id: a KeepAlive stream serves one session (expected: "
-                    + session.id() + " or empty)")
-                .asRuntimeException();
-          } else {
-            registry.touch(session);
-          }
-          if (message.getUnmappedSegmentIdsCount() > 0) {
-            registry.unmapped(session, message.getUnmappedSegmentIdsList());
-          }
-        } catch (RuntimeException e) {
-          if (session != null) {
-            registry.detach(session, channel);
-          }
-          channel.fail(StatusMapper.toStatus("KeepAlive", e));
-        }
-      }
-
-      @Override
-      public void onError(Throwable t) {
-        if (session != null) {
-          registry.detach(session, channel);
-        }
-      }
-
-      @Override
-      public void onCompleted() {
-        if (session != null) {
-          registry.detach(session, channel);
-        }
-        channel.close();
-      }
-    };
+    return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events);
   }
 
   @Override
@@ -121,40 +83,54 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public void lease(LeaseRequest request, StreamObserver<LeaseResponse> response) {
+    serveLease(request.getSessionId(), request.getDevice(), request.getSizeBytes(), request.getZero(),
+        request.getTag(), reply -> {
+          response.onNext(reply);
+          response.onCompleted();
+        }, response::onError);
+  }
+
+  /**
+   * Serves a lease, unary or on a session stream: a pool hit on the calling (transport)
+   * thread, anything that needs the backend on the blocking executor. Exactly one of the
+   * callbacks runs, once.
+   */
+  void serveLease(String sessionId, int device, long size, boolean zero, String tag,
+      Consumer<LeaseResponse> reply, Consumer<StatusRuntimeException> refuse) {
     long start = System.nanoTime();
     LeaseRecord lease;
     try {
-      lease = registry.lease(request.getSessionId(), request.getDevice(), request.getSizeBytes(),
-          request.getZero(), request.getTag(), true);
+      lease = registry.lease(sessionId, device, size, zero, tag, true);
     } catch (RuntimeException e) {
-      response.onError(StatusMapper.toStatus("Lease", e));
+      refuse.accept(StatusMapper.toStatus("Lease", e));
       return;
     }
     if (lease != null) {
-      respond(lease, start, response);
+      reply.accept(respond(lease, start));
       return;
     }
     try {
       blockingExecutor.execute(() -> {
+        LeaseResponse response;
         try {
-          respond(registry.lease(request.getSessionId(), request.getDevice(), request.getSizeBytes(),
-              request.getZero(), request.getTag(), false), start, response);
+          response = respond(registry.lease(sessionId, device, size, zero, tag, false), start);
         } catch (RuntimeException e) {
-          response.onError(StatusMapper.toStatus("Lease", e));
+          refuse.accept(StatusMapper.toStatus("Lease", e));
+          return;
         }
+        reply.accept(response);
       });
     } catch (RejectedExecutionException e) {
-      response.onError(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
+      refuse.accept(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
     }
   }
 
-  private void respond(LeaseRecord lease, long startNanos, StreamObserver<LeaseResponse> response) {
+  private LeaseResponse respond(LeaseRecord lease, long startNanos) {
     LeaseResponse reply = ProtoMapping.leaseResponse(lease);
     // Recorded before the reply leaves: afterwards the client may already have released the
     // block and another lease be using it.
     metrics.recordLease(reply.getDevice(), reply.getPoolHit(), System.nanoTime() - startNanos);
-    response.onNext(reply);
-    response.onCompleted();
+    return reply;
   }
 
   @Override

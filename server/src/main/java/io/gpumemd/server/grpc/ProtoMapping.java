@@ -92,12 +92,17 @@ final class ProtoMapping {
 
   static SessionInfo sessionInfo(Session session, long ageMillis, int mappedSegments) {
     long[] holdings = session.holdings();
+    long[] counters = session.clientCounters();
     return SessionInfo.newBuilder()
         .setSessionId(session.id()).setClientName(session.clientName())
         .setLeases(holdings[0]).setLeasedBytes(holdings[1])
         .setAgeMs(ageMillis)
         .setStreamAttached(session.streamAttached()).setTtlSeconds(session.ttlSeconds())
         .setMappedSegments(mappedSegments)
+        .setClientCachedBytes(holdings[2])
+        .setClientCacheAllowanceBytes(session.cacheAllowance())
+        .setClientCacheHits(counters[0])
+        .setClientCacheReturns(counters[1])
         .build();
   }
 }

@@ -7,7 +7,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * Work a pool finds under its lock that must run after the lock is released: backend frees
- * (which may take milliseconds) and unmap requests (which call into the session layer). One
+ * (which may take milliseconds) and requests to holders (unmap a segment, give back cached
+ * blocks), which call into the session layer. One
  * per pool operation, owned by the thread running it.
  */
 final class AfterUnlock {
@@ -16,10 +17,14 @@ final class AfterUnlock {
   /** Asks {@code holder} to unmap a segment. */
   private record UnmapAsk(String holder, long segmentId) {}
 
+  /** Asks {@code holder} to give back client-cached bytes (0 = all), or reports it overdue. */
+  private record ReturnAsk(String holder, long bytes, boolean overdue) {}
+
   /** The one reference to the pool's collaborators: one of these is made per release. */
   private final DevicePool pool;
   private List<Segment> toFree;
   private List<UnmapAsk> unmaps;
+  private List<ReturnAsk> returns;
 
   AfterUnlock(DevicePool pool) {
     this.pool = pool;
@@ -39,6 +44,20 @@ final class AfterUnlock {
     unmaps.add(new UnmapAsk(holder, segmentId));
   }
 
+  void askCacheReturn(String holder, long bytes) {
+    if (returns == null) {
+      returns = new ArrayList<>(2);
+    }
+    returns.add(new ReturnAsk(holder, bytes, false));
+  }
+
+  void cacheReturnOverdue(String holder) {
+    if (returns == null) {
+      returns = new ArrayList<>(2);
+    }
+    returns.add(new ReturnAsk(holder, 0, true));
+  }
+
   /** Runs the collected work; call with the pool lock released. */
   void run() {
     int device = pool.device().ordinal();
@@ -50,7 +69,18 @@ final class AfterUnlock {
     }
     if (unmaps != null) {
       for (UnmapAsk ask : unmaps) {
-        pool.unmapRequester.requestUnmap(ask.holder(), device, ask.segmentId());
+        pool.holderRequests.requestUnmap(ask.holder(), device, ask.segmentId());
+      }
+    }
+    if (returns != null) {
+      for (ReturnAsk ask : returns) {
+        if (ask.overdue()) {
+          pool.holderRequests.cacheReturnOverdue(ask.holder());
+        } else {
+          log.debug("device {}: asking {} to give back {} client-cached bytes", device, ask.holder(),
+              ask.bytes() == 0 ? "all its" : ask.bytes());
+          pool.holderRequests.requestCacheReturn(ask.holder(), device, ask.bytes());
+        }
       }
     }
   }

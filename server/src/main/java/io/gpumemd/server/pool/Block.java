@@ -3,15 +3,15 @@ package io.gpumemd.server.pool;
 import io.gpumemd.server.backend.SegmentMemory;
 
 /**
- * A byte range inside a segment: free (cached), leased, or released but waiting for the
- * client's completion event. Blocks of a segment form a doubly linked list in address order so
+ * A byte range inside a segment: free (cached), leased, leased but kept closed in its client's
+ * cache tier (client-cached), or released but waiting for the client's completion event. Blocks of a segment form a doubly linked list in address order so
  * that a released block can coalesce with free neighbours.
  *
  * <p>All mutable fields are guarded by the owning {@link DevicePool}'s lock. Outside the pool
  * a leased block is read-only: its segment, offset and size do not change while it is leased.
  */
 public final class Block {
-  enum State { FREE, LEASED, AWAITING_EVENT }
+  enum State { FREE, LEASED, CLIENT_CACHED, AWAITING_EVENT }
 
   final Segment segment;
   final long id;
@@ -20,6 +20,8 @@ public final class Block {
   State state;
   Block prev;
   Block next;
+  /** The holder keeping the block in its client cache, while {@code CLIENT_CACHED}. */
+  String cachedBy;
 
   Block(Segment segment, long id, long offset, long size, State state) {
     this.segment = segment;

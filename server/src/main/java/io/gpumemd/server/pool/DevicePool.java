@@ -10,8 +10,10 @@ import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.error.ExhaustedException;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.Condition;
 import java.util.concurrent.locks.ReentrantLock;
@@ -52,12 +54,15 @@ import org.slf4j.LoggerFactory;
  *       PendingEvents}, {@link #pollEvents}).
  *   <li><b>Eviction</b> frees a whole idle segment. A segment that a holder may have mapped is
  *       not freed at once: the holder is asked to unmap it ({@link HolderMappings}, {@link
- *       UnmapRequester}) and it is freed when every such holder has confirmed or ended.
+ *       HolderRequests}) and it is freed when every such holder has confirmed or ended.
  * </ol>
  *
- * <p>Byte accounting: {@code reserved = leased + cached + remainder + awaiting_event +
- * awaiting_unmap}, where cached counts wholly free segments and remainder the free blocks of
- * segments that also hold leases. The budget bounds {@code reserved} plus allocations in
+ * <p>Byte accounting: {@code reserved = leased + client_cached + cached + remainder +
+ * awaiting_event + awaiting_unmap}, where client_cached counts leased blocks their clients keep
+ * closed in their own cache tier, cached the wholly free segments and remainder the free
+ * blocks of segments that also hold leases. The retention cap bounds cached + client_cached;
+ * when clients hold more, or a miss or a trim needs their memory, they are asked to give
+ * blocks back ({@link HolderRequests#requestCacheReturn}). The budget bounds {@code reserved} plus allocations in
  * flight. {@link PoolInvariants} checks all of it.
  *
  * <h2>Thread-safety</h2>
@@ -74,13 +79,13 @@ public final class DevicePool implements AutoCloseable {
 
   private final DeviceInfo device;
   final MemoryBackend backend;
-  final UnmapRequester unmapRequester;
+  final HolderRequests holderRequests;
   private final Ticker ticker;
   private final long limitBytes;
   private final long unmapWaitNanos;
   final ReentrantLock lock = new ReentrantLock();
-  /** Signalled when a segment that waited for unmaps is freed. */
-  private final Condition segmentFreed = lock.newCondition();
+  /** Signalled when memory a miss may wait for comes back: an unmapped segment, a client-cached block. */
+  private final Condition memoryBack = lock.newCondition();
 
   // ---- guarded by lock; package-private for PoolInvariants and the pool's tests ----
   final BlockIndex free;
@@ -89,6 +94,10 @@ public final class DevicePool implements AutoCloseable {
   final PendingEvents events = new PendingEvents();
   final PoolCounters counters = new PoolCounters();
   final Map<Long, Segment> liveSegments = new HashMap<>();
+  /** Client-cached bytes by holder, and the holders asked to give theirs back (not yet done). */
+  final Map<String, Long> clientCachedByHolder = new HashMap<>();
+  private final Set<String> returnAsked = new HashSet<>();
+  long clientCachedBytes;
   private long retentionCapBytes;
   private long nextBlockId = 1;
   private long nextSegmentId;
@@ -103,16 +112,16 @@ public final class DevicePool implements AutoCloseable {
    * @param device the device this pool serves
    * @param backend where segments come from
    * @param settings budget, retention cap, oversize rule and unmap wait
-   * @param unmapRequester asks holders to unmap segments before they are freed
+   * @param holderRequests asks holders to unmap segments before they are freed
    * @param segmentIdBase first segment id; pools of different devices use disjoint ranges so
    *     that a segment id names one segment daemon-wide
    * @param ticker the clock of the unmap wait
    */
   public DevicePool(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      UnmapRequester unmapRequester, long segmentIdBase, Ticker ticker) {
+      HolderRequests holderRequests, long segmentIdBase, Ticker ticker) {
     this.device = device;
     this.backend = backend;
-    this.unmapRequester = unmapRequester;
+    this.holderRequests = holderRequests;
     this.ticker = ticker;
     this.limitBytes = settings.limitBytes();
     this.retentionCapBytes = settings.retentionCapBytes();
@@ -207,11 +216,16 @@ public final class DevicePool implements AutoCloseable {
           }
           if (!fitsBudget(segmentBytes)) {
             // Evicted segments that clients still map are freed as soon as they confirm the
-            // unmap (usually within a round trip): wait for that rather than refuse.
-            waitForUnmaps = fitsBudgetOnceUnmapped(segmentBytes) && ticker.nanos() < unmapDeadline;
+            // unmap, and blocks clients keep in their caches come back as soon as they are
+            // asked (usually within a round trip): wait for that rather than refuse.
+            if (fitsBudgetOnceGivenBack(segmentBytes)) {
+              askCacheReturns(0, after);
+              waitForUnmaps = ticker.nanos() < unmapDeadline;
+            }
             if (!waitForUnmaps) {
               counters.increment(PoolMetric.OOMS);
-              throw exhausted(size, "pool limit reached");
+              throw exhausted(size, overdueReturns(after) ? "pool limit reached; clients did not give back "
+                  + "their cached blocks within the unmap wait" : "pool limit reached");
             }
           }
         }
@@ -223,7 +237,7 @@ public final class DevicePool implements AutoCloseable {
         after.run(); // sends the unmap requests
       }
       if (waitForUnmaps) {
-        awaitUnmaps(segmentBytes, unmapDeadline);
+        awaitMemoryBack(unmapDeadline);
         continue;
       }
 
@@ -289,19 +303,27 @@ public final class DevicePool implements AutoCloseable {
     return reservedBytes + inFlightBytes + segmentBytes <= limitBytes;
   }
 
-  private boolean fitsBudgetOnceUnmapped(long segmentBytes) {
-    return reservedBytes - holders.awaitingUnmapBytes() + inFlightBytes + segmentBytes <= limitBytes;
+  /**
+   * Whether the allocation would fit once segments awaiting unmaps are freed and clients give
+   * back their cached blocks (optimistic: a returned block frees memory only when its segment
+   * becomes idle and is evicted).
+   */
+  private boolean fitsBudgetOnceGivenBack(long segmentBytes) {
+    return reservedBytes - holders.awaitingUnmapBytes() - clientCachedBytes + inFlightBytes + segmentBytes
+        <= limitBytes;
   }
 
-  /** Waits until the allocation fits, no more unmaps are pending, or the deadline passes. */
-  private void awaitUnmaps(long segmentBytes, long deadline) {
+  /**
+   * Waits for memory to come back (an unmap confirmed, a client-cached block released) or for
+   * one slice, whichever is first; the caller then looks again.
+   */
+  private void awaitMemoryBack(long deadline) {
     lock.lock();
     try {
       // Bounded slices: the deadline is on the injectable ticker, the wait on the real clock.
-      long remaining;
-      while (!closed && !fitsBudget(segmentBytes) && holders.awaitingUnmapBytes() > 0
-          && (remaining = deadline - ticker.nanos()) > 0) {
-        segmentFreed.awaitNanos(Math.min(remaining, UNMAP_WAIT_SLICE_NANOS));
+      long remaining = deadline - ticker.nanos();
+      if (!closed && remaining > 0) {
+        memoryBack.awaitNanos(Math.min(remaining, UNMAP_WAIT_SLICE_NANOS));
       }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
@@ -355,7 +377,10 @@ public final class DevicePool implements AutoCloseable {
     AfterUnlock after = afterUnlock();
     lock.lock();
     try {
-      if (block.state != Block.State.LEASED) {
+      if (block.state == Block.State.CLIENT_CACHED) {
+        uncache(block);
+        block.state = Block.State.LEASED;
+      } else if (block.state != Block.State.LEASED) {
         throw new IllegalStateException("release of a block that is not leased: " + block);
       }
       leasedBytes -= block.size;
@@ -375,6 +400,115 @@ public final class DevicePool implements AutoCloseable {
         event.close();
       }
     }
+  }
+
+  // ------------------------------------------------------------------------- client cache
+
+  /**
+   * A holder closed a leased block into its own cache tier: still its lease (it counts against
+   * its quota and comes back when it ends), but no longer in use. Counts against the retention
+   * cap like the pool's own cache.
+   *
+   * @throws IllegalStateException when the block is not leased
+   */
+  public void clientCached(Block block, String holder) {
+    AfterUnlock after = afterUnlock();
+    lock.lock();
+    try {
+      if (block.state != Block.State.LEASED) {
+        throw new IllegalStateException("client-caching a block that is not leased: " + block);
+      }
+      block.state = Block.State.CLIENT_CACHED;
+      block.cachedBy = holder;
+      leasedBytes -= block.size;
+      activeLeases--;
+      clientCachedBytes += block.size;
+      clientCachedByHolder.merge(holder, block.size, Long::sum);
+      enforceCap(retentionCapBytes, after);
+    } finally {
+      lock.unlock();
+      after.run();
+    }
+  }
+
+  /**
+   * A holder handed a block from its cache tier out again locally.
+   *
+   * @throws IllegalStateException when the block is not client-cached
+   */
+  public void clientReused(Block block) {
+    lock.lock();
+    try {
+      if (block.state != Block.State.CLIENT_CACHED) {
+        throw new IllegalStateException("reusing a block that is not client-cached: " + block);
+      }
+      uncache(block);
+      block.state = Block.State.LEASED;
+      leasedBytes += block.size;
+      activeLeases++;
+      peakLeasedBytes = Math.max(peakLeasedBytes, leasedBytes);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** Adds what a client reports its own cache did (deltas of its cumulative counters). */
+  public void addClientCounters(long hits, long returns) {
+    lock.lock();
+    try {
+      counters.add(PoolMetric.CLIENT_CACHE_HITS, hits);
+      counters.add(PoolMetric.CLIENT_CACHE_RETURNS, returns);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  private void uncache(Block block) {
+    assert lock.isHeldByCurrentThread() && block.state == Block.State.CLIENT_CACHED;
+    clientCachedBytes -= block.size;
+    String holder = block.cachedBy;
+    block.cachedBy = null;
+    if (clientCachedByHolder.merge(holder, -block.size, Long::sum) == 0) {
+      clientCachedByHolder.remove(holder);
+      returnAsked.remove(holder);
+    }
+    memoryBack.signalAll();
+  }
+
+  /**
+   * Asks holders to give back client-cached blocks: the largest holders first until {@code
+   * bytes} are asked for, or every holder for all of theirs when {@code bytes} is 0. A holder
+   * already asked is not asked again until it has given everything back.
+   */
+  private void askCacheReturns(long bytes, AfterUnlock after) {
+    assert lock.isHeldByCurrentThread();
+    if (clientCachedBytes == 0) {
+      return;
+    }
+    List<Map.Entry<String, Long>> byBytes = new ArrayList<>(clientCachedByHolder.entrySet());
+    byBytes.sort(Map.Entry.<String, Long>comparingByValue().reversed());
+    long asked = 0;
+    for (Map.Entry<String, Long> e : byBytes) {
+      if (bytes > 0 && asked >= bytes) {
+        break;
+      }
+      asked += e.getValue();
+      if (returnAsked.add(e.getKey())) {
+        after.askCacheReturn(e.getKey(), bytes == 0 ? 0 : Math.min(e.getValue(), bytes - asked + e.getValue()));
+      }
+    }
+  }
+
+  /** Reports holders asked to give back cached blocks that still hold some; true if any. */
+  private boolean overdueReturns(AfterUnlock after) {
+    boolean any = false;
+    for (String holder : returnAsked) {
+      if (clientCachedByHolder.containsKey(holder)) {
+        after.cacheReturnOverdue(holder);
+        any = true;
+      }
+    }
+    return any;
   }
 
   /** Puts a no-longer-used block back: coalesce, index, cache the segment if idle, apply the cap. */
@@ -491,26 +625,51 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
-   * Evicts cached segments, least recently used first, until at most {@code keepBytes} remain.
+   * Evicts cached segments, least recently used first, until at most {@code keepBytes} remain
+   * cached, in the pool and in its clients' caches together: clients are asked for their cached
+   * blocks, and the call waits for them (up to the unmap wait) to evict what comes back. May
+   * block: call it off the transport threads.
    *
    * @return bytes of segments evicted
    */
   public long trim(long keepBytes) {
-    AfterUnlock after = afterUnlock();
-    lock.lock();
-    try {
-      return enforceCap(keepBytes, after);
-    } finally {
-      lock.unlock();
-      after.run();
+    long evicted = 0;
+    long deadline = ticker.nanos() + unmapWaitNanos;
+    while (true) {
+      AfterUnlock after = afterUnlock();
+      boolean waitForClients;
+      lock.lock();
+      try {
+        evicted += enforceCap(keepBytes, after);
+        waitForClients = idle.bytes() + clientCachedBytes > keepBytes && clientCachedBytes > 0;
+        if (waitForClients && ticker.nanos() >= deadline) {
+          overdueReturns(after);
+          waitForClients = false;
+        }
+      } finally {
+        lock.unlock();
+        after.run();
+      }
+      if (!waitForClients) {
+        return evicted;
+      }
+      awaitMemoryBack(deadline);
     }
   }
 
+  /**
+   * Evicts idle segments, least recently used first, until the pool's cache and the clients'
+   * caches together hold at most {@code cap}; if the clients' caches alone exceed it, asks
+   * their holders for the excess.
+   */
   private long enforceCap(long cap, AfterUnlock after) {
     long evicted = 0;
     Segment segment;
-    while (idle.bytes() > cap && (segment = idle.pollLeastRecent()) != null) {
+    while (idle.bytes() + clientCachedBytes > cap && (segment = idle.pollLeastRecent()) != null) {
       evicted += evict(segment, after);
+    }
+    if (clientCachedBytes > cap) {
+      askCacheReturns(clientCachedBytes - cap, after);
     }
     return evicted;
   }
@@ -567,7 +726,7 @@ public final class DevicePool implements AutoCloseable {
       Segment segment = holders.unmapped(holder, segmentId);
       if (segment != null) {
         freeSegment(segment, after);
-        segmentFreed.signalAll();
+        memoryBack.signalAll();
       }
     } finally {
       lock.unlock();
@@ -585,7 +744,7 @@ public final class DevicePool implements AutoCloseable {
         freeSegment(segment, after);
       }
       if (!freed.isEmpty()) {
-        segmentFreed.signalAll();
+        memoryBack.signalAll();
       }
     } finally {
       lock.unlock();
@@ -620,6 +779,7 @@ public final class DevicePool implements AutoCloseable {
     try {
       long[] v = counters.snapshot();
       v[PoolMetric.LEASED_BYTES.ordinal()] = leasedBytes;
+      v[PoolMetric.CLIENT_CACHED_BYTES.ordinal()] = clientCachedBytes;
       v[PoolMetric.CACHED_BYTES.ordinal()] = idle.bytes();
       v[PoolMetric.REMAINDER_BYTES.ordinal()] = remainderBytes();
       v[PoolMetric.AWAITING_EVENT_BYTES.ordinal()] = events.bytes();
@@ -643,14 +803,15 @@ public final class DevicePool implements AutoCloseable {
   /** Free bytes inside segments that also hold leases (split remainders). */
   long remainderBytes() {
     assert lock.isHeldByCurrentThread();
-    return reservedBytes - leasedBytes - idle.bytes() - events.bytes() - holders.awaitingUnmapBytes();
+    return reservedBytes - leasedBytes - clientCachedBytes - idle.bytes() - events.bytes()
+        - holders.awaitingUnmapBytes();
   }
 
   private ExhaustedException exhausted(long size, String why) {
     // Built only on the failure path.
     return new ExhaustedException("device " + device.ordinal() + ": cannot lease "
         + Sizes.format(size) + ": " + why + " (requested=" + size + ", leased=" + leasedBytes
-        + ", cached=" + idle.bytes() + ", remainder=" + remainderBytes() + ", awaiting_event="
+        + ", client_cached=" + clientCachedBytes + ", cached=" + idle.bytes() + ", remainder=" + remainderBytes() + ", awaiting_event="
         + events.bytes() + ", awaiting_unmap=" + holders.awaitingUnmapBytes() + ", in_flight="
         + inFlightBytes + ", limit=" + limitBytes + ")");
   }
@@ -699,6 +860,9 @@ public final class DevicePool implements AutoCloseable {
       all.addAll(holders.awaitingUnmap());
       liveSegments.clear();
       holders.clear();
+      clientCachedByHolder.clear();
+      returnAsked.clear();
+      clientCachedBytes = 0;
       idle.clear();
       free.clear();
       pending = events.drain();
@@ -707,7 +871,7 @@ public final class DevicePool implements AutoCloseable {
       }
       counters.add(PoolMetric.BACKEND_FREES, all.size());
       reservedBytes = 0;
-      segmentFreed.signalAll();
+      memoryBack.signalAll();
     } finally {
       lock.unlock();
     }

@@ -5,7 +5,7 @@ package io.gpumemd.server.pool;
  * they care about: blocks tile each segment without gaps or overlaps, free neighbours are
  * coalesced, the free index holds exactly the free blocks, the idle list exactly the wholly
  * free segments, and every byte counter agrees with the blocks:
- * {@code reserved = leased + cached + remainder + awaiting_event + awaiting_unmap <= limit}.
+ * {@code reserved = leased + client_cached + cached + remainder + awaiting_event + awaiting_unmap <= limit}.
  *
  * <p>Called with the pool's lock held.
  */
@@ -19,6 +19,8 @@ final class PoolInvariants {
     long leased = 0;
     long cached = 0;
     long awaitingEvent = 0;
+    long clientCached = 0;
+    java.util.Map<String, Long> cachedByHolder = new java.util.HashMap<>();
     long freeBlocks = 0;
     long leasedCount = 0;
     for (Segment s : pool.liveSegments.values()) {
@@ -42,6 +44,12 @@ final class PoolInvariants {
             leased += b.size;
             leasedCount++;
             used += b.size;
+          }
+          case CLIENT_CACHED -> {
+            clientCached += b.size;
+            used += b.size;
+            check(b.cachedBy != null, "client-cached block without its holder: " + b);
+            cachedByHolder.merge(b.cachedBy, b.size, Long::sum);
           }
           case AWAITING_EVENT -> {
             awaitingEvent += b.size;
@@ -70,6 +78,9 @@ final class PoolInvariants {
     check(leased == pool.leasedBytes, "leased " + pool.leasedBytes + " != blocks " + leased);
     check(leasedCount == pool.activeLeases, "active leases " + pool.activeLeases + " != " + leasedCount);
     check(cached == pool.idle.bytes(), "cached " + pool.idle.bytes() + " != idle segments " + cached);
+    check(clientCached == pool.clientCachedBytes, "client-cached bytes " + pool.clientCachedBytes + " != " + clientCached);
+    check(cachedByHolder.equals(pool.clientCachedByHolder),
+        "client-cached bytes by holder " + pool.clientCachedByHolder + " != " + cachedByHolder);
     check(awaitingEvent == pool.events.bytes(), "awaiting-event bytes " + pool.events.bytes() + " != " + awaitingEvent);
     check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
         "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);

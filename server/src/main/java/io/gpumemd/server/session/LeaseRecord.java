@@ -18,6 +18,8 @@ public final class LeaseRecord {
   private final long sequence;
   private final boolean poolHit;
   volatile boolean leakReported;
+  /** True while the client keeps the lease closed in its cache tier; guarded by the session. */
+  boolean clientCached;
 
   LeaseRecord(String id, Session session, LeasedBlock leased, long sizeBytes, String tag, long grantedNanos, long sequence) {
     this.id = id;

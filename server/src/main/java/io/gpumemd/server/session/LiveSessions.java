@@ -1,6 +1,6 @@
 package io.gpumemd.server.session;
 
-import io.gpumemd.server.pool.UnmapRequester;
+import io.gpumemd.server.pool.HolderRequests;
 import java.util.Collection;
 import java.util.concurrent.ConcurrentHashMap;
 import org.slf4j.Logger;
@@ -13,7 +13,7 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Thread-safe: a concurrent map; {@link #requestUnmap} never blocks.
  */
-public final class LiveSessions implements UnmapRequester {
+public final class LiveSessions implements HolderRequests {
   private static final Logger log = LoggerFactory.getLogger(LiveSessions.class);
 
   private final ConcurrentHashMap<String, Session> byId = new ConcurrentHashMap<>();
@@ -36,6 +36,28 @@ public final class LiveSessions implements UnmapRequester {
 
   public int size() {
     return byId.size();
+  }
+
+  @Override
+  public void requestCacheReturn(String holder, int device, long bytes) {
+    Session session = byId.get(holder);
+    SessionChannel channel = session == null ? null : session.channel();
+    if (channel != null) {
+      channel.returnCache(device, bytes);
+    }
+  }
+
+  @Override
+  public void cacheReturnOverdue(String holder) {
+    Session session = byId.get(holder);
+    if (session != null && session.distrust()) {
+      log.warn("{} did not give back its client-cached blocks within the unmap wait: its client cache "
+          + "allowance is withdrawn until it does", session);
+      SessionChannel channel = session.channel();
+      if (channel != null) {
+        channel.cacheAllowance(0);
+      }
+    }
   }
 
   @Override

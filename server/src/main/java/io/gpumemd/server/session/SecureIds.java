@@ -39,16 +39,24 @@ public final class SecureIds {
    * @throws InvalidRequestException naming the field when it is not 32 lowercase hex digits
    */
   public static String check(String field, String id) {
-    if (id == null || id.length() != LENGTH) {
+    if (!isWellFormed(id)) {
       throw malformed(field, id);
+    }
+    return id;
+  }
+
+  /** True for 32 lowercase hex digits. */
+  public static boolean isWellFormed(String id) {
+    if (id == null || id.length() != LENGTH) {
+      return false;
     }
     for (int i = 0; i < LENGTH; i++) {
       char c = id.charAt(i);
       if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
-        throw malformed(field, id);
+        return false;
       }
     }
-    return id;
+    return true;
   }
 
   private static InvalidRequestException malformed(String field, String id) {

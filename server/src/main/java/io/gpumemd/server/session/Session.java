@@ -31,11 +31,21 @@ public final class Session {
   private boolean hadStream;
   private final Map<String, LeaseRecord> leases = new HashMap<>();
   private long leasedBytes;
+  /** Of leasedBytes, the bytes of leases the client keeps closed in its cache tier. */
+  private long clientCachedBytes;
+  /** The allowance granted at open, and the one in force (0 while the client is distrusted). */
+  private final long grantedCacheBytes;
+  private long cacheAllowance;
+  private boolean cacheReturnOverdue;
+  /** The client's cumulative cache counters as last reported, by device: {hits, returns}. */
+  private final Map<Integer, long[]> reportedCounters = new HashMap<>(2);
   private long reservedBytes;
   private long reservedLeases;
   private boolean ended;
 
-  Session(String id, String clientName, int ttlSeconds, Quota quota, long nowNanos) {
+  Session(String id, String clientName, int ttlSeconds, Quota quota, long cacheAllowance, long nowNanos) {
+    this.grantedCacheBytes = cacheAllowance;
+    this.cacheAllowance = cacheAllowance;
     this.id = id;
     this.clientName = clientName;
     this.ttlSeconds = ttlSeconds;
@@ -68,9 +78,94 @@ public final class Session {
     return channel != null;
   }
 
-  /** Live leases and the bytes they hold, read together. */
+  /** Live leases, the bytes they hold, and of those the client-cached bytes, read together. */
   public synchronized long[] holdings() {
-    return new long[] {leases.size(), leasedBytes};
+    return new long[] {leases.size(), leasedBytes, clientCachedBytes};
+  }
+
+  /** The client cache allowance in force (0 = none, or withdrawn). */
+  public synchronized long cacheAllowance() {
+    return cacheAllowance;
+  }
+
+  /** The client's cache counters as last reported, summed over devices: {hits, returns}. */
+  public synchronized long[] clientCounters() {
+    long[] sum = new long[2];
+    for (long[] c : reportedCounters.values()) {
+      sum[0] += c[0];
+      sum[1] += c[1];
+    }
+    return sum;
+  }
+
+  // ------------------------------------------------------------------------ client cache
+
+  /**
+   * The client kept a lease in its cache tier.
+   *
+   * @return false when the lease is not this session's or already cached
+   */
+  synchronized boolean markCached(LeaseRecord lease) {
+    if (ended || leases.get(lease.id()) != lease || lease.clientCached) {
+      return false;
+    }
+    lease.clientCached = true;
+    clientCachedBytes += lease.block().size();
+    return true;
+  }
+
+  /**
+   * The client handed a cached lease out again.
+   *
+   * @return false when the lease is not this session's client-cached lease
+   */
+  synchronized boolean markReused(LeaseRecord lease) {
+    if (ended || leases.get(lease.id()) != lease || !lease.clientCached) {
+      return false;
+    }
+    lease.clientCached = false;
+    clientCachedBytes -= lease.block().size();
+    return true;
+  }
+
+  /**
+   * Takes a client's cumulative counters for a device and returns what is new since the last
+   * report: {hits, returns}. Counters that go backwards (a confused client) add nothing.
+   */
+  synchronized long[] counterDeltas(int device, long hits, long returns) {
+    long[] last = reportedCounters.computeIfAbsent(device, d -> new long[2]);
+    long[] delta = {Math.max(0, hits - last[0]), Math.max(0, returns - last[1])};
+    last[0] = Math.max(last[0], hits);
+    last[1] = Math.max(last[1], returns);
+    return delta;
+  }
+
+  /**
+   * The client did not give back cached blocks in time: withdraw its allowance.
+   *
+   * @return true when this changed it (the client is to be told)
+   */
+  synchronized boolean distrust() {
+    if (cacheReturnOverdue || ended) {
+      return false;
+    }
+    cacheReturnOverdue = true;
+    cacheAllowance = 0;
+    return true;
+  }
+
+  /**
+   * After a release: a distrusted client that now holds nothing cached gets its allowance back.
+   *
+   * @return the restored allowance, or -1 when nothing changed
+   */
+  synchronized long restoreTrustIfReturned() {
+    if (!cacheReturnOverdue || clientCachedBytes > 0 || ended) {
+      return -1;
+    }
+    cacheReturnOverdue = false;
+    cacheAllowance = grantedCacheBytes;
+    return cacheAllowance;
   }
 
   synchronized boolean ended() {
@@ -183,6 +278,9 @@ public final class Session {
   synchronized void forget(LeaseRecord lease) {
     if (leases.remove(lease.id()) != null) {
       leasedBytes -= lease.block().size();
+      if (lease.clientCached) {
+        clientCachedBytes -= lease.block().size();
+      }
     }
   }
 
@@ -198,6 +296,7 @@ public final class Session {
     List<LeaseRecord> held = new ArrayList<>(leases.values());
     leases.clear();
     leasedBytes = 0;
+    clientCachedBytes = 0;
     SessionChannel stream = channel;
     channel = null;
     return new Ending(held, stream);

@@ -10,6 +10,12 @@ public interface SessionChannel {
   /** Asks the client to unmap a segment and acknowledge. */
   void requestUnmap(int device, long segmentId);
 
+  /** Asks the client to release its cached blocks on a device: at least {@code bytes}, all if 0. */
+  void returnCache(int device, long bytes);
+
+  /** Tells the client its cache allowance is now {@code bytes}. */
+  void cacheAllowance(long bytes);
+
   /** Tells the client the server is draining and frees everything in {@code drainMillis}. */
   void shutdownNotice(long drainMillis);
 

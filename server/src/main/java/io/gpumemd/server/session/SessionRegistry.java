@@ -73,12 +73,24 @@ public final class SessionRegistry {
 
   // ------------------------------------------------------------------------------ sessions
 
-  /** Opens a session; {@code ttlSeconds} 0 takes the default, larger ones are capped. */
+  /** Opens a session with the default client cache allowance. */
   public Session open(String clientName, int ttlSeconds) {
+    return open(clientName, ttlSeconds, -1);
+  }
+
+  /**
+   * Opens a session; {@code ttlSeconds} 0 takes the default, larger ones are capped.
+   *
+   * @param cacheBytes the client cache allowance asked for: negative = the default, 0 = none,
+   *     else at most that (never more than the default)
+   */
+  public Session open(String clientName, int ttlSeconds, long cacheBytes) {
     checkNotDraining();
     Validation.label("client_name", clientName);
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
-    Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), ticker.nanos());
+    long allowance = cacheBytes < 0 ? settings.clientCacheBytes() : Math.min(cacheBytes, settings.clientCacheBytes());
+    Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), allowance,
+        ticker.nanos());
     sessions.add(session);
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
         .log("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
@@ -263,6 +275,70 @@ public final class SessionRegistry {
     }
     session.forget(lease);
     returnBlock(lease, event);
+    long restored = session.restoreTrustIfReturned();
+    if (restored >= 0) {
+      log.info("{} gave back its client-cached blocks: client cache allowance {} restored", session,
+          Sizes.format(restored));
+      SessionChannel channel = session.channel();
+      if (channel != null) {
+        channel.cacheAllowance(restored);
+      }
+    }
+  }
+
+  // ------------------------------------------------------------------------ client cache
+
+  /**
+   * The client closed leases into its cache tier (a batch of its notices).
+   *
+   * @return the ids refused (unknown, another session's, already cached), each with why
+   */
+  public List<String[]> cached(Session session, List<String> leaseIds) {
+    List<String[]> refused = new ArrayList<>(0);
+    for (String id : leaseIds) {
+      LeaseRecord lease = ownLease(session, id);
+      if (lease == null || !session.markCached(lease)) {
+        refused.add(new String[] {id, "lease " + id + " cannot be client-cached: not a leased block of this session"});
+        continue;
+      }
+      pools.get(lease.block().device()).clientCached(lease.block(), session.id());
+    }
+    return refused;
+  }
+
+  /**
+   * The client handed cached leases out again locally (a batch of its notices).
+   *
+   * @return the ids refused, each with why
+   */
+  public List<String[]> reused(Session session, List<String> leaseIds) {
+    List<String[]> refused = new ArrayList<>(0);
+    for (String id : leaseIds) {
+      LeaseRecord lease = ownLease(session, id);
+      if (lease == null || !session.markReused(lease)) {
+        refused.add(new String[] {id, "lease " + id + " cannot be reused: not a client-cached lease of this session"});
+        continue;
+      }
+      pools.get(lease.block().device()).clientReused(lease.block());
+    }
+    return refused;
+  }
+
+  /** The client's cumulative cache counters for a device; what is new goes to the pool's. */
+  public void clientCounters(Session session, int device, long hits, long returns) {
+    DevicePool pool = pools.get(device);
+    long[] delta = session.counterDeltas(device, hits, returns);
+    if (delta[0] > 0 || delta[1] > 0) {
+      pool.addClientCounters(delta[0], delta[1]);
+    }
+  }
+
+  private LeaseRecord ownLease(Session session, String leaseId) {
+    if (!SecureIds.isWellFormed(leaseId)) {
+      return null;
+    }
+    LeaseRecord lease = leases.get(leaseId);
+    return lease != null && lease.session() == session ? lease : null;
   }
 
   private void returnBlock(LeaseRecord lease, CompletionEvent event) {

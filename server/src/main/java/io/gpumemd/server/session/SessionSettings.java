@@ -11,6 +11,8 @@ import java.util.Map;
  * @param leakThresholdMillis age after which a lease is reported as a possible leak (0 = off)
  * @param defaultQuota quota of sessions without an override
  * @param quotaOverrides quotas by client name
+ * @param clientCacheBytes client cache allowance granted to a session that does not ask for
+ *     less (0 = no client cache tier)
  */
 public record SessionSettings(
     int defaultTtlSeconds,
@@ -18,10 +20,21 @@ public record SessionSettings(
     long graceMillis,
     long leakThresholdMillis,
     Quota defaultQuota,
-    Map<String, Quota> quotaOverrides) {
+    Map<String, Quota> quotaOverrides,
+    long clientCacheBytes) {
+
+  /** Default client cache allowance per session. */
+  public static final long DEFAULT_CLIENT_CACHE_BYTES = 64L << 20;
 
   public SessionSettings {
     quotaOverrides = Map.copyOf(quotaOverrides);
+  }
+
+  /** With the default client cache allowance. */
+  public SessionSettings(int defaultTtlSeconds, int maxTtlSeconds, long graceMillis, long leakThresholdMillis,
+      Quota defaultQuota, Map<String, Quota> quotaOverrides) {
+    this(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota, quotaOverrides,
+        DEFAULT_CLIENT_CACHE_BYTES);
   }
 
   public static SessionSettings defaults() {

@@ -80,7 +80,7 @@ class StatusTableTest {
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
-        .addService(new AdminService(pools, registry))
+        .addService(new AdminService(pools, registry, Runnable::run))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
     allocator = AllocatorGrpc.newBlockingStub(channel);
@@ -193,7 +193,7 @@ class StatusTableTest {
   void resourceExhausted_rows_stateThePoolOrQuota() {
     String s = session();
     allocator.lease(lease(s, 20 * MIB).build());
-    refused(Status.Code.RESOURCE_EXHAUSTED, "(requested=16777216, leased=20971520, cached=0",
+    refused(Status.Code.RESOURCE_EXHAUSTED, "(requested=16777216, leased=20971520, client_cached=0, cached=0",
         () -> allocator.lease(lease(s, 16 * MIB).build()));
     refused(Status.Code.RESOURCE_EXHAUSTED, "limit=33554432",
         () -> allocator.lease(lease(s, 16 * MIB).build()));

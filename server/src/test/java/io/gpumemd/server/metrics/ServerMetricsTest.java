@@ -8,6 +8,7 @@ import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.InMemoryBackend;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.pool.RecordingHolders;
 import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
 import java.util.List;
 import org.junit.jupiter.api.Test;
@@ -23,7 +24,7 @@ class ServerMetricsTest {
 
   private DevicePool pool(int device) {
     return new DevicePool(backend.devices().get(device), backend, new PoolSettings(64L << 20, 64L << 20, 20L << 20),
-        (h, d, s) -> { }, DevicePools.segmentIdBase(device), Ticker.system());
+        new RecordingHolders(), DevicePools.segmentIdBase(device), Ticker.system());
   }
 
   private double gauge(String name, int device) {

@@ -44,7 +44,7 @@ final class CheckedPool implements AutoCloseable {
   static final long KiB = 1024;
   static final long MiB = 1024 * KiB;
 
-  /** One call of the {@link UnmapRequester}. */
+  /** One call of the {@link HolderRequests}. */
   record UnmapRequest(String holder, int device, long segmentId) {}
 
   final InMemoryBackend backend;
@@ -61,7 +61,8 @@ final class CheckedPool implements AutoCloseable {
   private final List<Block> awaitingEvent = new CopyOnWriteArrayList<>();
   private final List<CompletionEvent> eventsGiven = new CopyOnWriteArrayList<>();
   private final List<UnmapRequest> unmapRequests = new CopyOnWriteArrayList<>();
-  private volatile UnmapRequester unmapListener;
+  private volatile RecordingHolders.UnmapListener unmapListener;
+  final RecordingHolders holders = new RecordingHolders();
 
   CheckedPool(InMemoryBackend backend, PoolSettings settings) {
     this(backend, settings, true);
@@ -70,13 +71,15 @@ final class CheckedPool implements AutoCloseable {
   CheckedPool(InMemoryBackend backend, PoolSettings settings, boolean exact) {
     this.backend = backend;
     this.exact = exact;
-    this.pool = new DevicePool(backend.devices().get(0), backend, settings, (holder, device, segmentId) -> {
+    holders.onUnmap((holder, device, segmentId) -> {
       unmapRequests.add(new UnmapRequest(holder, device, segmentId));
-      UnmapRequester listener = unmapListener;
+      RecordingHolders.UnmapListener listener = unmapListener;
       if (listener != null) {
         listener.requestUnmap(holder, device, segmentId);
       }
-    }, DevicePools.segmentIdBase(0), Ticker.system());
+    });
+    this.pool = new DevicePool(backend.devices().get(0), backend, settings, holders,
+        DevicePools.segmentIdBase(0), Ticker.system());
     ReentrantLock lock = pool.lock;
     backend.checkEveryCall(() -> lock.isHeldByCurrentThread()
         ? "called with the pool lock held (backend calls must run outside it)" : null);
@@ -89,7 +92,7 @@ final class CheckedPool implements AutoCloseable {
   }
 
   /** Also forwards unmap requests to {@code listener} (called outside the pool lock). */
-  void onUnmapRequest(UnmapRequester listener) {
+  void onUnmapRequest(RecordingHolders.UnmapListener listener) {
     this.unmapListener = listener;
   }
 

@@ -25,7 +25,7 @@ class DevicePoolUnmapWaitTest {
   private final InMemoryBackend backend = new InMemoryBackend(8 * MiB);
   private final DevicePool pool = new DevicePool(backend.devices().get(0), backend,
       new PoolSettings(4 * MiB, 4 * MiB, 20 * MiB, TimeUnit.MINUTES.toMillis(1)),
-      (holder, device, segment) -> { }, DevicePools.segmentIdBase(0), ticker);
+      new RecordingHolders(), DevicePools.segmentIdBase(0), ticker);
 
   @AfterEach
   void close() {

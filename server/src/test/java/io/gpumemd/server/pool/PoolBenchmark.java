@@ -82,7 +82,7 @@ public class PoolBenchmark {
     InMemoryBackend backend = new InMemoryBackend(1, huge, false).recordZeroCalls(false);
     DeviceInfo device = backend.devices().get(0);
     pool = new DevicePool(device, backend, new PoolSettings(huge, huge, SizeClasses.DEFAULT_MAX_OVERSIZE),
-        (holder, dev, segment) -> { }, DevicePools.segmentIdBase(0), Ticker.system());
+        new RecordingHolders(), DevicePools.segmentIdBase(0), Ticker.system());
     SplittableRandom random = new SplittableRandom(42);
     // A little over twice as many blocks as wanted: every other one is released below, and
     // the last block of a small segment merges with the segment's free tail when released.

@@ -58,6 +58,19 @@ class SessionRegistryTest {
       unmapRequests.add(segmentId);
     }
 
+    final List<long[]> returnRequests = new ArrayList<>();
+    final List<Long> allowances = new ArrayList<>();
+
+    @Override
+    public synchronized void returnCache(int device, long bytes) {
+      returnRequests.add(new long[] {device, bytes});
+    }
+
+    @Override
+    public synchronized void cacheAllowance(long bytes) {
+      allowances.add(bytes);
+    }
+
     @Override
     public synchronized void shutdownNotice(long drainMillis) {
       shutdownDrainMillis = drainMillis;
