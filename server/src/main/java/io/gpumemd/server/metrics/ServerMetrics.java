@@ -22,8 +22,7 @@ import java.util.function.IntSupplier;
  * <p>Pool meters read a snapshot that {@link #refresh()} takes once per scrape (one {@link
  * DevicePool#stats()} per pool, not one per meter), so every figure of a scrape comes from the
  * same instant and the pool hot path pays nothing for them; only {@link #recordLease} runs per
- * lease. Meter names: {@code gpumemd.pool.<metric>} ({@code gpumemd.backend.allocs|frees} for
- * the backend counters), Prometheus-style {@code gpumemd_pool_hits_total}.
+ * lease. Meter names: see {@link #meterName}; Prometheus-style {@code gpumemd_pool_hits_total}.
  *
  * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field.
  */
@@ -50,13 +49,14 @@ public final class ServerMetrics implements MeterBinder {
     latest = stats;
   }
 
-  /** The meter name of a pool figure. */
+  /**
+   * The meter name of a pool figure: {@code gpumemd.pool.<metric>}, except the backend's and
+   * the clients' own figures, which are named for whose they are ({@code gpumemd.backend.allocs},
+   * {@code gpumemd.client.cache.hits}).
+   */
   static String meterName(PoolMetric metric) {
-    return switch (metric) {
-      case BACKEND_ALLOCS -> "gpumemd.backend.allocs";
-      case BACKEND_FREES -> "gpumemd.backend.frees";
-      default -> "gpumemd.pool." + metric.protoField().replace('_', '.');
-    };
+    String dotted = metric.protoField().replace('_', '.');
+    return dotted.startsWith("backend.") || dotted.startsWith("client.") ? "gpumemd." + dotted : "gpumemd.pool." + dotted;
   }
 
   @Override

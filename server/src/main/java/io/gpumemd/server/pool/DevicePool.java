@@ -379,12 +379,12 @@ public final class DevicePool implements AutoCloseable {
     try {
       if (block.state == Block.State.CLIENT_CACHED) {
         uncache(block);
-        block.state = Block.State.LEASED;
-      } else if (block.state != Block.State.LEASED) {
+      } else if (block.state == Block.State.LEASED) {
+        leasedBytes -= block.size;
+        activeLeases--;
+      } else {
         throw new IllegalStateException("release of a block that is not leased: " + block);
       }
-      leasedBytes -= block.size;
-      activeLeases--;
       if (event != null && !closed) {
         block.state = Block.State.AWAITING_EVENT;
         events.add(block, event);

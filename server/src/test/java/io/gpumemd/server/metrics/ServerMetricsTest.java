@@ -47,6 +47,8 @@ class ServerMetricsTest {
     assertEquals("gpumemd.pool.alloc.retries", ServerMetrics.meterName(PoolMetric.ALLOC_RETRIES));
     assertEquals("gpumemd.backend.allocs", ServerMetrics.meterName(PoolMetric.BACKEND_ALLOCS));
     assertEquals("gpumemd.pool.awaiting.unmap.bytes", ServerMetrics.meterName(PoolMetric.AWAITING_UNMAP_BYTES));
+    assertEquals("gpumemd.client.cache.hits", ServerMetrics.meterName(PoolMetric.CLIENT_CACHE_HITS));
+    assertEquals("gpumemd.client.cached.bytes", ServerMetrics.meterName(PoolMetric.CLIENT_CACHED_BYTES));
     assertEquals(3, registry.get("gpumemd.sessions").gauge().value());
   }
 

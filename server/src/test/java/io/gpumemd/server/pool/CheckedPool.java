@@ -26,7 +26,8 @@ import java.util.concurrent.locks.ReentrantLock;
  *   <li>every successful lease is a hit or a miss: {@code hits + misses == leases made};
  *   <li>every completed release is a return or an eviction of its own segment (checked at each
  *       release in single-threaded use, summed in {@link #verify()});
- *   <li>{@code reserved = leased + cached + remainder + awaiting_event + awaiting_unmap}, each
+ *   <li>{@code reserved = leased + client_cached + cached + remainder + awaiting_event +
+ *       awaiting_unmap}, each
  *       term recomputed from the segments the test has seen;
  *   <li>backend allocations, frees and live segments agree with the pool's counters;
  *   <li>no backend call is made with the pool lock held (checked at each call).
@@ -257,6 +258,7 @@ final class CheckedPool implements AutoCloseable {
     long remainder = 0;
     long awaitingEv = 0;
     long awaitingUnmap = 0;
+    long clientCached = 0;
     long liveCount = 0;
     long awaitingUnmapCount = 0;
     long activeLeases = 0;
@@ -289,13 +291,15 @@ final class CheckedPool implements AutoCloseable {
             leased += b.size;
             activeLeases++;
           }
+          case CLIENT_CACHED -> clientCached += b.size;
           case AWAITING_EVENT -> awaitingEv += b.size;
         }
       }
     }
-    assertEquals(s.get(PoolMetric.RESERVED_BYTES), s.get(PoolMetric.LEASED_BYTES) + s.get(PoolMetric.CACHED_BYTES) + s.get(PoolMetric.REMAINDER_BYTES)
+    assertEquals(s.get(PoolMetric.RESERVED_BYTES), s.get(PoolMetric.LEASED_BYTES) + s.get(PoolMetric.CLIENT_CACHED_BYTES)
+        + s.get(PoolMetric.CACHED_BYTES) + s.get(PoolMetric.REMAINDER_BYTES)
         + s.get(PoolMetric.AWAITING_EVENT_BYTES) + s.get(PoolMetric.AWAITING_UNMAP_BYTES),
-        "reserved = leased + cached + remainder + awaiting_event + awaiting_unmap");
+        "reserved = leased + client_cached + cached + remainder + awaiting_event + awaiting_unmap");
     assertTrue(s.get(PoolMetric.REMAINDER_BYTES) >= 0, "negative remainder " + s.get(PoolMetric.REMAINDER_BYTES));
     if (seen.size() == backend.allocs()) {
       // The test saw every segment the pool allocated: the figures must match exactly.
@@ -304,6 +308,7 @@ final class CheckedPool implements AutoCloseable {
       assertEquals(cached, s.get(PoolMetric.CACHED_BYTES), "cached bytes");
       assertEquals(remainder, s.get(PoolMetric.REMAINDER_BYTES), "remainder bytes");
       assertEquals(awaitingEv, s.get(PoolMetric.AWAITING_EVENT_BYTES), "awaiting-event bytes");
+      assertEquals(clientCached, s.get(PoolMetric.CLIENT_CACHED_BYTES), "client-cached bytes");
       assertEquals(awaitingUnmap, s.get(PoolMetric.AWAITING_UNMAP_BYTES), "awaiting-unmap bytes");
       assertEquals(liveCount, s.get(PoolMetric.SEGMENTS), "live segments");
       assertEquals(awaitingUnmapCount, s.get(PoolMetric.SEGMENTS_AWAITING_UNMAP), "segments awaiting unmap");
