@@ -1,0 +1,300 @@
+package io.gpumemd.server.grpc;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.proto.v1.AdminGrpc;
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.CacheNotice;
+import io.gpumemd.proto.v1.ClientCacheCounters;
+import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.GetStatsRequest;
+import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.LeaseReply;
+import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.ListSessionsRequest;
+import io.gpumemd.proto.v1.OpenSessionRequest;
+import io.gpumemd.proto.v1.OpenSessionResponse;
+import io.gpumemd.proto.v1.SessionEvent;
+import io.gpumemd.proto.v1.SessionInfo;
+import io.gpumemd.proto.v1.StreamLease;
+import io.gpumemd.proto.v1.StreamRelease;
+import io.gpumemd.proto.v1.TrimRequest;
+import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.metrics.ServerMetrics;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.session.LiveSessions;
+import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.testing.FakeTicker;
+import io.grpc.ManagedChannel;
+import io.grpc.Server;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.inprocess.InProcessChannelBuilder;
+import io.grpc.inprocess.InProcessServerBuilder;
+import io.grpc.stub.StreamObserver;
+import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.ConcurrentLinkedQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * The session's fast path on its KeepAlive stream, through the real services on an in-process
+ * transport: leases answered by request id with the unary call's status on refusal, releases
+ * as notices, the cache tier's notices and counters, ReturnCache on a trim, and the bound on
+ * outstanding requests.
+ */
+class SessionStreamTest {
+  private static final long MIB = 1 << 20;
+
+  @TempDir
+  Path dir;
+
+  private final FakeTicker ticker = new FakeTicker();
+  /** The backend executor, run by the test: tasks wait here until {@link #runBackendTasks}. */
+  private final ConcurrentLinkedQueue<Runnable> backendTasks = new ConcurrentLinkedQueue<>();
+  private HostShmBackend backend;
+  private DevicePools pools;
+  private Server server;
+  private ManagedChannel channel;
+  private AllocatorGrpc.AllocatorBlockingStub allocator;
+  private AdminGrpc.AdminBlockingStub admin;
+  private final BlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
+  private StreamObserver<KeepAliveRequest> stream;
+  private String sessionId;
+
+  @BeforeEach
+  void start() throws Exception {
+    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+    LiveSessions sessions = new LiveSessions();
+    DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(32 * MIB, 32 * MIB, 20 * MIB, 5_000),
+        sessions, DevicePools.segmentIdBase(0), ticker);
+    pools = new DevicePools(List.of(pool));
+    SessionRegistry registry = new SessionRegistry(pools, backend,
+        new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of(), 16 * MIB), ticker, sessions);
+    String name = InProcessServerBuilder.generateName();
+    server = InProcessServerBuilder.forName(name).directExecutor()
+        .addService(new AllocatorService(registry, backendTasks::add,
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
+        .addService(new AdminService(pools, registry, r -> new Thread(r).start()))
+        .build().start();
+    channel = InProcessChannelBuilder.forName(name).directExecutor().build();
+    allocator = AllocatorGrpc.newBlockingStub(channel);
+    admin = AdminGrpc.newBlockingStub(channel);
+  }
+
+  @AfterEach
+  void stop() throws Exception {
+    if (stream != null) {
+      stream.onCompleted();
+    }
+    channel.shutdownNow();
+    server.shutdownNow();
+    assertTrue(server.awaitTermination(5, TimeUnit.SECONDS), "server left running");
+    pools.get(0).verifyInvariants();
+    pools.close();
+    backend.close();
+  }
+
+  private void runBackendTasks() {
+    Runnable task;
+    while ((task = backendTasks.poll()) != null) {
+      task.run();
+    }
+  }
+
+  private OpenSessionResponse open(OpenSessionRequest.Builder request) throws InterruptedException {
+    OpenSessionResponse opened = allocator.openSession(request.setClientName("stream-test").build());
+    sessionId = opened.getSessionId();
+    stream = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
+      @Override
+      public void onNext(SessionEvent event) {
+        events.add(event);
+      }
+
+      @Override
+      public void onError(Throwable t) {}
+
+      @Override
+      public void onCompleted() {}
+    });
+    stream.onNext(KeepAliveRequest.newBuilder().setSessionId(sessionId).build());
+    assertTrue(next().hasAttached());
+    return opened;
+  }
+
+  private SessionEvent next() throws InterruptedException {
+    SessionEvent event = events.poll(5, TimeUnit.SECONDS);
+    assertTrue(event != null, "no event within 5 s");
+    return event;
+  }
+
+  private static StreamLease lease(long id, long size) {
+    return StreamLease.newBuilder().setRequestId(id).setDevice(0).setSizeBytes(size).build();
+  }
+
+  private DeviceStats stats() {
+    return admin.getStats(GetStatsRequest.getDefaultInstance()).getDevices(0);
+  }
+
+  private SessionInfo sessionInfo() {
+    return admin.listSessions(ListSessionsRequest.getDefaultInstance()).getSessionsList().stream()
+        .filter(s -> s.getSessionId().equals(sessionId)).findFirst().orElseThrow();
+  }
+
+  @Test
+  void openSession_grantsTheDefaultAllowance_orLess_orNone_andRefusesANegativeOne() throws Exception {
+    assertEquals(16 * MIB, allocator.openSession(OpenSessionRequest.newBuilder().build()).getClientCacheBytes());
+    assertEquals(MIB, allocator.openSession(OpenSessionRequest.newBuilder().setClientCacheBytes(MIB).build())
+        .getClientCacheBytes());
+    assertEquals(16 * MIB, allocator.openSession(OpenSessionRequest.newBuilder().setClientCacheBytes(1L << 40).build())
+        .getClientCacheBytes(), "never more than the default");
+    assertEquals(0, allocator.openSession(OpenSessionRequest.newBuilder().setClientCacheBytes(0).build())
+        .getClientCacheBytes());
+    StatusRuntimeException e = org.junit.jupiter.api.Assertions.assertThrows(StatusRuntimeException.class,
+        () -> allocator.openSession(OpenSessionRequest.newBuilder().setClientCacheBytes(-5).build()));
+    assertEquals(Status.Code.INVALID_ARGUMENT, e.getStatus().getCode());
+    assertEquals("client_cache_bytes: -5 (expected: >= 0)", e.getStatus().getDescription());
+  }
+
+  @Test
+  void leasesOnTheStream_areAnsweredByRequestId_andABadOneGetsTheUnaryStatus() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(7, 4096)).addLeases(lease(8, 0)).build());
+    runBackendTasks(); // the first lease is a miss: served on the backend executor
+    LeaseReply ok = null;
+    LeaseReply bad = null;
+    for (int i = 0; i < 2; i++) {
+      LeaseReply reply = next().getLeaseReply();
+      if (reply.getRequestId() == 7) {
+        ok = reply;
+      } else {
+        bad = reply;
+      }
+    }
+    assertTrue(ok.hasLease(), ok.toString());
+    assertEquals(4096, ok.getLease().getSizeBytes());
+    assertEquals(8, bad.getRequestId());
+    StatusRuntimeException unary = org.junit.jupiter.api.Assertions.assertThrows(StatusRuntimeException.class,
+        () -> allocator.lease(LeaseRequest.newBuilder().setSessionId(sessionId).setDevice(0).setSizeBytes(0).build()));
+    assertEquals(unary.getStatus().getCode().value(), bad.getError().getCode());
+    assertEquals(unary.getStatus().getDescription(), bad.getError().getMessage());
+
+    // A release notice gets no answer; a bad one gets ReleaseFailed, and the stream carries on.
+    stream.onNext(KeepAliveRequest.newBuilder()
+        .addReleases(StreamRelease.newBuilder().setLeaseId(ok.getLease().getLeaseId()))
+        .addReleases(StreamRelease.newBuilder().setLeaseId(ok.getLease().getLeaseId()))
+        .addLeases(lease(9, 4096)).build());
+    SessionEvent failed = next();
+    assertEquals(ok.getLease().getLeaseId(), failed.getReleaseFailed().getLeaseId());
+    assertEquals(Status.Code.NOT_FOUND.value(), failed.getReleaseFailed().getError().getCode());
+    LeaseReply hit = next().getLeaseReply();
+    assertEquals(9, hit.getRequestId());
+    assertTrue(hit.getLease().getPoolHit(), "served from the block the notice released, on the transport thread");
+    assertEquals(4096, stats().getLeasedBytes());
+  }
+
+  @Test
+  void cacheNotices_moveBytesBetweenLeasedAndClientCached_andCountersAreExported() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 2 * MIB)).build());
+    runBackendTasks();
+    String id = next().getLeaseReply().getLease().getLeaseId();
+
+    // Close into the cache, reuse, close again: one batch, applied in order.
+    stream.onNext(KeepAliveRequest.newBuilder()
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId(id))
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId(id).setReused(true))
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId(id))
+        .addClientCounters(ClientCacheCounters.newBuilder().setDevice(0).setHits(1).setReturns(2))
+        .build());
+    DeviceStats s = stats();
+    assertEquals(0, s.getLeasedBytes());
+    assertEquals(2 * MIB, s.getClientCachedBytes());
+    assertEquals(1, s.getClientCacheHits());
+    assertEquals(2, s.getClientCacheReturns());
+    SessionInfo info = sessionInfo();
+    assertEquals(2 * MIB, info.getClientCachedBytes());
+    assertEquals(2 * MIB, info.getLeasedBytes(), "client-cached leases are still the session's");
+    assertEquals(16 * MIB, info.getClientCacheAllowanceBytes());
+    assertEquals(1, info.getClientCacheHits());
+
+    // Cumulative counters: a repeat adds nothing, a rise adds the difference.
+    stream.onNext(KeepAliveRequest.newBuilder()
+        .addClientCounters(ClientCacheCounters.newBuilder().setDevice(0).setHits(1).setReturns(2))
+        .addClientCounters(ClientCacheCounters.newBuilder().setDevice(0).setHits(4).setReturns(2)).build());
+    assertEquals(4, stats().getClientCacheHits());
+
+    // A notice about a lease that is not this session's cached one is refused by id.
+    stream.onNext(KeepAliveRequest.newBuilder()
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId("0".repeat(32)).setReused(true)).build());
+    SessionEvent refused = next();
+    assertEquals("0".repeat(32), refused.getReleaseFailed().getLeaseId());
+    assertEquals(Status.Code.NOT_FOUND.value(), refused.getReleaseFailed().getError().getCode());
+
+    // A client-cached lease is released like any other.
+    stream.onNext(KeepAliveRequest.newBuilder().addReleases(StreamRelease.newBuilder().setLeaseId(id)).build());
+    assertEquals(0, stats().getClientCachedBytes());
+    assertEquals(2 * MIB, stats().getCachedBytes());
+  }
+
+  @Test
+  void trim_asksTheClientForItsCachedBlocks_andFreesThemWhenTheyComeBack() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4 * MIB)).build());
+    runBackendTasks();
+    io.gpumemd.proto.v1.LeaseResponse leased = next().getLeaseReply().getLease();
+    stream.onNext(KeepAliveRequest.newBuilder()
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId(leased.getLeaseId())).build());
+
+    var trim = admin.withDeadlineAfter(10, TimeUnit.SECONDS);
+    java.util.concurrent.CompletableFuture<Long> freed = java.util.concurrent.CompletableFuture.supplyAsync(
+        () -> trim.trim(TrimRequest.newBuilder().setKeepBytes(0).build()).getFreedBytes());
+    SessionEvent ask = next();
+    assertTrue(ask.hasReturnCache(), ask.toString());
+    assertEquals(4 * MIB, ask.getReturnCache().getBytes(), "what exceeds keep_bytes: all of it");
+    // The client answers: it releases the cached lease, and unmaps the segment when asked.
+    stream.onNext(KeepAliveRequest.newBuilder().addReleases(StreamRelease.newBuilder().setLeaseId(leased.getLeaseId())).build());
+    assertEquals(4 * MIB, freed.get(10, TimeUnit.SECONDS));
+    SessionEvent unmap = next();
+    assertTrue(unmap.hasUnmap(), unmap.toString());
+    stream.onNext(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(unmap.getUnmap().getSegmentId()).build());
+    assertEquals(0, stats().getReservedBytes());
+  }
+
+  @Test
+  void aFloodOfLeases_isHeldAtTheBound_untilRepliesGoOut() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    int sent = SessionStream.MAX_OUTSTANDING + 100;
+    for (int i = 0; i < sent; i++) {
+      // zero=true needs the backend executor, which the test runs only later: nothing is answered.
+      stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(i, 4096).toBuilder().setZero(true)).build());
+    }
+    assertEquals(SessionStream.MAX_OUTSTANDING, backendTasks.size(),
+        "the server stops reading the stream at the bound of outstanding leases");
+    int replies = 0;
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+    while (replies < sent && System.nanoTime() < deadline) {
+      runBackendTasks(); // each reply lets the server read another message
+      SessionEvent event;
+      while ((event = events.poll()) != null) {
+        assertTrue(event.getLeaseReply().hasLease(), event.toString());
+        replies++;
+      }
+    }
+    assertEquals(sent, replies, "every lease is answered once the backend runs");
+    assertEquals(sent * 4096L, stats().getLeasedBytes());
+  }
+}
