@@ -281,7 +281,9 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
       for (long warmSize : sizes) {
         for (int i = 0; i < 10; i++) {
           try (Lease lease = client.lease(device, warmSize, false, TAG)) {
-            lease.buffer().put(0, (byte) 1);
+            if (lease.isHost()) { // a CUDA lease has no buffer (issue 12: the warm-up died on one)
+              lease.buffer().put(0, (byte) 1);
+            }
           }
         }
       }

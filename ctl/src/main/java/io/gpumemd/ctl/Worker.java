@@ -155,7 +155,8 @@ final class Worker implements Callable<Integer>, GpuMemCtl.Validated {
         verifyNanos / 1e6, (System.nanoTime() - start) / 1e6));
   }
 
-  private static long patternAt(long seed, int index) {
+  /** The pattern's 64-bit word number {@code index} (written big-endian, as ByteBuffer does). */
+  static long patternAt(long seed, long index) {
     long x = seed + index * 0xBF58476D1CE4E5B9L;
     return x ^ (x >>> 31);
   }

@@ -27,22 +27,34 @@ import jcuda.driver.CUipcMem_flags;
 import jcuda.driver.JCudaDriver;
 
 /**
- * GPU benchmark (issue 5): per size (2 MiB, 64 MiB, 1 GiB), the p50 of
+ * GPU benchmark: per size (2 MiB, 64 MiB, 1 GiB), after a warm-up of every path (segments
+ * allocated, IPC handles opened, JIT compiled), the p50 and p99 of
  * <ol>
- *   <li>a gpumemd lease hit + release (RPCs, mapping already cached in this process);
+ *   <li>a lease + close served from this client's own cache tier (no round trip);
+ *   <li>a lease + close served by the daemon over the session stream (client cache off);
+ *   <li>a lease + release over the unary calls (two round trips);
  *   <li>{@code cuMemAlloc} + {@code cuMemFree} in this process;
  *   <li>{@code cuMemAlloc} + {@code cuIpcGetMemHandle} here + {@code cuIpcOpenMemHandle} (and close)
  *       in a second process, i.e. what sharing fresh memory costs without the daemon.
  * </ol>
- * Run on a GPU machine against a daemon started with {@code --backend cuda}:
- * {@code java -cp <server test classpath> io.gpumemd.it.cuda.CudaBenchmarkMain unix:///tmp/gpumemd.sock}.
- * The second process is this class with {@code --opener}.
+ * Daemon-served rounds that were pool misses (a new segment) are counted and left out of the
+ * figures, so a cold lease is never reported as a hit. Run on a GPU machine against a daemon
+ * started with {@code --backend cuda --client-cache-bytes 2GiB} (so that a 1 GiB block fits a
+ * client's cache): {@code java -cp <it test classpath>
+ * io.gpumemd.it.cuda.CudaBenchmarkMain unix:///tmp/gpumemd.sock}. The second process is this class
+ * with {@code --opener}.
  */
 public final class CudaBenchmarkMain {
   private static final long[] SIZES = {2L << 20, 64L << 20, 1L << 30};
-  private static final int ROUNDS = 50;
+  private static final int WARMUP = 20;
+  private static final int ROUNDS = 200;
 
   private CudaBenchmarkMain() {}
+
+  /** One measured path: lease + close, returning whether the daemon's pool had the block. */
+  private interface Round {
+    boolean run() throws Exception;
+  }
 
   public static void main(String[] args) throws Exception {
     JCudaDriver.setExceptionsEnabled(true);
@@ -61,43 +73,70 @@ public final class CudaBenchmarkMain {
     Process opener = new ProcessBuilder(command).redirectError(ProcessBuilder.Redirect.INHERIT).start();
     PrintWriter toOpener = new PrintWriter(opener.getOutputStream(), true);
     BufferedReader fromOpener = new BufferedReader(new InputStreamReader(opener.getInputStream()));
-    System.out.printf("%-8s %16s %18s %26s%n", "size", "lease hit (us)", "alloc+free (us)", "alloc+IPC open 2nd proc (us)");
-    try (GpuMemClient client = GpuMemClient.connect(args[0])) {
+    System.out.printf("%-6s %-34s %10s %10s %8s%n", "size", "path", "p50 (us)", "p99 (us)", "misses");
+    try (GpuMemClient local = GpuMemClient.builder(args[0]).clientName("bench-local").clientCacheBytes(4L << 30).connect();
+         GpuMemClient stream = GpuMemClient.builder(args[0]).clientName("bench-stream").clientCacheBytes(0).connect();
+         GpuMemClient unary = GpuMemClient.builder(args[0]).clientName("bench-unary").unaryCalls(true).connect()) {
       for (long size : SIZES) {
-        client.lease(0, size).close(); // warm: segment allocated and mapped
-        long[] hit = new long[ROUNDS];
-        long[] alloc = new long[ROUNDS];
-        long[] ipc = new long[ROUNDS];
-        for (int i = 0; i < ROUNDS; i++) {
-          long t0 = System.nanoTime();
-          try (Lease lease = client.lease(0, size)) {
-            lease.devicePointer();
-          }
-          hit[i] = System.nanoTime() - t0;
-
-          t0 = System.nanoTime();
+        String label = size >= 1L << 30 ? (size >> 30) + "GiB" : (size >> 20) + "MiB";
+        measure(label, "local hit (client cache)", () -> leaseAndClose(local, size));
+        measure(label, "daemon-served, stream", () -> leaseAndClose(stream, size));
+        measure(label, "daemon-served, unary", () -> leaseAndClose(unary, size));
+        measure(label, "cuMemAlloc+cuMemFree", () -> {
           CUdeviceptr p = new CUdeviceptr();
           cuMemAlloc(p, size);
           cuMemFree(p);
-          alloc[i] = System.nanoTime() - t0;
-
-          t0 = System.nanoTime();
+          return true;
+        });
+        measure(label, "cuMemAlloc+IPC open in 2nd process", () -> {
           CUdeviceptr q = new CUdeviceptr();
           cuMemAlloc(q, size);
           CUipcMemHandle handle = new CUipcMemHandle();
           cuIpcGetMemHandle(handle, q);
           toOpener.println(HexFormat.of().formatHex(CudaHandles.bytes(handle)));
           fromOpener.readLine(); // opened and closed there
-          ipc[i] = System.nanoTime() - t0;
           cuMemFree(q);
-        }
-        System.out.printf("%-8s %16.1f %18.1f %26.1f%n", size >= 1L << 30 ? (size >> 30) + "GiB" : (size >> 20) + "MiB",
-            p50(hit), p50(alloc), p50(ipc));
+          return true;
+        });
       }
     } finally {
       toOpener.close();
       opener.waitFor();
     }
+  }
+
+  private static boolean leaseAndClose(GpuMemClient client, long size) {
+    try (Lease lease = client.lease(0, size)) {
+      lease.devicePointer();
+      return lease.poolHit();
+    }
+  }
+
+  private static void measure(String size, String path, Round round) throws Exception {
+    for (int i = 0; i < WARMUP; i++) {
+      round.run();
+    }
+    long[] nanos = new long[ROUNDS];
+    int kept = 0;
+    int misses = 0;
+    for (int i = 0; i < ROUNDS; i++) {
+      long t0 = System.nanoTime();
+      boolean hit = round.run();
+      long t = System.nanoTime() - t0;
+      if (hit) {
+        nanos[kept++] = t;
+      } else {
+        misses++;
+      }
+    }
+    long[] sorted = Arrays.copyOf(nanos, kept);
+    Arrays.sort(sorted);
+    System.out.printf("%-6s %-34s %10.1f %10.1f %8d%n", size, path, percentile(sorted, 0.50), percentile(sorted, 0.99),
+        misses);
+  }
+
+  private static double percentile(long[] sorted, double q) {
+    return sorted.length == 0 ? Double.NaN : sorted[(int) Math.min(sorted.length - 1, Math.floor(q * sorted.length))] / 1000.0;
   }
 
   private static void opener() throws Exception {
@@ -111,11 +150,5 @@ public final class CudaBenchmarkMain {
       System.out.println("ok");
       System.out.flush();
     }
-  }
-
-  private static double p50(long[] nanos) {
-    long[] sorted = nanos.clone();
-    Arrays.sort(sorted);
-    return sorted[sorted.length / 2] / 1000.0;
   }
 }
