@@ -247,7 +247,10 @@ final class AdminCommands implements AutoCloseable {
       new Row("alloc retries", false, DeviceStats::getAllocRetries),
       new Row("ooms", false, DeviceStats::getOoms),
       new Row("active leases", false, DeviceStats::getActiveLeases),
+      new Row("client cache hits", false, DeviceStats::getClientCacheHits),
+      new Row("client cache returns", false, DeviceStats::getClientCacheReturns),
       new Row("leased", true, DeviceStats::getLeasedBytes),
+      new Row("client cached", true, DeviceStats::getClientCachedBytes),
       new Row("peak leased", true, DeviceStats::getPeakLeasedBytes),
       new Row("cached", true, DeviceStats::getCachedBytes),
       new Row("cached blocks", false, DeviceStats::getCachedBlocks),
@@ -278,13 +281,15 @@ final class AdminCommands implements AutoCloseable {
       columns[i + 1] = ">DEVICE " + devices.get(i).getDevice();
     }
     Table table = new Table(columns);
-    // hit rate first: the one number an operator looks for
+    // hit rate first: the one number an operator looks for; a lease a client served from its
+    // own cache is a hit the daemon never saw, so it counts here too
     Object[] hitRate = new Object[columns.length];
     hitRate[0] = "hit rate";
     for (int i = 0; i < devices.size(); i++) {
       DeviceStats d = devices.get(i);
-      long leases = d.getHits() + d.getMisses();
-      hitRate[i + 1] = leases == 0 ? "-" : String.format(Locale.ROOT, "%.1f%%", 100.0 * d.getHits() / leases);
+      long hits = d.getHits() + d.getClientCacheHits();
+      long leases = hits + d.getMisses();
+      hitRate[i + 1] = leases == 0 ? "-" : String.format(Locale.ROOT, "%.1f%%", 100.0 * hits / leases);
     }
     table.row(hitRate);
     for (Row row : STATS_ROWS) {
@@ -335,10 +340,11 @@ final class AdminCommands implements AutoCloseable {
       out.println("no live sessions");
       return 0;
     }
-    Table table = new Table("SESSION", "CLIENT", ">LEASES", ">LEASED", ">MAPPED SEGMENTS", "STREAM", ">TTL", ">AGE");
+    Table table = new Table("SESSION", "CLIENT", ">LEASES", ">LEASED", ">CLIENT CACHED", ">ALLOWANCE", ">MAPPED SEGMENTS",
+        "STREAM", ">TTL", ">AGE");
     for (SessionInfo s : response.getSessionsList()) {
       table.row(s.getSessionId(), s.getClientName(), s.getLeases(), Sizes.format(s.getLeasedBytes()),
-          s.getMappedSegments(), s.getStreamAttached() ? "attached" : "detached", s.getTtlSeconds() + " s",
+          Sizes.format(s.getClientCachedBytes()), Sizes.format(s.getClientCacheAllowanceBytes()), s.getMappedSegments(), s.getStreamAttached() ? "attached" : "detached", s.getTtlSeconds() + " s",
           Sizes.formatMillis(s.getAgeMs()));
     }
     table.print(out);
