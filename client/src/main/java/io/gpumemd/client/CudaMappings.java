@@ -1,11 +1,13 @@
 package io.gpumemd.client;
 
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
+import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuInit;
 import static jcuda.driver.JCudaDriver.cuIpcCloseMemHandle;
 import static jcuda.driver.JCudaDriver.cuIpcOpenMemHandle;
+import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
 import io.gpumemd.common.cuda.CudaHandles;
 import io.grpc.Status;
@@ -64,6 +66,14 @@ final class CudaMappings {
   }
 
   /** The device address of a mapping's base in this process. */
+  /** Writes zeros over {@code bytes} bytes at {@code offset} of a mapped segment (synchronous). */
+  static void zero(SegmentMapping mapping, long offset, long bytes) {
+    CudaMapping cuda = (CudaMapping) mapping;
+    makeCurrent(cuda.device);
+    check(cuMemsetD8(pointer(mapping, offset), (byte) 0, bytes), "cuMemsetD8");
+    check(cuCtxSynchronize(), "cuCtxSynchronize");
+  }
+
   /** A device pointer {@code offset} bytes into a mapped segment: the one place of that sum. */
   static CUdeviceptr pointer(SegmentMapping mapping, long offset) {
     return ((CudaMapping) mapping).base.withByteOffset(offset);

@@ -2,6 +2,11 @@ package io.gpumemd.client;
 
 import com.google.protobuf.ByteString;
 import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.CacheNotice;
+import io.gpumemd.proto.v1.ClientCacheCounters;
+import io.gpumemd.proto.v1.LeaseReply;
+import io.gpumemd.proto.v1.StreamLease;
+import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
@@ -16,12 +21,20 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.grpc.stub.StreamObserver;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -43,6 +56,18 @@ import org.slf4j.LoggerFactory;
  * the grace period. Segment mappings are cached per segment id and closed when the daemon
  * asks ({@code UnmapSegment}) or when the client closes.
  *
+ * <p>The stream is also the lease path: a lease the daemon serves is one round trip on it (a
+ * {@code StreamLease} answered by a {@code LeaseReply}), and a release is a notice the caller
+ * never waits for. Closed leases go to the client cache tier ({@link ClientCache}) within the
+ * allowance the daemon grants, and serve later leases without a round trip; the daemon hears
+ * of both in batched notices, sent at most a millisecond after the fact (at once when a lease
+ * goes out anyway, or when the daemon asks for cached blocks back). {@link Builder#unaryCalls}
+ * or {@code keepAlive(false)} use the unary calls instead, and no client cache.
+ *
+ * <p>Locks, always taken in this order: {@code streamLock} (sending on the stream), the client
+ * cache's monitor (a take or an offer together with its notice), {@code noticeLock} (the
+ * pending notices). Nothing is sent while the cache's monitor is held.
+ *
  * <p>Thread-safe: any thread may lease and close leases concurrently.
  */
 public final class GpuMemClient implements AutoCloseable {
@@ -60,10 +85,37 @@ public final class GpuMemClient implements AutoCloseable {
   private final CountDownLatch firstAttach = new CountDownLatch(1);
   private final Object streamLock = new Object();
   private StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
+  private CountDownLatch streamDone; // guarded by streamLock: the current stream's end
   private volatile boolean closing;
   private final AtomicBoolean closeStarted = new AtomicBoolean();
   private final CountDownLatch closed = new CountDownLatch(1);
   private volatile boolean sessionLost;
+  /** Null on the unary path or when the daemon grants no allowance. */
+  private final ClientCache cache;
+  private final boolean streamCalls;
+  private final AtomicLong nextRequestId = new AtomicLong(1);
+  private final Map<Long, CompletableFuture<LeaseResponse>> pendingLeases = new ConcurrentHashMap<>();
+  /**
+   * Notices not yet sent, guarded by noticeLock. Cache notices are kept as each lease's net
+   * transition since the last send (a close into the cache and a reuse cancel out), so a worker
+   * that leases and closes locally sends nothing at all; releases in order.
+   */
+  private final Object noticeLock = new Object();
+  private final LinkedHashMap<String, Boolean> cacheNotices = new LinkedHashMap<>();
+  private final ArrayList<ReleaseNotice> releaseNotices = new ArrayList<>();
+  private final AtomicBoolean flushScheduled = new AtomicBoolean();
+  private final AtomicLong daemonLeases = new AtomicLong();
+  private final AtomicLong releases = new AtomicLong();
+  /** Counters last sent, so that unchanged ones are not repeated. */
+  private volatile Map<Integer, long[]> countersSent = Map.of(); // written under streamLock
+
+  /** A release notice waiting to be sent. */
+  private record ReleaseNotice(String leaseId, byte[] eventHandle) {}
+
+  /** Notices per message, far below gRPC's 4 MiB message limit. */
+  private static final int NOTICES_PER_MESSAGE = 4096;
+  /** Pending notices at which the caller sends them itself instead of waiting for the flush. */
+  private static final int FLUSH_AT = 1024;
 
   /** Builds a client; {@link #connect()} opens it. */
   public static final class Builder {
@@ -156,8 +208,12 @@ public final class GpuMemClient implements AutoCloseable {
     this.mappings = new MappingCache(this::ackUnmapped);
     OpenSessionResponse opened;
     try {
-      opened = blocking.withDeadlineAfter(10, TimeUnit.SECONDS).openSession(OpenSessionRequest.newBuilder()
-          .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds).build());
+      OpenSessionRequest.Builder open = OpenSessionRequest.newBuilder()
+          .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds);
+      if (b.clientCacheBytes != null) {
+        open.setClientCacheBytes(b.clientCacheBytes);
+      }
+      opened = blocking.withDeadlineAfter(10, TimeUnit.SECONDS).openSession(open.build());
     } catch (StatusRuntimeException e) {
       connection.close();
       throw GpuMemException.from(e);
@@ -165,6 +221,8 @@ public final class GpuMemClient implements AutoCloseable {
     this.sessionId = opened.getSessionId();
     this.ttlSeconds = opened.getTtlSeconds();
     this.graceMillis = opened.getKeepaliveGraceMs();
+    this.streamCalls = b.keepAlive && !b.unaryCalls;
+    this.cache = streamCalls && opened.getClientCacheBytes() > 0 ? new ClientCache(opened.getClientCacheBytes()) : null;
     this.reconnector = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "gpumemd-client-keepalive");
       t.setDaemon(true);
@@ -208,7 +266,11 @@ public final class GpuMemClient implements AutoCloseable {
 
   /** What the cache tier and the lease path did since connect. */
   public ClientStats stats() {
-    throw new UnsupportedOperationException("not yet");
+    if (cache == null) {
+      return new ClientStats(0, 0, daemonLeases.get(), releases.get(), 0, 0, 0);
+    }
+    return new ClientStats(cache.localHits(), cache.localReturns(), daemonLeases.get(), releases.get(),
+        cache.cachedBytes(), cache.cachedBlocks(), cache.allowance());
   }
 
   /** True once the daemon ended the session (expired, or the server restarted). */
@@ -231,22 +293,94 @@ public final class GpuMemClient implements AutoCloseable {
    * @throws GpuMemException with the status code and the daemon's message
    */
   public Lease lease(int device, long sizeBytes, boolean zero, String tag) {
+    Lease local = leaseLocally(device, sizeBytes, zero);
+    if (local != null) {
+      return local;
+    }
+    if (streamCalls) {
+      try {
+        return wrap(leaseOnStream(device, sizeBytes, zero, tag).get());
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for a lease", e);
+      } catch (ExecutionException e) {
+        throw GpuMemException.from(e.getCause());
+      }
+    }
     LeaseResponse response;
     try {
       response = blocking.lease(request(device, sizeBytes, zero, tag));
     } catch (StatusRuntimeException e) {
       throw GpuMemException.from(e);
     }
+    daemonLeases.incrementAndGet();
     return wrap(response);
+  }
+
+  /** A lease from the client's own cache, zeroed when asked, or null. */
+  private Lease leaseLocally(int device, long sizeBytes, boolean zero) {
+    if (cache == null || closing || sizeBytes <= 0) {
+      return null;
+    }
+    Lease cached;
+    boolean flushNow;
+    // The take and its notice are one step under the cache's monitor: a close of the same block
+    // on another thread (offer and its notice) cannot come between them.
+    synchronized (cache) {
+      cached = cache.take(device, sizeBytes);
+      if (cached == null) {
+        return null;
+      }
+      flushNow = cacheNotice(cached.id(), true);
+    }
+    afterNotice(flushNow); // may send: outside the cache's monitor (send reads the counters)
+    Lease lease = new Lease(cached, sizeBytes);
+    if (zero) {
+      try {
+        Zeroing.zero(lease);
+      } catch (RuntimeException | LinkageError e) {
+        lease.close();
+        throw e;
+      }
+    }
+    return lease;
+  }
+
+  /** Sends a StreamLease (with the notices queued so far); the future completes with the reply. */
+  private CompletableFuture<LeaseResponse> leaseOnStream(int device, long sizeBytes, boolean zero, String tag) {
+    long id = nextRequestId.getAndIncrement();
+    CompletableFuture<LeaseResponse> reply = new CompletableFuture<>();
+    pendingLeases.put(id, reply);
+    KeepAliveRequest.Builder message = KeepAliveRequest.newBuilder().addLeases(StreamLease.newBuilder()
+        .setRequestId(id).setDevice(device).setSizeBytes(sizeBytes).setZero(zero).setTag(tag));
+    if (!send(message)) {
+      pendingLeases.remove(id);
+      reply.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE,
+          "the KeepAlive stream to gpumemd is down" + (sessionLost ? " and the session is lost" : "; retry"), null));
+    }
+    return reply;
   }
 
   /** Leases without blocking the caller; the future fails with {@link GpuMemException}. */
   public CompletableFuture<Lease> leaseAsync(int device, long sizeBytes, boolean zero, String tag) {
+    Lease local;
+    try {
+      local = leaseLocally(device, sizeBytes, zero);
+    } catch (RuntimeException e) {
+      return CompletableFuture.failedFuture(e);
+    }
+    if (local != null) {
+      return CompletableFuture.completedFuture(local);
+    }
+    if (streamCalls) {
+      return leaseOnStream(device, sizeBytes, zero, tag).thenApply(this::wrap);
+    }
     CompletableFuture<Lease> result = new CompletableFuture<>();
     async.lease(request(device, sizeBytes, zero, tag), new StreamObserver<>() {
       @Override
       public void onNext(LeaseResponse response) {
         try {
+          daemonLeases.incrementAndGet();
           result.complete(wrap(response));
         } catch (RuntimeException e) {
           result.completeExceptionally(e);
@@ -293,7 +427,55 @@ public final class GpuMemClient implements AutoCloseable {
     }
   }
 
-  void release(Lease lease, byte[] eventHandle) {
+  /** A lease was closed: into the cache, or released (a notice on the stream, a call if unary). */
+  void closeLease(Lease lease, byte[] eventHandle) {
+    if (!streamCalls) {
+      release(lease, eventHandle);
+      return;
+    }
+    if (eventHandle == null && cache != null && !closing) {
+      List<Lease> evicted;
+      boolean flushNow = false;
+      synchronized (cache) { // the offer and its notice are one step, as in leaseLocally
+        evicted = cache.offer(lease);
+        if (evicted != null) {
+          flushNow = cacheNotice(lease.id(), false);
+        }
+      }
+      if (evicted != null) {
+        afterNotice(flushNow);
+        for (Lease old : evicted) {
+          releaseNotice(old, null);
+        }
+        return;
+      }
+    }
+    releaseNotice(lease, eventHandle);
+  }
+
+  CompletableFuture<Void> closeLeaseAsync(Lease lease) {
+    if (!streamCalls) {
+      return releaseAsync(lease, null);
+    }
+    closeLease(lease, null);
+    return CompletableFuture.completedFuture(null);
+  }
+
+  private void releaseNotice(Lease lease, byte[] eventHandle) {
+    releases.incrementAndGet();
+    boolean flushNow;
+    synchronized (noticeLock) {
+      // A release supersedes a pending cache notice: the daemon releases a lease in either state.
+      cacheNotices.remove(lease.id());
+      releaseNotices.add(new ReleaseNotice(lease.id(), eventHandle));
+      flushNow = pendingNotices() >= FLUSH_AT;
+    }
+    mappings.release(lease.segmentId());
+    afterNotice(flushNow);
+  }
+
+  private void release(Lease lease, byte[] eventHandle) {
+    releases.incrementAndGet();
     try {
       blocking.release(releaseRequest(lease, eventHandle));
     } catch (StatusRuntimeException e) {
@@ -307,7 +489,8 @@ public final class GpuMemClient implements AutoCloseable {
     }
   }
 
-  CompletableFuture<Void> releaseAsync(Lease lease, byte[] eventHandle) {
+  private CompletableFuture<Void> releaseAsync(Lease lease, byte[] eventHandle) {
+    releases.incrementAndGet();
     CompletableFuture<Void> result = new CompletableFuture<>();
     async.release(releaseRequest(lease, eventHandle), new StreamObserver<>() {
       @Override
@@ -339,6 +522,7 @@ public final class GpuMemClient implements AutoCloseable {
   // ---------------------------------------------------------------------------- keep-alive
 
   private void openStream(long firstTryNanos) {
+    CountDownLatch done = new CountDownLatch(1);
     ClientResponseObserver<KeepAliveRequest, SessionEvent> events = new ClientResponseObserver<>() {
       @Override
       public void beforeStart(ClientCallStreamObserver<KeepAliveRequest> requests) {}
@@ -346,10 +530,25 @@ public final class GpuMemClient implements AutoCloseable {
       @Override
       public void onNext(SessionEvent event) {
         switch (event.getEventCase()) {
-          case ATTACHED -> firstAttach.countDown();
+          case ATTACHED -> {
+            firstAttach.countDown();
+            flushNotices(); // what queued up while the stream was away
+          }
           case UNMAP -> mappings.unmapRequested(event.getUnmap().getSegmentId());
+          case LEASE_REPLY -> leaseReplied(event.getLeaseReply());
+          case RELEASE_FAILED -> log.warn("gpumemd refused a notice about lease {}: {} {}",
+              event.getReleaseFailed().getLeaseId(), Status.fromCodeValue(event.getReleaseFailed().getError().getCode()).getCode(),
+              event.getReleaseFailed().getError().getMessage());
+          case RETURN_CACHE -> giveBack(cache == null ? List.of()
+              : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
+          case CACHE_ALLOWANCE -> giveBack(cache == null ? List.of()
+              : cache.setAllowance(event.getCacheAllowance().getBytes()));
           case SHUTDOWN -> {
             log.info("gpumemd is shutting down; drain timeout {} ms", event.getShutdown().getDrainTimeoutMs());
+            // The daemon drains leases: cached ones go back now, closed ones from now on.
+            if (cache != null) {
+              giveBack(cache.setAllowance(0));
+            }
             onShutdownNotice.accept(event.getShutdown().getDrainTimeoutMs());
           }
           default -> { }
@@ -358,11 +557,13 @@ public final class GpuMemClient implements AutoCloseable {
 
       @Override
       public void onError(Throwable t) {
+        done.countDown();
         streamEnded(Status.fromThrowable(t), firstTryNanos);
       }
 
       @Override
       public void onCompleted() {
+        done.countDown();
         streamEnded(Status.OK, firstTryNanos);
       }
     };
@@ -370,14 +571,46 @@ public final class GpuMemClient implements AutoCloseable {
       if (closing) {
         return;
       }
+      streamDone = done;
       stream = async.keepAlive(events);
       stream.onNext(KeepAliveRequest.newBuilder().setSessionId(sessionId).build());
     }
   }
 
+  private void leaseReplied(LeaseReply reply) {
+    CompletableFuture<LeaseResponse> waiting = pendingLeases.remove(reply.getRequestId());
+    if (waiting == null) {
+      log.warn("gpumemd answered lease request {}, which nobody waits for", reply.getRequestId());
+      return;
+    }
+    if (reply.hasLease()) {
+      daemonLeases.incrementAndGet();
+      waiting.complete(reply.getLease());
+    } else {
+      waiting.completeExceptionally(new GpuMemException(Status.fromCodeValue(reply.getError().getCode()).getCode(),
+          reply.getError().getMessage(), null));
+    }
+  }
+
+  /** Releases cached leases the daemon asked for (or the allowance no longer covers), at once. */
+  private void giveBack(List<Lease> leases) {
+    for (Lease lease : leases) {
+      releaseNotice(lease, null);
+    }
+    flushNotices();
+  }
+
   private void streamEnded(Status status, long firstTryNanos) {
     synchronized (streamLock) {
       stream = null;
+    }
+    // Leases in flight on the broken stream get no reply: fail them so that callers may retry.
+    for (Long id : pendingLeases.keySet()) {
+      CompletableFuture<LeaseResponse> waiting = pendingLeases.remove(id);
+      if (waiting != null) {
+        waiting.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE,
+            "the KeepAlive stream to gpumemd broke (" + status.getCode() + "); retry", null));
+      }
     }
     if (closing) {
       return;
@@ -399,6 +632,151 @@ public final class GpuMemClient implements AutoCloseable {
     // Within the grace period the daemon keeps the session: reattach.
     long delay = Math.max(20, Math.min(200, graceMillis / 10));
     reconnector.schedule(() -> openStream(firstTryNanos), delay, TimeUnit.MILLISECONDS);
+  }
+
+  // ---------------------------------------------------------------------------- notices
+
+  /**
+   * Records that the client cached a lease ({@code reused} false) or handed it out again, for
+   * the next message; a pending opposite transition of the same lease cancels out.
+   *
+   * @return true when so many notices are pending that the caller should send them now (with
+   *     {@link #afterNotice}, outside the cache's monitor)
+   */
+  private boolean cacheNotice(String leaseId, boolean reused) {
+    synchronized (noticeLock) {
+      Boolean pending = cacheNotices.remove(leaseId);
+      if (pending == null) {
+        cacheNotices.put(leaseId, reused);
+      }
+      return pendingNotices() >= FLUSH_AT;
+    }
+  }
+
+  private int pendingNotices() {
+    assert Thread.holdsLock(noticeLock);
+    return cacheNotices.size() + releaseNotices.size();
+  }
+
+  /**
+   * Notices go with the next outgoing lease, or with a flush at most a millisecond later: a
+   * close() costs a map update, not a message. Many pending notices are sent at once.
+   */
+  private void afterNotice(boolean flushNow) {
+    if (flushNow) {
+      flushNotices();
+    } else if (flushScheduled.compareAndSet(false, true)) {
+      try {
+        reconnector.schedule(this::flushNotices, 1, TimeUnit.MILLISECONDS);
+      } catch (RejectedExecutionException e) {
+        flushScheduled.set(false); // closing: CloseSession takes everything back
+      }
+    }
+  }
+
+  private void flushNotices() {
+    flushScheduled.set(false);
+    boolean any;
+    synchronized (noticeLock) {
+      any = pendingNotices() > 0;
+    }
+    // Outside noticeLock: the cache's monitor is taken before noticeLock elsewhere.
+    if (any || (cache != null && countersChanged())) {
+      send(KeepAliveRequest.newBuilder());
+    }
+  }
+
+  private boolean countersChanged() {
+    for (Map.Entry<Integer, long[]> e : cache.counters().entrySet()) {
+      long[] sent = countersSent.get(e.getKey());
+      if (sent == null || sent[0] != e.getValue()[0] || sent[1] != e.getValue()[1]) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
+   * Sends the pending notices and then {@code message} (which may carry a lease) on the stream,
+   * with the cache counters if they changed; notices beyond one message's share go in messages
+   * of their own, first.
+   *
+   * @return false when no stream is attached (the notices stay pending for the next one)
+   */
+  private boolean send(KeepAliveRequest.Builder message) {
+    synchronized (streamLock) {
+      if (stream == null) {
+        return false;
+      }
+      List<KeepAliveRequest.Builder> messages = new ArrayList<>(1);
+      synchronized (noticeLock) {
+        KeepAliveRequest.Builder current = KeepAliveRequest.newBuilder();
+        int inCurrent = 0;
+        for (Map.Entry<String, Boolean> notice : cacheNotices.entrySet()) {
+          if (inCurrent == NOTICES_PER_MESSAGE) {
+            messages.add(current);
+            current = KeepAliveRequest.newBuilder();
+            inCurrent = 0;
+          }
+          current.addCacheNotices(CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
+          inCurrent++;
+        }
+        for (ReleaseNotice release : releaseNotices) {
+          if (inCurrent == NOTICES_PER_MESSAGE) {
+            messages.add(current);
+            current = KeepAliveRequest.newBuilder();
+            inCurrent = 0;
+          }
+          StreamRelease.Builder r = StreamRelease.newBuilder().setLeaseId(release.leaseId());
+          if (release.eventHandle() != null) {
+            r.setCudaIpcEventHandle(ByteString.copyFrom(release.eventHandle()));
+          }
+          current.addReleases(r);
+          inCurrent++;
+        }
+        cacheNotices.clear();
+        releaseNotices.clear();
+        messages.add(current.mergeFrom(message.build()));
+      }
+      if (cache != null) {
+        Map<Integer, long[]> counters = cache.counters();
+        KeepAliveRequest.Builder last = messages.get(messages.size() - 1);
+        counters.forEach((device, c) -> {
+          long[] sent = countersSent.get(device);
+          if (sent == null || sent[0] != c[0] || sent[1] != c[1]) {
+            last.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(c[0]).setReturns(c[1]));
+          }
+        });
+        countersSent = counters;
+      }
+      for (KeepAliveRequest.Builder m : messages) {
+        stream.onNext(m.build());
+      }
+      return true;
+    }
+  }
+
+  /**
+   * Sends what is pending (releases, cache notices, counters) and ends the stream, waiting
+   * briefly for the daemon to end its side: it has then applied all of it, before CloseSession
+   * (another HTTP/2 stream, not ordered with this one) ends the session.
+   */
+  private void finishStream() {
+    CountDownLatch done;
+    synchronized (streamLock) {
+      if (stream == null) {
+        return;
+      }
+      send(KeepAliveRequest.newBuilder());
+      stream.onCompleted();
+      stream = null;
+      done = streamDone;
+    }
+    try {
+      done.await(2, TimeUnit.SECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
   }
 
   private void ackUnmapped(long segmentId) {
@@ -424,6 +802,9 @@ public final class GpuMemClient implements AutoCloseable {
     }
     closing = true;
     try {
+      if (streamCalls && !sessionLost) {
+        finishStream();
+      }
       if (!sessionLost) {
         blocking.withDeadlineAfter(5, TimeUnit.SECONDS)
             .closeSession(CloseSessionRequest.newBuilder().setSessionId(sessionId).build());
@@ -440,6 +821,9 @@ public final class GpuMemClient implements AutoCloseable {
         }
       }
       reconnector.shutdownNow();
+      if (cache != null) {
+        cache.drain(); // CloseSession took the cached leases back with the rest
+      }
       mappings.closeAll();
       connection.close();
       closed.countDown();

@@ -29,6 +29,7 @@ public final class Lease implements AutoCloseable {
   private final long offset;
   private final String hostShmPath;
   private final SegmentMapping mapping;
+  private final boolean localHit;
   private final AtomicBoolean closed = new AtomicBoolean();
 
   Lease(GpuMemClient client, LeaseResponse response, SegmentMapping mapping) {
@@ -43,6 +44,23 @@ public final class Lease implements AutoCloseable {
     this.offset = response.getHandle().getOffset();
     this.hostShmPath = response.getHandle().hasHostShmPath() ? response.getHandle().getHostShmPath() : null;
     this.mapping = mapping;
+    this.localHit = false;
+  }
+
+  /** The same block, handed out again from the client's own cache for a new request. */
+  Lease(Lease cached, long sizeBytes) {
+    this.client = cached.client;
+    this.id = cached.id;
+    this.device = cached.device;
+    this.sizeBytes = sizeBytes;
+    this.blockBytes = cached.blockBytes;
+    this.poolHit = true;
+    this.segmentId = cached.segmentId;
+    this.segmentBytes = cached.segmentBytes;
+    this.offset = cached.offset;
+    this.hostShmPath = cached.hostShmPath;
+    this.mapping = cached.mapping;
+    this.localHit = true;
   }
 
   /** The lease id (as shown by {@code Admin.ListLeases}). */
@@ -64,9 +82,14 @@ public final class Lease implements AutoCloseable {
     return blockBytes;
   }
 
-  /** True when the daemon served this lease from cached memory. */
+  /** True when the lease was served from cached memory: the daemon's, or this client's own. */
   public boolean poolHit() {
     return poolHit;
+  }
+
+  /** True when this client served the lease from its own cache, without asking the daemon. */
+  public boolean localHit() {
+    return localHit;
   }
 
   public long segmentId() {
@@ -131,32 +154,39 @@ public final class Lease implements AutoCloseable {
     }
   }
 
-  /** Releases the lease; later calls do nothing. */
+  /**
+   * Gives the lease back: into this client's cache (within its allowance), else to the daemon.
+   * On the session stream this never waits for the network; with unary calls it waits for the
+   * daemon's answer. Later calls do nothing.
+   */
   @Override
   public void close() {
     if (closed.compareAndSet(false, true)) {
-      client.release(this, null);
+      client.closeLease(this, null);
     }
   }
 
-  /** Releases without waiting for the daemon's answer. */
+  /** Gives the lease back without waiting for the daemon's answer. */
   public CompletableFuture<Void> closeAsync() {
     if (closed.compareAndSet(false, true)) {
-      return client.releaseAsync(this, null);
+      return client.closeLeaseAsync(this);
     }
     return CompletableFuture.completedFuture(null);
   }
 
-  /** Releases with a CUDA IPC event handle; see {@link CudaLeases#closeAfter}. */
+  /**
+   * Releases with a CUDA IPC event handle; see {@link CudaLeases#closeAfter}. Never kept in the
+   * client's cache: the block may be reused only after the event, which only the daemon checks.
+   */
   void closeWithEvent(byte[] eventHandle) {
     if (closed.compareAndSet(false, true)) {
-      client.release(this, eventHandle);
+      client.closeLease(this, eventHandle);
     }
   }
 
   @Override
   public String toString() {
     return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId
-        + "+" + offset + (poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "") + "]";
+        + "+" + offset + (localHit ? ", local hit" : poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "") + "]";
   }
 }

@@ -10,6 +10,7 @@ import java.util.List;
 import java.util.Set;
 import java.util.concurrent.Callable;
 import java.util.function.Function;
+import java.util.function.UnaryOperator;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
@@ -216,8 +217,13 @@ public final class GpuMemCtl implements Callable<Integer> {
 
   /** Connects a client with a session; a malformed target is a usage error. */
   GpuMemClient connect(String clientName) {
+    return connect(clientName, UnaryOperator.identity());
+  }
+
+  /** Connects with builder options of the caller's (the load generator's paths). */
+  GpuMemClient connect(String clientName, UnaryOperator<GpuMemClient.Builder> options) {
     try {
-      return GpuMemClient.builder(target()).clientName(clientName).connect();
+      return options.apply(GpuMemClient.builder(target()).clientName(clientName)).connect();
     } catch (IllegalArgumentException e) {
       throw new ParameterException(spec.commandLine(), "--" + e.getMessage());
     }

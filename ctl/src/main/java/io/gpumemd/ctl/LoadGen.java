@@ -1,5 +1,6 @@
 package io.gpumemd.ctl;
 
+import io.gpumemd.client.ClientStats;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.common.Sizes;
@@ -27,14 +28,24 @@ import picocli.CommandLine.TypeConversionException;
  * {@code gpumemctl loadgen}: drives a live daemon and reports latency percentiles (p50, p90,
  * p99, p99.9) and throughput per scenario, plus the ratios the design's targets are stated in.
  *
- * <p>Scenarios, in the order they run:
+ * <p>Scenarios, in the order they run. Three clients take part: the default one (session
+ * stream and client cache tier), a stream-only one (client cache off: every lease is served by
+ * the daemon, one round trip) and a unary one (Lease and Release calls, two round trips a pair,
+ * as before the stream existed), so that the paths are compared in one run:
  * <ol>
  *   <li>{@code floor}: sequential gRPC health checks on the client's channel: the cost of one
  *       round trip through gRPC, the floor under every other figure;
- *   <li>{@code pairs}: sequential lease + release pairs per size (pool hits after warm-up);
- *   <li>{@code threads}: pairs from many blocking threads sharing one client;
- *   <li>{@code async}: a fixed number of asynchronous pairs always outstanding;
- *   <li>{@code procs}: several client processes with several threads each ({@link ChildProcesses});
+ *   <li>{@code local}: lease + close per size served from the client's own cache (no round trip);
+ *   <li>{@code stream}: lease + close per size, daemon-served over the session stream;
+ *   <li>{@code close}: the close() of a daemon-served lease alone (a notice, never waited for);
+ *   <li>{@code pairs}: sequential unary lease + release pairs per size (pool hits after warm-up);
+ *   <li>{@code stream-async}: a fixed number of daemon-served leases always outstanding, stream;
+ *   <li>{@code async}: the same number of asynchronous unary pairs always outstanding;
+ *   <li>{@code threads}: unary pairs from many blocking threads sharing one client;
+ *   <li>{@code procs}: several client processes (default client) with several threads each
+ *       ({@link ChildProcesses});
+ *   <li>{@code pressure}: a second process keeps memory in its client cache that this one needs
+ *       ({@link Pressure}); the lease waits for the daemon to get it back;
  *   <li>{@code baseline}: a fresh /dev/shm buffer per use without the daemon ({@link ShmBaseline});
  *   <li>{@code hit}: the daemon's hit path as a worker sees it: the segment is already mapped and
  *       its pages resident, so a pair plus touching one byte is all it costs.
@@ -51,13 +62,14 @@ import picocli.CommandLine.TypeConversionException;
         "Measures latency percentiles and throughput per scenario, and the ratios the design's "
             + "targets are stated in. Progress goes to stderr; the report to stdout."})
 final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
-  static final List<String> SCENARIOS = List.of("floor", "pairs", "threads", "async", "procs", "baseline", "hit");
+  static final List<String> SCENARIOS = List.of("floor", "local", "stream", "close", "pairs", "stream-async", "async",
+      "threads", "procs", "pressure", "baseline", "hit");
   private static final String TAG = "loadgen";
 
   private final GpuMemCtl ctl;
 
   @Option(names = "--scenarios", paramLabel = "NAME", split = ",", converter = ScenarioName.class,
-      defaultValue = "floor,pairs,threads,async,procs,baseline,hit",
+      defaultValue = "floor,local,stream,close,pairs,stream-async,async,threads,procs,pressure,baseline,hit",
       description = "comma-separated, in any order (default: all: ${DEFAULT-VALUE})")
   private List<String> scenarios;
 
@@ -83,11 +95,11 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
   private int device;
 
   @Option(names = "--pair-sizes", paramLabel = "SIZE", split = ",", converter = Converters.Size.class,
-      defaultValue = "4KiB,2MiB,64MiB", description = "sizes for 'pairs' (default: ${DEFAULT-VALUE})")
+      defaultValue = "4KiB,2MiB,64MiB", description = "sizes for 'local', 'stream', 'pairs' (default: ${DEFAULT-VALUE})")
   private List<Long> pairSizes;
 
   @Option(names = "--size", paramLabel = "SIZE", converter = Converters.Size.class, defaultValue = "4KiB",
-      description = "lease size for threads, async, procs (default: ${DEFAULT-VALUE})")
+      description = "lease size for close, stream-async, async, threads, procs (default: ${DEFAULT-VALUE})")
   private long size;
 
   @Option(names = "--threads", paramLabel = "N", defaultValue = "16",
@@ -98,7 +110,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
       description = "outstanding async pairs for 'async' (default: ${DEFAULT-VALUE})")
   private int inFlight;
 
-  @Option(names = "--procs", paramLabel = "N", defaultValue = "4",
+  @Option(names = "--procs", paramLabel = "N", defaultValue = "8",
       description = "client processes for 'procs' (default: ${DEFAULT-VALUE})")
   private int procs;
 
@@ -120,6 +132,14 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
   /** A {@code procs} child process ({@link ChildProcesses}); not for people. */
   @Option(names = "--child", hidden = true)
   private boolean child;
+
+  /** The {@code pressure} scenario's hoarding child ({@link Pressure}); not for people. */
+  @Option(names = "--hoarder", hidden = true)
+  private boolean hoarder;
+
+  @Option(names = "--pressure-rounds", paramLabel = "N", defaultValue = "20",
+      description = "rounds of the 'pressure' scenario (default: ${DEFAULT-VALUE})")
+  private int pressureRounds;
 
   private LoadDriver.Timing timing;
   private boolean json;
@@ -152,6 +172,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
     checkRange(problems, "--threads", threads, 1, 4096);
     checkRange(problems, "--in-flight", inFlight, 1, 65_536);
     checkRange(problems, "--procs", procs, 1, 256);
+    checkRange(problems, "--pressure-rounds", pressureRounds, 1, 10_000);
     checkRange(problems, "--proc-threads", procThreads, 1, 4096);
     if (size <= 0) {
       problems.add("--size", Sizes.label(size), "a size above 0");
@@ -211,19 +232,40 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
     if (child) {
       return runChild();
     }
+    if (hoarder) {
+      return Pressure.runHoarder(ctl, device, System.in, out);
+    }
     List<LoadResult> results = new ArrayList<>();
-    try (GpuMemClient client = ctl.connect("gpumemctl-loadgen")) {
+    try (GpuMemClient client = ctl.connect("gpumemctl-loadgen");
+         GpuMemClient stream = ctl.connect("gpumemctl-loadgen-stream", b -> b.clientCacheBytes(0));
+         GpuMemClient unary = ctl.connect("gpumemctl-loadgen-unary", b -> b.unaryCalls(true))) {
       warmUpJit(client);
+      warmUpJit(stream);
+      warmUpJit(unary);
       for (String scenario : scenarios) {
         switch (scenario) {
           case "floor" -> results.add(measure(() -> floor(client)));
-          case "pairs" -> {
+          case "local" -> {
             for (long pairSize : pairSizes == null ? List.<Long>of() : pairSizes) {
-              results.add(measure(() -> pairs(client, pairSize)));
+              results.add(measure(() -> local(client, pairSize)));
             }
           }
-          case "threads" -> results.add(measure(() -> threads(client)));
-          case "async" -> results.add(measure(() -> async(client)));
+          case "stream" -> {
+            for (long pairSize : pairSizes == null ? List.<Long>of() : pairSizes) {
+              results.add(measure(() -> LoadDriver.sequential("stream", Sizes.label(pairSize), timing, true,
+                  sized(pairSize), pair(stream, pairSize))));
+            }
+          }
+          case "close" -> results.add(measure(() -> closeOnly(stream)));
+          case "pairs" -> {
+            for (long pairSize : pairSizes == null ? List.<Long>of() : pairSizes) {
+              results.add(measure(() -> pairs(unary, pairSize)));
+            }
+          }
+          case "stream-async" -> results.add(measure(() -> async("stream-async", stream)));
+          case "async" -> results.add(measure(() -> async("async", unary)));
+          case "threads" -> results.add(measure(() -> threads(unary)));
+          case "pressure" -> results.add(measure(() -> Pressure.run(ctl, device, pressureRounds, stream, err)));
           case "procs" -> results.add(measure(() -> ChildProcesses.run(ctl.target(), procs, procThreads, size, device,
               LoadDriver.Timing.ofSeconds(procWarmupSeconds, seconds), err)));
           case "baseline" -> {
@@ -234,7 +276,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
           }
           case "hit" -> {
             for (long hitSize : hitSizes == null ? List.<Long>of() : hitSizes) {
-              results.add(measure(() -> hit(client, hitSize)));
+              results.add(measure(() -> hit(unary, hitSize)));
             }
           }
           default -> throw new IllegalStateException(scenario);
@@ -352,10 +394,32 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
         details, pair(client, size), () -> { });
   }
 
-  private LoadResult async(GpuMemClient client) throws InterruptedException {
+  /** Lease + close from the client's own cache: after the first lease, every one is local. */
+  private LoadResult local(GpuMemClient client, long sizeBytes) {
+    ClientStats before = client.stats();
+    LoadResult result = LoadDriver.sequential("local", Sizes.label(sizeBytes), timing, true, sized(sizeBytes),
+        pair(client, sizeBytes));
+    ClientStats after = client.stats();
+    // Evidence that the case measured the local path: how many leases never left the process.
+    result.details.put("localHits", after.localHits() - before.localHits());
+    result.details.put("daemonLeases", after.daemonLeases() - before.daemonLeases());
+    return result;
+  }
+
+  /** The close() of a daemon-served lease alone: the lease is made outside the timed part. */
+  private LoadResult closeOnly(GpuMemClient client) {
+    return LoadDriver.sequentialTimed("close", "close() x " + Sizes.label(size), timing, sized(size), () -> {
+      Lease lease = client.lease(device, size, false, TAG);
+      long t0 = System.nanoTime();
+      lease.close();
+      return System.nanoTime() - t0;
+    });
+  }
+
+  private LoadResult async(String scenario, GpuMemClient client) throws InterruptedException {
     Map<String, Object> details = sized(size);
     details.put("inFlight", inFlight);
-    return LoadDriver.async("async", inFlight + " in flight x " + Sizes.label(size), inFlight, timing, true, details,
+    return LoadDriver.async(scenario, inFlight + " in flight x " + Sizes.label(size), inFlight, timing, true, details,
         () -> client.leaseAsync(device, size, false, TAG)
             .thenCompose(lease -> lease.closeAsync().thenApply(done -> lease.poolHit())));
   }

@@ -33,6 +33,13 @@ final class LoadReport {
   static final double ASYNC_PAIRS_PER_SECOND_TARGET = 40_000;
   static final double HIT_SPEEDUP_TARGET = 20;
   static final long HIT_SPEEDUP_TARGET_SIZE = 16L << 20;
+  // Issue 12's targets (2-core machine, host backend, Unix socket, separate processes).
+  static final double LOCAL_P50_TARGET_US = 2;
+  static final double LOCAL_P99_TARGET_US = 20;
+  static final double STREAM_P50_TARGET = 1.15;
+  static final double CLOSE_P50_TARGET_US = 5;
+  static final double STREAM_ASYNC_SPEEDUP_TARGET = 1.5;
+  static final double PRESSURE_SLACK_TARGET_US = 10_000;
 
   private final String target;
   private final Map<String, Object> settings;
@@ -76,7 +83,35 @@ final class LoadReport {
         }
       }
     }
+    for (LoadResult local : results) {
+      if (local.scenario.equals("local") && local.ops > 0) {
+        out.add(new Ratio("local hit p50 (us)", local.label, local.micros(50), "<=", LOCAL_P50_TARGET_US));
+        out.add(new Ratio("local hit p99 (us)", local.label, local.micros(99), "<=", LOCAL_P99_TARGET_US));
+      }
+    }
+    if (floor != null && floor.micros(50) > 0) {
+      for (LoadResult stream : results) {
+        if (stream.scenario.equals("stream") && stream.ops > 0) {
+          out.add(new Ratio("stream lease+close p50 / health p50", stream.label, stream.micros(50) / floor.micros(50),
+              "<=", STREAM_P50_TARGET));
+        }
+      }
+    }
+    LoadResult close = find("close");
+    if (close != null) {
+      out.add(new Ratio("close() p50 (us)", close.label, close.micros(50), "<=", CLOSE_P50_TARGET_US));
+    }
     LoadResult async = find("async");
+    LoadResult streamAsync = find("stream-async");
+    if (async != null && streamAsync != null && async.opsPerSecond() > 0) {
+      out.add(new Ratio("stream-async pairs/s / unary async pairs/s", streamAsync.label,
+          streamAsync.opsPerSecond() / async.opsPerSecond(), ">=", STREAM_ASYNC_SPEEDUP_TARGET));
+    }
+    LoadResult pressure = find("pressure");
+    if (pressure != null && floor != null) {
+      out.add(new Ratio("pressure lease max - health p50 (us)", pressure.label,
+          pressure.maxMicros() - floor.micros(50), "<=", PRESSURE_SLACK_TARGET_US));
+    }
     if (async != null) {
       out.add(new Ratio("async pairs/s", async.label, async.opsPerSecond(), ">=", ASYNC_PAIRS_PER_SECOND_TARGET));
       if (floor != null) {

@@ -84,7 +84,13 @@ class LoadGenSmokeTest {
       assertTrue(num(latency, "p90") <= num(latency, "p99"), name);
       assertTrue(num(latency, "p99") <= num(latency, "p999"), name);
       assertTrue(num(latency, "p999") <= num(latency, "max"), name);
-      if (!name.startsWith("floor") && !name.startsWith("baseline")) {
+      if (name.startsWith("local/")) {
+        // Warm-up and measured window together: all local but the first lease of the size.
+        assertTrue(num(c, "localHits") >= num(c, "ops"), name + ": every measured lease served locally " + c);
+        assertTrue(num(c, "daemonLeases") <= 1, name + ": at most the first lease went to the daemon " + c);
+      }
+      if (!name.startsWith("floor") && !name.startsWith("baseline") && !name.startsWith("close")
+          && !name.startsWith("pressure")) {
         assertTrue(num(c, "poolHitPercent") > 0, name + ": a warm pool serves hits");
       }
       if (name.startsWith("hit/")) {
@@ -92,8 +98,10 @@ class LoadGenSmokeTest {
         assertEquals(0, num(c, "mappingsOpened"), name + ": the hit path maps nothing");
       }
     }
-    assertEquals(new TreeSet<>(List.of("floor/health check", "pairs/4KiB", "pairs/2MiB", "pairs/64MiB",
-        "threads/4 threads x 4KiB", "async/8 in flight x 4KiB", "procs/2 procs x 2 threads x 4KiB",
+    assertEquals(new TreeSet<>(List.of("floor/health check", "local/4KiB", "local/2MiB", "local/64MiB",
+        "stream/4KiB", "stream/2MiB", "stream/64MiB", "close/close() x 4KiB", "pairs/4KiB", "pairs/2MiB", "pairs/64MiB",
+        "stream-async/8 in flight x 4KiB", "threads/4 threads x 4KiB", "async/8 in flight x 4KiB",
+        "procs/2 procs x 2 threads x 4KiB", "pressure/lease needing another process's cached 64MiB",
         "baseline/4KiB", "baseline/2MiB", "baseline/16MiB", "baseline/64MiB",
         "hit/4KiB", "hit/2MiB", "hit/16MiB", "hit/64MiB")), cases);
 
@@ -103,7 +111,10 @@ class LoadGenSmokeTest {
             + v.getStructValue().getFieldsOrThrow("case").getStringValue())
         .collect(Collectors.toCollection(TreeSet::new));
     assertTrue(ratioNames.containsAll(List.of("pair p50 / (2 x health p50)/4KiB", "pair p99 / (2 x health p50)/4KiB",
-        "async pairs/s/8 in flight x 4KiB", "baseline p50 / hit p50/16MiB")), ratioNames.toString());
+        "async pairs/s/8 in flight x 4KiB", "baseline p50 / hit p50/16MiB", "local hit p50 (us)/64MiB",
+        "stream lease+close p50 / health p50/2MiB", "close() p50 (us)/close() x 4KiB",
+        "stream-async pairs/s / unary async pairs/s/8 in flight x 4KiB",
+        "pressure lease max - health p50 (us)/lease needing another process's cached 64MiB")), ratioNames.toString());
     for (Value v : ratios.getValuesList()) {
       assertTrue(num(v.getStructValue(), "value") > 0, v.toString());
     }

@@ -47,8 +47,9 @@ class GrpcurlExamplesTest {
   @BeforeAll
   static void startDaemonWithTraffic() throws IOException {
     daemon = TestDaemon.start("--metrics-host", "127.0.0.1", "--metrics-port", Integer.toString(freePort()));
-    // a miss, a return, then a hit, so GetStats has counters to show
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    // a miss, a return, then a hit, so GetStats has counters to show (unary calls: the daemon
+    // serves both leases, the client keeps no cache)
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       try (Lease first = client.lease(0, MIB)) {
         assertEquals(MIB, first.sizeBytes());
       }

@@ -18,7 +18,11 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 
-/** The client library against a real daemon on the host backend, over both listeners. */
+/**
+ * The client library against a real daemon on the host backend, over both listeners, on the
+ * unary calls (the daemon sees every lease and release as it happens; the session stream and the
+ * client cache tier are ClientCacheProcessTest's).
+ */
 class ClientLeaseTest {
   private TestDaemon daemon;
 
@@ -39,8 +43,8 @@ class ClientLeaseTest {
 
   @Test
   void lease_overUnixSocket_sharesBytesWithAnotherClient() {
-    try (GpuMemClient writer = GpuMemClient.connect(daemon.unixTarget());
-         GpuMemClient reader = GpuMemClient.builder(daemon.tcpTarget()).clientName("reader").connect()) {
+    try (GpuMemClient writer = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect();
+         GpuMemClient reader = GpuMemClient.builder(daemon.tcpTarget()).unaryCalls(true).clientName("reader").connect()) {
       Lease lease = writer.lease(0, 4096);
       ByteBuffer buf = lease.buffer();
       assertEquals(4096, buf.capacity());
@@ -68,7 +72,7 @@ class ClientLeaseTest {
 
   @Test
   void lease_zeroTrue_clearsPreviousContents() {
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       try (Lease dirty = client.lease(0, 8192)) {
         dirty.buffer().put(0, (byte) 7).put(8191, (byte) 9);
       }
@@ -82,7 +86,7 @@ class ClientLeaseTest {
 
   @Test
   void poolHit_onMappedSegment_opensNoNewMapping() {
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       for (int i = 0; i < 10; i++) {
         try (Lease lease = client.lease(0, 64 * 1024)) {
           lease.buffer().put(0, (byte) i);
@@ -94,7 +98,7 @@ class ClientLeaseTest {
 
   @Test
   void close_isIdempotent_andClientCloseReleasesEverything() {
-    GpuMemClient client = GpuMemClient.connect(daemon.unixTarget());
+    GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect();
     Lease a = client.lease(0, 1 << 20);
     a.close();
     a.close();
@@ -109,7 +113,7 @@ class ClientLeaseTest {
 
   @Test
   void errors_keepStatusCodeAndServerMessage() {
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       GpuMemException zero = assertThrows(GpuMemException.class, () -> client.lease(0, 0));
       assertEquals(Status.Code.INVALID_ARGUMENT, zero.code());
       assertTrue(zero.serverMessage().startsWith("size_bytes: 0"), zero.getMessage());
@@ -129,7 +133,7 @@ class ClientLeaseTest {
 
   @Test
   void evictingAMappedSegment_clientUnmapsOnRequest_thenTheDaemonFreesIt() throws Exception {
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       client.lease(0, 4 << 20).close();
       assertEquals(1, client.mappedSegments());
       assertEquals(1, daemon.segmentFiles(0));
@@ -153,8 +157,8 @@ class ClientLeaseTest {
   @Test
   void missUnderBudgetPressure_waitsForAnotherClientToUnmapTheEvictedSegment() {
     try (TestDaemon small = TestDaemon.start("--host-devices", "1", "--device-limit-bytes", "8MiB");
-         GpuMemClient first = GpuMemClient.connect(small.unixTarget());
-         GpuMemClient second = GpuMemClient.connect(small.unixTarget())) {
+         GpuMemClient first = GpuMemClient.builder(small.unixTarget()).unaryCalls(true).connect();
+         GpuMemClient second = GpuMemClient.builder(small.unixTarget()).unaryCalls(true).connect()) {
       first.lease(0, 6 << 20).close(); // a 6 MiB segment stays cached, mapped by `first`
       // 7 MiB needs an 8 MiB segment: only fits once `first` has unmapped the cached one.
       try (Lease lease = second.lease(0, 7 << 20)) {
@@ -174,8 +178,8 @@ class ClientLeaseTest {
   void aMissWaitingForUnmaps_doesNotHoldUpOtherMisses_andProceedsWhenTheMapperEnds() throws Exception {
     try (TestDaemon small = TestDaemon.start("--device-limit-bytes", "8MiB", "--unmap-wait-ms", "60000");
          GpuMemClient streamless = GpuMemClient.builder(small.unixTarget()).keepAlive(false).connect();
-         GpuMemClient waiter = GpuMemClient.connect(small.unixTarget());
-         GpuMemClient other = GpuMemClient.connect(small.unixTarget())) {
+         GpuMemClient waiter = GpuMemClient.builder(small.unixTarget()).unaryCalls(true).connect();
+         GpuMemClient other = GpuMemClient.builder(small.unixTarget()).unaryCalls(true).connect()) {
       streamless.lease(0, 6 << 20).close(); // cached, mapped by a session the daemon cannot ask
       java.util.concurrent.CompletableFuture<Lease> waiting = waiter.leaseAsync(0, 7 << 20, false, "");
       long deadline = System.nanoTime() + 10_000_000_000L;

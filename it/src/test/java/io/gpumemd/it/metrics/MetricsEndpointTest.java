@@ -24,7 +24,7 @@ class MetricsEndpointTest {
   void scrape_reportsCountersAndLatencyPerDevice() throws Exception {
     int port = freePort();
     try (TestDaemon daemon = TestDaemon.start("--metrics-port", Integer.toString(port), "--metrics-host", "127.0.0.1");
-         GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+         GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       client.lease(1, 4096).close();
       client.lease(1, 4096).close();
       HttpClient http = HttpClient.newHttpClient();
@@ -50,7 +50,7 @@ class MetricsEndpointTest {
   void scrape_agreesWithGetStats_forEveryPoolFigure() throws Exception {
     int port = freePort();
     try (TestDaemon daemon = TestDaemon.start("--metrics-port", Integer.toString(port), "--metrics-host", "127.0.0.1");
-         GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+         GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       java.util.List<io.gpumemd.client.Lease> held = new java.util.ArrayList<>();
       for (int i = 0; i < 6; i++) {
         held.add(client.lease(i % 2, (i + 1) * 700_000L));

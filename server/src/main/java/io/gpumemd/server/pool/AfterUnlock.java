@@ -63,7 +63,11 @@ final class AfterUnlock {
     int device = pool.device().ordinal();
     if (toFree != null) {
       for (Segment segment : toFree) {
-        pool.backend.free(segment.memory);
+        try {
+          pool.backend.free(segment.memory);
+        } finally {
+          pool.freed(segment);
+        }
         log.debug("device {}: freed segment {} ({} bytes)", device, segment.id, segment.bytes);
       }
     }

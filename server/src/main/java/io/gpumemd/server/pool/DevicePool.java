@@ -76,6 +76,12 @@ public final class DevicePool implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(DevicePool.class);
   /** Longest single wait for unmaps before the deadline is checked again on the ticker. */
   private static final long UNMAP_WAIT_SLICE_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
+  /**
+   * How long a miss that no known memory can serve waits for clients' answers to a request for
+   * blocks they may have cached without the pool knowing yet (their notices lag by about a
+   * millisecond); a refusal that is certain costs this much more.
+   */
+  private static final long NOTICE_GRACE_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
 
   private final DeviceInfo device;
   final MemoryBackend backend;
@@ -98,6 +104,8 @@ public final class DevicePool implements AutoCloseable {
   final Map<String, Long> clientCachedByHolder = new HashMap<>();
   private final Set<String> returnAsked = new HashSet<>();
   long clientCachedBytes;
+  /** Bytes of segments given up by the pool whose backend free has not finished yet. */
+  private long freeingBytes;
   private long retentionCapBytes;
   private long nextBlockId = 1;
   private long nextSegmentId;
@@ -199,6 +207,7 @@ public final class DevicePool implements AutoCloseable {
     long segmentBytes = SizeClasses.segmentBytes(size);
     boolean retried = false;
     long unmapDeadline = ticker.nanos() + unmapWaitNanos;
+    long noticeDeadline = 0;
     while (true) {
       AfterUnlock after = afterUnlock();
       boolean waitForUnmaps = false;
@@ -221,6 +230,17 @@ public final class DevicePool implements AutoCloseable {
             if (fitsBudgetOnceGivenBack(segmentBytes)) {
               askCacheReturns(0, after);
               waitForUnmaps = ticker.nanos() < unmapDeadline;
+            } else if (noticeDeadline == 0) {
+              // Clients tell the pool what they cached within a millisecond or so: a block closed
+              // just now may not be known yet. Ask every holder on this device, once, and give
+              // their answers a short while.
+              for (String mapper : holders.holders()) {
+                after.askCacheReturn(mapper, 0);
+              }
+              noticeDeadline = ticker.nanos() + NOTICE_GRACE_NANOS;
+              waitForUnmaps = true;
+            } else {
+              waitForUnmaps = ticker.nanos() < Math.min(noticeDeadline, unmapDeadline);
             }
             if (!waitForUnmaps) {
               counters.increment(PoolMetric.OOMS);
@@ -246,21 +266,34 @@ public final class DevicePool implements AutoCloseable {
         memory = backend.allocate(device.ordinal(), segmentBytes);
       } catch (BackendOutOfMemoryException e) {
         AfterUnlock evicted = afterUnlock();
+        boolean waitForMemory = false;
         lock.lock();
         try {
           inFlightBytes -= segmentBytes;
           // The device itself is full (other users of the GPU, or the host capacity): give
-          // back everything cached and try once more before refusing.
+          // back everything cached and try once more before refusing. Memory on its way back
+          // (frees running on other threads, unmaps, clients' cached blocks) is waited for.
           boolean freedSome = !retried && enforceCap(0, evicted) > 0;
           if (!freedSome) {
-            counters.increment(PoolMetric.OOMS);
-            throw exhausted(size, "device memory exhausted (" + e.getMessage() + ")");
+            // A free in progress always completes (in milliseconds): wait for it whatever the
+            // deadline. Unmaps and clients' cached blocks are waited for up to the unmap wait.
+            waitForMemory = freeingBytes > 0 || ((holders.awaitingUnmapBytes() > 0 || clientCachedBytes > 0)
+                && ticker.nanos() < unmapDeadline);
+            if (!waitForMemory) {
+              counters.increment(PoolMetric.OOMS);
+              throw exhausted(size, "device memory exhausted (" + e.getMessage() + ")");
+            }
+            askCacheReturns(0, evicted);
+          } else {
+            counters.increment(PoolMetric.ALLOC_RETRIES);
+            retried = true;
           }
-          counters.increment(PoolMetric.ALLOC_RETRIES);
-          retried = true;
         } finally {
           lock.unlock();
           evicted.run();
+        }
+        if (waitForMemory) {
+          awaitMemoryBack(unmapDeadline);
         }
         continue;
       } catch (RuntimeException e) {
@@ -447,6 +480,17 @@ public final class DevicePool implements AutoCloseable {
       leasedBytes += block.size;
       activeLeases++;
       peakLeasedBytes = Math.max(peakLeasedBytes, leasedBytes);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** The backend has freed a segment the pool gave up: the device has that memory again. */
+  void freed(Segment segment) {
+    lock.lock();
+    try {
+      freeingBytes -= segment.bytes;
+      memoryBack.signalAll();
     } finally {
       lock.unlock();
     }
@@ -712,6 +756,7 @@ public final class DevicePool implements AutoCloseable {
   private void freeSegment(Segment segment, AfterUnlock after) {
     segment.state = Segment.State.FREED;
     reservedBytes -= segment.bytes;
+    freeingBytes += segment.bytes; // until the backend has freed it (AfterUnlock, then freed())
     counters.increment(PoolMetric.BACKEND_FREES);
     after.free(segment);
   }

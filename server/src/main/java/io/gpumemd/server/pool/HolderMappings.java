@@ -106,6 +106,11 @@ final class HolderMappings {
     return ids;
   }
 
+  /** Every holder that may map a segment of the pool (those that may hold its blocks). */
+  List<String> holders() {
+    return List.copyOf(byHolder.keySet());
+  }
+
   /** Number of segments a holder may have mapped. */
   int mappedBy(String holder) {
     Set<Segment> held = byHolder.get(holder);

@@ -190,6 +190,8 @@ public final class HostShmBackend implements MemoryBackend {
     HostSegment host = (HostSegment) segment;
     if (deleteQuietly(host.path())) {
       usedBytes.addAndGet(host.device(), -host.bytes());
+    } else {
+      log.warn("Segment file {} was gone before its free; its {} bytes stay counted as in use", host.path(), host.bytes());
     }
   }
 

@@ -1,0 +1,204 @@
+package io.gpumemd.client;
+
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeSet;
+
+/**
+ * The client cache tier: closed leases this process keeps mapped, to serve its next leases
+ * without a round trip. The blocks stay the session's leases at the daemon (client-cached);
+ * this class only decides which one serves a request and which ones go back.
+ *
+ * <h2>Algorithm</h2>
+ *
+ * <ol>
+ *   <li><b>Offer</b> (a lease is closed): kept when it fits the allowance the daemon grants,
+ *       making room by giving back the least recently cached leases; a block larger than the
+ *       whole allowance is released instead.
+ *   <li><b>Take</b> (a lease is asked for): the request is rounded up to 512 B, as the daemon
+ *       does; best fit = the smallest cached block of the device at least that large, within the
+ *       daemon's size classes: a request up to 1 MiB takes a block of at most 2 MiB (one small
+ *       segment), a larger one a block at most 20 MiB larger than the request.
+ *   <li><b>Give back</b> (the daemon asks, or the allowance shrinks): least recently cached
+ *       first, until enough bytes are out.
+ * </ol>
+ *
+ * <p>Counters (local hits and returns) are kept per device, cumulative, as the daemon wants
+ * them reported.
+ *
+ * <p>Thread-safety: every method is {@code synchronized}; the critical sections are a tree
+ * look-up and a few field updates.
+ */
+final class ClientCache {
+  static final long ALIGNMENT = 512;
+  static final long SMALL_MAX = 1L << 20;
+  static final long SMALL_BLOCK_MAX = 2L << 20;
+  static final long MAX_OVERSIZE = 20L << 20;
+
+  /** A closed lease kept for reuse; {@code seq} orders by age. */
+  private static final class Entry {
+    final Lease lease;
+    final long bytes;
+    final long seq;
+
+    Entry(Lease lease, long bytes, long seq) {
+      this.lease = lease;
+      this.bytes = bytes;
+      this.seq = seq;
+    }
+  }
+
+  private static final Comparator<Entry> BY_SIZE =
+      Comparator.<Entry>comparingLong(e -> e.bytes).thenComparingLong(e -> e.seq);
+
+  private final Map<Integer, TreeSet<Entry>> bySize = new HashMap<>();
+  /** Every entry, least recently cached first. */
+  private final LinkedHashSet<Entry> byAge = new LinkedHashSet<>();
+  private final Map<Integer, long[]> counters = new HashMap<>();
+  private long allowance;
+  private long cachedBytes;
+  private long seq;
+  private long localHits;
+  private long localReturns;
+
+  ClientCache(long allowanceBytes) {
+    this.allowance = allowanceBytes;
+  }
+
+  static long roundUp(long size) {
+    return (size + ALIGNMENT - 1) & -ALIGNMENT;
+  }
+
+  /**
+   * Keeps a closed lease if it fits the allowance, making room by removing least recently
+   * cached ones.
+   *
+   * @return null when not kept (the caller releases it); else the leases removed to make room
+   *     (the caller releases those), usually none
+   */
+  synchronized List<Lease> offer(Lease lease) {
+    if (lease.blockBytes() > allowance) {
+      return null;
+    }
+    List<Lease> evicted = List.of();
+    if (cachedBytes + lease.blockBytes() > allowance) {
+      evicted = new ArrayList<>();
+      Iterator<Entry> oldest = byAge.iterator();
+      while (cachedBytes + lease.blockBytes() > allowance && oldest.hasNext()) {
+        Entry entry = oldest.next();
+        oldest.remove();
+        bySize.get(entry.lease.device()).remove(entry);
+        cachedBytes -= entry.bytes;
+        evicted.add(entry.lease);
+      }
+    }
+    Entry entry = new Entry(lease, lease.blockBytes(), seq++);
+    bySize.computeIfAbsent(lease.device(), d -> new TreeSet<>(BY_SIZE)).add(entry);
+    byAge.add(entry);
+    cachedBytes += lease.blockBytes();
+    localReturns++;
+    counters.computeIfAbsent(lease.device(), d -> new long[2])[1]++;
+    return evicted;
+  }
+
+  /** The best-fitting cached lease for a request, removed from the cache, or null. */
+  synchronized Lease take(int device, long sizeBytes) {
+    TreeSet<Entry> index = bySize.get(device);
+    if (index == null || index.isEmpty()) {
+      return null;
+    }
+    long rounded = roundUp(sizeBytes);
+    Entry best = index.ceiling(new Entry(null, rounded, Long.MIN_VALUE));
+    long most = rounded <= SMALL_MAX ? SMALL_BLOCK_MAX : rounded + MAX_OVERSIZE;
+    if (best == null || best.bytes > most) {
+      return null;
+    }
+    index.remove(best);
+    byAge.remove(best);
+    cachedBytes -= best.bytes;
+    localHits++;
+    counters.computeIfAbsent(device, d -> new long[2])[0]++;
+    return best.lease;
+  }
+
+  /**
+   * Removes least recently cached leases of a device until at least {@code bytes} are out, or
+   * all of them when {@code bytes} is 0.
+   */
+  synchronized List<Lease> giveBack(int device, long bytes) {
+    List<Lease> out = new ArrayList<>();
+    long freed = 0;
+    Iterator<Entry> oldest = byAge.iterator();
+    while (oldest.hasNext() && (bytes == 0 || freed < bytes)) {
+      Entry entry = oldest.next();
+      if (entry.lease.device() != device) {
+        continue;
+      }
+      oldest.remove();
+      bySize.get(device).remove(entry);
+      cachedBytes -= entry.bytes;
+      freed += entry.bytes;
+      out.add(entry.lease);
+    }
+    return out;
+  }
+
+  /** Sets the allowance and removes least recently cached leases until the cache fits it. */
+  synchronized List<Lease> setAllowance(long bytes) {
+    allowance = bytes;
+    List<Lease> out = new ArrayList<>();
+    Iterator<Entry> oldest = byAge.iterator();
+    while (cachedBytes > allowance && oldest.hasNext()) {
+      Entry entry = oldest.next();
+      oldest.remove();
+      bySize.get(entry.lease.device()).remove(entry);
+      cachedBytes -= entry.bytes;
+      out.add(entry.lease);
+    }
+    return out;
+  }
+
+  /** Empties the cache (the client is closing; the daemon takes everything back). */
+  synchronized List<Lease> drain() {
+    List<Lease> out = new ArrayList<>();
+    for (Entry entry : byAge) {
+      out.add(entry.lease);
+    }
+    byAge.clear();
+    bySize.clear();
+    cachedBytes = 0;
+    return out;
+  }
+
+  synchronized long allowance() {
+    return allowance;
+  }
+
+  synchronized long cachedBytes() {
+    return cachedBytes;
+  }
+
+  synchronized int cachedBlocks() {
+    return byAge.size();
+  }
+
+  synchronized long localHits() {
+    return localHits;
+  }
+
+  synchronized long localReturns() {
+    return localReturns;
+  }
+
+  /** Cumulative {hits, returns} per device, a copy. */
+  synchronized Map<Integer, long[]> counters() {
+    Map<Integer, long[]> copy = new HashMap<>();
+    counters.forEach((device, c) -> copy.put(device, c.clone()));
+    return copy;
+  }
+}

@@ -1,0 +1,25 @@
+package io.gpumemd.client;
+
+import java.nio.ByteBuffer;
+
+/**
+ * Zeroes a lease the client cache hands out for a {@code zero} request, as the daemon would
+ * have: the bytes of the request, over the host mapping or with one {@code cuMemsetD8} on the
+ * device (JCuda is loaded only for a CUDA lease). Stateless and thread-safe.
+ */
+final class Zeroing {
+  private static final byte[] ZEROS = new byte[64 << 10];
+
+  private Zeroing() {}
+
+  static void zero(Lease lease) {
+    if (lease.isHost()) {
+      ByteBuffer memory = lease.buffer();
+      while (memory.hasRemaining()) {
+        memory.put(ZEROS, 0, Math.min(ZEROS.length, memory.remaining()));
+      }
+    } else {
+      CudaMappings.zero(lease.mapping(), lease.offset(), lease.sizeBytes());
+    }
+  }
+}
