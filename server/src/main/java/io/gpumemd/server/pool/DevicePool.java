@@ -106,6 +106,8 @@ public final class DevicePool implements AutoCloseable {
   long clientCachedBytes;
   /** Bytes of segments given up by the pool whose backend free has not finished yet. */
   private long freeingBytes;
+  /** Counts the times memory came back, so that a waiter never sleeps through one. */
+  private long memoryEpoch;
   private long retentionCapBytes;
   private long nextBlockId = 1;
   private long nextSegmentId;
@@ -208,12 +210,14 @@ public final class DevicePool implements AutoCloseable {
     boolean retried = false;
     long unmapDeadline = ticker.nanos() + unmapWaitNanos;
     long noticeDeadline = 0;
+    long epoch = 0;
     while (true) {
       AfterUnlock after = afterUnlock();
       boolean waitForUnmaps = false;
       lock.lock();
       try {
         checkOpen();
+        epoch = memoryEpoch;
         // Someone may have returned a fitting block while we were outside the lock.
         Block block = takeCached(size, holder);
         if (block != null) {
@@ -257,7 +261,7 @@ public final class DevicePool implements AutoCloseable {
         after.run(); // sends the unmap requests
       }
       if (waitForUnmaps) {
-        awaitMemoryBack(unmapDeadline);
+        awaitMemoryBack(unmapDeadline, epoch);
         continue;
       }
 
@@ -270,6 +274,7 @@ public final class DevicePool implements AutoCloseable {
         lock.lock();
         try {
           inFlightBytes -= segmentBytes;
+          epoch = memoryEpoch;
           // The device itself is full (other users of the GPU, or the host capacity): give
           // back everything cached and try once more before refusing. Memory on its way back
           // (frees running on other threads, unmaps, clients' cached blocks) is waited for.
@@ -293,7 +298,7 @@ public final class DevicePool implements AutoCloseable {
           evicted.run();
         }
         if (waitForMemory) {
-          awaitMemoryBack(unmapDeadline);
+          awaitMemoryBack(unmapDeadline, epoch);
         }
         continue;
       } catch (RuntimeException e) {
@@ -346,16 +351,24 @@ public final class DevicePool implements AutoCloseable {
         <= limitBytes;
   }
 
+  /** Wakes whoever waits for memory; call with the lock held. */
+  private void memoryCameBack() {
+    memoryEpoch++;
+    memoryBack.signalAll();
+  }
+
   /**
-   * Waits for memory to come back (an unmap confirmed, a client-cached block released) or for
-   * one slice, whichever is first; the caller then looks again.
+   * Waits for memory to come back (an unmap confirmed, a client-cached block released, a free
+   * finished) or for one slice, whichever is first; the caller then looks again. {@code epoch}
+   * is {@link #memoryEpoch} as the caller saw it when it decided to wait: if memory came back
+   * since (between its unlock and this lock), there is nothing to wait for.
    */
-  private void awaitMemoryBack(long deadline) {
+  private void awaitMemoryBack(long deadline, long epoch) {
     lock.lock();
     try {
       // Bounded slices: the deadline is on the injectable ticker, the wait on the real clock.
       long remaining = deadline - ticker.nanos();
-      if (!closed && remaining > 0) {
+      if (!closed && remaining > 0 && memoryEpoch == epoch) {
         memoryBack.awaitNanos(Math.min(remaining, UNMAP_WAIT_SLICE_NANOS));
       }
     } catch (InterruptedException e) {
@@ -490,7 +503,7 @@ public final class DevicePool implements AutoCloseable {
     lock.lock();
     try {
       freeingBytes -= segment.bytes;
-      memoryBack.signalAll();
+      memoryCameBack();
     } finally {
       lock.unlock();
     }
@@ -516,7 +529,7 @@ public final class DevicePool implements AutoCloseable {
       clientCachedByHolder.remove(holder);
       returnAsked.remove(holder);
     }
-    memoryBack.signalAll();
+    memoryCameBack();
   }
 
   /**
@@ -682,8 +695,10 @@ public final class DevicePool implements AutoCloseable {
     while (true) {
       AfterUnlock after = afterUnlock();
       boolean waitForClients;
+      long epoch;
       lock.lock();
       try {
+        epoch = memoryEpoch;
         evicted += enforceCap(keepBytes, after);
         waitForClients = idle.bytes() + clientCachedBytes > keepBytes && clientCachedBytes > 0;
         if (waitForClients && ticker.nanos() >= deadline) {
@@ -697,7 +712,7 @@ public final class DevicePool implements AutoCloseable {
       if (!waitForClients) {
         return evicted;
       }
-      awaitMemoryBack(deadline);
+      awaitMemoryBack(deadline, epoch);
     }
   }
 
@@ -771,7 +786,7 @@ public final class DevicePool implements AutoCloseable {
       Segment segment = holders.unmapped(holder, segmentId);
       if (segment != null) {
         freeSegment(segment, after);
-        memoryBack.signalAll();
+        memoryCameBack();
       }
     } finally {
       lock.unlock();
@@ -789,7 +804,7 @@ public final class DevicePool implements AutoCloseable {
         freeSegment(segment, after);
       }
       if (!freed.isEmpty()) {
-        memoryBack.signalAll();
+        memoryCameBack();
       }
     } finally {
       lock.unlock();
@@ -916,7 +931,7 @@ public final class DevicePool implements AutoCloseable {
       }
       counters.add(PoolMetric.BACKEND_FREES, all.size());
       reservedBytes = 0;
-      memoryBack.signalAll();
+      memoryCameBack();
     } finally {
       lock.unlock();
     }
