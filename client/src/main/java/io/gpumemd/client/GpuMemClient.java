@@ -293,13 +293,13 @@ public final class GpuMemClient implements AutoCloseable {
    * @throws GpuMemException with the status code and the daemon's message
    */
   public Lease lease(int device, long sizeBytes, boolean zero, String tag) {
-    Lease local = leaseLocally(device, sizeBytes, zero);
+    Lease local = leaseLocally(device, sizeBytes, zero, tag);
     if (local != null) {
       return local;
     }
     if (streamCalls) {
       try {
-        return wrap(leaseOnStream(device, sizeBytes, zero, tag).get());
+        return wrap(leaseOnStream(device, sizeBytes, zero, tag).get(), tag);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for a lease", e);
@@ -314,11 +314,11 @@ public final class GpuMemClient implements AutoCloseable {
       throw GpuMemException.from(e);
     }
     daemonLeases.incrementAndGet();
-    return wrap(response);
+    return wrap(response, tag);
   }
 
   /** A lease from the client's own cache, zeroed when asked, or null. */
-  private Lease leaseLocally(int device, long sizeBytes, boolean zero) {
+  private Lease leaseLocally(int device, long sizeBytes, boolean zero, String tag) {
     if (cache == null || closing || sizeBytes <= 0) {
       return null;
     }
@@ -334,7 +334,7 @@ public final class GpuMemClient implements AutoCloseable {
       flushNow = cacheNotice(cached.id(), true);
     }
     afterNotice(flushNow); // may send: outside the cache's monitor (send reads the counters)
-    Lease lease = new Lease(cached, sizeBytes);
+    Lease lease = new Lease(cached, sizeBytes, tag);
     if (zero) {
       try {
         Zeroing.zero(lease);
@@ -365,7 +365,7 @@ public final class GpuMemClient implements AutoCloseable {
   public CompletableFuture<Lease> leaseAsync(int device, long sizeBytes, boolean zero, String tag) {
     Lease local;
     try {
-      local = leaseLocally(device, sizeBytes, zero);
+      local = leaseLocally(device, sizeBytes, zero, tag);
     } catch (RuntimeException e) {
       return CompletableFuture.failedFuture(e);
     }
@@ -373,7 +373,7 @@ public final class GpuMemClient implements AutoCloseable {
       return CompletableFuture.completedFuture(local);
     }
     if (streamCalls) {
-      return leaseOnStream(device, sizeBytes, zero, tag).thenApply(this::wrap);
+      return leaseOnStream(device, sizeBytes, zero, tag).thenApply(response -> wrap(response, tag));
     }
     CompletableFuture<Lease> result = new CompletableFuture<>();
     async.lease(request(device, sizeBytes, zero, tag), new StreamObserver<>() {
@@ -381,7 +381,7 @@ public final class GpuMemClient implements AutoCloseable {
       public void onNext(LeaseResponse response) {
         try {
           daemonLeases.incrementAndGet();
-          result.complete(wrap(response));
+          result.complete(wrap(response, tag));
         } catch (RuntimeException e) {
           result.completeExceptionally(e);
         }
@@ -403,7 +403,7 @@ public final class GpuMemClient implements AutoCloseable {
         .setSizeBytes(sizeBytes).setZero(zero).setTag(tag).build();
   }
 
-  private Lease wrap(LeaseResponse response) {
+  private Lease wrap(LeaseResponse response, String tag) {
     SegmentMapping mapping;
     try {
       mapping = mappings.acquire(response.getDevice(), response.getHandle());
@@ -416,7 +416,7 @@ public final class GpuMemClient implements AutoCloseable {
       }
       throw e;
     }
-    return new Lease(this, response, mapping);
+    return new Lease(this, response, mapping, tag);
   }
 
   private void releaseQuietly(String leaseId) {

@@ -30,9 +30,10 @@ public final class Lease implements AutoCloseable {
   private final String hostShmPath;
   private final SegmentMapping mapping;
   private final boolean localHit;
+  private final String tag;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  Lease(GpuMemClient client, LeaseResponse response, SegmentMapping mapping) {
+  Lease(GpuMemClient client, LeaseResponse response, SegmentMapping mapping, String tag) {
     this.client = client;
     this.id = response.getLeaseId();
     this.device = response.getDevice();
@@ -45,10 +46,11 @@ public final class Lease implements AutoCloseable {
     this.hostShmPath = response.getHandle().hasHostShmPath() ? response.getHandle().getHostShmPath() : null;
     this.mapping = mapping;
     this.localHit = false;
+    this.tag = tag;
   }
 
   /** The same block, handed out again from the client's own cache for a new request. */
-  Lease(Lease cached, long sizeBytes) {
+  Lease(Lease cached, long sizeBytes, String tag) {
     this.client = cached.client;
     this.id = cached.id;
     this.device = cached.device;
@@ -61,6 +63,7 @@ public final class Lease implements AutoCloseable {
     this.hostShmPath = cached.hostShmPath;
     this.mapping = cached.mapping;
     this.localHit = true;
+    this.tag = tag;
   }
 
   /** The lease id (as shown by {@code Admin.ListLeases}). */
@@ -70,6 +73,14 @@ public final class Lease implements AutoCloseable {
 
   public int device() {
     return device;
+  }
+
+  /**
+   * The caller's label for this use of the block. A lease served from the client's cache keeps
+   * the daemon's record of the first tag (the daemon never saw this request).
+   */
+  public String tag() {
+    return tag;
   }
 
   /** Bytes requested. */
