@@ -82,6 +82,11 @@ public final class DevicePool implements AutoCloseable {
    * millisecond); a refusal that is certain costs this much more.
    */
   private static final long NOTICE_GRACE_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
+  /**
+   * How long a backend out-of-memory that the pool's own books do not explain is retried: the
+   * device's count can run ahead of the pool's while a free or another allocation is under way.
+   */
+  private static final long BACKEND_SETTLE_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
 
   private final DeviceInfo device;
   final MemoryBackend backend;
@@ -210,6 +215,7 @@ public final class DevicePool implements AutoCloseable {
     boolean retried = false;
     long unmapDeadline = ticker.nanos() + unmapWaitNanos;
     long noticeDeadline = 0;
+    long settleDeadline = ticker.nanos() + BACKEND_SETTLE_NANOS;
     long epoch = 0;
     while (true) {
       AfterUnlock after = afterUnlock();
@@ -283,7 +289,10 @@ public final class DevicePool implements AutoCloseable {
             // A free in progress always completes (in milliseconds): wait for it whatever the
             // deadline. Unmaps and clients' cached blocks are waited for up to the unmap wait.
             waitForMemory = freeingBytes > 0 || ((holders.awaitingUnmapBytes() > 0 || clientCachedBytes > 0)
-                && ticker.nanos() < unmapDeadline);
+                && ticker.nanos() < unmapDeadline)
+                // The pool's books fit, the device's count does not: it counts memory being freed
+                // or allocated elsewhere right now. Give it a moment before calling it full.
+                || ticker.nanos() < settleDeadline;
             if (!waitForMemory) {
               counters.increment(PoolMetric.OOMS);
               throw exhausted(size, "device memory exhausted (" + e.getMessage() + ")");
@@ -298,7 +307,9 @@ public final class DevicePool implements AutoCloseable {
           evicted.run();
         }
         if (waitForMemory) {
-          awaitMemoryBack(unmapDeadline, epoch);
+          // Frees finish on their own: wait a slice for them even past both deadlines.
+          awaitMemoryBack(Math.max(ticker.nanos() + UNMAP_WAIT_SLICE_NANOS, Math.max(unmapDeadline, settleDeadline)),
+              epoch);
         }
         continue;
       } catch (RuntimeException e) {

@@ -307,10 +307,10 @@ class DevicePoolEvictionTest extends PoolTestBase {
   void lease_backendOutOfMemoryTwice_isExhausted() {
     Block a = lease(2 * MiB);
     release(a);
-    backend.failNextAllocations(new BackendOutOfMemoryException("scripted: full"),
-        new BackendOutOfMemoryException("scripted: still full"));
+    backend.failNextAllocations(new BackendOutOfMemoryException("scripted: full")).staysFull("scripted: still full");
 
     ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h"));
+    backend.clearScriptedFailures();
 
     assertTrue(e.getMessage().contains("device memory exhausted"), e.getMessage());
     assertTrue(e.getMessage().contains("still full"), e.getMessage());
@@ -323,10 +323,13 @@ class DevicePoolEvictionTest extends PoolTestBase {
 
   @Test
   void lease_backendOutOfMemoryWithNothingCached_isExhaustedWithoutRetry() {
+    // "Without retry": no eviction-and-retry (nothing is cached); the device staying full past
+    // the pool's short settle wait makes it certain.
     use(64 * MiB, 2 * MiB, 2 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE); // room for one segment
-    backend.failNextAllocationWithOom();
+    backend.staysFull("scripted: device full");
 
     assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h"));
+    backend.clearScriptedFailures();
 
     assertEquals(0, stats().get(PoolMetric.ALLOC_RETRIES));
     assertEquals(1, stats().get(PoolMetric.OOMS));

@@ -188,6 +188,23 @@ public final class InMemoryBackend implements MemoryBackend {
     return this;
   }
 
+  /**
+   * Makes every allocation fail as a full device would until {@link #clearScriptedFailures}:
+   * longer than the pool's wait for a device whose count is only transiently ahead.
+   */
+  public InMemoryBackend staysFull(String message) {
+    for (int i = 0; i < 10_000; i++) {
+      scriptedFailures.add(new BackendOutOfMemoryException(message));
+    }
+    return this;
+  }
+
+  /** Forgets the scripted failures not used yet. */
+  public InMemoryBackend clearScriptedFailures() {
+    scriptedFailures.clear();
+    return this;
+  }
+
   /** Makes the next allocation fail as a full device would. */
   public InMemoryBackend failNextAllocationWithOom() {
     return failNextAllocations(new BackendOutOfMemoryException("scripted: device full"));
