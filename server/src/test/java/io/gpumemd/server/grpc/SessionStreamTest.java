@@ -83,7 +83,8 @@ class SessionStreamTest {
         sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
     SessionRegistry registry = new SessionRegistry(pools, backend,
-        new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of(), 16 * MIB), ticker, sessions);
+        new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of("one-lease", new Quota(0, 1)), 16 * MIB),
+        ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, backendTasks::add,
@@ -116,7 +117,8 @@ class SessionStreamTest {
   }
 
   private OpenSessionResponse open(OpenSessionRequest.Builder request) throws InterruptedException {
-    OpenSessionResponse opened = allocator.openSession(request.setClientName("stream-test").build());
+    OpenSessionResponse opened = allocator.openSession(
+        (request.getClientName().isEmpty() ? request.setClientName("stream-test") : request).build());
     sessionId = opened.getSessionId();
     stream = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
       @Override
@@ -248,6 +250,23 @@ class SessionStreamTest {
     stream.onNext(KeepAliveRequest.newBuilder().addReleases(StreamRelease.newBuilder().setLeaseId(id)).build());
     assertEquals(0, stats().getClientCachedBytes());
     assertEquals(2 * MIB, stats().getCachedBytes());
+  }
+
+  @Test
+  void clientCachedLeases_countAgainstTheSessionsQuota() throws Exception {
+    open(OpenSessionRequest.newBuilder().setClientName("one-lease"));
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4096)).build());
+    runBackendTasks();
+    String id = next().getLeaseReply().getLease().getLeaseId();
+    stream.onNext(KeepAliveRequest.newBuilder().addCacheNotices(CacheNotice.newBuilder().setLeaseId(id))
+        .addLeases(lease(2, 4096)).build());
+    LeaseReply refused = next().getLeaseReply();
+    assertEquals(Status.Code.RESOURCE_EXHAUSTED.value(), refused.getError().getCode());
+    assertTrue(refused.getError().getMessage().contains("max-leases=1"), refused.getError().getMessage());
+    // Released, it no longer counts.
+    stream.onNext(KeepAliveRequest.newBuilder().addReleases(StreamRelease.newBuilder().setLeaseId(id))
+        .addLeases(lease(3, 4096)).build());
+    assertTrue(next().getLeaseReply().hasLease());
   }
 
   @Test
