@@ -116,6 +116,21 @@ class ClientCacheTierTest {
   }
 
   @Test
+  void releaseWithACompletionEvent_neverEntersTheClientCache() throws Exception {
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Lease lease = client.lease(0, 4096);
+      // What CudaLeases.closeAfter does after recording the event; on a host device the daemon
+      // refuses the handle (ReleaseFailed) but the rule under test is the client's own.
+      lease.closeWithEvent(new byte[64]);
+      assertEquals(0, client.stats().cachedBlocks(), "an event-ordered release is never cached locally");
+      assertEquals(1, client.stats().releases());
+      try (Lease next = client.lease(0, 4096)) {
+        assertFalse(next.localHit(), "so the next lease is the daemon's to serve");
+      }
+    }
+  }
+
+  @Test
   void unaryCalls_releaseSynchronously_andCacheNothing() {
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       client.lease(0, 4096).close();
