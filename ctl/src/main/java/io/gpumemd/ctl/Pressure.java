@@ -77,11 +77,11 @@ final class Pressure {
           // until the daemon knows, it could not ask for it back.
           awaitClientCached(admin, device, hoard);
           long t0 = System.nanoTime();
-          try (Lease needed = client.lease(device, hoard)) {
-            long t = System.nanoTime() - t0;
-            histogram.recordValue(t);
-            nanos += t;
-          }
+          Lease needed = client.lease(device, hoard);
+          long t = System.nanoTime() - t0;
+          needed.close();
+          histogram.recordValue(t);
+          nanos += t;
           // The release is a notice: let it land before the hoarder leases again.
           awaitLeased(admin, device, fill.blockBytes());
         }
