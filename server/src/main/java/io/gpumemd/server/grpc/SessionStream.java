@@ -67,10 +67,16 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       channel.fail(StatusMapper.toStatus("KeepAlive", e));
       return;
     }
-    if (message.getUnmappedSegmentIdsCount() > 0) {
-      registry.unmapped(session, message.getUnmappedSegmentIdsList());
+    try {
+      if (message.getUnmappedSegmentIdsCount() > 0) {
+        registry.unmapped(session, message.getUnmappedSegmentIdsList());
+      }
+      applyCacheNotices(message.getCacheNoticesList());
+    } catch (RuntimeException e) {
+      // Not the client's fault (each notice's own refusals are answered above): logged once,
+      // and the stream carries on with the rest of the message.
+      StatusMapper.toStatus("KeepAlive", e);
     }
-    applyCacheNotices(message.getCacheNoticesList());
     for (StreamRelease release : message.getReleasesList()) {
       try {
         registry.release(session.id(), release.getLeaseId(), release.getCudaIpcEventHandle().toByteArray());

@@ -301,7 +301,13 @@ public final class SessionRegistry {
         refused.add(new String[] {id, "lease " + id + " cannot be client-cached: not a leased block of this session"});
         continue;
       }
-      pools.get(lease.block().device()).clientCached(lease.block(), session.id());
+      try {
+        pools.get(lease.block().device()).clientCached(lease.block(), session.id());
+      } catch (IllegalStateException e) {
+        // Released meanwhile by a unary Release (another HTTP/2 stream): nothing left to cache.
+        session.markReused(lease);
+        refused.add(new String[] {id, "lease " + id + " cannot be client-cached: it was released"});
+      }
     }
     return refused;
   }
@@ -319,7 +325,11 @@ public final class SessionRegistry {
         refused.add(new String[] {id, "lease " + id + " cannot be reused: not a client-cached lease of this session"});
         continue;
       }
-      pools.get(lease.block().device()).clientReused(lease.block());
+      try {
+        pools.get(lease.block().device()).clientReused(lease.block());
+      } catch (IllegalStateException e) {
+        refused.add(new String[] {id, "lease " + id + " cannot be reused: it was released"});
+      }
     }
     return refused;
   }
