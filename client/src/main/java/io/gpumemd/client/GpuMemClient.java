@@ -298,10 +298,13 @@ public final class GpuMemClient implements AutoCloseable {
       return local;
     }
     if (streamCalls) {
+      CompletableFuture<LeaseResponse> reply = leaseOnStream(device, sizeBytes, zero, tag);
       try {
-        return wrap(leaseOnStream(device, sizeBytes, zero, tag).get(), tag);
+        return wrap(reply.get(), tag);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
+        // Nobody will take the lease if the daemon grants it after all: give it straight back.
+        reply.thenAccept(granted -> releaseUnwrapped(granted.getLeaseId()));
         throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for a lease", e);
       } catch (ExecutionException e) {
         throw GpuMemException.from(e.getCause());
@@ -459,6 +462,17 @@ public final class GpuMemClient implements AutoCloseable {
     }
     closeLease(lease, null);
     return CompletableFuture.completedFuture(null);
+  }
+
+  /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
+  private void releaseUnwrapped(String leaseId) {
+    releases.incrementAndGet();
+    boolean flushNow;
+    synchronized (noticeLock) {
+      releaseNotices.add(new ReleaseNotice(leaseId, null));
+      flushNow = pendingNotices() >= FLUSH_AT;
+    }
+    afterNotice(flushNow);
   }
 
   private void releaseNotice(Lease lease, byte[] eventHandle) {

@@ -131,6 +131,20 @@ class ClientCacheTierTest {
   }
 
   @Test
+  void leaseInterruptedWhileWaiting_isGivenBackWhenGranted() throws Exception {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+      Thread.currentThread().interrupt(); // the wait for the reply ends at once
+      GpuMemException e = assertThrows(GpuMemException.class, () -> client.lease(0, 4096));
+      assertTrue(Thread.interrupted(), "the interrupt is kept for the caller");
+      assertEquals(Status.Code.CANCELLED, e.code());
+      // The daemon granted it anyway; the client gives it back without anyone holding it.
+      awaitDaemon(PoolMetric.RETURNS, 1);
+      assertEquals(0, pool().stats().get(PoolMetric.LEASED_BYTES));
+      assertEquals(1, client.stats().releases());
+    }
+  }
+
+  @Test
   void unaryCalls_releaseSynchronously_andCacheNothing() {
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       client.lease(0, 4096).close();
