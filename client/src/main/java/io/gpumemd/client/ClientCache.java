@@ -8,6 +8,7 @@ import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
+import java.util.function.BooleanSupplier;
 
 /**
  * The client cache tier: closed leases this process keeps mapped, to serve its next leases
@@ -65,6 +66,8 @@ final class ClientCache {
   private long seq;
   private long localHits;
   private long localReturns;
+  private long countersVersion;
+  private static final int ANY_DEVICE = -1;
 
   ClientCache(long allowanceBytes) {
     this.allowance = allowanceBytes;
@@ -85,24 +88,14 @@ final class ClientCache {
     if (lease.blockBytes() > allowance) {
       return null;
     }
-    List<Lease> evicted = List.of();
-    if (cachedBytes + lease.blockBytes() > allowance) {
-      evicted = new ArrayList<>();
-      Iterator<Entry> oldest = byAge.iterator();
-      while (cachedBytes + lease.blockBytes() > allowance && oldest.hasNext()) {
-        Entry entry = oldest.next();
-        oldest.remove();
-        bySize.get(entry.lease.device()).remove(entry);
-        cachedBytes -= entry.bytes;
-        evicted.add(entry.lease);
-      }
-    }
+    List<Lease> evicted = removeOldest(ANY_DEVICE, () -> cachedBytes + lease.blockBytes() > allowance);
     Entry entry = new Entry(lease, lease.blockBytes(), seq++);
     bySize.computeIfAbsent(lease.device(), d -> new TreeSet<>(BY_SIZE)).add(entry);
     byAge.add(entry);
     cachedBytes += lease.blockBytes();
     localReturns++;
     counters.computeIfAbsent(lease.device(), d -> new long[2])[1]++;
+    countersVersion++;
     return evicted;
   }
 
@@ -123,6 +116,7 @@ final class ClientCache {
     cachedBytes -= best.bytes;
     localHits++;
     counters.computeIfAbsent(device, d -> new long[2])[0]++;
+    countersVersion++;
     return best.lease;
   }
 
@@ -131,30 +125,25 @@ final class ClientCache {
    * all of them when {@code bytes} is 0.
    */
   synchronized List<Lease> giveBack(int device, long bytes) {
-    List<Lease> out = new ArrayList<>();
-    long freed = 0;
-    Iterator<Entry> oldest = byAge.iterator();
-    while (oldest.hasNext() && (bytes == 0 || freed < bytes)) {
-      Entry entry = oldest.next();
-      if (entry.lease.device() != device) {
-        continue;
-      }
-      oldest.remove();
-      bySize.get(device).remove(entry);
-      cachedBytes -= entry.bytes;
-      freed += entry.bytes;
-      out.add(entry.lease);
-    }
-    return out;
+    long before = cachedBytes;
+    return removeOldest(device, () -> bytes == 0 || before - cachedBytes < bytes);
   }
 
   /** Sets the allowance and removes least recently cached leases until the cache fits it. */
   synchronized List<Lease> setAllowance(long bytes) {
     allowance = bytes;
-    List<Lease> out = new ArrayList<>();
+    return removeOldest(ANY_DEVICE, () -> cachedBytes > allowance);
+  }
+
+  /** Removes least recently cached leases (of one device, or any) while {@code more} holds. */
+  private List<Lease> removeOldest(int device, BooleanSupplier more) {
+    List<Lease> out = new ArrayList<>(0);
     Iterator<Entry> oldest = byAge.iterator();
-    while (cachedBytes > allowance && oldest.hasNext()) {
+    while (more.getAsBoolean() && oldest.hasNext()) {
       Entry entry = oldest.next();
+      if (device != ANY_DEVICE && entry.lease.device() != device) {
+        continue;
+      }
       oldest.remove();
       bySize.get(entry.lease.device()).remove(entry);
       cachedBytes -= entry.bytes;
@@ -193,6 +182,11 @@ final class ClientCache {
 
   synchronized long localReturns() {
     return localReturns;
+  }
+
+  /** Changes whenever a counter does: the client sends counters only after a change. */
+  synchronized long countersVersion() {
+    return countersVersion;
   }
 
   /** Cumulative {hits, returns} per device, a copy. */

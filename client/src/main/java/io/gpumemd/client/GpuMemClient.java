@@ -107,7 +107,8 @@ public final class GpuMemClient implements AutoCloseable {
   private final AtomicLong daemonLeases = new AtomicLong();
   private final AtomicLong releases = new AtomicLong();
   /** Counters last sent, so that unchanged ones are not repeated. */
-  private volatile Map<Integer, long[]> countersSent = Map.of(); // written under streamLock
+  /** {@link ClientCache#countersVersion()} as last sent; written under streamLock. */
+  private volatile long countersVersionSent;
 
   /** A release notice waiting to be sent. */
   private record ReleaseNotice(String leaseId, byte[] eventHandle) {}
@@ -466,26 +467,24 @@ public final class GpuMemClient implements AutoCloseable {
 
   /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
   private void releaseUnwrapped(String leaseId) {
-    releases.incrementAndGet();
-    boolean flushNow;
-    synchronized (noticeLock) {
-      releaseNotices.add(new ReleaseNotice(leaseId, null));
-      flushNow = pendingNotices() >= FLUSH_AT;
-    }
-    afterNotice(flushNow);
+    afterNotice(queueRelease(leaseId, null));
   }
 
   private void releaseNotice(Lease lease, byte[] eventHandle) {
-    releases.incrementAndGet();
-    boolean flushNow;
-    synchronized (noticeLock) {
-      // A release supersedes a pending cache notice: the daemon releases a lease in either state.
-      cacheNotices.remove(lease.id());
-      releaseNotices.add(new ReleaseNotice(lease.id(), eventHandle));
-      flushNow = pendingNotices() >= FLUSH_AT;
-    }
+    boolean flushNow = queueRelease(lease.id(), eventHandle);
     mappings.release(lease.segmentId());
     afterNotice(flushNow);
+  }
+
+  /** Queues a release notice; true when the caller should send the pending notices now. */
+  private boolean queueRelease(String leaseId, byte[] eventHandle) {
+    releases.incrementAndGet();
+    synchronized (noticeLock) {
+      // A release supersedes a pending cache notice: the daemon releases a lease in either state.
+      cacheNotices.remove(leaseId);
+      releaseNotices.add(new ReleaseNotice(leaseId, eventHandle));
+      return pendingNotices() >= FLUSH_AT;
+    }
   }
 
   private void release(Lease lease, byte[] eventHandle) {
@@ -701,13 +700,7 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   private boolean countersChanged() {
-    for (Map.Entry<Integer, long[]> e : cache.counters().entrySet()) {
-      long[] sent = countersSent.get(e.getKey());
-      if (sent == null || sent[0] != e.getValue()[0] || sent[1] != e.getValue()[1]) {
-        return true;
-      }
-    }
-    return false;
+    return cache.countersVersion() != countersVersionSent;
   }
 
   /**
@@ -723,45 +716,30 @@ public final class GpuMemClient implements AutoCloseable {
         return false;
       }
       List<KeepAliveRequest.Builder> messages = new ArrayList<>(1);
+      messages.add(KeepAliveRequest.newBuilder());
       synchronized (noticeLock) {
-        KeepAliveRequest.Builder current = KeepAliveRequest.newBuilder();
-        int inCurrent = 0;
+        int n = 0;
         for (Map.Entry<String, Boolean> notice : cacheNotices.entrySet()) {
-          if (inCurrent == NOTICES_PER_MESSAGE) {
-            messages.add(current);
-            current = KeepAliveRequest.newBuilder();
-            inCurrent = 0;
-          }
-          current.addCacheNotices(CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
-          inCurrent++;
+          messageFor(messages, n++).addCacheNotices(
+              CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
         }
         for (ReleaseNotice release : releaseNotices) {
-          if (inCurrent == NOTICES_PER_MESSAGE) {
-            messages.add(current);
-            current = KeepAliveRequest.newBuilder();
-            inCurrent = 0;
-          }
           StreamRelease.Builder r = StreamRelease.newBuilder().setLeaseId(release.leaseId());
           if (release.eventHandle() != null) {
             r.setCudaIpcEventHandle(ByteString.copyFrom(release.eventHandle()));
           }
-          current.addReleases(r);
-          inCurrent++;
+          messageFor(messages, n++).addReleases(r);
         }
         cacheNotices.clear();
         releaseNotices.clear();
-        messages.add(current.mergeFrom(message.build()));
       }
-      if (cache != null) {
-        Map<Integer, long[]> counters = cache.counters();
-        KeepAliveRequest.Builder last = messages.get(messages.size() - 1);
-        counters.forEach((device, c) -> {
-          long[] sent = countersSent.get(device);
-          if (sent == null || sent[0] != c[0] || sent[1] != c[1]) {
-            last.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(c[0]).setReturns(c[1]));
-          }
-        });
-        countersSent = counters;
+      KeepAliveRequest.Builder last = messages.get(messages.size() - 1).mergeFrom(message.build());
+      // Cumulative counters, only after they changed (the daemon takes the difference).
+      if (cache != null && countersChanged()) {
+        long version = cache.countersVersion();
+        cache.counters().forEach((device, c) ->
+            last.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(c[0]).setReturns(c[1])));
+        countersVersionSent = version;
       }
       for (KeepAliveRequest.Builder m : messages) {
         stream.onNext(m.build());
@@ -791,6 +769,14 @@ public final class GpuMemClient implements AutoCloseable {
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     }
+  }
+
+  /** The message the {@code n}-th notice goes in: a new one every {@link #NOTICES_PER_MESSAGE}. */
+  private static KeepAliveRequest.Builder messageFor(List<KeepAliveRequest.Builder> messages, int n) {
+    if (n > 0 && n % NOTICES_PER_MESSAGE == 0) {
+      messages.add(KeepAliveRequest.newBuilder());
+    }
+    return messages.get(messages.size() - 1);
   }
 
   private void ackUnmapped(long segmentId) {

@@ -21,6 +21,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Predicate;
 import org.HdrHistogram.Histogram;
 
 /**
@@ -75,7 +76,7 @@ final class Pressure {
           }
           // The hoarder's client tells the daemon within a millisecond that it cached the block:
           // until the daemon knows, it could not ask for it back.
-          awaitClientCached(admin, device, hoard);
+          awaitStats(admin, device, s -> s.getClientCachedBytes() >= hoard);
           long t0 = System.nanoTime();
           Lease needed = client.lease(device, hoard);
           long t = System.nanoTime() - t0;
@@ -83,7 +84,7 @@ final class Pressure {
           histogram.recordValue(t);
           nanos += t;
           // The release is a notice: let it land before the hoarder leases again.
-          awaitLeased(admin, device, fill.blockBytes());
+          awaitStats(admin, device, s -> s.getLeasedBytes() <= fill.blockBytes());
         }
         return new LoadResult("pressure", label, histogram.getTotalCount(), nanos, histogram, -1, 0, null, details);
       } catch (RuntimeException e) {
@@ -99,25 +100,12 @@ final class Pressure {
     }
   }
 
-  private static void awaitClientCached(AdminGrpc.AdminBlockingStub admin, int device, long bytes)
+  /** Polls the device's stats until {@code done} holds, for at most 5 s. */
+  private static void awaitStats(AdminGrpc.AdminBlockingStub admin, int device, Predicate<DeviceStats> done)
       throws InterruptedException {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-    while (System.nanoTime() < deadline) {
-      DeviceStats s = admin.getStats(GetStatsRequest.newBuilder().setDevice(device).build()).getDevices(0);
-      if (s.getClientCachedBytes() >= bytes) {
-        return;
-      }
-      Thread.sleep(1);
-    }
-  }
-
-  private static void awaitLeased(AdminGrpc.AdminBlockingStub admin, int device, long bytes) throws InterruptedException {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-    while (System.nanoTime() < deadline) {
-      DeviceStats s = admin.getStats(GetStatsRequest.newBuilder().setDevice(device).build()).getDevices(0);
-      if (s.getLeasedBytes() <= bytes) {
-        return;
-      }
+    while (System.nanoTime() < deadline
+        && !done.test(admin.getStats(GetStatsRequest.newBuilder().setDevice(device).build()).getDevices(0))) {
       Thread.sleep(1);
     }
   }
