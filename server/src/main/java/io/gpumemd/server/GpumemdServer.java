@@ -2,6 +2,7 @@ package io.gpumemd.server;
 
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
+import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.backend.BackendSelector;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
@@ -58,6 +59,7 @@ public final class GpumemdServer {
   private final ThreadPoolExecutor blockingExecutor;
   private final PrometheusMeterRegistry meterRegistry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
   private final ServerMetrics metrics;
+  private final IdentityPolicy identities;
   private final Listeners listeners;
   private Housekeeping housekeeping;
   private volatile boolean force;
@@ -96,7 +98,8 @@ public final class GpumemdServer {
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());
-    this.listeners = new Listeners(services);
+    this.identities = config.tenancy().identityPolicy(IdentityPolicy.currentUid());
+    this.listeners = new Listeners(services, identities);
   }
 
   /** Starts the daemon with the system clock. */
@@ -145,6 +148,8 @@ public final class GpumemdServer {
     for (String service : SERVICES) {
       health.setStatus(service, ServingStatus.SERVING);
     }
+    log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
+        ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
     if (config.socket() != null) {
       listeners.startUnix(config.socket(), !config.shmGroup().isEmpty());
     }

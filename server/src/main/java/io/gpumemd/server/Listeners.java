@@ -1,5 +1,9 @@
 package io.gpumemd.server;
 
+import io.gpumemd.server.auth.AuthInterceptor;
+import io.gpumemd.server.auth.IdentityPolicy;
+import io.gpumemd.server.auth.LoopbackPeers;
+import io.gpumemd.server.auth.UnixPeerNegotiator;
 import io.gpumemd.server.metrics.MetricsHttpServer;
 import io.grpc.Server;
 import io.grpc.ServerServiceDefinition;
@@ -41,6 +45,7 @@ final class Listeners implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(Listeners.class);
 
   private final List<ServerServiceDefinition> services;
+  private final IdentityPolicy identities;
   private final EventLoopGroup bossGroup = new EpollEventLoopGroup(1, daemonThreads("gpumemd-accept"));
   private final EventLoopGroup workerGroup =
       new EpollEventLoopGroup(Math.max(2, Runtime.getRuntime().availableProcessors()), daemonThreads("gpumemd-io"));
@@ -49,8 +54,13 @@ final class Listeners implements AutoCloseable {
   private Path socketPath;
   private int tcpPort = -1;
 
-  Listeners(List<ServerServiceDefinition> services) {
+  /**
+   * @param identities how peers become callers: the Unix socket asks the kernel (SO_PEERCRED),
+   *     TCP looks up loopback peers' socket owners
+   */
+  Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities) {
     this.services = services;
+    this.identities = identities;
   }
 
   static ThreadFactory daemonThreads(String prefix) {
@@ -67,7 +77,8 @@ final class Listeners implements AutoCloseable {
     Path absolute = path.toAbsolutePath();
     prepareSocketPath(absolute);
     Server uds = bind("unix listener", "unix://" + absolute,
-        NettyServerBuilder.forAddress(new DomainSocketAddress(absolute.toString()))
+        NettyServerBuilder.forAddress(new DomainSocketAddress(absolute.toString()),
+                UnixPeerNegotiator.credentials(identities))
             .channelType(EpollServerDomainSocketChannel.class));
     socketPath = absolute; // ours from now on: removed at close
     Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(groupAccess ? "rw-rw----" : "rw-------"));
@@ -76,7 +87,8 @@ final class Listeners implements AutoCloseable {
 
   void startTcp(String host, int port) throws IOException {
     Server tcp = bind("tcp listener", host + ":" + port,
-        NettyServerBuilder.forAddress(new InetSocketAddress(host, port)).channelType(EpollServerSocketChannel.class));
+        NettyServerBuilder.forAddress(new InetSocketAddress(host, port)).channelType(EpollServerSocketChannel.class)
+            .addTransportFilter(new LoopbackPeers(identities)));
     tcpPort = ((InetSocketAddress) tcp.getListenSockets().get(0)).getPort();
     log.info("Listening on tcp://{}:{}", host, tcpPort);
   }
@@ -103,6 +115,8 @@ final class Listeners implements AutoCloseable {
         .permitKeepAliveTime(10, TimeUnit.SECONDS)
         .permitKeepAliveWithoutCalls(true);
     services.forEach(builder::addService);
+    // Every call learns who is calling before any handler runs (Callers.current()).
+    builder.intercept(new AuthInterceptor());
     Server server = builder.build();
     try {
       server.start();

@@ -41,6 +41,7 @@ public record ServerConfig(
     Quota defaultQuota,
     Map<String, Quota> quotaOverrides,
     long clientCacheBytes,
+    TenancyConfig tenancy,
     long drainTimeoutMillis,
     String logFormat,
     String logLevel,
@@ -52,7 +53,8 @@ public record ServerConfig(
 
   public SessionSettings sessionSettings() {
     return new SessionSettings(sessionTtlSeconds, maxSessionTtlSeconds, keepaliveGraceMillis,
-        leakThresholdMillis, defaultQuota, quotaOverrides, clientCacheBytes);
+        leakThresholdMillis, defaultQuota, quotaOverrides, clientCacheBytes, tenancy.tenantQuota(),
+        tenancy.isolateSessions());
   }
 
   /** The device budget for a device of the given capacity. */
@@ -85,6 +87,11 @@ public record ServerConfig(
     values.put("quota-max-leased-bytes", defaultQuota.maxLeasedBytes());
     values.put("quota-max-leases", defaultQuota.maxLeases());
     values.put("client-cache-bytes", clientCacheBytes);
+    values.put("tenant-by", tenancy.tenantBy().name().toLowerCase(java.util.Locale.ROOT));
+    values.put("admin-group", tenancy.adminGroup().isEmpty() ? "(none)" : tenancy.adminGroup());
+    values.put("isolate", tenancy.isolateSessions() ? "session" : "tenant");
+    values.put("tenant-max-leased-bytes", tenancy.tenantQuota().maxLeasedBytes());
+    values.put("tenant-max-leases", tenancy.tenantQuota().maxLeases());
     values.put("drain-timeout-ms", drainTimeoutMillis);
     values.put("log-format", logFormat);
     values.put("log-level", logLevel);

@@ -1,5 +1,7 @@
 package io.gpumemd.server.config;
 
+import io.gpumemd.server.auth.IdentityPolicy;
+import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.session.Quota;
 import java.io.IOException;
 import java.io.Reader;
@@ -149,6 +151,29 @@ public final class ServerOptions {
       description = "client cache allowance per session: closed leases a client keeps mapped to "
           + "serve its next leases locally (0 = no client cache tier)")
   String clientCacheBytes;
+
+  @Option(names = "--tenant-by", paramLabel = "uid|gid", defaultValue = "uid",
+      description = "what makes a local peer's tenant: its uid, or its primary gid (tokens and "
+          + "certificates name their own tenant)")
+  String tenantBy;
+
+  @Option(names = "--admin-group", paramLabel = "GROUP",
+      description = "group (name or gid) whose members may use the admin verbs, besides root and "
+          + "the daemon's own uid (default: none)")
+  String adminGroup;
+
+  @Option(names = "--isolate", paramLabel = "tenant|session", defaultValue = "tenant",
+      description = "who may share a segment: sessions of one tenant, or nobody (every session "
+          + "gets its own segments; costs up to one 2 MiB segment per session and device)")
+  String isolate;
+
+  @Option(names = "--tenant-max-leased-bytes", paramLabel = "BYTES", defaultValue = "0",
+      description = "per-tenant limit on leased bytes over all its sessions (0 = none)")
+  String tenantMaxLeasedBytes;
+
+  @Option(names = "--tenant-max-leases", paramLabel = "N", defaultValue = "0",
+      description = "per-tenant limit on live leases over all its sessions (0 = none)")
+  String tenantMaxLeases;
 
   @Option(names = "--drain-timeout-ms", paramLabel = "MS", defaultValue = "10000",
       description = "on SIGTERM, how long leases may drain before memory is freed")
@@ -360,6 +385,19 @@ public final class ServerOptions {
     settings.put(new Setting("quota." + client, "", s.origin()));
   }
 
+  /** The admin group's gid; a name the group database does not know is a problem. */
+  private static int adminGid(Settings s) {
+    String group = s.text("admin-group");
+    if (group.isEmpty()) {
+      return -1;
+    }
+    int gid = UnixAccounts.gidOf(group);
+    if (gid < 0) {
+      s.problem(s.get("admin-group"), "a group name from /etc/group or a numeric gid");
+    }
+    return gid;
+  }
+
   /** Validates the settings (recording every problem) and builds the config from them. */
   private static ServerConfig build(Settings s, Map<String, Quota> quotas) {
     Setting socketSetting = s.get("socket");
@@ -428,6 +466,12 @@ public final class ServerOptions {
         new Quota(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
         Map.copyOf(quotas),
         s.size("client-cache-bytes"),
+        new TenancyConfig(
+            IdentityPolicy.TenantBy.valueOf(s.choice("tenant-by", List.of("uid", "gid")).toUpperCase(Locale.ROOT)),
+            s.text("admin-group"),
+            adminGid(s),
+            s.choice("isolate", List.of("tenant", "session")).equals("session"),
+            new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE))),
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

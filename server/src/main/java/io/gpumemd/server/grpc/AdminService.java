@@ -13,7 +13,10 @@ import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimRequest;
 import io.gpumemd.proto.v1.TrimResponse;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.LeaseRecord;
@@ -32,6 +35,12 @@ import org.slf4j.LoggerFactory;
 /**
  * The {@code Admin} service: inspection and cache control for operators. A thin translation
  * over the pools and the session registry; errors go through {@link StatusMapper}.
+ *
+ * <p>Access: ListDevices and GetStats are open to every caller (device facts and pool-wide
+ * figures, nothing that names a session). ListSessions and ListLeases show an admin everything
+ * and anyone else their own tenant only. Trim and SetRetentionCap change the daemon for
+ * everyone: admins only (PERMISSION_DENIED otherwise), and each is logged at INFO with who
+ * asked.
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
   private static final Logger log = LoggerFactory.getLogger(AdminService.class);
@@ -97,7 +106,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
       if (limit < 0 || limit > MAX_LEASE_LIMIT) {
         throw InvalidRequestException.of("limit", request.getLimit(), "0 (= " + DEFAULT_LEASE_LIMIT + ") to " + MAX_LEASE_LIMIT);
       }
-      List<LeaseRecord> matching = registry.leases(request.hasDevice() ? request.getDevice() : null, request.getSessionId());
+      List<LeaseRecord> matching = registry.leases(Callers.current(), request.hasDevice() ? request.getDevice() : null, request.getSessionId());
       ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder().setTotal(matching.size());
       for (LeaseRecord lease : matching.subList(0, Math.min(limit, matching.size()))) {
         out.addLeases(ProtoMapping.leaseInfo(lease, registry.ageMillis(lease.grantedNanos())));
@@ -110,7 +119,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   public void listSessions(ListSessionsRequest request, StreamObserver<ListSessionsResponse> response) {
     answer("ListSessions", response, () -> {
       ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder();
-      for (Session session : registry.sessions()) {
+      for (Session session : registry.sessions(Callers.current())) {
         out.addSessions(ProtoMapping.sessionInfo(session, registry.ageMillis(session.openedNanos()),
             registry.mappedSegments(session)));
       }
@@ -122,7 +131,9 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   public void trim(TrimRequest request, StreamObserver<TrimResponse> response) {
     long keep;
     List<DevicePool> targets;
+    Caller caller = Callers.current();
     try {
+      requireAdmin(caller, "Trim");
       keep = Validation.byteCount("keep_bytes", request.getKeepBytes());
       targets = selected(request.hasDevice(), request.getDevice());
     } catch (RuntimeException e) {
@@ -135,7 +146,9 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
         for (DevicePool pool : targets) {
           freed += pool.trim(keep);
         }
-        log.info("Trim to {} bytes on {}: freed {} bytes", keep, describe(request.hasDevice(), request.getDevice()), freed);
+        log.atInfo().addKeyValue("admin", caller.principal())
+            .log("Trim to {} bytes on {} by {}: freed {} bytes", keep, describe(request.hasDevice(), request.getDevice()),
+            caller, freed);
         return TrimResponse.newBuilder().setFreedBytes(freed).build();
       }));
     } catch (RejectedExecutionException e) {
@@ -145,13 +158,25 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
 
   @Override
   public void setRetentionCap(SetRetentionCapRequest request, StreamObserver<SetRetentionCapResponse> response) {
+    Caller caller = Callers.current();
     answer("SetRetentionCap", response, () -> {
+      requireAdmin(caller, "SetRetentionCap");
       long cap = Validation.byteCount("cap_bytes", request.getCapBytes());
       long evicted = pools.setRetentionCap(selected(request.hasDevice(), request.getDevice()), cap);
-      log.info("Retention cap set to {} bytes on {}: evicted {} bytes", cap,
-          describe(request.hasDevice(), request.getDevice()), evicted);
+      log.atInfo().addKeyValue("admin", caller.principal())
+          .log("Retention cap set to {} bytes on {} by {}: evicted {} bytes", cap,
+          describe(request.hasDevice(), request.getDevice()), caller, evicted);
       return SetRetentionCapResponse.newBuilder().setEvictedBytes(evicted).build();
     });
+  }
+
+  /** Refuses a mutation to a caller without admin rights, saying what would grant them. */
+  private static void requireAdmin(Caller caller, String rpc) {
+    if (!caller.admin()) {
+      throw new PermissionDeniedException(rpc + " changes the daemon for every tenant and needs an admin "
+          + "identity (root, the daemon's uid, a member of --admin-group, or an admin token); "
+          + caller.principal() + " is not one");
+    }
   }
 
   private static String describe(boolean hasDevice, int device) {

@@ -11,6 +11,8 @@ import io.gpumemd.proto.v1.OpenSessionResponse;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
@@ -48,7 +50,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
     try {
       // ttl_seconds is a uint32: values past 2^31 arrive negative in Java; they mean "huge".
       int ttl = (int) Math.min(Integer.toUnsignedLong(request.getTtlSeconds()), Integer.MAX_VALUE);
-      Session session = registry.open(request.getClientName(), ttl,
+      Session session = registry.open(Callers.current(), request.getClientName(), ttl,
           request.hasClientCacheBytes() ? Validation.byteCount("client_cache_bytes", request.getClientCacheBytes()) : -1);
       response.onNext(OpenSessionResponse.newBuilder()
           .setSessionId(session.id())
@@ -66,13 +68,13 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public StreamObserver<KeepAliveRequest> keepAlive(StreamObserver<SessionEvent> events) {
-    return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events);
+    return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events, Callers.current());
   }
 
   @Override
   public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
     try {
-      long[] released = registry.close(request.getSessionId());
+      long[] released = registry.close(Callers.current(), request.getSessionId());
       response.onNext(CloseSessionResponse.newBuilder()
           .setReleasedLeases(released[0]).setReleasedBytes(released[1]).build());
       response.onCompleted();
@@ -83,7 +85,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public void lease(LeaseRequest request, StreamObserver<LeaseResponse> response) {
-    serveLease(request.getSessionId(), request.getDevice(), request.getSizeBytes(), request.getZero(),
+    serveLease(Callers.current(), request.getSessionId(), request.getDevice(), request.getSizeBytes(), request.getZero(),
         request.getTag(), reply -> {
           response.onNext(reply);
           response.onCompleted();
@@ -95,12 +97,12 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
    * thread, anything that needs the backend on the blocking executor. Exactly one of the
    * callbacks runs, once.
    */
-  void serveLease(String sessionId, int device, long size, boolean zero, String tag,
+  void serveLease(Caller caller, String sessionId, int device, long size, boolean zero, String tag,
       Consumer<LeaseResponse> reply, Consumer<StatusRuntimeException> refuse) {
     long start = System.nanoTime();
     LeaseRecord lease;
     try {
-      lease = registry.lease(sessionId, device, size, zero, tag, true);
+      lease = registry.lease(caller, sessionId, device, size, zero, tag, true);
     } catch (RuntimeException e) {
       refuse.accept(StatusMapper.toStatus("Lease", e));
       return;
@@ -113,7 +115,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       blockingExecutor.execute(() -> {
         LeaseResponse response;
         try {
-          response = respond(registry.lease(sessionId, device, size, zero, tag, false), start);
+          response = respond(registry.lease(caller, sessionId, device, size, zero, tag, false), start);
         } catch (RuntimeException e) {
           refuse.accept(StatusMapper.toStatus("Lease", e));
           return;
@@ -136,7 +138,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   @Override
   public void release(ReleaseRequest request, StreamObserver<ReleaseResponse> response) {
     try {
-      registry.release(request.getSessionId(), request.getLeaseId(), request.getCudaIpcEventHandle().toByteArray());
+      registry.release(Callers.current(), request.getSessionId(), request.getLeaseId(), request.getCudaIpcEventHandle().toByteArray());
       response.onNext(ReleaseResponse.getDefaultInstance());
       response.onCompleted();
     } catch (RuntimeException e) {

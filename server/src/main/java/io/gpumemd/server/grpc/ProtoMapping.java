@@ -103,6 +103,7 @@ final class ProtoMapping {
         .setClientCacheAllowanceBytes(session.cacheAllowance())
         .setClientCacheHits(counters[0])
         .setClientCacheReturns(counters[1])
+        .setTenant(session.tenant()).setPeer(session.owner().principal())
         .build();
   }
 }

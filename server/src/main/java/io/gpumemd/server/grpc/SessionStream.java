@@ -6,6 +6,7 @@ import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
@@ -41,14 +42,18 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   private final SessionRegistry registry;
   private final AllocatorService leases;
   private final ServerCallStreamObserver<SessionEvent> call;
+  /** Who opened the stream: every message on it acts for this caller. */
+  private final Caller caller;
   private final StreamSessionChannel channel;
   private final AtomicInteger outstanding = new AtomicInteger();
   /** True while inbound reading is paused for too many outstanding leases. */
   private final AtomicBoolean paused = new AtomicBoolean();
   private Session session;
 
-  SessionStream(SessionRegistry registry, AllocatorService leases, ServerCallStreamObserver<SessionEvent> call) {
+  SessionStream(SessionRegistry registry, AllocatorService leases, ServerCallStreamObserver<SessionEvent> call,
+      Caller caller) {
     this.registry = registry;
+    this.caller = caller;
     this.leases = leases;
     this.call = call;
     this.channel = new StreamSessionChannel(call);
@@ -79,7 +84,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
     for (StreamRelease release : message.getReleasesList()) {
       try {
-        registry.release(session.id(), release.getLeaseId(), release.getCudaIpcEventHandle().toByteArray());
+        registry.release(caller, session.id(), release.getLeaseId(), release.getCudaIpcEventHandle().toByteArray());
       } catch (RuntimeException e) {
         channel.releaseFailed(release.getLeaseId(), StatusMapper.toStatus("Release", e).getStatus());
       }
@@ -94,7 +99,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     for (StreamLease lease : message.getLeasesList()) {
       outstanding.incrementAndGet();
       long id = lease.getRequestId();
-      leases.serveLease(session.id(), lease.getDevice(), lease.getSizeBytes(), lease.getZero(), lease.getTag(),
+      leases.serveLease(caller, session.id(), lease.getDevice(), lease.getSizeBytes(), lease.getZero(), lease.getTag(),
           reply -> {
             channel.leaseReply(id, reply);
             replied();
@@ -109,7 +114,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
 
   private void bind(KeepAliveRequest message) {
     if (session == null) {
-      session = registry.attach(message.getSessionId(), channel);
+      session = registry.attach(caller, message.getSessionId(), channel);
       channel.attached(session.id());
     } else if (!message.getSessionId().isEmpty() && !message.getSessionId().equals(session.id())) {
       throw Status.INVALID_ARGUMENT

@@ -1,10 +1,12 @@
 package io.gpumemd.server.grpc;
 
 import io.gpumemd.server.backend.InvalidEventHandleException;
+import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.DrainingException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.error.PermissionDeniedException;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import org.slf4j.Logger;
@@ -29,6 +31,10 @@ public final class StatusMapper {
       status = Status.NOT_FOUND;
     } else if (error instanceof ExhaustedException) {
       status = Status.RESOURCE_EXHAUSTED;
+    } else if (error instanceof PermissionDeniedException) {
+      status = Status.PERMISSION_DENIED;
+    } else if (error instanceof ConflictException) {
+      status = Status.FAILED_PRECONDITION;
     } else if (error instanceof DrainingException) {
       status = Status.UNAVAILABLE;
     } else if (error instanceof StatusRuntimeException sre) {

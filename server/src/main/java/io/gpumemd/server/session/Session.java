@@ -1,5 +1,8 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.error.ConflictException;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -7,7 +10,8 @@ import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 /**
- * A client's connection-scoped identity and what it holds. Created and ended by the {@link
+ * A client's connection-scoped identity and what it holds. It belongs to the tenant of the
+ * {@link Caller} that opened it, and its KeepAlive stream is pinned to one origin. Created and ended by the {@link
  * SessionRegistry}; every state change goes through a method of this class.
  *
  * <p>Thread-safety: the lease set, byte counts, the ended flag and the KeepAlive stream state
@@ -18,6 +22,9 @@ import java.util.concurrent.TimeUnit;
  */
 public final class Session {
   private final String id;
+  private final Caller owner;
+  private final Tenant tenant;
+  private final SegmentOwner segmentOwner;
   private final String clientName;
   private final int ttlSeconds;
   private final Quota quota;
@@ -26,6 +33,8 @@ public final class Session {
 
   // guarded by this
   private SessionChannel channel;
+  /** Where the current stream comes from ({@link Caller#origin}); meaningful while channel != null. */
+  private String channelOrigin;
   /** When the last stream detached; meaningful while {@code channel == null && hadStream}. */
   private long detachedNanos;
   private boolean hadStream;
@@ -43,7 +52,11 @@ public final class Session {
   private long reservedLeases;
   private boolean ended;
 
-  Session(String id, String clientName, int ttlSeconds, Quota quota, long cacheAllowance, long nowNanos) {
+  Session(String id, Caller owner, Tenant tenant, SegmentOwner segmentOwner, String clientName, int ttlSeconds,
+      Quota quota, long cacheAllowance, long nowNanos) {
+    this.owner = owner;
+    this.tenant = tenant;
+    this.segmentOwner = segmentOwner;
     this.grantedCacheBytes = cacheAllowance;
     this.cacheAllowance = cacheAllowance;
     this.id = id;
@@ -56,6 +69,24 @@ public final class Session {
 
   public String id() {
     return id;
+  }
+
+  /** Who opened the session; its tenant owns it. */
+  public Caller owner() {
+    return owner;
+  }
+
+  public String tenant() {
+    return owner.tenant();
+  }
+
+  Tenant tenantUsage() {
+    return tenant;
+  }
+
+  /** The owner of the segments this session's blocks are carved from. */
+  public SegmentOwner segmentOwner() {
+    return segmentOwner;
   }
 
   public String clientName() {
@@ -180,17 +211,26 @@ public final class Session {
   // ------------------------------------------------------------------------ KeepAlive stream
 
   /**
-   * Makes {@code stream} the session's KeepAlive stream.
+   * Makes {@code stream} the session's KeepAlive stream. A live stream is replaced only by one
+   * from the same origin (the same process reconnecting); from anywhere else the new stream is
+   * refused, so nobody can take a session over by knowing its id.
    *
+   * @param origin where the new stream comes from ({@link Caller#origin})
    * @return the stream it replaces (to close), or null
    * @throws IllegalStateException when the session has ended: the stream must not outlive it
+   * @throws ConflictException when another origin holds a live stream
    */
-  synchronized SessionChannel attach(SessionChannel stream) {
+  synchronized SessionChannel attach(SessionChannel stream, String origin) {
     if (ended) {
       throw new IllegalStateException(this + " has ended");
     }
+    if (channel != null && channel != stream && !origin.equals(channelOrigin)) {
+      throw new ConflictException(this + " already has a live KeepAlive stream from " + channelOrigin
+          + "; a second stream from " + origin + " is refused (one stream per session)");
+    }
     SessionChannel previous = channel;
     channel = stream;
+    channelOrigin = origin;
     hadStream = true;
     return previous == stream ? null : previous;
   }

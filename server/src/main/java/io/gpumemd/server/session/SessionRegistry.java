@@ -3,7 +3,10 @@ package io.gpumemd.server.session;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.DrainingException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -25,11 +28,13 @@ import org.slf4j.LoggerFactory;
 /**
  * Owns sessions and leases: who holds what, and getting it all back when a holder goes away.
  *
- * <p>Rules enforced here: only the owning session releases a lease (a foreign, unknown or
+ * <p>Rules enforced here: a session belongs to the tenant of the caller that opened it, and a
+ * call naming another tenant's session or lease answers NOT_FOUND, exactly like an unknown id
+ * (admins may list and end any session); only the owning session releases a lease (a foreign, unknown or
  * repeated release is {@link NotFoundException} and changes nothing); a session ends by
  * {@link #close}, by its KeepAlive stream staying away past the grace period, or by TTL expiry
  * without keep-alive, and then every lease it held returns to its pool; quotas hold per
- * session; a draining registry takes no new sessions or leases.
+ * session and per tenant; a draining registry takes no new sessions or leases.
  *
  * <p>Unknown and expired sessions both answer {@link NotFoundException} (NOT_FOUND): an ended
  * session's id is indistinguishable from one that never existed.
@@ -49,6 +54,8 @@ public final class SessionRegistry {
   private final Ticker ticker;
   private final LiveSessions sessions;
   private final ConcurrentHashMap<String, LeaseRecord> leases = new ConcurrentHashMap<>();
+  /** Holdings by tenant key; one entry per tenant ever seen (uids, token tenants: bounded by who can connect). */
+  private final ConcurrentHashMap<String, Tenant> tenants = new ConcurrentHashMap<>();
   private final AtomicLong leaseSequence = new AtomicLong();
   private volatile boolean draining;
   /** Written by the reaper thread only. */
@@ -73,9 +80,14 @@ public final class SessionRegistry {
 
   // ------------------------------------------------------------------------------ sessions
 
-  /** Opens a session with the default client cache allowance. */
+  /** Opens a session of the daemon's own tenant with the default client cache allowance. */
   public Session open(String clientName, int ttlSeconds) {
-    return open(clientName, ttlSeconds, -1);
+    return open(Caller.DAEMON, clientName, ttlSeconds, -1);
+  }
+
+  /** Opens a session of the daemon's own tenant (in-process callers). */
+  public Session open(String clientName, int ttlSeconds, long cacheBytes) {
+    return open(Caller.DAEMON, clientName, ttlSeconds, cacheBytes);
   }
 
   /**
@@ -84,41 +96,101 @@ public final class SessionRegistry {
    * @param cacheBytes the client cache allowance asked for: negative = the default, 0 = none,
    *     else at most that (never more than the default)
    */
-  public Session open(String clientName, int ttlSeconds, long cacheBytes) {
+  public Session open(Caller caller, String clientName, int ttlSeconds, long cacheBytes) {
     checkNotDraining();
     Validation.label("client_name", clientName);
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
     long allowance = cacheBytes < 0 ? settings.clientCacheBytes() : Math.min(cacheBytes, settings.clientCacheBytes());
-    Session session = new Session(SecureIds.next(), clientName, ttl, settings.quotaFor(clientName), allowance,
-        ticker.nanos());
+    String id = SecureIds.next();
+    Session session = new Session(id, caller, tenants.computeIfAbsent(caller.tenant(), Tenant::new),
+        segmentOwner(caller, id), clientName, ttl, settings.quotaFor(clientName), allowance, ticker.nanos());
     sessions.add(session);
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
-        .log("Session {} opened by '{}' (ttl {} s)", session.id(), clientName, ttl);
+        .addKeyValue("tenant", caller.tenant())
+        .log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
     return session;
   }
 
-  /** A live session by id; refreshes its TTL. */
+  /**
+   * Blocks are carved from segments of the session's tenant, or of the session alone under
+   * per-session isolation. Host segment files go to the tenant's uid (uid tenants) or group
+   * (gid tenants) so that its processes, and only they, can map them.
+   */
+  private SegmentOwner segmentOwner(Caller caller, String sessionId) {
+    String key = settings.isolateSessions() ? caller.tenant() + "/" + sessionId : caller.tenant();
+    if (caller.tenant().startsWith("uid:")) {
+      return new SegmentOwner(key, caller.uid(), -1);
+    }
+    if (caller.tenant().startsWith("gid:")) {
+      return new SegmentOwner(key, -1, caller.gid());
+    }
+    return new SegmentOwner(key, -1, -1);
+  }
+
+  /** A live session of the daemon's own tenant by id (in-process callers); refreshes its TTL. */
   public Session session(String sessionId) {
-    SecureIds.check("session_id", sessionId);
-    Session session = sessions.get(sessionId);
-    if (session == null) {
-      throw new NotFoundException("session " + sessionId + " not found (never opened, closed, or expired)");
+    return session(Caller.DAEMON, sessionId);
+  }
+
+  /**
+   * A live session of the caller's tenant by id; refreshes its TTL. Another tenant's session
+   * answers exactly like one that never existed, so ids leak nothing.
+   */
+  public Session session(Caller caller, String sessionId) {
+    Session session = find(sessionId);
+    if (session == null || !caller.owns(session.tenant())) {
+      throw notFound(sessionId);
     }
     session.touch(ticker.nanos());
     return session;
   }
 
-  /** Closes a session at the client's request. */
-  public long[] close(String sessionId) {
-    return end(session(sessionId), "closed by the client");
+  private Session find(String sessionId) {
+    SecureIds.check("session_id", sessionId);
+    return sessions.get(sessionId);
   }
 
-  /** Binds a KeepAlive stream to a session; a previous stream of the session is closed. */
+  private static NotFoundException notFound(String sessionId) {
+    return new NotFoundException("session " + sessionId + " not found (never opened, closed, or expired)");
+  }
+
+  /** Closes a session at the client's request (in-process callers). */
+  public long[] close(String sessionId) {
+    return close(Caller.DAEMON, sessionId);
+  }
+
+  /**
+   * Ends a session: the caller's own, or any tenant's when the caller is an admin (logged with
+   * who asked).
+   */
+  public long[] close(Caller caller, String sessionId) {
+    Session session = find(sessionId);
+    if (session == null || !(caller.owns(session.tenant()) || caller.admin())) {
+      throw notFound(sessionId);
+    }
+    if (caller.owns(session.tenant())) {
+      return end(session, "closed by the client");
+    }
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("admin", caller.principal())
+        .log("Admin {} ends {} of tenant {}", caller, session, session.tenant());
+    return end(session, "ended by admin " + caller.principal());
+  }
+
+  /** Binds a KeepAlive stream to a session of the daemon's own tenant (in-process callers). */
   public Session attach(String sessionId, SessionChannel channel) {
-    Session session = session(sessionId);
+    return attach(Caller.DAEMON, sessionId, channel);
+  }
+
+  /**
+   * Binds a KeepAlive stream to a session of the caller's tenant. A live stream of the session
+   * is replaced (and closed) only when the new one comes from the same origin; otherwise the
+   * new one is refused ({@link ConflictException}).
+   */
+  public Session attach(Caller caller, String sessionId, SessionChannel channel) {
+    Session session = session(caller, sessionId);
     SessionChannel previous;
     try {
-      previous = session.attach(channel);
+      previous = session.attach(channel, caller.origin());
     } catch (IllegalStateException e) {
       // Lost a race with the session ending: the stream must not outlive it.
       throw new NotFoundException("session " + sessionId + " has ended");
@@ -200,8 +272,20 @@ public final class SessionRegistry {
    *     call (a miss, or zeroing): the caller retries on a thread that may block
    */
   public LeaseRecord lease(String sessionId, int device, long size, boolean zero, String tag, boolean cachedOnly) {
+    return lease(Caller.DAEMON, sessionId, device, size, zero, tag, cachedOnly);
+  }
+
+  /**
+   * Leases a block for a session of the caller's tenant, within the session's and the
+   * tenant's quota.
+   *
+   * @param cachedOnly when true, return null instead of doing anything that needs a backend
+   *     call (a miss, or zeroing): the caller retries on a thread that may block
+   */
+  public LeaseRecord lease(Caller caller, String sessionId, int device, long size, boolean zero, String tag,
+      boolean cachedOnly) {
     checkNotDraining();
-    Session session = session(sessionId);
+    Session session = session(caller, sessionId);
     DevicePool pool = pools.get(device);
     Validation.leaseSize(size, pool);
     Validation.label("tag", tag);
@@ -215,6 +299,12 @@ public final class SessionRegistry {
     } catch (IllegalStateException e) {
       throw new NotFoundException("session " + sessionId + " has ended");
     }
+    if (refused == null) {
+      refused = session.tenantUsage().reserve(rounded, settings.tenantQuota());
+      if (refused != null) {
+        session.unreserve(rounded);
+      }
+    }
     if (refused != null) {
       throw new ExhaustedException(session + ": " + refused);
     }
@@ -223,10 +313,12 @@ public final class SessionRegistry {
       leased = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
     } catch (RuntimeException e) {
       session.unreserve(rounded);
+      session.tenantUsage().unreserve(rounded);
       throw e;
     }
     if (leased == null) {
       session.unreserve(rounded);
+      session.tenantUsage().unreserve(rounded);
       return null;
     }
     Block block = leased.block();
@@ -235,7 +327,7 @@ public final class SessionRegistry {
     leases.put(lease.id(), lease);
     if (!session.commit(lease, rounded)) {
       if (leases.remove(lease.id(), lease)) {
-        pool.release(block, null);
+        returnBlock(lease, null);
       }
       // The session ended while we were in the pool, after its end() told the pools it maps
       // nothing; our lease re-registered it as a mapper of the segment. Tell the pool again,
@@ -257,7 +349,12 @@ public final class SessionRegistry {
    * @throws NotFoundException for an unknown lease, another session's lease, or a repeat
    */
   public void release(String sessionId, String leaseId, byte[] eventHandle) {
-    Session session = session(sessionId);
+    release(Caller.DAEMON, sessionId, leaseId, eventHandle);
+  }
+
+  /** Releases a lease of a session of the caller's tenant; see {@link #release(String, String, byte[])}. */
+  public void release(Caller caller, String sessionId, String leaseId, byte[] eventHandle) {
+    Session session = session(caller, sessionId);
     SecureIds.check("lease_id", leaseId);
     Validation.eventHandle(eventHandle);
     LeaseRecord lease = leases.get(leaseId);
@@ -351,9 +448,11 @@ public final class SessionRegistry {
     return lease != null && lease.session() == session ? lease : null;
   }
 
+  /** Gives a lease's block back to its pool and its bytes back to the tenant's quota. */
   private void returnBlock(LeaseRecord lease, CompletionEvent event) {
     Block block = lease.block();
     pools.get(block.device()).release(block, event);
+    lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
     if (lease.leakReported) {
       log.atInfo().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
           .log("Lease {} of {} returned after {} ms (previously reported as possibly leaked)",
@@ -430,6 +529,11 @@ public final class SessionRegistry {
   }
 
   public List<LeaseRecord> leases(Integer device, String sessionId) {
+    return leases(Caller.DAEMON, device, sessionId);
+  }
+
+  /** Live leases in grant order: every tenant's for an admin, else the caller's tenant's only. */
+  public List<LeaseRecord> leases(Caller caller, Integer device, String sessionId) {
     if (!sessionId.isEmpty()) {
       SecureIds.check("session_id", sessionId);
     }
@@ -439,7 +543,8 @@ public final class SessionRegistry {
     List<LeaseRecord> out = new ArrayList<>();
     for (LeaseRecord lease : leases.values()) {
       if ((device == null || lease.block().device() == device)
-          && (sessionId.isEmpty() || lease.session().id().equals(sessionId))) {
+          && (sessionId.isEmpty() || lease.session().id().equals(sessionId))
+          && (caller.admin() || caller.owns(lease.session().tenant()))) {
         out.add(lease);
       }
     }
@@ -452,7 +557,15 @@ public final class SessionRegistry {
   }
 
   public List<Session> sessions() {
+    return sessions(Caller.DAEMON);
+  }
+
+  /** Live sessions by age: every tenant's for an admin, else the caller's tenant's only. */
+  public List<Session> sessions(Caller caller) {
     List<Session> out = new ArrayList<>(sessions.all());
+    if (!caller.admin()) {
+      out.removeIf(s -> !caller.owns(s.tenant()));
+    }
     out.sort(Comparator.comparingLong(Session::openedNanos));
     return out;
   }

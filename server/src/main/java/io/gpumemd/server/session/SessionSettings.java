@@ -13,6 +13,9 @@ import java.util.Map;
  * @param quotaOverrides quotas by client name
  * @param clientCacheBytes client cache allowance granted to a session that does not ask for
  *     less (0 = no client cache tier)
+ * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
+ * @param isolateSessions every session gets segments of its own, instead of sharing its
+ *     tenant's (for processes of one uid that do not trust each other)
  */
 public record SessionSettings(
     int defaultTtlSeconds,
@@ -21,13 +24,22 @@ public record SessionSettings(
     long leakThresholdMillis,
     Quota defaultQuota,
     Map<String, Quota> quotaOverrides,
-    long clientCacheBytes) {
+    long clientCacheBytes,
+    Quota tenantQuota,
+    boolean isolateSessions) {
 
   /** Default client cache allowance per session. */
   public static final long DEFAULT_CLIENT_CACHE_BYTES = 64L << 20;
 
   public SessionSettings {
     quotaOverrides = Map.copyOf(quotaOverrides);
+  }
+
+  /** No tenant quota, tenant-wide segments. */
+  public SessionSettings(int defaultTtlSeconds, int maxTtlSeconds, long graceMillis, long leakThresholdMillis,
+      Quota defaultQuota, Map<String, Quota> quotaOverrides, long clientCacheBytes) {
+    this(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota, quotaOverrides,
+        clientCacheBytes, Quota.UNLIMITED, false);
   }
 
   /** With the default client cache allowance. */
