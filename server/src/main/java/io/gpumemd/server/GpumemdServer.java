@@ -151,7 +151,7 @@ public final class GpumemdServer {
     log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
         ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
     if (config.socket() != null) {
-      listeners.startUnix(config.socket(), !config.shmGroup().isEmpty());
+      listeners.startUnix(config.socket(), config.tenancy().socketMode());
     }
     if (config.tcpEnabled()) {
       listeners.startTcp(config.listenHost(), config.listenPort());

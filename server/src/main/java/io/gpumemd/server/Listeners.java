@@ -72,8 +72,12 @@ final class Listeners implements AutoCloseable {
     };
   }
 
-  /** Listens on a Unix socket, mode 0600 (0660 when {@code groupAccess}). */
-  void startUnix(Path path, boolean groupAccess) throws IOException {
+  /**
+   * Listens on a Unix socket.
+   *
+   * @param mode its permissions as {@code rwxrwxrwx} text (who may connect at all)
+   */
+  void startUnix(Path path, String mode) throws IOException {
     Path absolute = path.toAbsolutePath();
     prepareSocketPath(absolute);
     Server uds = bind("unix listener", "unix://" + absolute,
@@ -81,8 +85,8 @@ final class Listeners implements AutoCloseable {
                 UnixPeerNegotiator.credentials(identities))
             .channelType(EpollServerDomainSocketChannel.class));
     socketPath = absolute; // ours from now on: removed at close
-    Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(groupAccess ? "rw-rw----" : "rw-------"));
-    log.info("Listening on unix://{}", socketPath);
+    Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(mode));
+    log.info("Listening on unix://{} (mode {})", socketPath, mode);
   }
 
   void startTcp(String host, int port) throws IOException {

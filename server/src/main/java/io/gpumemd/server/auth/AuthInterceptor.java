@@ -19,6 +19,20 @@ import java.net.SocketAddress;
  * <p>Thread-safety: stateless; runs on the transport thread at the start of each call.
  */
 public final class AuthInterceptor implements ServerInterceptor {
+  /**
+   * Makes every call act as {@code caller}: for in-process servers (embedding, tests), whose
+   * transport has no peer the kernel could vouch for.
+   */
+  public static ServerInterceptor fixed(Caller caller) {
+    return new ServerInterceptor() {
+      @Override
+      public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
+          ServerCallHandler<Q, R> next) {
+        return Contexts.interceptCall(Context.current().withValue(Callers.CALL, caller), call, headers, next);
+      }
+    };
+  }
+
   @Override
   public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers, ServerCallHandler<Q, R> next) {
     Caller caller;

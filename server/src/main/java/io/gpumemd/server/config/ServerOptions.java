@@ -152,6 +152,12 @@ public final class ServerOptions {
           + "serve its next leases locally (0 = no client cache tier)")
   String clientCacheBytes;
 
+  @Option(names = "--socket-mode", paramLabel = "OCTAL",
+      description = "permissions of the Unix socket, e.g. 0666 for a node daemon that any local user may "
+          + "call (each caller is identified by the kernel and kept to its own tenant); default: "
+          + "0600, or 0660 with --shm-group")
+  String socketMode;
+
   @Option(names = "--tenant-by", paramLabel = "uid|gid", defaultValue = "uid",
       description = "what makes a local peer's tenant: its uid, or its primary gid (tokens and "
           + "certificates name their own tenant)")
@@ -385,6 +391,25 @@ public final class ServerOptions {
     settings.put(new Setting("quota." + client, "", s.origin()));
   }
 
+  /** The socket's mode as rwx text; empty for the default. */
+  private static String socketMode(Settings s) {
+    String mode = s.text("socket-mode");
+    if (mode.isEmpty()) {
+      return s.text("shm-group").isEmpty() ? "rw-------" : "rw-rw----";
+    }
+    if (!mode.matches("0?[0-7]{3}")) {
+      s.problem(s.get("socket-mode"), "an octal mode such as 0600, 0660 or 0666");
+      return "rw-------";
+    }
+    int bits = Integer.parseInt(mode, 8);
+    StringBuilder rwx = new StringBuilder();
+    for (int shift = 6; shift >= 0; shift -= 3) {
+      int b = (bits >> shift) & 7;
+      rwx.append((b & 4) != 0 ? 'r' : '-').append((b & 2) != 0 ? 'w' : '-').append((b & 1) != 0 ? 'x' : '-');
+    }
+    return rwx.toString();
+  }
+
   /** The admin group's gid; a name the group database does not know is a problem. */
   private static int adminGid(Settings s) {
     String group = s.text("admin-group");
@@ -471,7 +496,8 @@ public final class ServerOptions {
             s.text("admin-group"),
             adminGid(s),
             s.choice("isolate", List.of("tenant", "session")).equals("session"),
-            new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE))),
+            new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
+            socketMode(s)),
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

@@ -11,13 +11,16 @@ import io.gpumemd.server.session.Quota;
  * @param adminGid its gid, or -1 for none
  * @param isolateSessions every session gets segments of its own
  * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
+ * @param socketMode permissions of the Unix socket as {@code rwxrwxrwx} text: who may connect
+ *     at all (who they are is decided per connection, by the kernel)
  */
 public record TenancyConfig(
     IdentityPolicy.TenantBy tenantBy,
     String adminGroup,
     int adminGid,
     boolean isolateSessions,
-    Quota tenantQuota) {
+    Quota tenantQuota,
+    String socketMode) {
 
   /** The identity policy of this daemon, running as {@code daemonUid}. */
   public IdentityPolicy identityPolicy(int daemonUid) {

@@ -30,6 +30,8 @@ import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
+import io.gpumemd.server.auth.AuthInterceptor;
+import io.gpumemd.server.auth.Caller;
 import io.grpc.ManagedChannel;
 import io.grpc.Server;
 import io.grpc.Status;
@@ -87,6 +89,7 @@ class SessionStreamTest {
         ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
+        .intercept(AuthInterceptor.fixed(Caller.DAEMON))
         .addService(new AllocatorService(registry, backendTasks::add,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, r -> new Thread(r).start()))

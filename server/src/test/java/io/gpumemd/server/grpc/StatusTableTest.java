@@ -29,6 +29,8 @@ import io.gpumemd.server.session.SecureIds;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
+import io.gpumemd.server.auth.AuthInterceptor;
+import io.gpumemd.server.auth.Caller;
 import io.grpc.ManagedChannel;
 import io.grpc.Server;
 import io.grpc.Status;
@@ -78,6 +80,7 @@ class StatusTableTest {
         new SessionSettings(30, 3600, 2000, 0, new Quota(0, 3), Map.of()), ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
+        .intercept(AuthInterceptor.fixed(Caller.DAEMON))
         .addService(new AllocatorService(registry, Runnable::run,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, Runnable::run))
