@@ -340,10 +340,10 @@ final class AdminCommands implements AutoCloseable {
       out.println("no live sessions");
       return 0;
     }
-    Table table = new Table("SESSION", "CLIENT", ">LEASES", ">LEASED", ">CLIENT CACHED", ">ALLOWANCE", ">MAPPED SEGMENTS",
+    Table table = new Table("SESSION", "CLIENT", "TENANT", "PEER", ">LEASES", ">LEASED", ">CLIENT CACHED", ">ALLOWANCE", ">MAPPED SEGMENTS",
         "STREAM", ">TTL", ">AGE");
     for (SessionInfo s : response.getSessionsList()) {
-      table.row(s.getSessionId(), s.getClientName(), s.getLeases(), Sizes.format(s.getLeasedBytes()),
+      table.row(s.getSessionId(), s.getClientName(), s.getTenant(), s.getPeer(), s.getLeases(), Sizes.format(s.getLeasedBytes()),
           Sizes.format(s.getClientCachedBytes()), Sizes.format(s.getClientCacheAllowanceBytes()), s.getMappedSegments(), s.getStreamAttached() ? "attached" : "detached", s.getTtlSeconds() + " s",
           Sizes.formatMillis(s.getAgeMs()));
     }
