@@ -4,6 +4,7 @@ import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.DrainingException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -220,7 +221,7 @@ public final class SessionRegistry {
     }
     LeasedBlock leased;
     try {
-      leased = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
+      leased = cachedOnly ? pool.tryLeaseCached(size, session.id(), SegmentOwner.DAEMON) : pool.lease(size, zero, session.id(), SegmentOwner.DAEMON);
     } catch (RuntimeException e) {
       session.unreserve(rounded);
       throw e;

@@ -7,6 +7,7 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
@@ -159,7 +160,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public SegmentMemory allocate(int device, long bytes) {
+  public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
     if (closed) {
       throw new BackendException("host backend is closed");
     }

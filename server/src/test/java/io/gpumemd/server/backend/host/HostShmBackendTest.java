@@ -11,6 +11,7 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.MemoryBackendContractTest;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -121,7 +122,7 @@ class HostShmBackendTest extends MemoryBackendContractTest {
 
   @Test
   void free_removesTheFile() throws Exception {
-    SegmentMemory segment = backend.allocate(0, 2 * MiB);
+    SegmentMemory segment = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
     assertTrue(Files.exists(path(segment)));
 
     backend.free(segment);
@@ -174,16 +175,16 @@ class HostShmBackendTest extends MemoryBackendContractTest {
 
   @Test
   void allocate_pastTheConfiguredCapacity_isOutOfMemoryUntilSomethingIsFreed() {
-    SegmentMemory first = backend.allocate(0, CAPACITY / 2);
+    SegmentMemory first = backend.allocate(0, CAPACITY / 2, SegmentOwner.DAEMON);
     allocate(0, CAPACITY / 2);
     allocate(1, CAPACITY / 2); // capacity is per device
 
-    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, 2 * MiB));
+    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON));
 
     backend.free(first);
     backend.free(first); // a second free must not hand the capacity out twice
     allocate(0, CAPACITY / 2);
-    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, 2 * MiB));
+    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON));
   }
 
   @Test
