@@ -62,9 +62,14 @@ public abstract class MemoryBackendContractTest {
     }
   }
 
-  /** Allocates and remembers the segment for the close test. */
+  /** Allocates for the daemon and remembers the segment for the close test. */
   protected SegmentMemory allocate(int device, long bytes) {
-    SegmentMemory segment = backend.allocate(device, bytes, SegmentOwner.DAEMON);
+    return allocate(device, bytes, SegmentOwner.DAEMON);
+  }
+
+  /** Allocates for an owner and remembers the segment for the close test. */
+  protected SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
+    SegmentMemory segment = backend.allocate(device, bytes, owner);
     allocated.add(segment);
     return segment;
   }
