@@ -15,8 +15,9 @@ import java.util.Objects;
  * <p>The {@code key} names the owner (a tenant such as {@code uid:1000}, or a session id when
  * the operator isolates every session); equal keys are the same owner. {@code uid} and {@code
  * gid} are the operating-system identity of the owner's clients, for backends whose segments are
- * files ({@code host}): the file is given to that user so that their processes can map it.
- * Either is -1 when unknown, meaning the backend leaves the file as the daemon's.
+ * files ({@code host}): the file is given to that user and group, whichever are known, so that
+ * the owner's processes can map it. Each is -1 when unknown; with both unknown the backend
+ * leaves the file as the daemon's.
  *
  * @param key the owner's name; the empty string for the daemon itself
  * @param uid the owner's user id, or -1

@@ -43,10 +43,11 @@ import org.slf4j.LoggerFactory;
  *
  * <ul>
  *   <li>a segment of an owner with a user id ({@link SegmentOwner#uid()}) is given to that user
- *       (and the owner's group, when known) with mode 0600 (0660 with the group), so that the
- *       owner's processes can map it and no other tenant can. Giving files away needs root (or
- *       {@code CAP_CHOWN}); a daemon that cannot keeps the files its own, as below, and says
- *       once that other users cannot map host segments;
+ *       (and the owner's group, when known) with mode 0600 (0660 with the group); one of an
+ *       owner known only by its group ({@link SegmentOwner#gid()}) stays the daemon's user's but
+ *       gets that group, mode 0660. So the owner's processes can map it and no other tenant can.
+ *       Giving files away needs root (or {@code CAP_CHOWN}); a daemon that cannot keeps the
+ *       files its own, as below, and says once that other users cannot map host segments;
  *   <li>any other segment stays the daemon's, mode 0600 (0660 with a configured group), so only
  *       the daemon's user (and that group) can open it.
  * </ul>
@@ -211,18 +212,20 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   /**
-   * Gives a new segment file to its owner's user (and group, when known), mode 0600 (0660 with
-   * the group), when the owner has a user id and the daemon may chown.
+   * Gives a new segment file to its owner's user and group, whichever are known, mode 0600
+   * (0660 with the group), when the daemon may chown.
    *
    * @return true if the file is now the owner's; false to leave it the daemon's
    */
   private boolean giveToOwner(Path path, SegmentOwner owner) throws IOException {
-    if (owner.uid() < 0 || !canChown.get()) {
+    if ((owner.uid() < 0 && owner.gid() < 0) || !canChown.get()) {
       return false;
     }
     try {
       // By number: the owner's ids need no name on this host (a container's users, say).
-      Files.setAttribute(path, "unix:uid", owner.uid());
+      if (owner.uid() >= 0) {
+        Files.setAttribute(path, "unix:uid", owner.uid());
+      }
       if (owner.gid() >= 0) {
         Files.setAttribute(path, "unix:gid", owner.gid());
       }

@@ -172,6 +172,21 @@ class HostShmBackendTest extends MemoryBackendContractTest {
   }
 
   @Test
+  void segment_ofAnOwnerWithGidOnly_getsTheirGroup_mode0660() throws Exception {
+    assumeRootAndTraversableTmp();
+
+    SegmentMemory segment = allocate(0, 2 * MiB, new SegmentOwner("gid:65534", -1, NOBODY));
+
+    Path file = path(segment);
+    assertEquals(0, uidOf(file), "the user stays the daemon's");
+    assertEquals(NOBODY, gidOf(file));
+    assertEquals("rw-rw----", PosixFilePermissions.toString(Files.getPosixFilePermissions(file)));
+    assertEquals("exit=0", readAs(1234, NOBODY, file), "any user of the group may map it");
+    String refused = readAs(1234, 1234, file);
+    assertTrue(refused.contains("Permission denied"), refused);
+  }
+
+  @Test
   void segment_ofTheDaemon_cannotBeOpenedByAnotherUser() throws Exception {
     assumeRootAndTraversableTmp();
     // The owner's file is reachable through the same directories: what refuses is the file.
