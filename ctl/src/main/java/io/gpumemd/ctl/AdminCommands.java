@@ -261,6 +261,7 @@ final class AdminCommands implements AutoCloseable {
       new Row("blocks awaiting event", false, DeviceStats::getBlocksAwaitingEvent),
       new Row("backend allocs", false, DeviceStats::getBackendAllocs),
       new Row("backend frees", false, DeviceStats::getBackendFrees),
+      new Row("scrubbed", true, DeviceStats::getScrubbedBytes),
       new Row("retention cap", true, DeviceStats::getRetentionCapBytes),
       new Row("limit", true, DeviceStats::getLimitBytes),
       new Row("capacity", true, DeviceStats::getCapacityBytes));

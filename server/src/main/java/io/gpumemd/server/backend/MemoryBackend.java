@@ -17,12 +17,15 @@ public interface MemoryBackend extends AutoCloseable {
   List<DeviceInfo> devices();
 
   /**
-   * Allocates one segment of exactly {@code bytes} on a device.
+   * Allocates one segment of exactly {@code bytes} on a device for one owner. A backend whose
+   * segments are files makes them openable by the owner's user where it can ({@link
+   * SegmentOwner#uid()}); others ignore the owner. The pool, not the backend, keeps segments of
+   * different owners apart.
    *
    * @throws BackendOutOfMemoryException when the device has no room
    * @throws BackendException on any other failure
    */
-  SegmentMemory allocate(int device, long bytes);
+  SegmentMemory allocate(int device, long bytes, SegmentOwner owner);
 
   /** Gives a segment back. Never throws for a segment this backend allocated; logs instead. */
   void free(SegmentMemory segment);
@@ -30,7 +33,11 @@ public interface MemoryBackend extends AutoCloseable {
   /** Writes zeros over {@code [offset, offset + length)} of a segment. */
   void zero(SegmentMemory segment, long offset, long length);
 
-  /** True when a freshly allocated segment is known to read as zeros (no memset needed). */
+  /**
+   * True when a freshly allocated segment is known to read as zeros. When false (CUDA: {@code
+   * cuMemAlloc} may return bytes another owner wrote), the pool zeroes every new segment before
+   * handing out any of it.
+   */
   boolean freshSegmentsAreZeroed();
 
   /**

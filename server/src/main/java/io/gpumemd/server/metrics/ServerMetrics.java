@@ -69,7 +69,8 @@ public final class ServerMetrics implements MeterBinder {
         String name = meterName(metric);
         if (metric.kind() == PoolMetric.Kind.COUNTER) {
           FunctionCounter.builder(name, this, m -> m.latest[device].get(metric))
-              .description(metric.description()).tags(tags).register(registry);
+              .description(metric.description()).tags(tags)
+              .baseUnit(metric.isBytes() ? "bytes" : null).register(registry);
         } else {
           Gauge.builder(name, this, m -> m.latest[device].get(metric))
               .description(metric.description()).tags(tags)

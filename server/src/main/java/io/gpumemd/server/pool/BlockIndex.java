@@ -4,8 +4,8 @@ import java.util.Comparator;
 import java.util.TreeSet;
 
 /**
- * The free blocks of one pool, ordered by (size, block id): one index for the small pool and
- * one for the large pool ({@link SizeClasses}). Best fit is the smallest free block at least as
+ * The free blocks of one owner in one pool, ordered by (size, block id): one index for the small
+ * pool and one for the large pool ({@link SizeClasses}); {@link FreeBlocks} keeps one per owner. Best fit is the smallest free block at least as
  * large as the request; in the large pool a block more than {@code maxOversizeBytes} over the
  * request is not used, so one huge free segment is not chopped up for small neighbours.
  *
@@ -43,9 +43,9 @@ final class BlockIndex {
     of(block).add(block);
   }
 
-  /** Removes a free block before its size changes or it is leased. */
-  void remove(Block block) {
-    of(block).remove(block);
+  /** Removes a free block before its size changes or it is leased; true if it was indexed. */
+  boolean remove(Block block) {
+    return of(block).remove(block);
   }
 
   boolean contains(Block block) {
@@ -54,6 +54,16 @@ final class BlockIndex {
 
   int size() {
     return small.size() + large.size();
+  }
+
+  boolean isEmpty() {
+    return small.isEmpty() && large.isEmpty();
+  }
+
+  /** Every indexed block, small ones first; for {@link PoolInvariants}. */
+  void forEach(java.util.function.Consumer<Block> action) {
+    small.forEach(action);
+    large.forEach(action);
   }
 
   void clear() {

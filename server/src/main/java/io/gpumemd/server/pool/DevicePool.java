@@ -7,6 +7,7 @@ import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -32,16 +33,23 @@ import org.slf4j.LoggerFactory;
  *   | leased  | free (remainder) | leased| free                            |
  *   +---------+------------------+-------+---------------------------------+
  *     blocks form a list in address order; free blocks are also in a size-ordered index
+ *     of the segment's owner
  * </pre>
  *
  * <ol>
+ *   <li>Every lease is for an owner ({@link SegmentOwner}): blocks of different owners never
+ *       share a segment, and a segment never changes owner, because a client's mapping cannot
+ *       be revoked. Memory passes between owners only through a backend free and allocation.
  *   <li>A request is rounded up to 512 B ({@link SizeClasses}); up to 1 MiB it uses the small
  *       pool, above the large pool.
- *   <li><b>Hit:</b> the best-fitting free block ({@link BlockIndex}), split when enough remains
- *       (small: 512 B, large: over 1 MiB); the rest stays free.
- *   <li><b>Miss:</b> a new segment (2 MiB for small requests, the request rounded to 2 MiB for
- *       large ones). If it would push the pool past its budget, idle segments are evicted least
- *       recently used first ({@link IdleSegments}) and the allocation retried ({@code
+ *   <li><b>Hit:</b> the best-fitting free block of the owner ({@link FreeBlocks}, {@link
+ *       BlockIndex}), split when enough remains (small: 512 B, large: over 1 MiB); the rest
+ *       stays free.
+ *   <li><b>Miss:</b> a new segment for the owner (2 MiB for small requests, the request rounded
+ *       to 2 MiB for large ones), zeroed whole before any of it is handed out when the backend
+ *       does not guarantee zeroed memory ({@code scrubbed_bytes}): it may hold what another
+ *       owner wrote. If it would push the pool past its budget, idle segments of any owner are
+ *       evicted least recently used first ({@link IdleSegments}) and the allocation retried ({@code
  *       alloc_retries}); if it still does not fit, or the backend itself is out of memory after
  *       a retry, the lease fails with {@link ExhaustedException} stating the pool ({@code
  *       ooms}). A miss that would fit once evicted segments are unmapped by their clients waits
@@ -99,7 +107,7 @@ public final class DevicePool implements AutoCloseable {
   private final Condition memoryBack = lock.newCondition();
 
   // ---- guarded by lock; package-private for PoolInvariants and the pool's tests ----
-  final BlockIndex free;
+  final FreeBlocks free;
   final IdleSegments idle = new IdleSegments();
   final HolderMappings holders = new HolderMappings();
   final PendingEvents events = new PendingEvents();
@@ -141,7 +149,7 @@ public final class DevicePool implements AutoCloseable {
     this.limitBytes = settings.limitBytes();
     this.retentionCapBytes = settings.retentionCapBytes();
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
-    this.free = new BlockIndex(settings.maxOversizeBytes());
+    this.free = new FreeBlocks(settings.maxOversizeBytes());
     this.nextSegmentId = segmentIdBase;
   }
 
@@ -156,16 +164,16 @@ public final class DevicePool implements AutoCloseable {
   // ------------------------------------------------------------------------------ leasing
 
   /**
-   * Fast path: leases a cached block if one fits, without any backend call.
+   * Fast path: leases a cached block of the owner if one fits, without any backend call.
    *
    * @return the leased block (a hit), or {@code null} when serving it needs a backend allocation
    */
-  public LeasedBlock tryLeaseCached(long requested, String holder) {
+  public LeasedBlock tryLeaseCached(long requested, String holder, SegmentOwner owner) {
     long size = SizeClasses.roundUp(requested);
     lock.lock();
     try {
       checkOpen();
-      Block block = takeCached(size, holder);
+      Block block = takeCached(size, holder, owner.key());
       return block == null ? null : new LeasedBlock(block, true);
     } finally {
       lock.unlock();
@@ -178,23 +186,24 @@ public final class DevicePool implements AutoCloseable {
    * @param requested bytes asked for; 0 &lt; requested &lt;= the budget
    * @param zero zero the block before returning it
    * @param holder the session that will map the block
+   * @param owner whose memory it is: the block comes from a segment of this owner only
    * @throws ExhaustedException when the budget or the device memory is exhausted
    * @throws io.gpumemd.server.backend.BackendException when the backend fails for another reason
    */
-  public LeasedBlock lease(long requested, boolean zero, String holder) {
+  public LeasedBlock lease(long requested, boolean zero, String holder, SegmentOwner owner) {
     long size = SizeClasses.roundUp(requested);
     Block block;
     lock.lock();
     try {
       checkOpen();
-      block = takeCached(size, holder);
+      block = takeCached(size, holder, owner.key());
     } finally {
       lock.unlock();
     }
-    LeasedBlock leased = block != null ? new LeasedBlock(block, true) : leaseFromNewSegment(size, holder);
-    // A block carved from a segment allocated for this very lease is already zero where the
-    // backend guarantees fresh memory reads as zeros.
-    if (zero && (leased.poolHit() || !backend.freshSegmentsAreZeroed())) {
+    LeasedBlock leased = block != null ? new LeasedBlock(block, true) : leaseFromNewSegment(size, holder, owner);
+    // A block carved from a segment allocated for this very lease already reads as zeros: the
+    // backend guarantees it, or the pool scrubbed the segment (leaseFromNewSegment).
+    if (zero && leased.poolHit()) {
       zeroOrRelease(leased.block());
     }
     return leased;
@@ -210,7 +219,7 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
-  private LeasedBlock leaseFromNewSegment(long size, String holder) {
+  private LeasedBlock leaseFromNewSegment(long size, String holder, SegmentOwner owner) {
     long segmentBytes = SizeClasses.segmentBytes(size);
     boolean retried = false;
     long unmapDeadline = ticker.nanos() + unmapWaitNanos;
@@ -225,7 +234,7 @@ public final class DevicePool implements AutoCloseable {
         checkOpen();
         epoch = memoryEpoch;
         // Someone may have returned a fitting block while we were outside the lock.
-        Block block = takeCached(size, holder);
+        Block block = takeCached(size, holder, owner.key());
         if (block != null) {
           return new LeasedBlock(block, true);
         }
@@ -273,7 +282,7 @@ public final class DevicePool implements AutoCloseable {
 
       SegmentMemory memory;
       try {
-        memory = backend.allocate(device.ordinal(), segmentBytes);
+        memory = backend.allocate(device.ordinal(), segmentBytes, owner);
       } catch (BackendOutOfMemoryException e) {
         AfterUnlock evicted = afterUnlock();
         boolean waitForMemory = false;
@@ -322,12 +331,16 @@ public final class DevicePool implements AutoCloseable {
         throw e;
       }
 
+      boolean scrubbed = scrubIfNeeded(memory, segmentBytes);
       lock.lock();
       try {
         inFlightBytes -= segmentBytes;
         counters.increment(PoolMetric.BACKEND_ALLOCS);
+        if (scrubbed) {
+          counters.add(PoolMetric.SCRUBBED_BYTES, segmentBytes);
+        }
         if (!closed) {
-          Segment segment = new Segment(nextSegmentId++, memory, SizeClasses.isSmall(size));
+          Segment segment = new Segment(nextSegmentId++, owner.key(), memory, SizeClasses.isSmall(size));
           Block whole = new Block(segment, nextBlockId++, 0, segmentBytes, Block.State.FREE);
           segment.head = whole;
           liveSegments.put(segment.id, segment);
@@ -345,6 +358,35 @@ public final class DevicePool implements AutoCloseable {
       // like every backend call).
       backend.free(memory);
       throw closedException();
+    }
+  }
+
+  /**
+   * Zeroes a fresh segment whole, outside the lock, when the backend does not guarantee zeroed
+   * memory: it may hold bytes another owner wrote into a segment the pool freed. Once per
+   * segment; its blocks are never zeroed again for this reason, since it never changes owner.
+   * On failure the segment goes back to the backend before rethrowing.
+   *
+   * @return true if it zeroed the segment
+   */
+  private boolean scrubIfNeeded(SegmentMemory memory, long segmentBytes) {
+    if (backend.freshSegmentsAreZeroed()) {
+      return false;
+    }
+    try {
+      backend.zero(memory, 0, segmentBytes);
+      return true;
+    } catch (RuntimeException e) {
+      backend.free(memory);
+      lock.lock();
+      try {
+        inFlightBytes -= segmentBytes;
+        counters.increment(PoolMetric.BACKEND_ALLOCS);
+        counters.increment(PoolMetric.BACKEND_FREES);
+      } finally {
+        lock.unlock();
+      }
+      throw e;
     }
   }
 
@@ -389,10 +431,10 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
-  /** Takes the best-fitting cached block and leases it (a hit), or returns null. */
-  private Block takeCached(long size, String holder) {
+  /** Takes the owner's best-fitting cached block and leases it (a hit), or returns null. */
+  private Block takeCached(long size, String holder, String owner) {
     assert lock.isHeldByCurrentThread();
-    Block block = free.takeBestFit(size);
+    Block block = free.takeBestFit(size, owner);
     if (block == null) {
       return null;
     }

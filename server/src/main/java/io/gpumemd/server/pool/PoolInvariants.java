@@ -3,7 +3,8 @@ package io.gpumemd.server.pool;
 /**
  * The structural invariants of a {@link DevicePool}, checked by tests after every operation
  * they care about: blocks tile each segment without gaps or overlaps, free neighbours are
- * coalesced, the free index holds exactly the free blocks, the idle list exactly the wholly
+ * coalesced, the free index holds exactly the free blocks, each in the index of its segment's
+ * owner (and no owner keeps an empty index), the idle list exactly the wholly
  * free segments, and every byte counter agrees with the blocks:
  * {@code reserved = leased + client_cached + cached + remainder + awaiting_event + awaiting_unmap <= limit}.
  *
@@ -74,6 +75,21 @@ final class PoolInvariants {
       check(!s.mappers.isEmpty(), "awaiting-unmap segment without mappers: " + s);
     }
     check(freeBlocks == pool.free.size(), "index holds blocks that are not free");
+    int indexed = 0;
+    for (var entry : pool.free.byOwner().entrySet()) {
+      String owner = entry.getKey();
+      BlockIndex index = entry.getValue();
+      check(!index.isEmpty(), "empty free index kept for owner '" + owner + "'");
+      indexed += index.size();
+      index.forEach(b -> {
+        // A block in another owner's index could be leased to that owner: the isolation rule.
+        check(b.segment.owner.equals(owner), "free " + b + " of " + b.segment + " in the index of owner '" + owner + "'");
+        check(b.state == Block.State.FREE, "indexed block is not free: " + b);
+        check(b.segment.state == Segment.State.LIVE && pool.liveSegments.get(b.segment.id) == b.segment,
+            "indexed block of a segment that is not live: " + b);
+      });
+    }
+    check(indexed == pool.free.size(), "free index count " + pool.free.size() + " != indexed blocks " + indexed);
     check(segBytes == pool.reservedBytes, "reserved " + pool.reservedBytes + " != segments " + segBytes);
     check(leased == pool.leasedBytes, "leased " + pool.leasedBytes + " != blocks " + leased);
     check(leasedCount == pool.activeLeases, "active leases " + pool.activeLeases + " != " + leasedCount);

@@ -17,6 +17,8 @@ public enum PoolMetric {
   OOMS(Kind.COUNTER, "leases refused for lack of memory or budget"),
   BACKEND_ALLOCS(Kind.COUNTER, "backend segment allocations"),
   BACKEND_FREES(Kind.COUNTER, "backend segment frees"),
+  SCRUBBED_BYTES(Kind.COUNTER, "bytes of new segments zeroed because they may hold another owner's data "
+      + "(stays 0 on backends whose fresh memory reads as zeros, such as host)"),
   CLIENT_CACHE_HITS(Kind.COUNTER, "leases clients served from their own cache, as they reported"),
   CLIENT_CACHE_RETURNS(Kind.COUNTER, "closed leases clients kept in their own cache, as they reported"),
   LEASED_BYTES(Kind.GAUGE, "bytes in leased blocks"),

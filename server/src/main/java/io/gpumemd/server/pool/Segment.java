@@ -5,14 +5,17 @@ import java.util.HashSet;
 import java.util.Set;
 
 /**
- * One backend allocation as the pool sees it: its blocks in address order, the bytes in use,
- * and the holders (sessions) that may have mapped it. All mutable fields are guarded by the
- * owning {@link DevicePool}'s lock.
+ * One backend allocation as the pool sees it: its owner, its blocks in address order, the bytes
+ * in use, and the holders (sessions) that may have mapped it. The owner is fixed for the
+ * segment's life: its blocks are leased only for that owner ({@link FreeBlocks}). All mutable
+ * fields are guarded by the owning {@link DevicePool}'s lock.
  */
 final class Segment {
   enum State { LIVE, AWAITING_UNMAP, FREED }
 
   final long id;
+  /** Key of the {@link io.gpumemd.server.backend.SegmentOwner} it was allocated for. */
+  final String owner;
   final SegmentMemory memory;
   final long bytes;
   final boolean small;
@@ -24,8 +27,9 @@ final class Segment {
   /** Holders that were handed a lease on this segment and have not confirmed an unmap. */
   final Set<String> mappers = new HashSet<>(4);
 
-  Segment(long id, SegmentMemory memory, boolean small) {
+  Segment(long id, String owner, SegmentMemory memory, boolean small) {
     this.id = id;
+    this.owner = owner;
     this.memory = memory;
     this.bytes = memory.bytes();
     this.small = small;
@@ -37,6 +41,6 @@ final class Segment {
 
   @Override
   public String toString() {
-    return "Segment[" + id + ", " + bytes + " bytes, used=" + usedBytes + ", " + state + "]";
+    return "Segment[" + id + ", owner='" + owner + "', " + bytes + " bytes, used=" + usedBytes + ", " + state + "]";
   }
 }

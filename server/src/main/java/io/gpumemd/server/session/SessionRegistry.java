@@ -310,7 +310,8 @@ public final class SessionRegistry {
     }
     LeasedBlock leased;
     try {
-      leased = cachedOnly ? pool.tryLeaseCached(size, session.id()) : pool.lease(size, zero, session.id());
+      leased = cachedOnly ? pool.tryLeaseCached(size, session.id(), session.segmentOwner())
+          : pool.lease(size, zero, session.id(), session.segmentOwner());
     } catch (RuntimeException e) {
       session.unreserve(rounded);
       session.tenantUsage().unreserve(rounded);

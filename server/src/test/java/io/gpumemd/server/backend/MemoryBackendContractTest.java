@@ -62,9 +62,14 @@ public abstract class MemoryBackendContractTest {
     }
   }
 
-  /** Allocates and remembers the segment for the close test. */
+  /** Allocates for the daemon and remembers the segment for the close test. */
   protected SegmentMemory allocate(int device, long bytes) {
-    SegmentMemory segment = backend.allocate(device, bytes);
+    return allocate(device, bytes, SegmentOwner.DAEMON);
+  }
+
+  /** Allocates for an owner and remembers the segment for the close test. */
+  protected SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
+    SegmentMemory segment = backend.allocate(device, bytes, owner);
     allocated.add(segment);
     return segment;
   }
@@ -141,7 +146,7 @@ public abstract class MemoryBackendContractTest {
   protected void allocate_largerThanTheDevice_isOutOfMemory() {
     long capacity = backend.devices().get(0).capacityBytes();
 
-    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, capacity + 2 * MiB));
+    assertThrows(BackendOutOfMemoryException.class, () -> backend.allocate(0, capacity + 2 * MiB, SegmentOwner.DAEMON));
 
     // ... and leaves the device usable.
     assertNotNull(allocate(0, 2 * MiB));
@@ -150,7 +155,7 @@ public abstract class MemoryBackendContractTest {
   @Test
   protected void allocate_afterClose_fails() {
     backend.close();
-    assertThrows(BackendException.class, () -> backend.allocate(0, 2 * MiB));
+    assertThrows(BackendException.class, () -> backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON));
   }
 
   // ------------------------------------------------------------------------------- contents
@@ -206,7 +211,7 @@ public abstract class MemoryBackendContractTest {
 
   @Test
   protected void free_releasesTheMemory_andATwiceFreedSegmentDoesNotThrow() throws Exception {
-    SegmentMemory segment = backend.allocate(0, 2 * MiB);
+    SegmentMemory segment = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
 
     backend.free(segment);
 
@@ -246,7 +251,7 @@ public abstract class MemoryBackendContractTest {
         int seed = t;
         futures.add(threads.submit(() -> {
           for (int i = 0; i < 10; i++) {
-            SegmentMemory segment = backend.allocate(0, 2 * MiB);
+            SegmentMemory segment = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
             byte[] mine = pattern(4096, seed * 100 + i);
             write(segment, 0, mine);
             backend.zero(segment, 4096, 4096);

@@ -3,6 +3,7 @@ package io.gpumemd.server.metrics;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 
 import io.gpumemd.common.Ticker;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.InMemoryBackend;
@@ -55,7 +56,7 @@ class ServerMetricsTest {
   @Test
   void meters_showTheSnapshotOfTheLastRefresh() {
     ServerMetrics metrics = new ServerMetrics(registry, pools, () -> 0);
-    pools.get(1).lease(4 << 20, false, "holder");
+    pools.get(1).lease(4 << 20, false, "holder", SegmentOwner.DAEMON);
 
     // Not refreshed yet: the lease happened after the snapshot.
     assertEquals(0, gauge("gpumemd.pool.leased.bytes", 1));

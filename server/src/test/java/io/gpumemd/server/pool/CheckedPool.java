@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.IdentityHashMap;
@@ -108,12 +109,21 @@ final class CheckedPool implements AutoCloseable {
   }
 
   Block lease(long size, boolean zero, String holder) {
-    return leased(pool.lease(size, zero, holder));
+    return lease(size, zero, holder, SegmentOwner.DAEMON);
+  }
+
+  Block lease(long size, boolean zero, String holder, SegmentOwner owner) {
+    return leased(pool.lease(size, zero, holder, owner));
+  }
+
+  /** {@link DevicePool#tryLeaseCached} for the daemon, counted when it leases. */
+  Block tryLeaseCached(long size, String holder) {
+    return tryLeaseCached(size, holder, SegmentOwner.DAEMON);
   }
 
   /** {@link DevicePool#tryLeaseCached}, counted when it leases. */
-  Block tryLeaseCached(long size, String holder) {
-    LeasedBlock leased = pool.tryLeaseCached(size, holder);
+  Block tryLeaseCached(long size, String holder, SegmentOwner owner) {
+    LeasedBlock leased = pool.tryLeaseCached(size, holder, owner);
     if (leased == null) {
       return null;
     }

@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import java.util.ArrayList;
 import java.util.List;
@@ -28,7 +29,8 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
 /**
- * Rules 1–3 under contention: worker threads, one holder each, lease and release random sizes
+ * Rules 1–3 under contention: worker threads, one holder each, two owners with two workers each
+ * (a segment must only ever serve the workers of one owner), lease and release random sizes
  * (some zeroed, some released with completion events), trim and change the cap, while a poller
  * completes events. A shadow map, one owner slot per 512-byte granule of every segment, proves
  * that no byte is ever handed to two holders at once (rule 1) nor reused before its event
@@ -40,6 +42,7 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
   private static final int ITERATIONS = 20_000;
   private static final int MAX_HELD = 8;
   private static final long SEED = 0x5eed_9a11L;
+  private static final List<SegmentOwner> OWNERS = List.of(SegmentOwner.of("tenant-a"), SegmentOwner.of("tenant-b"));
 
   /** Owner (worker number + 1, 0 = nobody) of every 512-byte granule, per segment id. */
   private final Map<Long, AtomicLongArray> shadow = new ConcurrentHashMap<>();
@@ -48,6 +51,8 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
   private final List<Queue<Long>> unmapRequests = new ArrayList<>();
   private final List<ShadowEvent> events = new CopyOnWriteArrayList<>();
   private final AtomicLong exhausted = new AtomicLong();
+  /** The owner each segment first served; segment ids are never reused. */
+  private final Map<Long, SegmentOwner> segmentOwners = new ConcurrentHashMap<>();
 
   @Test
   @Timeout(value = 120, unit = TimeUnit.SECONDS)
@@ -122,6 +127,7 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
 
   private void work(int worker, SplittableRandom random) {
     String holder = "worker-" + worker;
+    SegmentOwner owner = OWNERS.get(worker % OWNERS.size());
     long me = worker + 1;
     List<Block> held = new ArrayList<>();
     for (int i = 0; i < ITERATIONS; i++) {
@@ -138,8 +144,8 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
         Block block;
         try {
           block = random.nextInt(20) == 0
-              ? checked.tryLeaseCached(size, holder)
-              : checked.lease(size, random.nextInt(10) == 0, holder);
+              ? checked.tryLeaseCached(size, holder, owner)
+              : checked.lease(size, random.nextInt(10) == 0, holder, owner);
         } catch (ExhaustedException e) {
           exhausted.incrementAndGet();
           continue;
@@ -149,6 +155,10 @@ class DevicePoolConcurrencyTest extends PoolTestBase {
         }
         if (block.size() < size) {
           violations.add(holder + " got " + block + " for " + size + " bytes");
+        }
+        SegmentOwner first = segmentOwners.putIfAbsent(block.segmentId(), owner);
+        if (first != null && !first.equals(owner)) {
+          violations.add(holder + " of " + owner + " got " + block + " of a segment that served " + first);
         }
         mapped.get(worker).add(block.memory());
         claim(block, me, holder);

@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import java.util.List;
 import org.junit.jupiter.api.Test;
@@ -210,7 +211,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     lease(4 * MiB);
     lease(4 * MiB);
 
-    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h"));
+    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h", SegmentOwner.DAEMON));
 
     String message = e.getMessage();
     assertTrue(message.contains("requested=4096"), message);
@@ -235,7 +236,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     pool.trim(0); // 2 MiB held until h2 unmaps it
     lease(1 * MiB); // a small segment: 1 MiB leased, 1 MiB remainder
 
-    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h3"));
+    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h3", SegmentOwner.DAEMON));
 
     String message = e.getMessage();
     for (String figure : List.of("requested=" + 4 * MiB, "leased=" + 3 * MiB, "cached=0",
@@ -255,7 +256,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     Block b = lease(2 * MiB);
     release(b); // 2 MiB cached, 6 MiB reserved
 
-    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(6 * MiB, false, "h"));
+    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(6 * MiB, false, "h", SegmentOwner.DAEMON));
 
     assertTrue(e.getMessage().contains("cached=" + 2 * MiB), e.getMessage());
     assertEquals(Segment.State.LIVE, b.segment.state, "evicting b would not have made room");
@@ -267,7 +268,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
   void lease_largerThanTheBudget_isExhausted() {
     use(64 * MiB, 8 * MiB, 8 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE);
 
-    assertThrows(ExhaustedException.class, () -> pool.lease(10 * MiB, false, "h"));
+    assertThrows(ExhaustedException.class, () -> pool.lease(10 * MiB, false, "h", SegmentOwner.DAEMON));
 
     assertEquals(0, backend.allocs());
     assertEquals(1, stats().get(PoolMetric.OOMS));
@@ -309,7 +310,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     release(a);
     backend.failNextAllocations(new BackendOutOfMemoryException("scripted: full")).staysFull("scripted: still full");
 
-    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h"));
+    ExhaustedException e = assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h", SegmentOwner.DAEMON));
     backend.clearScriptedFailures();
 
     assertTrue(e.getMessage().contains("device memory exhausted"), e.getMessage());
@@ -328,7 +329,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     use(64 * MiB, 2 * MiB, 2 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE); // room for one segment
     backend.staysFull("scripted: device full");
 
-    assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h"));
+    assertThrows(ExhaustedException.class, () -> pool.lease(4096, false, "h", SegmentOwner.DAEMON));
     backend.clearScriptedFailures();
 
     assertEquals(0, stats().get(PoolMetric.ALLOC_RETRIES));
@@ -343,7 +344,7 @@ class DevicePoolEvictionTest extends PoolTestBase {
     BackendException failure = new BackendException("scripted: driver error");
     backend.failNextAllocations(failure);
 
-    BackendException thrown = assertThrows(BackendException.class, () -> pool.lease(4096, false, "h"));
+    BackendException thrown = assertThrows(BackendException.class, () -> pool.lease(4096, false, "h", SegmentOwner.DAEMON));
 
     assertSame(failure, thrown);
     PoolStats s = stats();

@@ -10,6 +10,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.util.List;
 import org.junit.jupiter.api.Test;
 
@@ -356,14 +357,16 @@ class DevicePoolTest extends PoolTestBase {
   }
 
   @Test
-  void lease_zeroOnFreshSegment_zeroesWhenFreshMemoryIsNotZeroed() {
+  void lease_zeroOnFreshSegment_whenFreshMemoryIsNotZeroed_zeroesTheSegmentOnly() {
     backend.freshSegmentsZeroed(false); // CUDA semantics: cuMemAlloc memory is uninitialized
 
     Block fresh = lease(4096, true, "h");
 
     assertFalse(hit(fresh));
+    // The pool scrubs every new segment whole on such a backend; the block is not zeroed again.
     assertEquals(List.of(new InMemoryBackend.ZeroCall(
-        (InMemoryBackend.FakeSegment) fresh.memory(), 0, 4096)), backend.zeroCalls());
+        (InMemoryBackend.FakeSegment) fresh.memory(), 0, 2 * MiB)), backend.zeroCalls());
+    assertTrue(InMemoryBackend.isZero(fresh.memory(), fresh.offset(), fresh.size()));
   }
 
   @Test
@@ -383,7 +386,7 @@ class DevicePoolTest extends PoolTestBase {
     BackendException failure = new BackendException("scripted: memset failed");
     backend.failNextZero(failure);
 
-    BackendException thrown = assertThrows(BackendException.class, () -> pool.lease(4096, true, "h"));
+    BackendException thrown = assertThrows(BackendException.class, () -> pool.lease(4096, true, "h", SegmentOwner.DAEMON));
 
     assertSame(failure, thrown);
     assertEquals(0, stats().get(PoolMetric.LEASED_BYTES));

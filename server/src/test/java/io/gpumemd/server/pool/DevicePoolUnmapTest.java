@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.pool.CheckedPool.UnmapRequest;
 import java.util.List;
@@ -143,7 +144,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
     release(a);
 
     // The only way to make room is a segment h1 still maps: asked to unmap, but not free yet.
-    assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h2"));
+    assertThrows(ExhaustedException.class, () -> pool.lease(4 * MiB, false, "h2", SegmentOwner.DAEMON));
     assertEquals(Segment.State.AWAITING_UNMAP, a.segment.state);
     assertEquals(List.of(new UnmapRequest("h1", 0, a.segmentId())), checked.unmapRequests());
     assertEquals(1, stats().get(PoolMetric.OOMS));
@@ -193,8 +194,8 @@ class DevicePoolUnmapTest extends PoolTestBase {
 
     assertEquals(0, backend.liveSegments());
     assertTrue(backend.events().get(0).closed(), "pending events are closed");
-    assertThrows(IllegalStateException.class, () -> pool.lease(4096, false, "h1"));
-    assertThrows(IllegalStateException.class, () -> pool.tryLeaseCached(4096, "h1"));
+    assertThrows(IllegalStateException.class, () -> pool.lease(4096, false, "h1", SegmentOwner.DAEMON));
+    assertThrows(IllegalStateException.class, () -> pool.tryLeaseCached(4096, "h1", SegmentOwner.DAEMON));
     pool.close(); // idempotent
     // Releasing after close is harmless and settles the books.
     release(leased);
@@ -225,7 +226,7 @@ class DevicePoolUnmapTest extends PoolTestBase {
       pool.close();
     });
 
-    assertThrows(IllegalStateException.class, () -> pool.lease(4096, false, "h1"));
+    assertThrows(IllegalStateException.class, () -> pool.lease(4096, false, "h1", SegmentOwner.DAEMON));
 
     assertEquals(List.of(), backend.errors(), "the free runs outside the pool lock");
     assertEquals(0, backend.liveSegments(), "the segment allocated for the lost race is freed");

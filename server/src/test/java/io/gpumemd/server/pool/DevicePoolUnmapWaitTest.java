@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.testing.FakeTicker;
 import java.util.concurrent.CompletableFuture;
@@ -35,7 +36,7 @@ class DevicePoolUnmapWaitTest {
 
   /** Holder "mapper" maps a 4 MiB segment that is then evicted: it waits for mapper's unmap. */
   private long evictedButMapped() {
-    LeasedBlock first = pool.lease(4 * MiB, false, "mapper");
+    LeasedBlock first = pool.lease(4 * MiB, false, "mapper", SegmentOwner.DAEMON);
     pool.release(first.block(), null);
     pool.setRetentionCap(0);
     assertEquals(4 * MiB, pool.stats().get(PoolMetric.AWAITING_UNMAP_BYTES));
@@ -45,7 +46,7 @@ class DevicePoolUnmapWaitTest {
   @Test
   void waitingMiss_givesUpWhenTheTickerPassesTheDeadline() throws Exception {
     evictedButMapped();
-    CompletableFuture<LeasedBlock> waiting = CompletableFuture.supplyAsync(() -> pool.lease(4 * MiB, false, "other"));
+    CompletableFuture<LeasedBlock> waiting = CompletableFuture.supplyAsync(() -> pool.lease(4 * MiB, false, "other", SegmentOwner.DAEMON));
     Thread.sleep(100);
     assertFalse(waiting.isDone(), "the miss waits for the unmap");
 
@@ -60,7 +61,7 @@ class DevicePoolUnmapWaitTest {
   @Test
   void waitingMiss_proceedsWhenTheHolderUnmaps() throws Exception {
     long segment = evictedButMapped();
-    CompletableFuture<LeasedBlock> waiting = CompletableFuture.supplyAsync(() -> pool.lease(4 * MiB, false, "other"));
+    CompletableFuture<LeasedBlock> waiting = CompletableFuture.supplyAsync(() -> pool.lease(4 * MiB, false, "other", SegmentOwner.DAEMON));
     Thread.sleep(50);
     assertFalse(waiting.isDone());
 

@@ -7,6 +7,7 @@ import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -45,11 +46,14 @@ import java.util.function.Supplier;
  * </ul>
  *
  * <p>Thread-safe: counters are atomic, collections concurrent. {@code freshSegmentsAreZeroed}
- * is {@code true} by default (host semantics) and may be switched off (CUDA semantics).
+ * is {@code true} by default (host semantics) and may be switched off (CUDA semantics): fresh
+ * segments kept with bytes then hold {@link #GARBAGE}, as if another owner had written them.
  */
 public final class InMemoryBackend implements MemoryBackend {
   /** Segments larger than this never get a byte array, even with {@code keepBytes}. */
   private static final long MAX_KEPT_SEGMENT = 64L << 20;
+  /** What a fresh segment holds when fresh segments are not zeroed: someone else's bytes. */
+  public static final byte GARBAGE = (byte) 0xA5;
 
   private final List<DeviceInfo> devices;
   private final long capacityBytes;
@@ -99,14 +103,16 @@ public final class InMemoryBackend implements MemoryBackend {
     private final int device;
     private final long bytes;
     private final long serial;
+    private final SegmentOwner owner;
     /** Contents, or null when the backend keeps no bytes. Reads and writes are the test's. */
     final byte[] data;
     final AtomicBoolean freed = new AtomicBoolean();
 
-    FakeSegment(int device, long bytes, long serial, byte[] data) {
+    FakeSegment(int device, long bytes, long serial, SegmentOwner owner, byte[] data) {
       this.device = device;
       this.bytes = bytes;
       this.serial = serial;
+      this.owner = owner;
       this.data = data;
     }
 
@@ -123,6 +129,11 @@ public final class InMemoryBackend implements MemoryBackend {
     /** Allocation number, from 1, in the order the backend handed segments out. */
     public long serial() {
       return serial;
+    }
+
+    /** The owner the pool allocated it for. */
+    public SegmentOwner owner() {
+      return owner;
     }
 
     @Override
@@ -348,7 +359,7 @@ public final class InMemoryBackend implements MemoryBackend {
   }
 
   @Override
-  public SegmentMemory allocate(int device, long bytes) {
+  public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
     checkCall("allocate");
     if (closed) {
       throw new BackendException("in-memory backend is closed");
@@ -372,7 +383,10 @@ public final class InMemoryBackend implements MemoryBackend {
           + " bytes requested, " + (used - bytes) + " of " + capacityBytes + " in use");
     }
     byte[] data = keepBytes && bytes <= MAX_KEPT_SEGMENT ? new byte[(int) bytes] : null;
-    FakeSegment segment = new FakeSegment(device, bytes, serials.incrementAndGet(), data);
+    if (data != null && !freshZeroed) {
+      Arrays.fill(data, GARBAGE);
+    }
+    FakeSegment segment = new FakeSegment(device, bytes, serials.incrementAndGet(), owner, data);
     live.add(segment);
     allocs.incrementAndGet();
     return segment;

@@ -15,6 +15,7 @@ package io.gpumemd.server.pool;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
@@ -88,7 +89,7 @@ public class PoolBenchmark {
     // the last block of a small segment merges with the segment's free tail when released.
     List<Block> blocks = new ArrayList<>();
     for (int i = 0; i < 2 * cachedBlocks + cachedBlocks / 5; i++) {
-      blocks.add(pool.lease(mixedSize(random), false, "bench").block());
+      blocks.add(pool.lease(mixedSize(random), false, "bench", SegmentOwner.DAEMON).block());
     }
     // Every other block by address, so that no two released blocks are neighbours.
     blocks.sort(Comparator.comparingLong(Block::segmentId).thenComparingLong(Block::offset));
@@ -122,7 +123,7 @@ public class PoolBenchmark {
   @Benchmark
   public Block leaseAndRelease() {
     long size = sizes[next++ & (SIZES - 1)];
-    Block block = pool.lease(size, false, "bench").block();
+    Block block = pool.lease(size, false, "bench", SegmentOwner.DAEMON).block();
     pool.release(block, null);
     return block;
   }

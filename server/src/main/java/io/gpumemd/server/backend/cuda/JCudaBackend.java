@@ -26,6 +26,7 @@ import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -148,8 +149,12 @@ public final class JCudaBackend implements MemoryBackend {
     return devices;
   }
 
+  /**
+   * {@inheritDoc} The owner is not used: a CUDA IPC handle carries no user identity, and the
+   * pool zeroes fresh segments since {@code cuMemAlloc} memory is uninitialized.
+   */
   @Override
-  public SegmentMemory allocate(int device, long bytes) {
+  public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
     if (closed) {
       throw new BackendException("cuda backend is closed");
     }

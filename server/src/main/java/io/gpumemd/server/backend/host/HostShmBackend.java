@@ -7,6 +7,7 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
@@ -16,6 +17,7 @@ import java.nio.channels.OverlappingFileLockException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.DirectoryStream;
 import java.nio.file.FileStore;
+import java.nio.file.FileSystemException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
@@ -26,6 +28,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.UUID;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
 import org.slf4j.Logger;
@@ -35,20 +38,37 @@ import org.slf4j.LoggerFactory;
  * The {@code host} backend: simulated devices whose memory is shared-memory files, so that two
  * processes that lease the same block see the same bytes. Real memory, not a mock.
  *
- * <p>Layout: {@code <shmDir>/dev<N>/seg-<n>}, one file per segment, created with mode 0600
- * (0660 with a configured group) so only the daemon's user (and that group) can open it. The
- * client maps the file named by the handle. A lock file in {@code shmDir} keeps two daemons
- * from sharing a directory; files left by a daemon that crashed are removed at start.
+ * <p>Layout: {@code <shmDir>/dev<N>/seg-<n>}, one file per segment. The client maps the file
+ * named by the handle, so the file's owner and mode decide who can map a segment:
+ *
+ * <ul>
+ *   <li>a segment of an owner with a user id ({@link SegmentOwner#uid()}) is given to that user
+ *       (and the owner's group, when known) with mode 0600 (0660 with the group); one of an
+ *       owner known only by its group ({@link SegmentOwner#gid()}) stays the daemon's user's but
+ *       gets that group, mode 0660. So the owner's processes can map it and no other tenant can.
+ *       Giving files away needs root (or {@code CAP_CHOWN}); a daemon that cannot keeps the
+ *       files its own, as below, and says once that other users cannot map host segments;
+ *   <li>any other segment stays the daemon's, mode 0600 (0660 with a configured group), so only
+ *       the daemon's user (and that group) can open it.
+ * </ul>
+ *
+ * <p>The directories are mode 0711 (0751 with a configured group): anyone may pass through to a
+ * file given to them, nobody else may list the segments. A lock file in {@code shmDir} keeps
+ * two daemons from sharing a directory; files left by a daemon that crashed are removed at
+ * start.
  *
  * <p>Each device has a configured capacity enforced here: an allocation beyond it fails with
  * {@link BackendOutOfMemoryException}, as {@code cuMemAlloc} would on a full GPU.
  *
- * <p>Thread-safe: per-device usage is an atomic counter; files are independent.
+ * <p>Thread-safe: per-device usage is an atomic counter; files are independent; whether files
+ * can be given away is a flag that only ever goes from true to false.
  */
 public final class HostShmBackend implements MemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
   private static final int ZERO_CHUNK = 1 << 20;
   private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(ZERO_CHUNK).asReadOnlyBuffer();
+  private static final Set<PosixFilePermission> OWNED_FILE_MODE = PosixFilePermissions.fromString("rw-------");
+  private static final Set<PosixFilePermission> OWNED_GROUP_FILE_MODE = PosixFilePermissions.fromString("rw-rw----");
 
   private final Path root;
   /** True when this backend created {@link #root}, and so removes it at close. */
@@ -61,6 +81,8 @@ public final class HostShmBackend implements MemoryBackend {
   private final AtomicLong nextFile = new AtomicLong();
   private final FileChannel lockChannel;
   private final FileLock lock;
+  /** False once a chown was refused: the daemon may not give files away; it stops trying. */
+  private final AtomicBoolean canChown = new AtomicBoolean(true);
   private volatile boolean closed;
 
   /**
@@ -83,8 +105,10 @@ public final class HostShmBackend implements MemoryBackend {
           ? null
           : root.getFileSystem().getUserPrincipalLookupService().lookupPrincipalByGroupName(groupName);
       this.fileMode = PosixFilePermissions.fromString(group == null ? "rw-------" : "rw-rw----");
+      // Others may traverse (not list) the directories: a file given to a tenant's user must be
+      // reachable by them; each file's own mode decides who may open it.
       Set<PosixFilePermission> dirMode =
-          PosixFilePermissions.fromString(group == null ? "rwx------" : "rwxr-x---");
+          PosixFilePermissions.fromString(group == null ? "rwx--x--x" : "rwxr-x--x");
       restrict(root, dirMode);
       this.lockChannel = FileChannel.open(root.resolve(".gpumemd.lock"),
           StandardOpenOption.CREATE, StandardOpenOption.WRITE);
@@ -159,7 +183,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public SegmentMemory allocate(int device, long bytes) {
+  public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
     if (closed) {
       throw new BackendException("host backend is closed");
     }
@@ -172,8 +196,10 @@ public final class HostShmBackend implements MemoryBackend {
     Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
     try {
       Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
-      // createFile honours the umask; set the mode (and group) explicitly.
-      restrict(path, fileMode);
+      if (!giveToOwner(path, owner)) {
+        // createFile honours the umask; set the mode (and group) explicitly.
+        restrict(path, fileMode);
+      }
       try (RandomAccessFile file = new RandomAccessFile(path.toFile(), "rw")) {
         file.setLength(bytes); // sparse: pages are allocated when first touched
       }
@@ -183,6 +209,37 @@ public final class HostShmBackend implements MemoryBackend {
       deleteQuietly(path);
       throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
     }
+  }
+
+  /**
+   * Gives a new segment file to its owner's user and group, whichever are known, mode 0600
+   * (0660 with the group), when the daemon may chown.
+   *
+   * @return true if the file is now the owner's; false to leave it the daemon's
+   */
+  private boolean giveToOwner(Path path, SegmentOwner owner) throws IOException {
+    if ((owner.uid() < 0 && owner.gid() < 0) || !canChown.get()) {
+      return false;
+    }
+    try {
+      // By number: the owner's ids need no name on this host (a container's users, say).
+      if (owner.uid() >= 0) {
+        Files.setAttribute(path, "unix:uid", owner.uid());
+      }
+      if (owner.gid() >= 0) {
+        Files.setAttribute(path, "unix:gid", owner.gid());
+      }
+    } catch (FileSystemException e) {
+      // Not root (EPERM): every later chown would fail alike. Say so once, not per segment.
+      if (canChown.compareAndSet(true, false)) {
+        log.warn("Cannot give host segment files to their owners' users ({}): the daemon is not root "
+            + "and lacks CAP_CHOWN, so only the daemon's user{} can map host segments", e.getMessage(),
+            group == null ? "" : " and group " + group.getName());
+      }
+      return false;
+    }
+    Files.setPosixFilePermissions(path, owner.gid() >= 0 ? OWNED_GROUP_FILE_MODE : OWNED_FILE_MODE);
+    return true;
   }
 
   @Override
