@@ -159,7 +159,7 @@ class GpuMemCtlTest {
       assertTrue(table.out().startsWith("SESSION"), table.out());
       String row = table.out().lines().filter(l -> l.contains("ctl-sessions")).findFirst().orElseThrow();
       assertTrue(row.startsWith(client.sessionId()), row);
-      assertTrue(row.matches(".*ctl-sessions\\s+2\\s+1\\.0 MiB\\s+0 B\\s+64\\.0 MiB\\s+1\\s+attached.*"), row);
+      assertTrue(row.matches(".*ctl-sessions\\s+uid:0\\s+uid 0 gid 0 pid " + ProcessHandle.current().pid() + "\\s+2\\s+1\\.0 MiB\\s+0 B\\s+64\\.0 MiB\\s+1\\s+attached.*"), row);
 
       ListSessionsResponse json = parse(ctl("sessions", "--json").out(), ListSessionsResponse.newBuilder()).build();
       assertEquals(1, json.getSessionsCount());

@@ -22,7 +22,7 @@ public record Caller(String tenant, String principal, boolean admin, int uid, in
 
   /**
    * The daemon itself: embedded callers and tests that talk to the registry directly, never a
-   * network peer.
+   * network peer. It acts for every tenant.
    */
   public static final Caller DAEMON = new Caller("daemon", "the daemon", true, UNKNOWN, UNKNOWN, UNKNOWN, "daemon");
 
@@ -34,9 +34,9 @@ public record Caller(String tenant, String principal, boolean admin, int uid, in
     return new Caller("anonymous", "anonymous " + origin, false, UNKNOWN, UNKNOWN, UNKNOWN, origin);
   }
 
-  /** True when this caller acts for {@code otherTenant}. */
+  /** True when this caller acts for {@code otherTenant}; the daemon itself acts for all of them. */
   public boolean owns(String otherTenant) {
-    return tenant.equals(otherTenant);
+    return this == DAEMON || tenant.equals(otherTenant);
   }
 
   @Override

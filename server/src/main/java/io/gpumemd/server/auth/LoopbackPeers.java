@@ -4,7 +4,6 @@ import io.grpc.Attributes;
 import io.grpc.Grpc;
 import io.grpc.ServerTransportFilter;
 import java.net.Inet4Address;
-import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.net.SocketAddress;
 import java.nio.file.Path;
@@ -57,15 +56,22 @@ public final class LoopbackPeers extends ServerTransportFilter {
 
   /**
    * The uid that owns the socket {@code peer -> self} in this network namespace, or -1 when
-   * there is none (the peer is on another host).
+   * there is none (the peer is on another host). An IPv4 connection is listed in {@code tcp},
+   * or, when either end uses a dual-stack IPv6 socket (Netty's epoll transport does), in {@code
+   * tcp6} as an IPv4-mapped address.
    */
   static int ownerOf(InetSocketAddress peer, InetSocketAddress self) {
-    boolean v4 = peer.getAddress() instanceof Inet4Address;
-    String wantLocal = encode(peer);
-    String wantRemote = encode(self);
-    List<String> table = IdentityPolicy.lines(Path.of(v4 ? "/proc/net/tcp" : "/proc/net/tcp6"));
-    for (int i = 1; i < table.size(); i++) {
-      String[] f = table.get(i).trim().split("\\s+");
+    if (peer.getAddress() instanceof Inet4Address) {
+      int uid = find(Path.of("/proc/net/tcp"), encode(peer, false), encode(self, false));
+      return uid >= 0 ? uid : find(Path.of("/proc/net/tcp6"), encode(peer, true), encode(self, true));
+    }
+    return find(Path.of("/proc/net/tcp6"), encode(peer, false), encode(self, false));
+  }
+
+  private static int find(Path table, String wantLocal, String wantRemote) {
+    List<String> lines = IdentityPolicy.lines(table);
+    for (int i = 1; i < lines.size(); i++) {
+      String[] f = lines.get(i).trim().split("\\s+");
       // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
       if (f.length > 7 && f[1].equals(wantLocal) && f[2].equals(wantRemote)) {
         try {
@@ -80,11 +86,18 @@ public final class LoopbackPeers extends ServerTransportFilter {
 
   /**
    * An address as {@code /proc/net/tcp} prints it: the address as 32-bit words in host byte
-   * order (little-endian on every platform this runs on), then the port in hex.
+   * order (little-endian on every platform this runs on), then the port in hex; {@code mapped}
+   * writes an IPv4 address as {@code ::ffff:a.b.c.d}, as {@code tcp6} lists it.
    */
-  static String encode(InetSocketAddress address) {
-    InetAddress ip = address.getAddress();
-    byte[] bytes = ip.getAddress();
+  static String encode(InetSocketAddress address, boolean mapped) {
+    byte[] bytes = address.getAddress().getAddress();
+    if (mapped) {
+      byte[] v6 = new byte[16];
+      v6[10] = (byte) 0xff;
+      v6[11] = (byte) 0xff;
+      System.arraycopy(bytes, 0, v6, 12, 4);
+      bytes = v6;
+    }
     StringBuilder out = new StringBuilder();
     for (int word = 0; word < bytes.length; word += 4) {
       for (int b = 3; b >= 0; b--) {
