@@ -145,6 +145,33 @@ class TenancyTest {
   }
 
   @Test
+  void sameUid_sharesItsTenantsSegments_unlessSessionsAreIsolated() throws Exception {
+    for (boolean isolated : List.of(false, true)) {
+      try (TestDaemon daemon = isolated ? startDaemon("--isolate", "session") : startDaemon();
+           GpuMemClient victim = GpuMemClient.builder(daemon.unixTarget()).clientName("victim")
+               .clientCacheBytes(0).connect()) {
+        Lease secret = victim.lease(0, 4096, false, "secret");
+        write(secret, SECRET);
+        victim.lease(0, 4096, false, "freed").close();
+        // Another process of the same uid: one tenant.
+        Map<String, String> r = probe(0, List.of(), daemon.unixTarget(), victim.sessionId(), secret.id(), 4096, "own");
+        assertEquals("OK", r.get("ownLease"), r.get("output"));
+        if (isolated) {
+          assertNotEquals(Long.toString(secret.segmentId()), r.get("ownSegment"),
+              "--isolate session: a segment of its own: " + r.get("output"));
+          assertEquals("true", r.get("ownZero"), r.get("output"));
+        } else {
+          // The documented default: sessions of one tenant share segments (and the TOP-SECRET
+          // neighbour of issue 13 is readable to the same uid, as its memory is through /proc).
+          assertEquals(Long.toString(secret.segmentId()), r.get("ownSegment"), r.get("output"));
+        }
+        secret.close();
+        daemon.verifyInvariants();
+      }
+    }
+  }
+
+  @Test
   void sameTenantOtherProcess_cannotDisplaceTheLiveStream() throws Exception {
     try (TestDaemon daemon = startDaemon();
          GpuMemClient victim = GpuMemClient.builder(daemon.unixTarget()).clientName("victim").connect()) {
