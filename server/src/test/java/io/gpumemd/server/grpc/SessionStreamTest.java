@@ -3,6 +3,8 @@ package io.gpumemd.server.grpc;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CacheNotice;
@@ -90,6 +92,8 @@ class SessionStreamTest {
         .addService(new AllocatorService(registry, backendTasks::add,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, r -> new Thread(r).start()))
+        // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
+        .intercept(Callers.fixed(Caller.DAEMON))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
     allocator = AllocatorGrpc.newBlockingStub(channel);

@@ -7,6 +7,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.google.protobuf.ByteString;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CloseSessionRequest;
@@ -81,6 +83,8 @@ class StatusTableTest {
         .addService(new AllocatorService(registry, Runnable::run,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, Runnable::run))
+        // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
+        .intercept(Callers.fixed(Caller.DAEMON))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
     allocator = AllocatorGrpc.newBlockingStub(channel);
