@@ -4,9 +4,11 @@ import io.grpc.Attributes;
 import io.grpc.Grpc;
 import io.grpc.ServerTransportFilter;
 import java.net.Inet4Address;
+import java.net.Inet6Address;
 import java.net.InetAddress;
 import java.net.InetSocketAddress;
 import java.net.SocketAddress;
+import java.net.UnknownHostException;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Locale;
@@ -57,15 +59,22 @@ public final class LoopbackPeers extends ServerTransportFilter {
 
   /**
    * The uid that owns the socket {@code peer -> self} in this network namespace, or -1 when
-   * there is none (the peer is on another host).
+   * there is none (the peer is on another host). An IPv4 peer's socket may be an IPv6 one
+   * (Netty's epoll transport opens dual-stack sockets): it is then listed in {@code tcp6} with
+   * v4-mapped addresses ({@code ::ffff:127.0.0.1}), so both tables are searched.
    */
   static int ownerOf(InetSocketAddress peer, InetSocketAddress self) {
-    boolean v4 = peer.getAddress() instanceof Inet4Address;
-    String wantLocal = encode(peer);
-    String wantRemote = encode(self);
-    List<String> table = IdentityPolicy.lines(Path.of(v4 ? "/proc/net/tcp" : "/proc/net/tcp6"));
-    for (int i = 1; i < table.size(); i++) {
-      String[] f = table.get(i).trim().split("\\s+");
+    if (peer.getAddress() instanceof Inet4Address && self.getAddress() instanceof Inet4Address) {
+      int uid = ownerIn("/proc/net/tcp", encode(peer), encode(self));
+      return uid >= 0 ? uid : ownerIn("/proc/net/tcp6", encode(v4Mapped(peer)), encode(v4Mapped(self)));
+    }
+    return ownerIn("/proc/net/tcp6", encode(peer), encode(self));
+  }
+
+  private static int ownerIn(String table, String wantLocal, String wantRemote) {
+    List<String> lines = IdentityPolicy.lines(Path.of(table));
+    for (int i = 1; i < lines.size(); i++) {
+      String[] f = lines.get(i).trim().split("\\s+");
       // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
       if (f.length > 7 && f[1].equals(wantLocal) && f[2].equals(wantRemote)) {
         try {
@@ -76,6 +85,20 @@ public final class LoopbackPeers extends ServerTransportFilter {
       }
     }
     return -1;
+  }
+
+  /** {@code ::ffff:a.b.c.d} for an IPv4 address, as a dual-stack socket reports it. */
+  static InetSocketAddress v4Mapped(InetSocketAddress v4) {
+    byte[] mapped = new byte[16];
+    mapped[10] = (byte) 0xff;
+    mapped[11] = (byte) 0xff;
+    System.arraycopy(v4.getAddress().getAddress(), 0, mapped, 12, 4);
+    try {
+      // getByAddress would turn a v4-mapped address back into an Inet4Address
+      return new InetSocketAddress(Inet6Address.getByAddress(null, mapped, -1), v4.getPort());
+    } catch (UnknownHostException e) {
+      throw new IllegalStateException("16 bytes are an IPv6 address", e);
+    }
   }
 
   /**
