@@ -1,6 +1,15 @@
 package io.gpumemd.client;
 
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ChannelCredentials;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ForwardingClientCall;
 import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
+import io.grpc.TlsChannelCredentials;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
 import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
@@ -8,6 +17,8 @@ import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
+import java.io.IOException;
+import java.nio.file.Path;
 import java.util.concurrent.ThreadFactory;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -16,9 +27,44 @@ import java.util.concurrent.atomic.AtomicInteger;
  * Opens a channel to gpumemd from a target string: {@code unix:///path/to.sock} or {@code
  * host:port}. Each channel gets its own one-thread epoll event loop, and callbacks run on it
  * directly (no executor hop): the library never blocks in a callback.
+ *
+ * <p>{@link Security} adds TLS (TCP targets only: the Unix socket is never TLS, the kernel
+ * vouches for its peers) and a bearer token sent on every call of the channel.
  */
 public final class Channels {
+  private static final Metadata.Key<String> AUTHORIZATION = Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
+
   private Channels() {}
+
+  /**
+   * How a channel proves itself and checks the daemon. Immutable.
+   *
+   * @param caCert the CA that signed the daemon's certificate (PEM); non-null turns TLS on
+   * @param clientCert this client's certificate (PEM), for daemons that require one; or null
+   * @param clientKey its PKCS#8 private key (PEM); or null
+   * @param bearerToken sent as {@code authorization: Bearer <token>} on every call; or null
+   */
+  public record Security(Path caCert, Path clientCert, Path clientKey, String bearerToken) {
+    /** Plaintext, no token: the Unix socket and loopback TCP, where the kernel identifies the client. */
+    public static final Security NONE = new Security(null, null, null, null);
+
+    public Security {
+      if ((clientCert == null) != (clientKey == null)) {
+        throw new IllegalArgumentException("tls: a client certificate needs its key and a key its certificate");
+      }
+      if (clientCert != null && caCert == null) {
+        throw new IllegalArgumentException("tls: a client certificate needs TLS (expected: the daemon's CA too)");
+      }
+      if (bearerToken != null && (bearerToken.isEmpty() || !bearerToken.chars().allMatch(c -> c > 0x20 && c < 0x7f))) {
+        throw new IllegalArgumentException("bearer token: printable ASCII without blanks (expected: the token as "
+            + "the daemon's --tokens-file lists it)");
+      }
+    }
+
+    public boolean tls() {
+      return caCert != null;
+    }
+  }
 
   /** A channel and the event loop it owns; closing it shuts down both. */
   public static final class Connection implements AutoCloseable {
@@ -60,6 +106,21 @@ public final class Channels {
    * @throws IllegalArgumentException for a target of another form
    */
   public static Connection open(String target) {
+    return open(target, Security.NONE);
+  }
+
+  /**
+   * @param target {@code unix:///path/to.sock} or {@code host:port}
+   * @param security TLS (TCP only) and a bearer token
+   * @throws IllegalArgumentException for a target of another form, TLS on a Unix socket, or a
+   *     TLS file that cannot be read
+   */
+  public static Connection open(String target, Security security) {
+    if (security.tls() && target.startsWith("unix://")) {
+      throw new IllegalArgumentException("target: " + target + " is a Unix socket, which is never TLS "
+          + "(expected: host:port for TLS, or no TLS files)");
+    }
+    ChannelCredentials credentials = security.tls() ? tlsCredentials(security) : null;
     EventLoopGroup group = new EpollEventLoopGroup(1, daemon("gpumemd-client"));
     NettyChannelBuilder builder;
     if (target.startsWith("unix://")) {
@@ -85,11 +146,18 @@ public final class Channels {
         group.shutdownGracefully(0, 0, TimeUnit.SECONDS);
         throw new IllegalArgumentException("target: " + target + " (expected: host:port with a numeric port)");
       }
-      builder = NettyChannelBuilder.forAddress(target.substring(0, colon), port)
+      String host = target.substring(0, colon);
+      builder = (credentials != null ? NettyChannelBuilder.forAddress(host, port, credentials)
+          : NettyChannelBuilder.forAddress(host, port).usePlaintext())
           .channelType(EpollSocketChannel.class);
     }
+    if (target.startsWith("unix://")) {
+      builder.usePlaintext();
+    }
+    if (security.bearerToken() != null) {
+      builder.intercept(bearer(security.bearerToken()));
+    }
     ManagedChannel channel = builder.eventLoopGroup(group)
-        .usePlaintext()
         .directExecutor()
         // gRPC's retry machinery wraps every call in a RetriableStream that buffers its messages
         // for replay; gpumemd configures no retry policy, so it would only ever replay a call
@@ -99,6 +167,42 @@ public final class Channels {
         .disableRetry()
         .build();
     return new Connection(channel, group, target);
+  }
+
+  private static ChannelCredentials tlsCredentials(Security security) {
+    TlsChannelCredentials.Builder tls = TlsChannelCredentials.newBuilder();
+    try {
+      tls.trustManager(security.caCert().toFile());
+    } catch (IOException | RuntimeException e) {
+      throw new IllegalArgumentException("tls-ca: " + security.caCert() + " (expected: a readable PEM CA certificate; "
+          + e.getMessage() + ")");
+    }
+    if (security.clientCert() != null) {
+      try {
+        tls.keyManager(security.clientCert().toFile(), security.clientKey().toFile());
+      } catch (IOException | RuntimeException e) {
+        throw new IllegalArgumentException("tls-cert: " + security.clientCert() + " with tls-key: " + security.clientKey()
+            + " (expected: a readable PEM certificate and its PKCS#8 key; " + e.getMessage() + ")");
+      }
+    }
+    return tls.build();
+  }
+
+  /** Adds {@code authorization: Bearer <token>} to every call, streams included. */
+  private static ClientInterceptor bearer(String token) {
+    String value = "Bearer " + token;
+    return new ClientInterceptor() {
+      @Override
+      public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
+        return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+          @Override
+          public void start(Listener<R> listener, Metadata headers) {
+            headers.put(AUTHORIZATION, value);
+            super.start(listener, headers);
+          }
+        };
+      }
+    };
   }
 
   private static ThreadFactory daemon(String prefix) {

@@ -21,10 +21,12 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.grpc.stub.StreamObserver;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.RejectedExecutionException;
@@ -127,6 +129,10 @@ public final class GpuMemClient implements AutoCloseable {
     private Consumer<Long> onShutdownNotice = drainMs -> { };
     private Long clientCacheBytes;
     private boolean unaryCalls;
+    private Path caCert;
+    private Path clientCert;
+    private Path clientKey;
+    private String bearerToken;
 
     private Builder(String target) {
       this.target = target;
@@ -176,6 +182,38 @@ public final class GpuMemClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Connects over TLS (a {@code host:port} target only), trusting daemon certificates signed
+     * by {@code caCert} (PEM). The certificate must name the target's host (a SAN).
+     */
+    public Builder tls(Path caCert) {
+      this.caCert = Objects.requireNonNull(caCert, "caCert");
+      this.clientCert = null;
+      this.clientKey = null;
+      return this;
+    }
+
+    /**
+     * Mutual TLS: as {@link #tls(Path)}, presenting {@code clientCert} (PEM) with its PKCS#8
+     * {@code clientKey}. The daemon names this client's tenant after the certificate's CN.
+     */
+    public Builder tls(Path caCert, Path clientCert, Path clientKey) {
+      this.caCert = Objects.requireNonNull(caCert, "caCert");
+      this.clientCert = Objects.requireNonNull(clientCert, "clientCert");
+      this.clientKey = Objects.requireNonNull(clientKey, "clientKey");
+      return this;
+    }
+
+    /**
+     * Sends {@code authorization: Bearer <token>} on every call, the KeepAlive stream included:
+     * the session then belongs to the token's tenant. Over TCP beyond loopback, use it with
+     * {@link #tls} so that the token does not cross the network in clear text.
+     */
+    public Builder bearerToken(String token) {
+      this.bearerToken = Objects.requireNonNull(token, "token");
+      return this;
+    }
+
     /** Called (on a transport thread) when the daemon announces its shutdown. */
     public Builder onShutdownNotice(Consumer<Long> callback) {
       this.onShutdownNotice = callback;
@@ -202,7 +240,7 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   private GpuMemClient(Builder b) {
-    this.connection = Channels.open(b.target);
+    this.connection = Channels.open(b.target, new Channels.Security(b.caCert, b.clientCert, b.clientKey, b.bearerToken));
     this.blocking = AllocatorGrpc.newBlockingStub(connection.channel());
     this.async = AllocatorGrpc.newStub(connection.channel());
     this.onShutdownNotice = b.onShutdownNotice;

@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
@@ -274,7 +275,11 @@ class ClientHotPathTest {
     GpuMemClient client = client(GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0));
     Lease lease = client.lease(0, 4 * KiB);
     // The daemon side lets it go behind the client's back: the client's release then fails.
-    daemon.server().registry().release(client.sessionId(), lease.id(), new byte[0]);
+    // (as the session's own tenant: the daemon's in-process identity owns no client's session)
+    String tenant = daemon.server().registry().sessions(Caller.DAEMON).stream()
+        .filter(s -> s.id().equals(client.sessionId())).findFirst().orElseThrow().tenant();
+    Caller owner = new Caller(tenant, "test", false, Caller.UNKNOWN, Caller.UNKNOWN, Caller.UNKNOWN, "test");
+    daemon.server().registry().release(owner, client.sessionId(), lease.id(), new byte[0]);
     try (LogCapture log = new LogCapture(GpuMemClient.class)) {
       lease.close();
       awaitTrue(() -> log.messages("WARN").stream().anyMatch(m -> m.contains(lease.id()) && m.contains("NOT_FOUND")),

@@ -96,7 +96,7 @@ final class ChildProcesses {
   }
 
   /** Runs {@code processes} children of {@code threads} threads doing lease+release pairs. */
-  static LoadResult run(String target, int processes, int threads, long sizeBytes, int device,
+  static LoadResult run(List<String> connectionFlags, int processes, int threads, long sizeBytes, int device,
       LoadDriver.Timing timing, PrintStream err) throws InterruptedException {
     String label = processes + " procs x " + threads + " threads x " + Sizes.label(sizeBytes);
     Map<String, Object> details = new LinkedHashMap<>();
@@ -109,8 +109,9 @@ final class ChildProcesses {
         List<String> command = new ArrayList<>();
         command.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
         command.addAll(CHILD_JVM_OPTIONS);
-        command.addAll(List.of("-cp", System.getProperty("java.class.path"), GpuMemCtl.class.getName(),
-            "--target", target, "loadgen", "--child", "--threads", Integer.toString(threads),
+        command.addAll(List.of("-cp", System.getProperty("java.class.path"), GpuMemCtl.class.getName()));
+        command.addAll(connectionFlags);
+        command.addAll(List.of("loadgen", "--child", "--threads", Integer.toString(threads),
             "--size", Long.toString(sizeBytes), "--device", Integer.toString(device),
             "--warmup-seconds", Double.toString(timing.warmupNanos() / 1e9),
             "--seconds", Double.toString(timing.measureNanos() / 1e9)));

@@ -4,8 +4,15 @@ import io.gpumemd.client.Channels;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.GpuMemException;
 import io.grpc.StatusRuntimeException;
+import java.io.IOException;
 import java.io.PrintStream;
 import java.io.PrintWriter;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.AccessDeniedException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.concurrent.Callable;
@@ -26,7 +33,7 @@ import picocli.CommandLine.Spec;
  * worker and the load generator. Admin commands open no session.
  *
  * <p>The command line is declared with picocli: this class is the top command and owns the
- * global options ({@code --target}, {@code --json}, inherited by every subcommand, so that they
+ * global options ({@code --target}, the TLS and token options, {@code --json}, inherited by every subcommand, so that they
  * may stand before or after the subcommand's name); each subcommand is its own
  * {@code @Command} class. Parsing collects every error rather than stopping at the first, and
  * each is reported as {@code --flag: 'value' (expected: …)} ({@link UsageErrors}).
@@ -55,11 +62,34 @@ import picocli.CommandLine.Spec;
 public final class GpuMemCtl implements Callable<Integer> {
   static final String DEFAULT_TARGET = "unix:///tmp/gpumemd.sock";
   static final String TARGET_ENV = "GPUMEMD_TARGET";
+  static final String TLS_CA_ENV = "GPUMEMD_TLS_CA";
+  static final String TLS_CERT_ENV = "GPUMEMD_TLS_CERT";
+  static final String TLS_KEY_ENV = "GPUMEMD_TLS_KEY";
+  static final String TOKEN_FILE_ENV = "GPUMEMD_TOKEN_FILE";
 
   @Option(names = "--target", paramLabel = "TARGET", scope = ScopeType.INHERIT,
       description = "the daemon: unix:///path/to.sock or host:port "
           + "(default: $" + TARGET_ENV + ", else " + DEFAULT_TARGET + ")")
   private String target;
+
+  @Option(names = "--tls-ca", paramLabel = "FILE", scope = ScopeType.INHERIT,
+      description = "TLS to a host:port target, trusting the daemon's certificate if this CA (PEM) "
+          + "signed it (default: $" + TLS_CA_ENV + ")")
+  private Path tlsCa;
+
+  @Option(names = "--tls-cert", paramLabel = "FILE", scope = ScopeType.INHERIT,
+      description = "client certificate (PEM) for a daemon that requires one; needs --tls-key and --tls-ca "
+          + "(default: $" + TLS_CERT_ENV + ")")
+  private Path tlsCert;
+
+  @Option(names = "--tls-key", paramLabel = "FILE", scope = ScopeType.INHERIT,
+      description = "the client certificate's PKCS#8 private key (PEM) (default: $" + TLS_KEY_ENV + ")")
+  private Path tlsKey;
+
+  @Option(names = "--token-file", paramLabel = "FILE", scope = ScopeType.INHERIT,
+      description = "file holding a bearer token (its first line that is not blank or a # comment), sent "
+          + "on every call (default: $" + TOKEN_FILE_ENV + ")")
+  private Path tokenFile;
 
   @Option(names = "--json", scope = ScopeType.INHERIT,
       description = "machine-readable output (protobuf JSON mapping, as grpcurl prints it)")
@@ -206,10 +236,90 @@ public final class GpuMemCtl implements Callable<Integer> {
     return ownsProcess;
   }
 
-  /** Opens a channel; a malformed target is a usage error. */
-  Channels.Connection open() {
+  /** A path option, else its environment variable, else null. */
+  private Path pathOption(Path flag, String envVar) {
+    if (flag != null) {
+      return flag;
+    }
+    String fromEnv = env.apply(envVar);
+    return fromEnv == null || fromEnv.isBlank() ? null : Path.of(fromEnv.trim());
+  }
+
+  /**
+   * TLS files and the bearer token from the options (or their environment variables); a file
+   * that cannot be read, or a combination that makes no sense, is a usage error.
+   */
+  Channels.Security security() {
+    Path ca = pathOption(tlsCa, TLS_CA_ENV);
+    Path cert = pathOption(tlsCert, TLS_CERT_ENV);
+    Path key = pathOption(tlsKey, TLS_KEY_ENV);
+    Path tokens = pathOption(tokenFile, TOKEN_FILE_ENV);
+    if ((cert == null) != (key == null)) {
+      throw new ParameterException(spec.commandLine(), cert == null
+          ? "--tls-key: '" + key + "' (expected: together with --tls-cert)"
+          : "--tls-cert: '" + cert + "' (expected: together with --tls-key)");
+    }
+    if (cert != null && ca == null) {
+      throw new ParameterException(spec.commandLine(), "--tls-cert: '" + cert
+          + "' (expected: together with --tls-ca, the CA of the daemon's certificate)");
+    }
+    String token = tokens == null ? null : readToken(tokens);
     try {
-      return Channels.open(target());
+      return new Channels.Security(ca, cert, key, token);
+    } catch (IllegalArgumentException e) {
+      throw new ParameterException(spec.commandLine(), "--token-file: '" + tokens + "' (expected: "
+          + "a token of printable characters without blanks)");
+    }
+  }
+
+  private String readToken(Path file) {
+    String why;
+    try {
+      for (String line : Files.readAllLines(file, StandardCharsets.UTF_8)) {
+        String t = line.strip();
+        if (!t.isEmpty() && !t.startsWith("#")) {
+          return t;
+        }
+      }
+      why = "it holds no token";
+    } catch (NoSuchFileException e) {
+      why = "there is no such file";
+    } catch (AccessDeniedException e) {
+      why = "permission denied";
+    } catch (IOException e) {
+      why = String.valueOf(e.getMessage());
+    }
+    throw new ParameterException(spec.commandLine(), "--token-file: '" + file
+        + "' (expected: a readable file holding a bearer token; " + why + ")");
+  }
+
+  /**
+   * {@code --target} and the security options as flags, for the child processes of the load
+   * generator: they reach the daemon as this process does.
+   */
+  List<String> connectionFlags() {
+    List<String> flags = new ArrayList<>(List.of("--target", target()));
+    Path ca = pathOption(tlsCa, TLS_CA_ENV);
+    Path cert = pathOption(tlsCert, TLS_CERT_ENV);
+    Path key = pathOption(tlsKey, TLS_KEY_ENV);
+    Path tokens = pathOption(tokenFile, TOKEN_FILE_ENV);
+    if (ca != null) {
+      flags.addAll(List.of("--tls-ca", ca.toString()));
+    }
+    if (cert != null && key != null) {
+      flags.addAll(List.of("--tls-cert", cert.toString(), "--tls-key", key.toString()));
+    }
+    if (tokens != null) {
+      flags.addAll(List.of("--token-file", tokens.toString()));
+    }
+    return flags;
+  }
+
+  /** Opens a channel; a malformed target or an unreadable TLS or token file is a usage error. */
+  Channels.Connection open() {
+    Channels.Security security = security();
+    try {
+      return Channels.open(target(), security);
     } catch (IllegalArgumentException e) {
       throw new ParameterException(spec.commandLine(), "--" + e.getMessage());
     }
@@ -223,7 +333,17 @@ public final class GpuMemCtl implements Callable<Integer> {
   /** Connects with builder options of the caller's (the load generator's paths). */
   GpuMemClient connect(String clientName, UnaryOperator<GpuMemClient.Builder> options) {
     try {
-      return options.apply(GpuMemClient.builder(target()).clientName(clientName)).connect();
+      Channels.Security security = security();
+      GpuMemClient.Builder builder = GpuMemClient.builder(target()).clientName(clientName);
+      if (security.clientCert() != null) {
+        builder.tls(security.caCert(), security.clientCert(), security.clientKey());
+      } else if (security.tls()) {
+        builder.tls(security.caCert());
+      }
+      if (security.bearerToken() != null) {
+        builder.bearerToken(security.bearerToken());
+      }
+      return options.apply(builder).connect();
     } catch (IllegalArgumentException e) {
       throw new ParameterException(spec.commandLine(), "--" + e.getMessage());
     }

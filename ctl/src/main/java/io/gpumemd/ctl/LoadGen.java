@@ -266,7 +266,7 @@ final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
           case "async" -> results.add(measure(() -> async("async", unary)));
           case "threads" -> results.add(measure(() -> threads(unary)));
           case "pressure" -> results.add(measure(() -> Pressure.run(ctl, device, pressureRounds, stream, err)));
-          case "procs" -> results.add(measure(() -> ChildProcesses.run(ctl.target(), procs, procThreads, size, device,
+          case "procs" -> results.add(measure(() -> ChildProcesses.run(ctl.connectionFlags(), procs, procThreads, size, device,
               LoadDriver.Timing.ofSeconds(procWarmupSeconds, seconds), err)));
           case "baseline" -> {
             ShmBaseline shm = new ShmBaseline(baselineDir);

@@ -49,7 +49,9 @@ final class Pressure {
     List<String> command = new ArrayList<>();
     command.add(Path.of(System.getProperty("java.home"), "bin", "java").toString());
     command.addAll(List.of("-Xmx256m", "-XX:+UseSerialGC", "-cp", System.getProperty("java.class.path"),
-        GpuMemCtl.class.getName(), "--target", ctl.target(), "loadgen", "--hoarder", "--device", Integer.toString(device)));
+        GpuMemCtl.class.getName()));
+    command.addAll(ctl.connectionFlags());
+    command.addAll(List.of("loadgen", "--hoarder", "--device", Integer.toString(device)));
     Process hoarder = new ProcessBuilder(command).redirectErrorStream(true).start();
     try (BufferedReader fromHoarder = new BufferedReader(new InputStreamReader(hoarder.getInputStream(), StandardCharsets.UTF_8));
          PrintWriter toHoarder = new PrintWriter(hoarder.getOutputStream(), true, StandardCharsets.UTF_8)) {

@@ -315,7 +315,7 @@ class GpuMemCtlTest {
     assertEquals("gpumemctl: --json: 'yes' (expected: no value: it is a switch)", firstLine(ctl("devices", "--json=yes")));
     CtlRun typo = ctl("stats", "--devcie", "0");
     assertEquals(List.of("gpumemctl: --devcie: unknown flag for 'gpumemctl stats' (expected one of: --device, --target, "
-        + "--json, --help)", "Run 'gpumemctl stats --help' for usage."), typo.err().lines().toList());
+        + "--tls-ca, --tls-cert, --tls-key, --token-file, --json, --help)", "Run 'gpumemctl stats --help' for usage."), typo.err().lines().toList());
     assertTrue(firstLine(ctl("frobnicate")).startsWith("gpumemctl: unknown command 'frobnicate' (expected one of: devices, "),
         ctl("frobnicate").err());
   }

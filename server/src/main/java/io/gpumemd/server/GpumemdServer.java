@@ -2,6 +2,8 @@ package io.gpumemd.server;
 
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
+import io.gpumemd.server.auth.AuthInterceptor;
+import io.gpumemd.server.auth.BearerTokens;
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.backend.BackendSelector;
 import io.gpumemd.server.backend.DeviceInfo;
@@ -66,7 +68,7 @@ public final class GpumemdServer {
   private final AtomicInteger shutdownState = new AtomicInteger();
   private final Object terminated = new Object();
 
-  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker) {
+  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
     this.backend = backend;
     // Sessions first: the pools send unmap requests to them, the registry owns them.
@@ -99,7 +101,23 @@ public final class GpumemdServer {
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());
     this.identities = config.tenancy().identityPolicy(IdentityPolicy.currentUid());
-    this.listeners = new Listeners(services, identities);
+    this.listeners = new Listeners(services, identities, new AuthInterceptor(tokens, config.security().insecureTcp()));
+  }
+
+  /**
+   * The tokens file, or null without one. It was checked when the configuration was parsed; a
+   * file broken since then fails the start like a listener that cannot bind.
+   */
+  private static BearerTokens loadTokens(ServerConfig config, Ticker ticker) throws IOException {
+    Path file = config.security().tokensFile();
+    if (file == null) {
+      return null;
+    }
+    try {
+      return BearerTokens.load(file, ticker);
+    } catch (IllegalArgumentException e) {
+      throw new IOException("tokens-file: '" + file + "' (expected: " + e.getMessage() + ")");
+    }
   }
 
   /** Starts the daemon with the system clock. */
@@ -119,11 +137,12 @@ public final class GpumemdServer {
     if (!Epoll.isAvailable()) {
       throw new IOException("the epoll transport is unavailable: " + Epoll.unavailabilityCause());
     }
+    BearerTokens tokens = loadTokens(config, ticker);
     BackendSelector.Selection selection = BackendSelector.select(config.backend(),
         () -> new HostShmBackend(config.shmDir(), config.hostDevices(), config.hostDeviceBytes(), config.shmGroup()));
     GpumemdServer server;
     try {
-      server = new GpumemdServer(config, selection.backend(), ticker);
+      server = new GpumemdServer(config, selection.backend(), ticker, tokens);
     } catch (RuntimeException e) {
       selection.backend().close();
       throw e;
@@ -154,7 +173,7 @@ public final class GpumemdServer {
       listeners.startUnix(config.socket(), config.tenancy().socketMode());
     }
     if (config.tcpEnabled()) {
-      listeners.startTcp(config.listenHost(), config.listenPort());
+      listeners.startTcp(config.listenHost(), config.listenPort(), config.security());
     }
     if (config.metricsPort() > 0) {
       listeners.startMetrics(config.metricsHost(), config.metricsPort(), meterRegistry, metrics::refresh);

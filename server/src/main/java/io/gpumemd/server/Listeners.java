@@ -1,12 +1,16 @@
 package io.gpumemd.server;
 
 import io.gpumemd.server.auth.AuthInterceptor;
+import io.gpumemd.server.auth.CertificatePeers;
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.auth.LoopbackPeers;
 import io.gpumemd.server.auth.UnixPeerNegotiator;
+import io.gpumemd.server.config.TcpSecurityConfig;
 import io.gpumemd.server.metrics.MetricsHttpServer;
 import io.grpc.Server;
+import io.grpc.ServerCredentials;
 import io.grpc.ServerServiceDefinition;
+import io.grpc.TlsServerCredentials;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
@@ -38,6 +42,11 @@ import org.slf4j.LoggerFactory;
  * a message naming the listener and the address ({@code tcp listener: 127.0.0.1:50051 already
  * in use}).
  *
+ * <p>Trust: the Unix socket is plaintext and identifies peers by SO_PEERCRED, never TLS. TCP is
+ * TLS when configured (with client certificates under mutual TLS, {@link CertificatePeers}),
+ * and identifies loopback peers by their socket's owner ({@link LoopbackPeers}); on every
+ * listener {@link AuthInterceptor} lets a bearer token decide the caller instead.
+ *
  * <p>Started and closed by one thread ({@link GpumemdServer}); the accessors may be read from
  * any thread once started.
  */
@@ -46,6 +55,7 @@ final class Listeners implements AutoCloseable {
 
   private final List<ServerServiceDefinition> services;
   private final IdentityPolicy identities;
+  private final AuthInterceptor auth;
   private final EventLoopGroup bossGroup = new EpollEventLoopGroup(1, daemonThreads("gpumemd-accept"));
   private final EventLoopGroup workerGroup =
       new EpollEventLoopGroup(Math.max(2, Runtime.getRuntime().availableProcessors()), daemonThreads("gpumemd-io"));
@@ -57,10 +67,12 @@ final class Listeners implements AutoCloseable {
   /**
    * @param identities how peers become callers: the Unix socket asks the kernel (SO_PEERCRED),
    *     TCP looks up loopback peers' socket owners
+   * @param auth decides each call's caller (bearer tokens, the connection's peer, anonymous)
    */
-  Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities) {
+  Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities, AuthInterceptor auth) {
     this.services = services;
     this.identities = identities;
+    this.auth = auth;
   }
 
   static ThreadFactory daemonThreads(String prefix) {
@@ -89,12 +101,45 @@ final class Listeners implements AutoCloseable {
     log.info("Listening on unix://{} (mode {})", socketPath, mode);
   }
 
-  void startTcp(String host, int port) throws IOException {
-    Server tcp = bind("tcp listener", host + ":" + port,
-        NettyServerBuilder.forAddress(new InetSocketAddress(host, port)).channelType(EpollServerSocketChannel.class)
-            .addTransportFilter(new LoopbackPeers(identities)));
+  /**
+   * Listens on TCP, with TLS when {@code security} has a certificate. A peer's certificate
+   * (mutual TLS) identifies it before its socket's owner does: it is what the client chose to
+   * present.
+   */
+  void startTcp(String host, int port, TcpSecurityConfig security) throws IOException {
+    InetSocketAddress address = new InetSocketAddress(host, port);
+    NettyServerBuilder builder = security.tls()
+        ? NettyServerBuilder.forAddress(address, tlsCredentials(security))
+        : NettyServerBuilder.forAddress(address);
+    builder.channelType(EpollServerSocketChannel.class);
+    if (security.mutualTls()) {
+      builder.addTransportFilter(new CertificatePeers(security.adminCertCommonNames()));
+    }
+    builder.addTransportFilter(new LoopbackPeers(identities));
+    Server tcp = bind("tcp listener", host + ":" + port, builder);
     tcpPort = ((InetSocketAddress) tcp.getListenSockets().get(0)).getPort();
-    log.info("Listening on tcp://{}:{}", host, tcpPort);
+    log.info("Listening on tcp://{}:{} ({})", host, tcpPort, security.describe());
+    if (security.insecureTcp() && !security.tls()) {
+      log.warn("--insecure-tcp: TCP on {}:{} is plaintext and open to other hosts. Peers there are not identified "
+          + "unless they send a bearer token: all of them share the tenant 'anonymous', so each can lease memory "
+          + "(within that tenant's quota), list, use and end the others' sessions and leases, and anyone on the "
+          + "network path can read and alter the traffic. None of them can use the admin verbs. Prefer "
+          + "--tls-cert/--tls-key (with --tls-client-ca or --tokens-file).", host, tcpPort);
+    }
+  }
+
+  private static ServerCredentials tlsCredentials(TcpSecurityConfig security) throws IOException {
+    try {
+      TlsServerCredentials.Builder tls = TlsServerCredentials.newBuilder()
+          .keyManager(security.tlsCert().toFile(), security.tlsKey().toFile());
+      if (security.mutualTls()) {
+        tls.trustManager(security.tlsClientCa().toFile()).clientAuth(TlsServerCredentials.ClientAuth.REQUIRE);
+      }
+      return tls.build();
+    } catch (IOException e) {
+      // checked when the configuration was parsed: only a file changed since then gets here
+      throw new IOException("tcp listener: cannot read the TLS files: " + e.getMessage(), e);
+    }
   }
 
   void startMetrics(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape) throws IOException {
@@ -120,7 +165,7 @@ final class Listeners implements AutoCloseable {
         .permitKeepAliveWithoutCalls(true);
     services.forEach(builder::addService);
     // Every call learns who is calling before any handler runs (Callers.current()).
-    builder.intercept(new AuthInterceptor());
+    builder.intercept(auth);
     Server server = builder.build();
     try {
       server.start();

@@ -82,11 +82,11 @@ class ComposeFileTest {
   }
 
   @Test
-  void daemon_publishesItsPortsOnLoopbackOnly() {
+  void daemon_publishesOnlyMetrics_onLoopback() {
     ServerConfig config = daemonConfig("gpumemd");
+    assertFalse(config.tcpEnabled(), "gRPC on the shared socket only");
     List<String> ports = strings(get(service("gpumemd"), "ports"), "ports");
-    assertEquals(List.of("127.0.0.1:" + config.listenPort() + ":" + config.listenPort(),
-        "127.0.0.1:" + config.metricsPort() + ":" + config.metricsPort()), ports);
+    assertEquals(List.of("127.0.0.1:" + config.metricsPort() + ":" + config.metricsPort()), ports);
   }
 
   @Test

@@ -2,8 +2,10 @@ package io.gpumemd.it.deploy;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.config.ConfigException;
 import io.gpumemd.server.config.ServerConfig;
 import java.io.ByteArrayInputStream;
 import java.nio.charset.StandardCharsets;
@@ -94,11 +96,19 @@ class DockerfileTest {
 
     ServerConfig config = image.config(List.of());
     assertEquals(Path.of("/run/gpumemd/gpumemd.sock"), config.socket());
-    assertEquals("0.0.0.0", config.listenHost(), "TCP reachable from outside the container's network namespace");
+    assertFalse(config.tcpEnabled(), "no TCP listener: gRPC on the socket only, health checks included");
     assertTrue(image.volumes().contains(config.socket().getParent().toString()), "the socket's directory is a VOLUME");
     assertTrue(image.volumes().contains(config.shmDir().toString()), "the shm directory is a VOLUME: " + config.shmDir());
-    assertEquals(List.of(config.listenPort(), config.metricsPort()), image.exposedPorts(), "EXPOSE gRPC and metrics");
-    assertEquals(List.of(50051, 9464), image.exposedPorts());
+    assertEquals(List.of(config.metricsPort()), image.exposedPorts(), "EXPOSE metrics only");
+    assertEquals(List.of(9464), image.exposedPorts());
+  }
+
+  @Test
+  void tcpOnEveryInterface_isRefusedWithoutTls_asTheCommentsSay() {
+    assertThrows(ConfigException.class, () -> image.config(List.of("--listen", "0.0.0.0:50051")));
+    assertTrue(image.config(List.of("--listen", "0.0.0.0:50051", "--insecure-tcp")).security().insecureTcp());
+    String comments = RepoFiles.read(GpumemdImage.DOCKERFILE);
+    assertTrue(comments.contains("--listen 0.0.0.0:50051 --tls-cert"), "the Dockerfile says how to enable TCP with TLS");
   }
 
   @Test

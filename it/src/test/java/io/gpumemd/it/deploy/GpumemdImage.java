@@ -31,6 +31,17 @@ final class GpumemdImage {
     return e.get(jar + 1);
   }
 
+  /** Where the image puts gpumemctl.jar: the runtime COPY whose destination is named so. */
+  String ctlJar() {
+    for (ParsedDockerfile.Instruction copy : runtime.all("COPY")) {
+      String destination = copy.words().get(copy.words().size() - 1);
+      if (destination.endsWith("/gpumemctl.jar")) {
+        return destination;
+      }
+    }
+    throw new AssertionError("the image copies no gpumemctl.jar");
+  }
+
   /** The daemon flags baked into the entrypoint. */
   List<String> daemonFlags() {
     List<String> e = entrypoint();

@@ -68,9 +68,9 @@ class KubernetesManifestsTest {
   }
 
   @Test
-  void sidecar_probesAreGrpcProbesOnTheGrpcPort() {
+  void sidecar_probesRunGpumemctlHealthOverTheSocket() {
     Workload w = sidecar();
-    assertGrpcProbes(w, w.container("gpumemd"));
+    assertHealthProbes(w, w.container("gpumemd"));
   }
 
   @Test
@@ -135,9 +135,9 @@ class KubernetesManifestsTest {
   }
 
   @Test
-  void daemonSet_probesAreGrpcProbesOnTheGrpcPort() {
+  void daemonSet_probesRunGpumemctlHealthOverTheSocket() {
     Workload w = daemonSet();
-    assertGrpcProbes(w, w.container("gpumemd"));
+    assertHealthProbes(w, w.container("gpumemd"));
   }
 
   @Test
@@ -192,21 +192,39 @@ class KubernetesManifestsTest {
 
   // --- helpers ----------------------------------------------------------------------------
 
-  private void assertGrpcProbes(Workload w, Map<String, Object> container) {
-    int grpcPort = w.daemonConfig().listenPort();
-    assertEquals(grpcPort, w.containerPort(string(container, "name"), "grpc"), "containerPort grpc");
+  /**
+   * Every probe execs gpumemctl (the jar the image ships) against the daemon's own socket and
+   * asks a service the daemon reports health for; the daemon has no TCP listener for a kubelet
+   * gRPC probe to reach (they are plaintext, and plaintext TCP on the pod IP is refused).
+   */
+  private void assertHealthProbes(Workload w, Map<String, Object> container) {
+    ServerConfig config = w.daemonConfig();
+    assertFalse(config.tcpEnabled(), "no TCP listener: gRPC on the Unix socket only");
+    assertTrue(listOrEmpty(container, "ports").stream().map(p -> asMap(p, "port"))
+        .noneMatch(p -> "grpc".equals(p.get("name"))), "no gRPC containerPort");
     for (String probe : List.of("startupProbe", "livenessProbe", "readinessProbe")) {
       Map<String, Object> p = map(container, probe);
-      assertTrue(p.containsKey("grpc") && !p.containsKey("httpGet") && !p.containsKey("tcpSocket")
-          && !p.containsKey("exec"), probe + " is a grpc probe: " + p);
-      assertEquals(String.valueOf(grpcPort), string(p, "grpc", "port"), probe + " targets the gRPC port");
-      Object service = find(p, "grpc", "service");
-      assertTrue(HEALTH_SERVICES.contains(service == null ? "" : service.toString()),
-          probe + " asks a service the daemon reports health for: " + service);
+      assertTrue(p.containsKey("exec") && !p.containsKey("grpc") && !p.containsKey("httpGet")
+          && !p.containsKey("tcpSocket"), probe + " is an exec probe: " + p);
+      List<String> command = strings(get(p, "exec", "command"), probe + " command");
+      assertEquals("java", command.get(0), probe);
+      int jar = command.indexOf("-jar");
+      assertTrue(jar > 0, probe + " runs a jar: " + command);
+      assertEquals(image.ctlJar(), command.get(jar + 1), probe + " runs the image's gpumemctl");
+      List<String> ctlArgs = command.subList(jar + 2, command.size());
+      int target = ctlArgs.indexOf("--target");
+      assertEquals("unix://" + config.socket(), ctlArgs.get(target + 1), probe + " asks the daemon's socket");
+      int health = ctlArgs.indexOf("health");
+      assertTrue(health > target, probe + " runs gpumemctl health: " + ctlArgs);
+      int service = ctlArgs.indexOf("--service");
+      String asked = service < 0 ? "" : ctlArgs.get(service + 1);
+      assertTrue(HEALTH_SERVICES.contains(asked), probe + " asks a service the daemon reports health for: " + asked);
+      assertTrue(Integer.parseInt(string(p, "timeoutSeconds")) >= 5,
+          probe + ": a JVM starts per probe, the default 1 s timeout is too short");
     }
-    assertEquals("gpumemd.v1.Allocator", string(container, "readinessProbe", "grpc", "service"),
+    List<String> readiness = strings(get(container, "readinessProbe", "exec", "command"), "readiness command");
+    assertEquals("gpumemd.v1.Allocator", readiness.get(readiness.indexOf("--service") + 1),
         "readiness follows the Allocator, NOT_SERVING while draining");
-    assertEquals("0.0.0.0", w.daemonConfig().listenHost(), "probes reach the pod IP");
   }
 
   private void assertScrapeAnnotations(Workload w, Map<String, Object> annotations) {

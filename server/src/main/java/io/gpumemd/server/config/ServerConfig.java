@@ -42,6 +42,7 @@ public record ServerConfig(
     Map<String, Quota> quotaOverrides,
     long clientCacheBytes,
     TenancyConfig tenancy,
+    TcpSecurityConfig security,
     long drainTimeoutMillis,
     String logFormat,
     String logLevel,
@@ -93,6 +94,12 @@ public record ServerConfig(
     values.put("isolate", tenancy.isolateSessions() ? "session" : "tenant");
     values.put("tenant-max-leased-bytes", tenancy.tenantQuota().maxLeasedBytes());
     values.put("tenant-max-leases", tenancy.tenantQuota().maxLeases());
+    values.put("tls-cert", security.tlsCert() == null ? "(none: plaintext TCP)" : security.tlsCert());
+    values.put("tls-key", security.tlsKey() == null ? "(none)" : security.tlsKey());
+    values.put("tls-client-ca", security.tlsClientCa() == null ? "(none: no client certificates)" : security.tlsClientCa());
+    values.put("admin-cert-cn", security.adminCertCommonNames().isEmpty() ? "(none)" : String.join(",", security.adminCertCommonNames()));
+    values.put("tokens-file", security.tokensFile() == null ? "(none)" : security.tokensFile());
+    values.put("insecure-tcp", security.insecureTcp());
     values.put("drain-timeout-ms", drainTimeoutMillis);
     values.put("log-format", logFormat);
     values.put("log-level", logLevel);

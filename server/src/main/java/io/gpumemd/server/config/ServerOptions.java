@@ -1,19 +1,26 @@
 package io.gpumemd.server.config;
 
+import io.gpumemd.server.auth.BearerTokens;
 import io.gpumemd.server.auth.IdentityPolicy;
+import io.gpumemd.server.auth.PemFiles;
 import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.session.Quota;
 import java.io.IOException;
 import java.io.Reader;
+import java.net.InetAddress;
+import java.net.UnknownHostException;
 import java.nio.file.AccessDeniedException;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.security.PrivateKey;
+import java.security.cert.X509Certificate;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
 import java.util.Properties;
+import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
 import picocli.CommandLine;
@@ -71,9 +78,38 @@ public final class ServerOptions {
       description = "Unix domain socket to listen on ('none' = off)")
   String socket;
 
-  @Option(names = "--listen", paramLabel = "HOST:PORT", defaultValue = "127.0.0.1:50051",
-      description = "TCP address to listen on ('none' = off)")
+  @Option(names = "--listen", paramLabel = "HOST:PORT", defaultValue = "none",
+      description = "TCP address to listen on ('none' = off); an address other than loopback needs "
+          + "--tls-cert/--tls-key or --insecure-tcp")
   String listen;
+
+  @Option(names = "--tls-cert", paramLabel = "FILE",
+      description = "TLS on the TCP listener: its certificate chain (PEM); needs --tls-key")
+  String tlsCert;
+
+  @Option(names = "--tls-key", paramLabel = "FILE",
+      description = "the private key of --tls-cert (PEM, PKCS#8, unencrypted)")
+  String tlsKey;
+
+  @Option(names = "--tls-client-ca", paramLabel = "FILE",
+      description = "mutual TLS: TCP clients must present a certificate signed by this CA (PEM); "
+          + "its subject CN names the tenant (cert:CN)")
+  String tlsClientCa;
+
+  @Option(names = "--admin-cert-cn", paramLabel = "NAME[,NAME...]",
+      description = "client certificate CNs that may use the admin verbs (needs --tls-client-ca)")
+  String adminCertCn;
+
+  @Option(names = "--tokens-file", paramLabel = "FILE",
+      description = "bearer tokens, one 'TOKEN TENANT [admin|user]' a line (# comments); a call with "
+          + "'authorization: Bearer TOKEN' acts as tenant token:TENANT; reloaded when the file changes")
+  String tokensFile;
+
+  @Option(names = "--insecure-tcp", paramLabel = "true|false", arity = "0..1", fallbackValue = "true",
+      defaultValue = "false",
+      description = "allow a TCP listener beyond loopback without TLS, and serve unidentified TCP "
+          + "peers (no token, no certificate) as one shared 'anonymous' tenant")
+  String insecureTcp;
 
   @Option(names = "--backend", paramLabel = "auto|host|cuda", defaultValue = "auto",
       description = "memory backend; auto = cuda when a GPU is usable, else host")
@@ -423,6 +459,98 @@ public final class ServerOptions {
     return gid;
   }
 
+  /**
+   * The TLS, token and exposure settings, their files read and checked now: a wrong file is a
+   * configuration error at start, never a failure at the first handshake or call.
+   */
+  private static TcpSecurityConfig security(Settings s, String listenHost, boolean tcp) {
+    boolean insecure = s.choice("insecure-tcp", List.of("false", "true")).equals("true");
+    Path cert = path(s, "tls-cert");
+    Path key = path(s, "tls-key");
+    Path clientCa = path(s, "tls-client-ca");
+    Path tokens = path(s, "tokens-file");
+    Set<String> adminCns = new TreeSet<>();
+    for (String cn : s.text("admin-cert-cn").split(",")) {
+      if (!cn.isBlank()) {
+        adminCns.add(cn.trim());
+      }
+    }
+    if (cert != null && key == null) {
+      s.problem(s.get("tls-cert"), "a certificate with its key; --tls-key is missing");
+    } else if (key != null && cert == null) {
+      s.problem(s.get("tls-key"), "a key with its certificate; --tls-cert is missing");
+    }
+    if (clientCa != null && cert == null) {
+      s.problem(s.get("tls-client-ca"), "client certificates need TLS; --tls-cert and --tls-key are missing");
+    }
+    if (!adminCns.isEmpty() && clientCa == null) {
+      s.problem(s.get("admin-cert-cn"), "names of client certificates; without --tls-client-ca there are none");
+    }
+    if (cert != null && !tcp && s.valid("listen")) {
+      s.problem(s.get("tls-cert"), "TLS for the TCP listener; --listen is 'none'");
+    }
+    if (cert != null && key != null) {
+      List<X509Certificate> chain = readPem(s, "tls-cert", () -> PemFiles.certificates(cert));
+      PrivateKey privateKey = readPem(s, "tls-key", () -> PemFiles.privateKey(key));
+      if (chain != null && privateKey != null) {
+        readPem(s, "tls-key", () -> {
+          PemFiles.checkPair(chain.get(0), privateKey);
+          return null;
+        });
+      }
+    }
+    if (clientCa != null) {
+      readPem(s, "tls-client-ca", () -> PemFiles.certificates(clientCa));
+    }
+    if (tokens != null) {
+      readPem(s, "tokens-file", () -> {
+        BearerTokens.check(tokens);
+        return null;
+      });
+    }
+    if (tcp && cert == null && !insecure && !isLoopback(listenHost)) {
+      Setting listen = s.get("listen");
+      s.problem("listen: '" + listen.value() + "' is not a loopback address and has no TLS (expected: "
+          + "--tls-cert and --tls-key for TLS, or --insecure-tcp to accept unidentified remote peers in "
+          + "plaintext, or a loopback address such as 127.0.0.1) [" + listen.where() + "]");
+    }
+    return new TcpSecurityConfig(cert, key, clientCa, adminCns, tokens, insecure);
+  }
+
+  private static Path path(Settings s, String name) {
+    String value = s.text(name);
+    return value.isEmpty() ? null : Path.of(value);
+  }
+
+  /** Runs a file check; its failure is a problem of the named option. */
+  private static <T> T readPem(Settings s, String name, java.util.function.Supplier<T> check) {
+    try {
+      return check.get();
+    } catch (IllegalArgumentException e) {
+      s.problem(s.get(name), e.getMessage());
+      return null;
+    }
+  }
+
+  /**
+   * True when every address the host names is a loopback address: only processes of this host
+   * (of this network namespace) can connect, and {@link io.gpumemd.server.auth.LoopbackPeers}
+   * identifies them. A name that does not resolve counts as remote.
+   */
+  static boolean isLoopback(String host) {
+    try {
+      InetAddress[] addresses = InetAddress.getAllByName(host);
+      for (InetAddress a : addresses) {
+        if (!a.isLoopbackAddress()) {
+          return false;
+        }
+      }
+      return addresses.length > 0;
+    } catch (UnknownHostException e) {
+      return false;
+    }
+  }
+
   /** Validates the settings (recording every problem) and builds the config from them. */
   private static ServerConfig build(Settings s, Map<String, Quota> quotas) {
     Setting socketSetting = s.get("socket");
@@ -451,6 +579,7 @@ public final class ServerOptions {
         }
       }
     }
+    TcpSecurityConfig security = security(s, listenHost, !listen.isEmpty() && s.valid("listen"));
     if (socket.isEmpty() && listen.isEmpty()) {
       s.problem("socket/listen: both 'none' (expected: at least one listener) [" + socketSetting.where() + ", "
           + listenSetting.where() + "]");
@@ -498,6 +627,7 @@ public final class ServerOptions {
             s.choice("isolate", List.of("tenant", "session")).equals("session"),
             new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
             socketMode(s)),
+        security,
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

@@ -41,8 +41,8 @@ class ServerOptionsTest {
   void defaults_matchTheDesign() {
     ServerConfig c = load(Map.of());
     assertEquals(Path.of("/tmp/gpumemd.sock"), c.socket());
-    assertEquals("127.0.0.1", c.listenHost());
-    assertEquals(50051, c.listenPort());
+    assertEquals("", c.listenHost(), "TCP is off unless asked for");
+    assertFalse(c.tcpEnabled());
     assertEquals("auto", c.backend());
     assertEquals(9464, c.metricsPort());
     assertEquals(1L << 30, c.hostDeviceBytes());
@@ -150,7 +150,7 @@ class ServerOptionsTest {
 
   @Test
   void listeners_canBeTurnedOffButNotBoth() {
-    ServerConfig c = load(Map.of(), "--socket", "none", "--listen", "0.0.0.0:7000");
+    ServerConfig c = load(Map.of(), "--socket", "none", "--listen", "127.0.0.1:7000");
     assertNull(c.socket());
     assertEquals(7000, c.listenPort());
     assertEquals("", load(Map.of(), "--listen", "none").listenHost());

@@ -3,6 +3,8 @@ package io.gpumemd.server.grpc;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CacheNotice;
@@ -30,8 +32,6 @@ import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
-import io.gpumemd.server.auth.AuthInterceptor;
-import io.gpumemd.server.auth.Caller;
 import io.grpc.ManagedChannel;
 import io.grpc.Server;
 import io.grpc.Status;
@@ -89,10 +89,11 @@ class SessionStreamTest {
         ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
-        .intercept(AuthInterceptor.fixed(Caller.DAEMON))
         .addService(new AllocatorService(registry, backendTasks::add,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, r -> new Thread(r).start()))
+        // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
+        .intercept(Callers.fixed(Caller.DAEMON))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
     allocator = AllocatorGrpc.newBlockingStub(channel);

@@ -7,6 +7,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.google.protobuf.ByteString;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CloseSessionRequest;
@@ -29,8 +31,6 @@ import io.gpumemd.server.session.SecureIds;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
-import io.gpumemd.server.auth.AuthInterceptor;
-import io.gpumemd.server.auth.Caller;
 import io.grpc.ManagedChannel;
 import io.grpc.Server;
 import io.grpc.Status;
@@ -80,10 +80,11 @@ class StatusTableTest {
         new SessionSettings(30, 3600, 2000, 0, new Quota(0, 3), Map.of()), ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
-        .intercept(AuthInterceptor.fixed(Caller.DAEMON))
         .addService(new AllocatorService(registry, Runnable::run,
             new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
         .addService(new AdminService(pools, registry, Runnable::run))
+        // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
+        .intercept(Callers.fixed(Caller.DAEMON))
         .build().start();
     channel = InProcessChannelBuilder.forName(name).directExecutor().build();
     allocator = AllocatorGrpc.newBlockingStub(channel);
