@@ -168,6 +168,8 @@ class GrpcurlExamplesTest {
     List<List<String>> rootExamples = readmeGrpcurlCommands("README.md");
     assertTrue(rootExamples.size() >= 3, "root README grpcurl examples: " + rootExamples.size());
     examples.addAll(rootExamples);
+    // Token examples need a daemon with the README's tokens file: tokenExample_actsAsTheTokensTenant.
+    examples.removeIf(words -> words.contains("-H"));
     try (Channels.Connection connection = Channels.open(target(transport))) {
       ReflectionGrpcurl grpcurl = new ReflectionGrpcurl(connection.channel());
       for (List<String> words : examples) {
@@ -186,6 +188,39 @@ class GrpcurlExamplesTest {
           assertEquals("SERVING", JsonParser.parseString(output).getAsJsonObject().get("status").getAsString());
         }
       }
+    }
+  }
+
+  /**
+   * The README's grpcurl line with a bearer token, against a daemon whose --tokens-file is the
+   * README's example file: it lists team A's session only, never root's, and names the tenant.
+   */
+  @Test
+  void tokenExample_actsAsTheTokensTenant() throws Exception {
+    List<List<String>> withToken = readmeGrpcurlCommands("README.md").stream().filter(w -> w.contains("-H")).toList();
+    assertEquals(1, withToken.size(), "the README's grpcurl example with a token");
+    String readme = RepoFiles.read("README.md");
+    Matcher block = Pattern.compile("(?s)```text\n(  # TOKEN.*?)```").matcher(readme);
+    assertTrue(block.find(), "the README's tokens file example");
+    java.nio.file.Path tokens = java.nio.file.Files.createTempFile("gpumemd-tokens-", "");
+    java.nio.file.Files.writeString(tokens, block.group(1).replaceAll("(?m)^  ", ""));
+    java.nio.file.Files.setPosixFilePermissions(tokens, java.nio.file.attribute.PosixFilePermissions.fromString("rw-------"));
+    String header = withToken.get(0).get(withToken.get(0).indexOf("-H") + 1);
+    String token = header.substring(header.indexOf("Bearer ") + "Bearer ".length()).trim();
+    try (TestDaemon tokenDaemon = TestDaemon.start("--tokens-file", tokens.toString());
+         GpuMemClient root = GpuMemClient.builder(tokenDaemon.unixTarget()).clientName("root-worker").connect();
+         GpuMemClient teamA = GpuMemClient.builder(tokenDaemon.tcpTarget()).bearerToken(token)
+             .clientName("team-a-worker").connect();
+         Channels.Connection connection = Channels.open(tokenDaemon.tcpTarget())) {
+      String json = new ReflectionGrpcurl(connection.channel()).run(withToken.get(0));
+      JsonArray sessions = JsonParser.parseString(json).getAsJsonObject().getAsJsonArray("sessions");
+      assertEquals(1, sessions.size(), json);
+      JsonObject session = sessions.get(0).getAsJsonObject();
+      assertEquals(teamA.sessionId(), session.get("sessionId").getAsString(), json);
+      assertEquals("token:team-a", session.get("tenant").getAsString(), json);
+      assertFalse(json.contains(root.sessionId()), json);
+    } finally {
+      java.nio.file.Files.deleteIfExists(tokens);
     }
   }
 
@@ -257,7 +292,7 @@ class GrpcurlExamplesTest {
   /** The first positional argument: grpcurl's address. */
   private static String address(List<String> words) {
     for (int i = 1; i < words.size(); i++) {
-      if (words.get(i).equals("-d")) {
+      if (words.get(i).equals("-d") || words.get(i).equals("-H")) {
         i++;
       } else if (!words.get(i).startsWith("-")) {
         return words.get(i);

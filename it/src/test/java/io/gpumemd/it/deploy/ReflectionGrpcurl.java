@@ -34,7 +34,7 @@ import java.util.concurrent.TimeoutException;
  * {@link DynamicMessage}.
  *
  * <p>{@link #run} understands the grpcurl command lines deploy/README.md shows:
- * {@code grpcurl [-plaintext] [-unix] [-d JSON] ADDRESS (list [SERVICE] | describe SYMBOL |
+ * {@code grpcurl [-plaintext] [-unix] [-H 'NAME: VALUE'] [-d JSON] ADDRESS (list [SERVICE] | describe SYMBOL |
  * SERVICE/METHOD)}; the address is replaced by this object's channel. Not thread-safe.
  */
 final class ReflectionGrpcurl {
@@ -125,11 +125,16 @@ final class ReflectionGrpcurl {
     }
     String data = "{}";
     List<String> positional = new ArrayList<>();
+    io.grpc.Metadata headers = new io.grpc.Metadata();
     for (int i = 1; i < words.size(); i++) {
       String w = words.get(i);
       switch (w) {
         case "-plaintext", "-unix" -> { }
         case "-d" -> data = words.get(++i);
+        case "-H" -> {
+          String[] header = words.get(++i).split(":", 2);
+          headers.put(io.grpc.Metadata.Key.of(header[0].trim(), io.grpc.Metadata.ASCII_STRING_MARSHALLER), header[1].trim());
+        }
         default -> {
           if (w.startsWith("-")) {
             throw new IllegalArgumentException("grpcurl flag this test does not know: " + w);
@@ -140,6 +145,16 @@ final class ReflectionGrpcurl {
     }
     if (positional.size() < 2) {
       throw new IllegalArgumentException("expected ADDRESS and a verb: " + words);
+    }
+    if (!headers.keys().isEmpty()) {
+      // grpcurl -H: the same command on a channel that sends the headers with every call
+      List<String> without = new ArrayList<>(words);
+      for (int i = without.indexOf("-H"); i >= 0; i = without.indexOf("-H")) {
+        without.remove(i + 1);
+        without.remove(i);
+      }
+      return new ReflectionGrpcurl(io.grpc.ClientInterceptors.intercept(channel,
+          io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(headers))).run(without);
     }
     String verb = positional.get(1);
     List<String> rest = positional.subList(2, positional.size());
