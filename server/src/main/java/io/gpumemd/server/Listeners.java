@@ -88,8 +88,9 @@ final class Listeners implements AutoCloseable {
    * Listens on a Unix socket.
    *
    * @param mode its permissions as {@code rwxrwxrwx} text (who may connect at all)
+   * @param gid its group, or -1 to leave the daemon's
    */
-  void startUnix(Path path, String mode) throws IOException {
+  void startUnix(Path path, String mode, int gid) throws IOException {
     Path absolute = path.toAbsolutePath();
     prepareSocketPath(absolute);
     Server uds = bind("unix listener", "unix://" + absolute,
@@ -98,7 +99,10 @@ final class Listeners implements AutoCloseable {
             .channelType(EpollServerDomainSocketChannel.class));
     socketPath = absolute; // ours from now on: removed at close
     Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(mode));
-    log.info("Listening on unix://{} (mode {})", socketPath, mode);
+    if (gid >= 0) {
+      Files.setAttribute(socketPath, "unix:gid", gid);
+    }
+    log.info("Listening on unix://{} (mode {}{})", socketPath, mode, gid >= 0 ? ", group " + gid : "");
   }
 
   /**

@@ -22,6 +22,7 @@ import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -172,6 +173,39 @@ class TenancyTest {
   }
 
   @Test
+  void socketModeAndGroup_decideWhoMayConnect() throws Exception {
+    try (TestDaemon daemon = TestDaemon.start("--socket-mode", "0660", "--socket-group", "4242")) {
+      OtherUser.openUp(daemon.server().socketPath().getParent());
+      Path socket = daemon.server().socketPath();
+      assertEquals("rw-rw----", java.nio.file.attribute.PosixFilePermissions.toString(
+          java.nio.file.Files.getPosixFilePermissions(socket)));
+      assertEquals(4242, java.nio.file.Files.getAttribute(socket, "unix:gid"));
+      Map<String, String> member = probe(OtherUser.NOBODY, List.of(4242), daemon.unixTarget(), "0".repeat(32),
+          "0".repeat(32), 4096, "list");
+      assertEquals("OK", member.get("connect"), member.get("output"));
+      assertEquals("uid:65534", member.get("ownTenant"), member.get("output"));
+      Map<String, String> outsider = probe(OtherUser.NOBODY, List.of(), daemon.unixTarget(), "0".repeat(32),
+          "0".repeat(32), 4096, "list");
+      assertNotEquals("OK", outsider.get("connect"), outsider.get("output"));
+    }
+  }
+
+  @Test
+  void tenantQuota_holdsForAProcessThatOpensManySessions() throws Exception {
+    try (TestDaemon daemon = startDaemon("--quota-max-leased-bytes", "16KiB", "--tenant-max-leased-bytes", "64KiB")) {
+      Map<String, String> r = probe(OtherUser.NOBODY, List.of(), daemon.unixTarget(), "0".repeat(32),
+          "0".repeat(32), 16 * 1024, "manySessions");
+      assertEquals("4", r.get("leasesGranted"), "four 16 KiB sessions fill the tenant's 64 KiB: " + r.get("output"));
+      assertEquals("RESOURCE_EXHAUSTED", r.get("refusal"), r.get("output"));
+      // Another tenant (this process, uid 0) is not held back by uid 65534's use.
+      try (GpuMemClient root = GpuMemClient.builder(daemon.unixTarget()).connect();
+           Lease lease = root.lease(0, 16 * 1024)) {
+        assertFalse(lease.isClosed());
+      }
+    }
+  }
+
+  @Test
   void sameTenantOtherProcess_cannotDisplaceTheLiveStream() throws Exception {
     try (TestDaemon daemon = startDaemon();
          GpuMemClient victim = GpuMemClient.builder(daemon.unixTarget()).clientName("victim").connect()) {
@@ -227,7 +261,7 @@ class TenancyTest {
         rest.append(line).append('\n');
       }
       assertTrue(intruder.waitFor(30, TimeUnit.SECONDS));
-      assertTrue(rest.toString().contains("RESULT attachLoop=NOT_FOUND\n"), "every attach was refused as unknown:\n" + rest);
+      assertTrue(rest.toString().contains(" attachLoop=NOT_FOUND\n"), "every attach was refused as unknown:\n" + rest);
       daemon.verifyInvariants();
     }
   }

@@ -42,7 +42,15 @@ public final class TenantProbeMain {
     String victimLease = args[2];
     long leaseBytes = Long.parseLong(args[3]);
     Map<String, String> result = new LinkedHashMap<>();
-    try (GpuMemClient own = GpuMemClient.builder(target).clientName("probe").clientCacheBytes(0).connect()) {
+    GpuMemClient connected;
+    try {
+      connected = GpuMemClient.builder(target).clientName("probe").clientCacheBytes(0).connect();
+      result.put("connect", "OK");
+    } catch (RuntimeException e) {
+      System.out.println("RESULT connect=" + e.getMessage().replaceAll("\\s+", "_"));
+      return;
+    }
+    try (GpuMemClient own = connected) {
       ManagedChannel channel = own.connection().channel();
       AdminGrpc.AdminBlockingStub admin = AdminGrpc.newBlockingStub(channel).withDeadlineAfter(20, TimeUnit.SECONDS);
       AllocatorGrpc.AllocatorBlockingStub allocator =
@@ -50,6 +58,7 @@ public final class TenantProbeMain {
       for (String action : args[4].split(",")) {
         switch (action) {
           case "own" -> ownLease(own, leaseBytes, result);
+          case "manySessions" -> manySessions(target, leaseBytes, result);
           case "list" -> {
             var sessions = admin.listSessions(ListSessionsRequest.getDefaultInstance()).getSessionsList();
             result.put("sessionsSeen", Integer.toString(sessions.size()));
@@ -90,6 +99,27 @@ public final class TenantProbeMain {
     StringBuilder line = new StringBuilder("RESULT");
     result.forEach((k, v) -> line.append(' ').append(k).append('=').append(v));
     System.out.println(line);
+  }
+
+  /** Eight more sessions of this process, one lease each: how many the tenant quota grants. */
+  private static void manySessions(String target, long leaseBytes, Map<String, String> result) {
+    java.util.List<GpuMemClient> clients = new java.util.ArrayList<>();
+    int granted = 0;
+    try {
+      for (int i = 0; i < 8; i++) {
+        GpuMemClient client = GpuMemClient.builder(target).clientName("many-" + i).clientCacheBytes(0).connect();
+        clients.add(client);
+        try {
+          client.lease(0, leaseBytes, false, "quota");
+          granted++;
+        } catch (io.gpumemd.client.GpuMemException e) {
+          result.put("refusal", e.code().name());
+        }
+      }
+    } finally {
+      clients.forEach(GpuMemClient::close);
+    }
+    result.put("leasesGranted", Integer.toString(granted));
   }
 
   /** Its own lease: mappable by this user, and nothing of anyone else's in it. */

@@ -194,6 +194,11 @@ public final class ServerOptions {
           + "0600, or 0660 with --shm-group")
   String socketMode;
 
+  @Option(names = "--socket-group", paramLabel = "GROUP",
+      description = "group (name or gid) of the Unix socket, for a mode such as 0660 (default: the "
+          + "--shm-group, else the daemon's)")
+  String socketGroup;
+
   @Option(names = "--tenant-by", paramLabel = "uid|gid", defaultValue = "uid",
       description = "what makes a local peer's tenant: its uid, or its primary gid (tokens and "
           + "certificates name their own tenant)")
@@ -446,6 +451,20 @@ public final class ServerOptions {
     return rwx.toString();
   }
 
+  /** The socket's group: --socket-group, else --shm-group, else -1 (the daemon's). */
+  private static int socketGid(Settings s) {
+    String name = s.text("socket-group").isEmpty() ? "shm-group" : "socket-group";
+    String group = s.text(name);
+    if (group.isEmpty()) {
+      return -1;
+    }
+    int gid = UnixAccounts.gidOf(group);
+    if (gid < 0) {
+      s.problem(s.get(name), "a group name from /etc/group or a numeric gid");
+    }
+    return gid;
+  }
+
   /** The admin group's gid; a name the group database does not know is a problem. */
   private static int adminGid(Settings s) {
     String group = s.text("admin-group");
@@ -626,7 +645,8 @@ public final class ServerOptions {
             adminGid(s),
             s.choice("isolate", List.of("tenant", "session")).equals("session"),
             new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
-            socketMode(s)),
+            socketMode(s),
+            socketGid(s)),
         security,
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),

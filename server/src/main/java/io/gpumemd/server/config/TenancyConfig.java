@@ -13,6 +13,7 @@ import io.gpumemd.server.session.Quota;
  * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
  * @param socketMode permissions of the Unix socket as {@code rwxrwxrwx} text: who may connect
  *     at all (who they are is decided per connection, by the kernel)
+ * @param socketGid the socket's group, or -1 to leave the daemon's
  */
 public record TenancyConfig(
     IdentityPolicy.TenantBy tenantBy,
@@ -20,7 +21,8 @@ public record TenancyConfig(
     int adminGid,
     boolean isolateSessions,
     Quota tenantQuota,
-    String socketMode) {
+    String socketMode,
+    int socketGid) {
 
   /** The identity policy of this daemon, running as {@code daemonUid}. */
   public IdentityPolicy identityPolicy(int daemonUid) {
