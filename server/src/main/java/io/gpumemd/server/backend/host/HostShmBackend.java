@@ -9,7 +9,6 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
-import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
@@ -51,6 +50,10 @@ import org.slf4j.LoggerFactory;
  *   <li>any other segment stays the daemon's, mode 0600 (0660 with a configured group), so only
  *       the daemon's user (and that group) can open it.
  * </ul>
+ *
+ * <p>Segment files are backed (written with zeros) when allocated, not sparse: a file system
+ * that fills up refuses the allocation ({@link BackendOutOfMemoryException}, RESOURCE_EXHAUSTED
+ * at Lease) instead of faulting a client with SIGBUS when it first touches a page.
  *
  * <p>The directories are mode 0711 (0751 with a configured group): anyone may pass through to a
  * file given to them, nobody else may list the segments. A lock file in {@code shmDir} keeps
@@ -155,10 +158,11 @@ public final class HostShmBackend implements MemoryBackend {
     FileStore store = Files.getFileStore(root);
     long wanted = capacityBytes * deviceCount;
     if (store.getUsableSpace() < wanted) {
-      // tmpfs files are sparse: allocation succeeds, and a client touching pages past the
-      // file system's room gets SIGBUS. Say so once, loudly, instead of failing later.
-      log.warn("shm-dir {} ({}) has {} bytes free but the host devices may use {}: clients may "
-              + "fault when it fills; lower --host-device-bytes or enlarge the file system",
+      // Segments are backed when allocated, so a full file system refuses leases
+      // (RESOURCE_EXHAUSTED) rather than faulting clients; still, the devices will never reach
+      // their configured size. Say so once.
+      log.warn("shm-dir {} ({}) has {} bytes free but the host devices may use {}: leases will be "
+              + "refused once it fills; lower --host-device-bytes or enlarge the file system",
           root, store.type(), store.getUsableSpace(), wanted);
     }
   }
@@ -200,15 +204,43 @@ public final class HostShmBackend implements MemoryBackend {
         // createFile honours the umask; set the mode (and group) explicitly.
         restrict(path, fileMode);
       }
-      try (RandomAccessFile file = new RandomAccessFile(path.toFile(), "rw")) {
-        file.setLength(bytes); // sparse: pages are allocated when first touched
-      }
+      back(path, bytes);
       return new HostSegment(device, bytes, path);
     } catch (IOException e) {
       usedBytes.addAndGet(device, -bytes);
       deleteQuietly(path);
+      if (isNoSpace(e)) {
+        throw new BackendOutOfMemoryException("host device " + device + ": the file system of " + root
+            + " has no room for " + bytes + " more bytes (ENOSPC; its size, not --host-device-bytes, is the limit)");
+      }
       throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
     }
+  }
+
+  /**
+   * Gives the file its pages now, by writing zeros over all of it. A sparse file would take
+   * them when a client first touches each page, and on a full tmpfs that touch is a SIGBUS that
+   * kills the client; here a full file system is an allocation failure, which the pool answers
+   * with RESOURCE_EXHAUSTED. (Java has no posix_fallocate; writing is what it would do on tmpfs.)
+   */
+  private static void back(Path path, long bytes) throws IOException {
+    try (FileChannel channel = FileChannel.open(path, StandardOpenOption.WRITE)) {
+      writeZeros(channel, 0, bytes);
+    }
+  }
+
+  private static void writeZeros(FileChannel channel, long offset, long length) throws IOException {
+    long position = offset;
+    long end = offset + length;
+    while (position < end) {
+      ByteBuffer chunk = ZEROS.duplicate();
+      chunk.limit((int) Math.min(ZERO_CHUNK, end - position));
+      position += channel.write(chunk, position);
+    }
+  }
+
+  private static boolean isNoSpace(IOException e) {
+    return String.valueOf(e.getMessage()).contains("No space left on device");
   }
 
   /**
@@ -265,13 +297,8 @@ public final class HostShmBackend implements MemoryBackend {
   public void zero(SegmentMemory segment, long offset, long length) {
     HostSegment host = (HostSegment) segment;
     try (FileChannel channel = FileChannel.open(host.path(), StandardOpenOption.WRITE)) {
-      long position = offset;
-      long end = offset + length;
-      while (position < end) {
-        ByteBuffer chunk = ZEROS.duplicate();
-        chunk.limit((int) Math.min(ZERO_CHUNK, end - position));
-        position += channel.write(chunk, position);
-      }
+      // The pages exist since allocate: zeroing cannot run out of space.
+      writeZeros(channel, offset, length);
     } catch (IOException e) {
       throw new BackendException("host zero " + host.path() + " [" + offset + ", +" + length + "): " + e, e);
     }

@@ -1,0 +1,92 @@
+package io.gpumemd.it.hardening;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.GpuMemException;
+import io.gpumemd.client.Lease;
+import io.gpumemd.server.testing.TestDaemon;
+import io.grpc.Status;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Host devices larger than the shared-memory file system under them: an 8 MiB tmpfs beneath a
+ * 64 MiB device. Every lease granted can be touched to its last byte (no SIGBUS), the lease
+ * that does not fit is RESOURCE_EXHAUSTED naming the file system, and zeroing a cached block on
+ * the full file system works (its pages exist since it was allocated). Needs root to mount the
+ * tmpfs, as CI has; skips with that reason otherwise.
+ */
+class ShmFullTest {
+  private static final int MIB = 1 << 20;
+  private Path mount;
+
+  @BeforeEach
+  void mountSmallTmpfs() throws Exception {
+    mount = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-tmpfs-");
+    Process p = new ProcessBuilder("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mount.toString())
+        .redirectErrorStream(true).start();
+    String out = new String(p.getInputStream().readAllBytes());
+    boolean mounted = p.waitFor(10, TimeUnit.SECONDS) && p.exitValue() == 0;
+    if (!mounted) {
+      Files.deleteIfExists(mount);
+    }
+    Assumptions.assumeTrue(mounted, "needs root to mount a small tmpfs: " + out.trim());
+  }
+
+  @AfterEach
+  void unmount() throws Exception {
+    new ProcessBuilder("umount", mount.toString()).start().waitFor(10, TimeUnit.SECONDS);
+    Files.deleteIfExists(mount);
+  }
+
+  @Test
+  void fullFileSystem_refusesLeases_andEveryGrantedByteCanBeTouched() {
+    try (TestDaemon daemon = TestDaemon.start("--shm-dir", mount.resolve("shm").toString(), "--host-devices", "1",
+        "--host-device-bytes", "64MiB", "--unmap-wait-ms", "100");
+         GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+      List<Lease> granted = new ArrayList<>();
+      GpuMemException refused = null;
+      for (int i = 0; i < 64 && refused == null; i++) {
+        try {
+          granted.add(client.lease(0, MIB));
+        } catch (GpuMemException e) {
+          refused = e;
+        }
+      }
+      assertNotNull(refused, "an 8 MiB file system cannot hold 64 leases of 1 MiB");
+      assertEquals(Status.Code.RESOURCE_EXHAUSTED, refused.code(), refused.getMessage());
+      assertTrue(refused.getMessage().contains("no room"), refused.getMessage());
+      assertTrue(granted.size() >= 4, "granted before the file system filled: " + granted.size());
+      // Touch every page of every granted lease: a sparse file would fault here.
+      for (Lease lease : granted) {
+        ByteBuffer bytes = lease.buffer();
+        for (int off = 0; off < bytes.capacity(); off += 4096) {
+          bytes.put(off, (byte) 0x7e);
+        }
+        bytes.put(bytes.capacity() - 1, (byte) 0x7e);
+      }
+      // A cached block zeroed on the full file system: its pages exist, so this cannot fail.
+      Lease last = granted.remove(granted.size() - 1);
+      last.close();
+      try (Lease zeroed = client.lease(0, MIB, true, "zeroed")) {
+        ByteBuffer bytes = zeroed.buffer();
+        for (int off = 0; off < bytes.capacity(); off += 4096) {
+          assertEquals(0, bytes.get(off), "offset " + off);
+        }
+      }
+      granted.forEach(Lease::close);
+      daemon.verifyInvariants();
+    }
+  }
+}
