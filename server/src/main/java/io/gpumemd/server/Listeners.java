@@ -25,6 +25,7 @@ import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
@@ -189,11 +190,21 @@ final class Listeners implements AutoCloseable {
     return false;
   }
 
-  /** Removes a stale socket file, refusing if a live daemon still answers on it. */
+  /**
+   * Removes a stale socket file, refusing if a live daemon still answers on it, and refusing
+   * anything that is not a socket: a mistyped {@code --socket} must never delete a file.
+   */
   private static void prepareSocketPath(Path path) throws IOException {
     Files.createDirectories(path.getParent());
-    if (!Files.exists(path)) {
+    if (!Files.exists(path, LinkOption.NOFOLLOW_LINKS)) {
       return;
+    }
+    int type = (Integer) Files.getAttribute(path, "unix:mode", LinkOption.NOFOLLOW_LINKS) & 0170000;
+    if (type != 0140000) {
+      String what = Files.isSymbolicLink(path) ? "a symbolic link" : Files.isDirectory(path, LinkOption.NOFOLLOW_LINKS)
+          ? "a directory" : Files.isRegularFile(path, LinkOption.NOFOLLOW_LINKS) ? "a regular file" : "not a socket";
+      throw new IOException("unix listener: " + path + " exists and is " + what
+          + "; gpumemd replaces only a stale socket (expected: a free path for --socket)");
     }
     boolean live;
     try (SocketChannel probe = SocketChannel.open(StandardProtocolFamily.UNIX)) {

@@ -81,4 +81,47 @@ class FailedStartTest {
     }
     assertTrue(Files.isDirectory(dir.resolve("shm")), "a directory the daemon did not create stays");
   }
+
+  @Test
+  void socketPathThatIsARegularFile_isRefused_andTheFileKept() throws IOException {
+    Path file = dir.resolve("notes.txt");
+    Files.writeString(file, "an operator's file");
+    IOException e = startExpectingFailure("--socket", file.toString());
+    assertEquals("unix listener: " + file + " exists and is a regular file; gpumemd replaces only a stale socket "
+        + "(expected: a free path for --socket)", e.getMessage());
+    assertEquals("an operator's file", Files.readString(file), "the file is untouched");
+  }
+
+  @Test
+  void sharedShmDirectory_keepsItsMode_andTheDaemonUsesItsOwnSubdirectory() throws IOException {
+    Path shared = dir.resolve("shared");
+    Files.createDirectories(shared);
+    Files.setAttribute(shared, "unix:mode", 01777);
+    try (TestDaemon daemon = TestDaemon.start("--shm-dir", shared.toString())) {
+      var session = daemon.server().registry().open("shm-check", 0);
+      daemon.server().registry().lease(session.id(), 0, 4096, false, "", false);
+      try (var files = Files.list(shared.resolve("gpumemd").resolve("dev0"))) {
+        assertEquals(1, files.filter(f -> f.getFileName().toString().startsWith("seg-")).count(),
+            "the segment lives in the daemon's own subdirectory");
+      }
+      assertEquals(01777, (Integer) Files.getAttribute(shared, "unix:mode") & 07777, "the shared directory's mode");
+    }
+    assertEquals(01777, (Integer) Files.getAttribute(shared, "unix:mode") & 07777, "still, after the daemon stopped");
+    assertFalse(Files.exists(shared.resolve("gpumemd")), "its own subdirectory is removed at close");
+  }
+
+  @Test
+  void sharedShmDirectory_whoseSubdirectoryIsSomeoneElses_isRefused() throws IOException {
+    Path shared = dir.resolve("shared");
+    Path planted = shared.resolve("gpumemd");
+    Files.createDirectories(planted);
+    Files.setAttribute(shared, "unix:mode", 01777);
+    Files.setAttribute(planted, "unix:mode", 0777); // anyone could swap the files in it
+    List<String> args = new ArrayList<>(List.of(TestDaemon.defaultFlags(dir)));
+    args.addAll(List.of("--shm-dir", shared.toString()));
+    var config = ServerOptions.parse(args.toArray(String[]::new), Map.of());
+    var e = assertThrows(io.gpumemd.server.backend.BackendException.class, () -> GpumemdServer.start(config));
+    assertTrue(e.getMessage().contains(planted + " is not this user's own"), e.getMessage());
+    assertEquals(0777, (Integer) Files.getAttribute(planted, "unix:mode") & 07777, "left as it was");
+  }
 }

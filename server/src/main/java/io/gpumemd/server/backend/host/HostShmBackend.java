@@ -18,6 +18,7 @@ import java.nio.file.DirectoryStream;
 import java.nio.file.FileStore;
 import java.nio.file.FileSystemException;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.GroupPrincipal;
@@ -98,11 +99,11 @@ public final class HostShmBackend implements MemoryBackend {
    * @throws BackendException when the directory cannot be used or another daemon holds it
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName) {
-    this.root = shmDir.toAbsolutePath();
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
-      this.createdRoot = !Files.exists(root);
+      this.root = ownDirectory(shmDir.toAbsolutePath());
+      this.createdRoot = !Files.exists(root, LinkOption.NOFOLLOW_LINKS);
       Files.createDirectories(root);
       this.group = groupName == null || groupName.isEmpty()
           ? null
@@ -112,7 +113,9 @@ public final class HostShmBackend implements MemoryBackend {
       // reachable by them; each file's own mode decides who may open it.
       Set<PosixFilePermission> dirMode =
           PosixFilePermissions.fromString(group == null ? "rwx--x--x" : "rwxr-x--x");
-      restrict(root, dirMode);
+      if (createdRoot) {
+        restrict(root, dirMode); // never the mode of a directory an operator made
+      }
       this.lockChannel = FileChannel.open(root.resolve(".gpumemd.lock"),
           StandardOpenOption.CREATE, StandardOpenOption.WRITE);
       FileLock taken;
@@ -142,8 +145,46 @@ public final class HostShmBackend implements MemoryBackend {
       this.devices = List.copyOf(infos);
       warnIfFileSystemTooSmall(deviceCount);
     } catch (IOException e) {
-      throw new BackendException("shm-dir: cannot use " + root + ": " + e, e);
+      throw new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
     }
+  }
+
+  /**
+   * The directory the segment files go in: {@code shmDir} itself when it does not exist yet
+   * (it will be ours) or is this user's own and writable by nobody else; else (a shared
+   * directory such as {@code /dev/shm}, mode 1777, or anyone else's) a subdirectory {@code
+   * gpumemd} of it, which must in turn be new or this user's own. Anyone who can write to the
+   * directory could otherwise plant or swap the files clients map.
+   *
+   * @throws BackendException when the subdirectory exists and is not this user's own
+   */
+  static Path ownDirectory(Path shmDir) throws IOException {
+    if (!Files.exists(shmDir, LinkOption.NOFOLLOW_LINKS) || isOwnPrivate(shmDir)) {
+      return shmDir;
+    }
+    Path sub = shmDir.resolve("gpumemd");
+    if (Files.exists(sub, LinkOption.NOFOLLOW_LINKS) && !isOwnPrivate(sub)) {
+      throw new BackendException("shm-dir: " + shmDir + " is shared (or not this daemon's user's), and its "
+          + "subdirectory " + sub + " is not this user's own either (owner uid "
+          + Files.getAttribute(sub, "unix:uid", LinkOption.NOFOLLOW_LINKS) + ", mode "
+          + PosixFilePermissions.toString(Files.getPosixFilePermissions(sub, LinkOption.NOFOLLOW_LINKS))
+          + "); expected: a directory of this user that nobody else can write, or none");
+    }
+    if (!sub.equals(shmDir)) {
+      log.info("shm-dir {} is shared or not this user's own: segment files go in {}", shmDir, sub);
+    }
+    return sub;
+  }
+
+  /** A real directory (not a link) of this process's user, writable by nobody else. */
+  private static boolean isOwnPrivate(Path dir) throws IOException {
+    if (!Files.isDirectory(dir, LinkOption.NOFOLLOW_LINKS)) {
+      return false;
+    }
+    int owner = (Integer) Files.getAttribute(dir, "unix:uid", LinkOption.NOFOLLOW_LINKS);
+    int mode = (Integer) Files.getAttribute(dir, "unix:mode", LinkOption.NOFOLLOW_LINKS);
+    int self = (Integer) Files.getAttribute(Path.of("/proc/self"), "unix:uid");
+    return owner == self && (mode & 0022) == 0;
   }
 
   private void restrict(Path path, Set<PosixFilePermission> mode) throws IOException {
