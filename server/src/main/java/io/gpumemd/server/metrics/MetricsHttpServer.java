@@ -1,63 +1,148 @@
 package io.gpumemd.server.metrics;
 
-import com.sun.net.httpserver.HttpServer;
+import io.grpc.netty.shaded.io.netty.bootstrap.ServerBootstrap;
+import io.grpc.netty.shaded.io.netty.buffer.Unpooled;
+import io.grpc.netty.shaded.io.netty.channel.Channel;
+import io.grpc.netty.shaded.io.netty.channel.ChannelFutureListener;
+import io.grpc.netty.shaded.io.netty.channel.ChannelHandlerContext;
+import io.grpc.netty.shaded.io.netty.channel.ChannelInitializer;
+import io.grpc.netty.shaded.io.netty.channel.SimpleChannelInboundHandler;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerSocketChannel;
+import io.grpc.netty.shaded.io.netty.channel.socket.SocketChannel;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.DefaultFullHttpResponse;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.FullHttpRequest;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.FullHttpResponse;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpHeaderNames;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpMethod;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpObjectAggregator;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpResponseStatus;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpServerCodec;
+import io.grpc.netty.shaded.io.netty.handler.codec.http.HttpVersion;
 import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.io.IOException;
-import java.io.OutputStream;
+import java.net.BindException;
 import java.net.InetSocketAddress;
+import java.net.URI;
 import java.nio.charset.StandardCharsets;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
- * Serves {@code GET /metrics} in the Prometheus text format from the JDK's built-in HTTP
- * server (one thread: scrapes are rare). Anything else is 404.
+ * Serves {@code GET /metrics} in the Prometheus text format; anything else is 404 (405 for
+ * other methods). Built on the Netty that gRPC already ships, on one event-loop thread, so a
+ * client that sends half a request holds only its own connection: every connection must finish
+ * its request within {@value #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at
+ * most {@value #MAX_CONNECTIONS} connections are open at once (more are closed at accept).
+ * (The JDK's built-in server reads a request on its worker thread, so one half-sent request
+ * stalled every scrape until the client gave up.)
+ *
+ * <p>Thread-safety: started and closed by one thread; connections are served on the event loop.
  */
 public final class MetricsHttpServer implements AutoCloseable {
-  private final HttpServer server;
-  private final ExecutorService executor;
+  private static final Logger log = LoggerFactory.getLogger(MetricsHttpServer.class);
+  static final int REQUEST_DEADLINE_SECONDS = 5;
+  static final int MAX_CONNECTIONS = 32;
+  private static final int MAX_REQUEST_BYTES = 8192;
+
+  private final EpollEventLoopGroup group = new EpollEventLoopGroup(1, r -> {
+    Thread t = new Thread(r, "gpumemd-metrics");
+    t.setDaemon(true);
+    return t;
+  });
+  private final Channel channel;
+  private final AtomicInteger connections = new AtomicInteger();
 
   /**
    * @param beforeScrape runs on the metrics thread before each scrape (takes the snapshot the
    *     pool meters read)
-   * @throws IOException when the address cannot be bound
+   * @throws BindException when the address is taken
+   * @throws IOException when it cannot be bound for another reason
    */
   public MetricsHttpServer(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape)
       throws IOException {
-    server = HttpServer.create(new InetSocketAddress(host, port), 16);
-    executor = Executors.newSingleThreadExecutor(r -> {
-      Thread t = new Thread(r, "gpumemd-metrics");
-      t.setDaemon(true);
-      return t;
-    });
-    server.setExecutor(executor);
-    server.createContext("/", exchange -> {
-      try (exchange) {
-        if (!exchange.getRequestURI().getPath().equals("/metrics")) {
-          byte[] body = "not found: try /metrics\n".getBytes(StandardCharsets.UTF_8);
-          exchange.sendResponseHeaders(404, body.length);
-          exchange.getResponseBody().write(body);
-          return;
-        }
-        beforeScrape.run();
-        byte[] body = registry.scrape().getBytes(StandardCharsets.UTF_8);
-        exchange.getResponseHeaders().set("Content-Type", "text/plain; version=0.0.4; charset=utf-8");
-        exchange.sendResponseHeaders(200, body.length);
-        try (OutputStream out = exchange.getResponseBody()) {
-          out.write(body);
-        }
+    ServerBootstrap bootstrap = new ServerBootstrap().group(group).channel(EpollServerSocketChannel.class)
+        .childHandler(new ChannelInitializer<SocketChannel>() {
+          @Override
+          protected void initChannel(SocketChannel ch) {
+            if (connections.incrementAndGet() > MAX_CONNECTIONS) {
+              connections.decrementAndGet();
+              ch.close();
+              return;
+            }
+            ch.closeFuture().addListener(f -> connections.decrementAndGet());
+            // A connection that has not sent a whole request by then is dropped, however slowly
+            // it trickles bytes in: a read timeout alone would not stop a slowloris.
+            ch.eventLoop().schedule(() -> ch.close(), REQUEST_DEADLINE_SECONDS, TimeUnit.SECONDS);
+            ch.pipeline().addLast(new HttpServerCodec(4096, MAX_REQUEST_BYTES, MAX_REQUEST_BYTES),
+                new HttpObjectAggregator(MAX_REQUEST_BYTES), new Scrape(registry, beforeScrape));
+          }
+        });
+    try {
+      channel = bootstrap.bind(new InetSocketAddress(host, port)).syncUninterruptibly().channel();
+    } catch (Exception e) { // Netty rethrows the bind's IOException unchecked
+      group.shutdownGracefully(0, 0, TimeUnit.SECONDS);
+      if (e instanceof BindException || e.getCause() instanceof BindException
+          || String.valueOf(e.getMessage()).contains("Address already in use")) {
+        throw new BindException(host + ":" + port + " already in use");
       }
-    });
-    server.start();
+      throw new IOException("metrics listener: " + host + ":" + port + ": " + e.getMessage(), e);
+    }
   }
 
   public int port() {
-    return server.getAddress().getPort();
+    return ((InetSocketAddress) channel.localAddress()).getPort();
   }
 
   @Override
   public void close() {
-    server.stop(0);
-    executor.shutdownNow();
+    channel.close().syncUninterruptibly();
+    group.shutdownGracefully(0, 1, TimeUnit.SECONDS).syncUninterruptibly();
+  }
+
+  /** Answers one request and closes the connection (scrapes are rare; no keep-alive to bound). */
+  private static final class Scrape extends SimpleChannelInboundHandler<FullHttpRequest> {
+    private final PrometheusMeterRegistry registry;
+    private final Runnable beforeScrape;
+
+    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape) {
+      this.registry = registry;
+      this.beforeScrape = beforeScrape;
+    }
+
+    @Override
+    protected void channelRead0(ChannelHandlerContext ctx, FullHttpRequest request) {
+      if (!request.decoderResult().isSuccess()) {
+        respond(ctx, HttpResponseStatus.BAD_REQUEST, "bad request\n", "text/plain; charset=utf-8");
+        return;
+      }
+      String path = URI.create(request.uri().startsWith("/") ? request.uri() : "/").getPath();
+      if (!request.method().equals(HttpMethod.GET) && !request.method().equals(HttpMethod.HEAD)) {
+        respond(ctx, HttpResponseStatus.METHOD_NOT_ALLOWED, "GET /metrics\n", "text/plain; charset=utf-8");
+      } else if (!"/metrics".equals(path)) {
+        respond(ctx, HttpResponseStatus.NOT_FOUND, "not found: try /metrics\n", "text/plain; charset=utf-8");
+      } else {
+        beforeScrape.run();
+        respond(ctx, HttpResponseStatus.OK, registry.scrape(), "text/plain; version=0.0.4; charset=utf-8");
+      }
+    }
+
+    @Override
+    public void exceptionCaught(ChannelHandlerContext ctx, Throwable cause) {
+      // A peer that resets or sends garbage: its connection goes; nothing to log at INFO.
+      log.debug("Metrics connection from {} closed: {}", ctx.channel().remoteAddress(), cause.toString());
+      ctx.close();
+    }
+
+    private static void respond(ChannelHandlerContext ctx, HttpResponseStatus status, String body, String type) {
+      byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
+      FullHttpResponse response = new DefaultFullHttpResponse(HttpVersion.HTTP_1_1, status, Unpooled.wrappedBuffer(bytes));
+      response.headers().set(HttpHeaderNames.CONTENT_TYPE, type)
+          .setInt(HttpHeaderNames.CONTENT_LENGTH, bytes.length)
+          .set(HttpHeaderNames.CONNECTION, "close");
+      ctx.writeAndFlush(response).addListener(ChannelFutureListener.CLOSE);
+    }
   }
 }

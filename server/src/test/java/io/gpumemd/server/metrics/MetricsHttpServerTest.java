@@ -1,0 +1,147 @@
+package io.gpumemd.server.metrics;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.micrometer.prometheusmetrics.PrometheusConfig;
+import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.BindException;
+import java.net.InetAddress;
+import java.net.Socket;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The metrics endpoint under clients that misbehave: half-sent requests (a slowloris) do not
+ * stall other scrapes and are dropped at the deadline, connections beyond the bound are closed,
+ * and oversized or non-GET requests get their own answer.
+ */
+class MetricsHttpServerTest {
+  private final PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
+  private final AtomicInteger scrapes = new AtomicInteger();
+  private MetricsHttpServer server;
+  private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(2)).build();
+
+  @BeforeEach
+  void start() throws IOException {
+    registry.counter("gpumemd.test").increment();
+    server = new MetricsHttpServer("127.0.0.1", 0, registry, scrapes::incrementAndGet);
+  }
+
+  @AfterEach
+  void stop() {
+    server.close();
+  }
+
+  private HttpResponse<String> get(String path) throws Exception {
+    return http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + server.port() + path))
+        .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofString());
+  }
+
+  @Test
+  void scrape_servesTheRegistry_andOtherPathsAre404() throws Exception {
+    HttpResponse<String> ok = get("/metrics");
+    assertEquals(200, ok.statusCode());
+    assertTrue(ok.body().contains("gpumemd_test_total 1.0"), ok.body());
+    assertTrue(ok.headers().firstValue("content-type").orElse("").startsWith("text/plain; version=0.0.4"));
+    assertEquals(1, scrapes.get());
+    assertEquals(404, get("/other").statusCode());
+    HttpResponse<String> post = http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + server.port() + "/metrics"))
+        .POST(HttpRequest.BodyPublishers.ofString("x")).timeout(Duration.ofSeconds(2)).build(),
+        HttpResponse.BodyHandlers.ofString());
+    assertEquals(405, post.statusCode());
+  }
+
+  @Test
+  void halfSentRequests_doNotStallScrapes_andAreDroppedAtTheDeadline() throws Exception {
+    List<Socket> slow = new ArrayList<>();
+    try {
+      for (int i = 0; i < 8; i++) {
+        Socket s = new Socket(InetAddress.getLoopbackAddress(), server.port());
+        s.getOutputStream().write("GET /metrics HTTP/1.1\r\nHost: x\r\n".getBytes(StandardCharsets.US_ASCII));
+        s.getOutputStream().flush();
+        slow.add(s);
+      }
+      long t0 = System.nanoTime();
+      assertEquals(200, get("/metrics").statusCode(), "a scrape while eight requests hang half-sent");
+      assertTrue(System.nanoTime() - t0 < 1_500_000_000L, "served without waiting for the slow ones");
+      // The half-sent ones are closed by the server once the deadline passes.
+      Socket first = slow.get(0);
+      first.setSoTimeout((MetricsHttpServer.REQUEST_DEADLINE_SECONDS + 3) * 1000);
+      InputStream in = first.getInputStream();
+      assertEquals(-1, in.read(), "the server closed the connection that never finished its request");
+    } finally {
+      for (Socket s : slow) {
+        s.close();
+      }
+    }
+  }
+
+  @Test
+  void connectionsBeyondTheBound_areClosed_andScrapesResumeWhenTheyGo() throws Exception {
+    List<Socket> idle = new ArrayList<>();
+    try {
+      for (int i = 0; i < MetricsHttpServer.MAX_CONNECTIONS; i++) {
+        idle.add(new Socket(InetAddress.getLoopbackAddress(), server.port()));
+      }
+      // Make sure the server has accepted them all before the extra one.
+      Thread.sleep(200);
+      try (Socket extra = new Socket(InetAddress.getLoopbackAddress(), server.port())) {
+        extra.setSoTimeout(2000);
+        OutputStream out = extra.getOutputStream();
+        out.write("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".getBytes(StandardCharsets.US_ASCII));
+        out.flush();
+        assertEquals(-1, extra.getInputStream().read(), "closed at accept: the bound is reached");
+      } catch (java.net.SocketException reset) {
+        // closed at accept, seen as a reset: the same outcome
+      }
+    } finally {
+      for (Socket s : idle) {
+        s.close();
+      }
+    }
+    long deadline = System.nanoTime() + 3_000_000_000L;
+    int status = 0;
+    while (status != 200 && System.nanoTime() < deadline) {
+      try {
+        status = get("/metrics").statusCode();
+      } catch (IOException e) {
+        Thread.sleep(50);
+      }
+    }
+    assertEquals(200, status, "scrapes resume once the idle connections are gone");
+  }
+
+  @Test
+  void oversizedRequest_isRefused_andTheServerCarriesOn() throws Exception {
+    try (Socket s = new Socket(InetAddress.getLoopbackAddress(), server.port())) {
+      s.setSoTimeout(3000);
+      String huge = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + "a".repeat(20_000) + "\r\n\r\n";
+      s.getOutputStream().write(huge.getBytes(StandardCharsets.US_ASCII));
+      String answer = new String(s.getInputStream().readAllBytes(), StandardCharsets.US_ASCII);
+      assertTrue(answer.isEmpty() || answer.startsWith("HTTP/1.1 4"), answer);
+    } catch (java.net.SocketException reset) {
+      // the server may drop it mid-send: also a refusal
+    }
+    assertEquals(200, get("/metrics").statusCode());
+  }
+
+  @Test
+  void takenPort_isABindException() {
+    assertThrows(BindException.class, () -> new MetricsHttpServer("127.0.0.1", server.port(), registry, () -> { }));
+  }
+}
