@@ -170,7 +170,7 @@ public final class GpumemdServer {
     log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
         ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
     if (config.socket() != null) {
-      listeners.startUnix(config.socket(), config.tenancy().socketMode(), config.tenancy().socketGid());
+      listeners.startUnix(config.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
     }
     if (config.tcpEnabled()) {
       listeners.startTcp(config.listenHost(), config.listenPort(), config.security());

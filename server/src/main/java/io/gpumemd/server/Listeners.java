@@ -4,6 +4,7 @@ import io.gpumemd.server.auth.AuthInterceptor;
 import io.gpumemd.server.auth.CertificatePeers;
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.auth.LoopbackPeers;
+import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.auth.UnixPeerNegotiator;
 import io.gpumemd.server.config.TcpSecurityConfig;
 import io.gpumemd.server.metrics.MetricsHttpServer;
@@ -89,9 +90,14 @@ final class Listeners implements AutoCloseable {
    * Listens on a Unix socket.
    *
    * @param mode its permissions as {@code rwxrwxrwx} text (who may connect at all)
-   * @param gid its group, or -1 to leave the daemon's
+   * @param group its group (name or gid), or empty to leave the daemon's
    */
-  void startUnix(Path path, String mode, int gid) throws IOException {
+  void startUnix(Path path, String mode, String group) throws IOException {
+    int gid = group.isEmpty() ? -1 : UnixAccounts.gidOf(group);
+    if (!group.isEmpty() && gid < 0) {
+      throw new IOException("unix listener: socket group '" + group + "' is not a group on this host "
+          + "(expected: a name from /etc/group or a numeric gid)");
+    }
     Path absolute = path.toAbsolutePath();
     prepareSocketPath(absolute);
     Server uds = bind("unix listener", "unix://" + absolute,

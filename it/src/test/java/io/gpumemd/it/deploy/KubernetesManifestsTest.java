@@ -154,6 +154,17 @@ class KubernetesManifestsTest {
     }
   }
 
+  /** The daemon binds metrics to 127.0.0.1 by default; both pods bind their own address instead. */
+  @Test
+  void metrics_bindThePodAddressExplicitly() {
+    for (Workload w : List.of(sidecar(), daemonSet())) {
+      assertEquals("$(POD_IP)", w.daemonConfig().metricsHost());
+      Map<String, Object> podIp = listOrEmpty(w.container("gpumemd"), "env").stream().map(e -> asMap(e, "env"))
+          .filter(e -> "POD_IP".equals(e.get("name"))).findFirst().orElseThrow(() -> new AssertionError("no POD_IP"));
+      assertEquals("status.podIP", string(podIp, "valueFrom", "fieldRef", "fieldPath"));
+    }
+  }
+
   @Test
   void metricsService_selectsTheDaemonSetPodsOnTheMetricsPort() {
     Workload w = daemonSet();
@@ -311,6 +322,9 @@ class KubernetesManifestsTest {
       Map<String, String> env = new LinkedHashMap<>();
       for (Object e : listOrEmpty(container, "env")) {
         Map<String, Object> var = asMap(e, "env");
+        if (var.containsKey("valueFrom")) {
+          continue; // from the pod (POD_IP): not a GPUMEMD_ setting
+        }
         env.put(string(var, "name"), string(var, "value"));
       }
       return env;

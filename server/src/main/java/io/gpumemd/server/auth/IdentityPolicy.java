@@ -96,8 +96,9 @@ public final class IdentityPolicy {
 
   @Override
   public String toString() {
-    return "tenants by " + tenantBy.name().toLowerCase() + ", admins: root, uid " + daemonUid
-        + (adminGid >= 0 ? ", gid " + adminGid : "");
+    return "tenants by " + tenantBy.name().toLowerCase(java.util.Locale.ROOT) + ", admins: root"
+        + (daemonUid > 0 ? ", uid " + daemonUid + " (the daemon's)" : "")
+        + (adminGid >= 0 ? ", members of gid " + adminGid : "");
   }
 
   static List<String> lines(Path file) {

@@ -91,7 +91,7 @@ public record ServerConfig(
     values.put("tenant-by", tenancy.tenantBy().name().toLowerCase(java.util.Locale.ROOT));
     values.put("admin-group", tenancy.adminGroup().isEmpty() ? "(none)" : tenancy.adminGroup());
     values.put("socket-mode", tenancy.socketMode());
-    values.put("socket-group", tenancy.socketGid() < 0 ? "(the daemon's)" : tenancy.socketGid());
+    values.put("socket-group", tenancy.socketGroup().isEmpty() ? "(the daemon's)" : tenancy.socketGroup());
     values.put("isolate", tenancy.isolateSessions() ? "session" : "tenant");
     values.put("tenant-max-leased-bytes", tenancy.tenantQuota().maxLeasedBytes());
     values.put("tenant-max-leases", tenancy.tenantQuota().maxLeases());

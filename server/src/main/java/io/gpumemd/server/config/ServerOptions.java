@@ -119,8 +119,9 @@ public final class ServerOptions {
       description = "Prometheus /metrics HTTP port (0 = off)")
   String metricsPort;
 
-  @Option(names = "--metrics-host", paramLabel = "HOST", defaultValue = "0.0.0.0",
-      description = "address the metrics endpoint binds")
+  @Option(names = "--metrics-host", paramLabel = "HOST", defaultValue = "127.0.0.1",
+      description = "address the metrics endpoint binds (a container image or a pod binds its own "
+          + "address explicitly)")
   String metricsHost;
 
   @Option(names = "--host-devices", paramLabel = "N", defaultValue = "1",
@@ -451,20 +452,6 @@ public final class ServerOptions {
     return rwx.toString();
   }
 
-  /** The socket's group: --socket-group, else --shm-group, else -1 (the daemon's). */
-  private static int socketGid(Settings s) {
-    String name = s.text("socket-group").isEmpty() ? "shm-group" : "socket-group";
-    String group = s.text(name);
-    if (group.isEmpty()) {
-      return -1;
-    }
-    int gid = UnixAccounts.gidOf(group);
-    if (gid < 0) {
-      s.problem(s.get(name), "a group name from /etc/group or a numeric gid");
-    }
-    return gid;
-  }
-
   /** The admin group's gid; a name the group database does not know is a problem. */
   private static int adminGid(Settings s) {
     String group = s.text("admin-group");
@@ -646,7 +633,7 @@ public final class ServerOptions {
             s.choice("isolate", List.of("tenant", "session")).equals("session"),
             new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
             socketMode(s),
-            socketGid(s)),
+            s.text("socket-group").isEmpty() ? s.text("shm-group") : s.text("socket-group")),
         security,
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),

@@ -13,7 +13,8 @@ import io.gpumemd.server.session.Quota;
  * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
  * @param socketMode permissions of the Unix socket as {@code rwxrwxrwx} text: who may connect
  *     at all (who they are is decided per connection, by the kernel)
- * @param socketGid the socket's group, or -1 to leave the daemon's
+ * @param socketGroup the socket's group (a name or gid, resolved when the socket is made, as the
+ *     group may exist only where the daemon runs), or empty to leave the daemon's
  */
 public record TenancyConfig(
     IdentityPolicy.TenantBy tenantBy,
@@ -22,7 +23,7 @@ public record TenancyConfig(
     boolean isolateSessions,
     Quota tenantQuota,
     String socketMode,
-    int socketGid) {
+    String socketGroup) {
 
   /** The identity policy of this daemon, running as {@code daemonUid}. */
   public IdentityPolicy identityPolicy(int daemonUid) {
