@@ -17,6 +17,7 @@ import io.gpumemd.server.grpc.AdminService;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.OtherUser;
+import io.gpumemd.server.testing.ResultProcess;
 import io.gpumemd.server.testing.TestDaemon;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -24,7 +25,6 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -56,7 +56,7 @@ class TenancyTest {
   /** Runs the probe as {@code uid} (with {@code groups}) or, for uid 0, as this user in another process. */
   static Map<String, String> probe(int uid, List<Integer> groups, String target, String session, String lease,
       long bytes, String actions) throws Exception {
-    return parse(startProbe(uid, groups, target, session, lease, bytes, actions));
+    return ResultProcess.parse(startProbe(uid, groups, target, session, lease, bytes, actions));
   }
 
   static Process startProbe(int uid, List<Integer> groups, String target, String session, String lease,
@@ -65,21 +65,6 @@ class TenancyTest {
     List<String> command = uid == 0 ? DaemonProcess.javaCommand(main) : OtherUser.javaCommand(uid, uid, groups, main);
     command.addAll(List.of(target, session, lease, Long.toString(bytes), actions));
     return new ProcessBuilder(command).redirectErrorStream(true).start();
-  }
-
-  static Map<String, String> parse(Process p) throws Exception {
-    String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
-    assertTrue(p.waitFor(60, TimeUnit.SECONDS), "probe did not end:\n" + out);
-    assertEquals(0, p.exitValue(), out);
-    String line = out.lines().filter(l -> l.startsWith("RESULT")).findFirst()
-        .orElseThrow(() -> new AssertionError("no RESULT line:\n" + out));
-    Map<String, String> result = new HashMap<>();
-    for (String kv : line.substring("RESULT".length()).trim().split(" ")) {
-      String[] pair = kv.split("=", 2);
-      result.put(pair[0], pair[1]);
-    }
-    result.put("output", out);
-    return result;
   }
 
   private static void write(Lease lease, byte[] bytes) {

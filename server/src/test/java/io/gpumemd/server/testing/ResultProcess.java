@@ -19,7 +19,14 @@ public final class ResultProcess {
   public static Map<String, String> run(Class<?> main, String... args) throws Exception {
     List<String> command = DaemonProcess.javaCommand(main.getName());
     command.addAll(List.of(args));
-    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+    return parse(new ProcessBuilder(command).redirectErrorStream(true).start());
+  }
+
+  /**
+   * Waits for a started process (stderr merged into stdout) and parses its RESULT line; the
+   * whole output is under the key {@code output}, for failure messages.
+   */
+  public static Map<String, String> parse(Process p) throws Exception {
     String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
     assertTrue(p.waitFor(60, TimeUnit.SECONDS), "process did not end:\n" + out);
     assertEquals(0, p.exitValue(), out);
@@ -30,6 +37,7 @@ public final class ResultProcess {
       String[] pair = kv.split("=", 2);
       result.put(pair[0], pair[1]);
     }
+    result.put("output", out);
     return result;
   }
 }
