@@ -57,6 +57,9 @@ def _load():
         "cuEventDestroy_v2": [p],
         "cuIpcGetEventHandle": [ctypes.POINTER(IpcHandle), p],
         "cuStreamSynchronize": [p],
+        "cuStreamCreate": [ctypes.POINTER(p), ctypes.c_uint],
+        "cuStreamDestroy_v2": [p],
+        "cuMemsetD8Async": [u64, ctypes.c_ubyte, ctypes.c_size_t, p],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
