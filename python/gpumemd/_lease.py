@@ -39,6 +39,7 @@ class Lease:
         self._mapping = mapping
         self._view = None
         self._closed = False
+        self._release = None
         self._lock = threading.Lock()
         #: The stream that ``__cuda_array_interface__`` reports: consumers synchronize on it
         #: before they use the memory. None (the default) says the memory is ready now, which
@@ -141,7 +142,7 @@ class Lease:
                 view.release()
             except BufferError:
                 pass  # an array still exports it: the mapping stays until that array is gone
-        self._client._close_lease(self, event)
+        self._release = self._client._close_lease(self, event)  # an awaitable from gpumemd.aio
 
     def __enter__(self):
         return self
