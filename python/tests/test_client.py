@@ -208,8 +208,12 @@ def test_host_close_after_a_stream_is_refused(daemon):
         assert not hasattr(lease, "__cuda_array_interface__")
 
 
-def test_readme_example_runs_verbatim_with_numpy(daemon):
-    readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
-    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    assert "numpy.asarray(lease" in example
-    exec(compile(example.replace("unix:///run/gpumemd/gpumemd.sock", daemon.target), "README.md", "exec"), {})
+@pytest.mark.parametrize("readme, after, socket", [
+    ("python/README.md", "", "unix:///run/gpumemd/gpumemd.sock"),
+    ("README.md", "## Use it from Python", "unix:///tmp/gpumemd.sock"),
+], ids=["python-readme", "root-readme"])
+def test_readme_example_runs_verbatim_with_numpy(daemon, readme, after, socket):
+    text = open(os.path.join(os.path.dirname(os.path.dirname(HERE)), readme)).read()
+    example = (text.split(after, 1)[1] if after else text).split("```python\n", 1)[1].split("```", 1)[0]
+    assert "numpy.asarray(lease" in example and socket in example
+    exec(compile(example.replace(socket, daemon.target), readme, "exec"), {})
