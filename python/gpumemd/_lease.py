@@ -1,0 +1,155 @@
+"""A lease: a block of device memory this process holds until it closes it."""
+import threading
+
+import grpc
+
+from . import _cuda
+from ._errors import GpumemdError, closed_lease
+
+
+class Lease:
+    """A leased block: ``size`` bytes on ``device``, at ``offset`` in segment ``segment_id``.
+
+    Host devices: :meth:`buffer` is a writable ``memoryview`` of exactly ``size`` bytes over the
+    shared memory itself, and ``numpy.asarray(lease)`` a ``uint8`` array over the same bytes.
+    CUDA devices: :attr:`device_ptr` is the block's address in this process (the device's
+    primary context), and ``__cuda_array_interface__`` (version 3) lets PyTorch, CuPy and Numba
+    use it without a copy: ``torch.as_tensor(lease, device="cuda")``.
+
+    Close it (or leave a ``with`` block) to give the block back; :meth:`close` is idempotent.
+    After close every accessor raises :class:`GpumemdError` (``FAILED_PRECONDITION``) and the
+    memoryview handed out by :meth:`buffer` is released, so that it cannot reach memory the
+    daemon may lease to someone else. Arrays made from the buffer (numpy) cannot be revoked:
+    they keep the segment mapped, so they never touch unmapped memory, but the block may hold
+    another holder's data once the lease is closed. CUDA tensors built on
+    ``__cuda_array_interface__`` must not be used after close at all (CUDA has no way to keep
+    them safe). Thread-safe.
+    """
+
+    def __init__(self, client, response, mapping, tag, stream=None):
+        self._client = client
+        self.id = response.lease_id
+        self.device = response.device
+        self.size = response.size_bytes
+        self.block_bytes = response.block_bytes
+        self.pool_hit = response.pool_hit
+        self.segment_id = response.handle.segment_id
+        self.offset = response.handle.offset
+        self.tag = tag
+        self._mapping = mapping
+        self._view = None
+        self._closed = False
+        self._release = None
+        self._lock = threading.Lock()
+        #: The stream that ``__cuda_array_interface__`` reports: consumers synchronize on it
+        #: before they use the memory. None (the default) says the memory is ready now, which
+        #: is true at hand-out; set it to the stream that last wrote the block when you pass
+        #: the lease on. An int CUstream or a torch/cupy stream object.
+        self.stream = stream
+
+    @property
+    def is_host(self):
+        return self._mapping.kind == "host"
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def _check_open(self):
+        if self._closed:
+            raise closed_lease(self.id)
+
+    # ------------------------------------------------------------------ host memory
+
+    def buffer(self):
+        """A writable memoryview of exactly ``size`` bytes over the block (host devices)."""
+        with self._lock:
+            self._check_open()
+            if not self.is_host:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "lease %s is on CUDA device %d: use device_ptr or __cuda_array_interface__"
+                                   % (self.id, self.device))
+            if self._view is None:
+                self._view = self._mapping.view(self.offset, self.size)
+            return self._view
+
+    def __array__(self, dtype=None, copy=None):
+        """``numpy.asarray(lease)``: a uint8 array over the block, no copy (host devices)."""
+        import numpy
+
+        if not self.is_host:
+            raise TypeError("lease %s is on CUDA device %d: numpy cannot address device memory "
+                            "(use torch.as_tensor(lease, device='cuda') or cupy.asarray(lease))"
+                            % (self.id, self.device))
+        if copy:
+            array = numpy.array(self.buffer(), dtype=numpy.uint8, copy=True)
+        else:
+            array = numpy.frombuffer(self.buffer(), dtype=numpy.uint8)
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def __len__(self):
+        return self.size
+
+    # ------------------------------------------------------------------ CUDA memory
+
+    @property
+    def device_ptr(self):
+        """The block's device address in this process (CUDA devices)."""
+        with self._lock:
+            self._check_open()
+            if self.is_host:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "lease %s is on host device %d: use buffer()" % (self.id, self.device))
+            return self._mapping.base + self.offset
+
+    @property
+    def __cuda_array_interface__(self):
+        if self.is_host:
+            # AttributeError, so that hasattr() says no and libraries fall back to the buffer
+            raise AttributeError("lease %s is on host device %d: no __cuda_array_interface__"
+                                 % (self.id, self.device))
+        stream = None if self.stream is None else _cuda.stream_handle(self.stream)
+        if stream == 0:
+            stream = 1  # version 3 forbids 0 (ambiguous): 1 is the legacy default stream
+        return {"shape": (self.size,), "typestr": "|u1", "data": (self.device_ptr, False),
+                "version": 3, "strides": None, "stream": stream}
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self, after=None):
+        """Gives the block back; harmless when already closed.
+
+        ``after`` (CUDA devices): a stream (int CUstream, torch/cupy stream): the daemon reuses
+        the block only once the work queued on that stream so far has completed (an IPC event
+        recorded on it travels with the release); the call does not wait for the GPU. On a
+        host device there is no GPU work to wait for, and ``after`` raises ``FAILED_PRECONDITION``
+        (the lease stays open), so that a CUDA-ordering mistake does not pass silently.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            if after is not None and self.is_host:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "close(after=...) orders a release after GPU work; lease %s is on host device %d"
+                                   % (self.id, self.device))
+            event = None
+            if after is not None:
+                event = _cuda.record_ipc_event(self.device, after)
+            self._closed = True
+            view, self._view = self._view, None
+        if view is not None:
+            try:
+                view.release()
+            except BufferError:
+                pass  # an array still exports it: the mapping stays until that array is gone
+        self._release = self._client._close_lease(self, event)  # an awaitable from gpumemd.aio
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "Lease(%s, device %d, %d bytes, segment %d + %d%s)" % (
+            self.id, self.device, self.size, self.segment_id, self.offset, ", closed" if self._closed else "")

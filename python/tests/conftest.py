@@ -1,0 +1,116 @@
+"""Fixtures: a real gpumemd daemon (host backend, Unix socket), started once per test session.
+
+The daemon is server/target/gpumemd.jar (built by `mvn -B verify`, or
+`mvn -B -q package -DskipTests`); GPUMEMD_JAR names another. Tests that need a daemon of their
+own (shutdown, CUDA) start one with the `start_daemon` factory.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(PYTHON_DIR)
+sys.path.insert(0, PYTHON_DIR)
+
+import gpumemd  # noqa: E402  (generates the stubs in a checkout)
+from gpumemd._stubs import pb, pb_grpc  # noqa: E402
+
+JAR = os.environ.get("GPUMEMD_JAR", os.path.join(REPO, "server", "target", "gpumemd.jar"))
+CTL_JAR = os.environ.get("GPUMEMCTL_JAR", os.path.join(REPO, "ctl", "target", "gpumemctl.jar"))
+JAVA = os.environ.get("JAVA", "java")
+
+
+class Daemon:
+    """A gpumemd process with its socket, shm directory and log."""
+
+    def __init__(self, directory, *extra):
+        if not os.path.exists(JAR):
+            pytest.fail("%s is missing: build it first (mvn -B -q package -DskipTests)" % JAR)
+        os.makedirs(directory, exist_ok=True)
+        self.socket = os.path.join(directory, "gpumemd.sock")
+        self.target = "unix://" + self.socket
+        self.log_path = os.path.join(directory, "gpumemd.log")
+        args = [JAVA, "-jar", JAR, "--socket", self.socket, "--shm-dir", os.path.join(directory, "shm"),
+                "--metrics-port", "0", "--keepalive-grace-ms", "500"] + list(extra)
+        if "--backend" not in extra:
+            args += ["--backend", "host", "--host-devices", "2", "--host-device-bytes", "256MiB"]
+        self.log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.socket) or b"gpumemd ready" not in self._log_bytes():
+            if self.process.poll() is not None:
+                pytest.fail("gpumemd exited with %d at start:\n%s" % (self.process.returncode, self._log_bytes().decode()))
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail("gpumemd not ready after 60 s:\n" + self._log_bytes().decode())
+            time.sleep(0.05)
+        import grpc
+
+        self.channel = grpc.insecure_channel(self.target)
+        self.admin = pb_grpc.AdminStub(self.channel)
+
+    def _log_bytes(self):
+        with open(self.log_path, "rb") as f:
+            return f.read()
+
+    def leases(self, **request):
+        return list(self.admin.ListLeases(pb.ListLeasesRequest(**request)).leases)
+
+    def stats(self, device):
+        return self.admin.GetStats(pb.GetStatsRequest(device=device)).devices[0]
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if hasattr(self, "channel"):
+            self.channel.close()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory):
+    d = Daemon(str(tmp_path_factory.mktemp("gpumemd")))
+    yield d
+    d.stop()
+
+
+@pytest.fixture
+def start_daemon(tmp_path):
+    started = []
+
+    def start(*extra):
+        d = Daemon(str(tmp_path / ("daemon%d" % len(started))), *extra)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.stop()
+
+
+def run_worker(*args, timeout=60):
+    """Runs tests/worker.py in a new Python process; its stdout."""
+    result = subprocess.run([sys.executable, os.path.join(HERE, "worker.py")] + [str(a) for a in args],
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, "worker %s failed (%d):\n%s%s" % (args, result.returncode, result.stdout, result.stderr)
+    return result.stdout
+
+
+def run_java_peer(*args, timeout=120):
+    """Runs tests/JavaPeer.java (the Java client, from the gpumemctl jar) in a JVM; its stdout."""
+    if not os.path.exists(CTL_JAR):
+        pytest.fail("%s is missing: build it first (mvn -B -q package -DskipTests)" % CTL_JAR)
+    result = subprocess.run([JAVA, "-cp", CTL_JAR, os.path.join(HERE, "JavaPeer.java")] + [str(a) for a in args],
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, "JavaPeer %s failed (%d):\n%s%s" % (args, result.returncode, result.stdout, result.stderr)
+    return result.stdout
