@@ -469,9 +469,14 @@ public final class GpuMemClient implements AutoCloseable {
     }
   }
 
-  /** A lease was closed: into the cache, or released (a notice on the stream, a call if unary). */
+  /**
+   * A lease was closed: into the cache, or released (a notice on the stream, a call if unary).
+   * A release that carries a CUDA event is always a call: the caller destroys its event as soon
+   * as this returns, and the daemon must have opened its own reference by then, which a notice
+   * sent up to a millisecond later would not guarantee.
+   */
   void closeLease(Lease lease, byte[] eventHandle) {
-    if (!streamCalls) {
+    if (!streamCalls || eventHandle != null) {
       release(lease, eventHandle);
       return;
     }
