@@ -601,6 +601,43 @@ public final class SessionRegistry {
     return out;
   }
 
+  /** Leases in grant order, the order of {@link #leasePage}. */
+  public static final Comparator<LeaseRecord> LEASE_ORDER = Comparator.comparingLong(LeaseRecord::sequence);
+  /** Sessions by age, then id (sessions opened in the same nanosecond), the order of {@link #sessionPage}. */
+  public static final Comparator<Session> SESSION_ORDER =
+      Comparator.comparingLong(Session::openedNanos).thenComparing(Session::id);
+
+  /**
+   * A page of live leases in grant order, after the lease with sequence number
+   * {@code afterSequence} (0 for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  public Page<LeaseRecord> leasePage(Caller caller, Integer device, String sessionId, long afterSequence, int size) {
+    if (!sessionId.isEmpty()) {
+      SecureIds.check("session_id", sessionId);
+    }
+    if (device != null) {
+      pools.get(device);
+    }
+    return Page.select(leases.values(),
+        lease -> (device == null || lease.block().device() == device)
+            && (sessionId.isEmpty() || lease.session().id().equals(sessionId))
+            && (caller.admin() || caller.owns(lease.session().tenant())),
+        lease -> lease.sequence() > afterSequence, LEASE_ORDER, size);
+  }
+
+  /**
+   * A page of live sessions by age, after the session that opened at {@code afterNanos} with id
+   * {@code afterId} (null for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  public Page<Session> sessionPage(Caller caller, long afterNanos, String afterId, int size) {
+    return Page.select(sessions.all(), s -> caller.admin() || caller.owns(s.tenant()),
+        s -> afterId == null || s.openedNanos() > afterNanos
+            || (s.openedNanos() == afterNanos && s.id().compareTo(afterId) > 0),
+        SESSION_ORDER, size);
+  }
+
   public int sessionCount() {
     return sessions.size();
   }
