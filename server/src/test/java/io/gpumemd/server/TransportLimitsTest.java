@@ -102,6 +102,23 @@ class TransportLimitsTest {
   }
 
   @Test
+  void sessionLimits_overTheSocket_areResourceExhaustedNamingTheFlag() {
+    try (TestDaemon daemon = TestDaemon.start("--max-sessions-per-tenant", "3", "--session-open-rate", "1000");
+         TestChannel c = new TestChannel(daemon.unixTarget())) {
+      AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(c.channel());
+      for (int i = 0; i < 3; i++) {
+        allocator.openSession(OpenSessionRequest.newBuilder().setClientName("s" + i).build());
+      }
+      StatusRuntimeException e = assertThrows(StatusRuntimeException.class,
+          () -> allocator.openSession(OpenSessionRequest.newBuilder().setClientName("one-too-many").build()));
+      assertEquals(Status.Code.RESOURCE_EXHAUSTED, e.getStatus().getCode());
+      assertTrue(e.getStatus().getDescription().contains("3 live sessions (flag --max-sessions-per-tenant)"), e.getMessage());
+      assertEquals(HealthCheckResponse.ServingStatus.SERVING,
+          HealthGrpc.newBlockingStub(c.channel()).check(HealthCheckRequest.getDefaultInstance()).getStatus());
+    }
+  }
+
+  @Test
   void oversizedRequest_refusedWithResourceExhausted_andOneLineInThePlainLog() throws Exception {
     try (DaemonProcess daemon = DaemonProcess.start("--max-message-bytes", "256KiB");
          TestChannel c = new TestChannel(daemon.unixTarget())) {
