@@ -90,14 +90,14 @@ final class ConnectionLimit {
   }
 
   private void refused() {
-    long refusedNow = refusedSinceLog.incrementAndGet();
+    refusedSinceLog.incrementAndGet();
     long now = System.nanoTime();
     long last = lastLogNanos.get();
     if (now - last >= LOG_EVERY_NANOS && lastLogNanos.compareAndSet(last, now)) {
       long count = refusedSinceLog.getAndSet(0);
       log.atWarn().addKeyValue("listener", listener).addKeyValue("refused_connections", count)
           .log("{}: {} live connections, the limit ({}); closed {} new connection(s) since the last such line",
-          listener, max, flag, Math.max(count, refusedNow > 0 ? 1 : 0));
+          listener, max, flag, count);
     }
   }
 
