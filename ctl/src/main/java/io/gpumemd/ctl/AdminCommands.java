@@ -120,7 +120,7 @@ final class AdminCommands implements AutoCloseable {
     DeviceFilter filter = new DeviceFilter();
     @Option(names = "--session", paramLabel = "ID", description = "only this session's leases")
     String session = "";
-    @Option(names = "--limit", paramLabel = "N", description = "at most N leases (0: the daemon's default, 1000)")
+    @Option(names = "--limit", paramLabel = "N", description = "at most N leases (0: all of them, page by page)")
     int limit;
 
     Leases(GpuMemCtl ctl) {
@@ -306,12 +306,31 @@ final class AdminCommands implements AutoCloseable {
     return 0;
   }
 
+  /** Pages asked of the daemon: its default page size, well within a message's bounds. */
+  private static final int PAGE_SIZE = 1000;
+
+  /**
+   * Every matching lease (at most {@code limit}, 0 = all), following the daemon's pages, as one
+   * response: the leases in order and the total as the first page counted it.
+   */
   private int leases(Integer device, String session, int limit) {
-    ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(session).setLimit(limit);
-    if (device != null) {
-      request.setDevice(device);
-    }
-    ListLeasesResponse response = admin().listLeases(request.build());
+    ListLeasesResponse.Builder all = ListLeasesResponse.newBuilder();
+    String token = "";
+    do {
+      int want = limit == 0 ? PAGE_SIZE : Math.min(PAGE_SIZE, limit - all.getLeasesCount());
+      ListLeasesRequest.Builder request = ListLeasesRequest.newBuilder().setSessionId(session).setPageSize(want)
+          .setPageToken(token);
+      if (device != null) {
+        request.setDevice(device);
+      }
+      ListLeasesResponse page = admin().listLeases(request.build());
+      if (token.isEmpty()) {
+        all.setTotal(page.getTotal());
+      }
+      all.addAllLeases(page.getLeasesList());
+      token = page.getNextPageToken();
+    } while (!token.isEmpty() && (limit == 0 || all.getLeasesCount() < limit));
+    ListLeasesResponse response = all.build();
     if (json) {
       return printJson(response);
     }
@@ -327,13 +346,25 @@ final class AdminCommands implements AutoCloseable {
     }
     table.print(out);
     if (response.getTotal() > response.getLeasesCount()) {
-      out.println("(" + response.getLeasesCount() + " of " + response.getTotal() + " leases; --limit N shows more)");
+      out.println("(" + response.getLeasesCount() + " of " + response.getTotal() + " leases; --limit 0 shows all)");
     }
     return 0;
   }
 
+  /** Every session the caller may see, following the daemon's pages, as one response. */
   private int sessions() {
-    ListSessionsResponse response = admin().listSessions(ListSessionsRequest.getDefaultInstance());
+    ListSessionsResponse.Builder all = ListSessionsResponse.newBuilder();
+    String token = "";
+    do {
+      ListSessionsResponse page = admin().listSessions(ListSessionsRequest.newBuilder().setPageSize(PAGE_SIZE)
+          .setPageToken(token).build());
+      if (token.isEmpty()) {
+        all.setTotal(page.getTotal());
+      }
+      all.addAllSessions(page.getSessionsList());
+      token = page.getNextPageToken();
+    } while (!token.isEmpty());
+    ListSessionsResponse response = all.build();
     if (json) {
       return printJson(response);
     }

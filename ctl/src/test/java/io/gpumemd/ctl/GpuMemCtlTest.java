@@ -169,6 +169,46 @@ class GpuMemCtlTest {
     assertEquals("no live sessions\n", ctl("sessions").out());
   }
 
+  @Test
+  void sessions_followsPages_hundredThousandSessions() throws IOException {
+    daemon.close();
+    daemon = TestDaemon.start("--max-sessions", "200000");
+    for (int i = 0; i < 100_000; i++) {
+      daemon.server().registry().open("bulk-" + (i % 10), 0);
+    }
+    CtlRun table = ctl("sessions");
+    assertOk(table);
+    List<String> rows = table.out().lines().skip(1).toList();
+    assertEquals(100_000, rows.size(), "every session, over 100 pages");
+    assertEquals(100_000, rows.stream().map(r -> r.substring(0, 32)).distinct().count(), "none twice");
+  }
+
+  @Test
+  void leasesAndJson_followPages_upToTheLimit() throws IOException {
+    for (int i = 0; i < 2100; i++) {
+      daemon.server().registry().open("idle-" + i, 0);
+    }
+    ListSessionsResponse sessions = parse(ctl("sessions", "--json").out(), ListSessionsResponse.newBuilder()).build();
+    assertEquals(2100, sessions.getSessionsCount(), "one response made of three pages");
+    assertEquals(2100, sessions.getTotal());
+    assertEquals("", sessions.getNextPageToken());
+    String session = daemon.server().registry().open("many", 0).id();
+    for (int i = 0; i < 2500; i++) {
+      daemon.server().registry().lease(session, 0, 512, false, "", false);
+    }
+    CtlRun all = ctl("leases");
+    assertOk(all);
+    assertEquals(2500, all.out().lines().skip(1).count(), "three pages, no note");
+    CtlRun some = ctl("leases", "--limit", "1500");
+    assertOk(some);
+    List<String> lines = some.out().lines().toList();
+    assertEquals(1 + 1500 + 1, lines.size());
+    assertEquals("(1500 of 2500 leases; --limit 0 shows all)", lines.get(lines.size() - 1));
+    ListLeasesResponse json = parse(ctl("leases", "--limit", "1200", "--json").out(), ListLeasesResponse.newBuilder()).build();
+    assertEquals(1200, json.getLeasesCount());
+    assertEquals(2500, json.getTotal());
+  }
+
   // ---------------------------------------------------------------------------- cache control
 
   @Test

@@ -101,7 +101,8 @@ public final class GpumemdServer {
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());
     this.identities = config.tenancy().identityPolicy(IdentityPolicy.currentUid());
-    this.listeners = new Listeners(services, identities, new AuthInterceptor(tokens, config.security().insecureTcp()));
+    this.listeners = new Listeners(services, identities, new AuthInterceptor(tokens, config.security().insecureTcp()),
+        config.transport());
   }
 
   /**
@@ -137,6 +138,7 @@ public final class GpumemdServer {
     if (!Epoll.isAvailable()) {
       throw new IOException("the epoll transport is unavailable: " + Epoll.unavailabilityCause());
     }
+    JulBridge.install();
     BearerTokens tokens = loadTokens(config, ticker);
     BackendSelector.Selection selection = BackendSelector.select(config.backend(),
         () -> new HostShmBackend(config.shmDir(), config.hostDevices(), config.hostDeviceBytes(), config.shmGroup()));

@@ -7,7 +7,9 @@ import io.gpumemd.server.auth.LoopbackPeers;
 import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.auth.UnixPeerNegotiator;
 import io.gpumemd.server.config.TcpSecurityConfig;
+import io.gpumemd.server.config.TransportLimits;
 import io.gpumemd.server.metrics.MetricsHttpServer;
+import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
 import io.grpc.ServerCredentials;
 import io.grpc.ServerServiceDefinition;
@@ -58,7 +60,9 @@ final class Listeners implements AutoCloseable {
   private final List<ServerServiceDefinition> services;
   private final IdentityPolicy identities;
   private final AuthInterceptor auth;
-  private final EventLoopGroup bossGroup = new EpollEventLoopGroup(1, daemonThreads("gpumemd-accept"));
+  private final TransportLimits limits;
+  /** One accept thread per listener: a flood of TCP connects never delays the socket's accepts. */
+  private final List<EventLoopGroup> bossGroups = new ArrayList<>();
   private final EventLoopGroup workerGroup =
       new EpollEventLoopGroup(Math.max(2, Runtime.getRuntime().availableProcessors()), daemonThreads("gpumemd-io"));
   private final List<Server> servers = new ArrayList<>();
@@ -71,10 +75,12 @@ final class Listeners implements AutoCloseable {
    *     TCP looks up loopback peers' socket owners
    * @param auth decides each call's caller (bearer tokens, the connection's peer, anonymous)
    */
-  Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities, AuthInterceptor auth) {
+  Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities, AuthInterceptor auth,
+      TransportLimits limits) {
     this.services = services;
     this.identities = identities;
     this.auth = auth;
+    this.limits = limits;
   }
 
   static ThreadFactory daemonThreads(String prefix) {
@@ -102,8 +108,9 @@ final class Listeners implements AutoCloseable {
     prepareSocketPath(absolute);
     Server uds = bind("unix listener", "unix://" + absolute,
         NettyServerBuilder.forAddress(new DomainSocketAddress(absolute.toString()),
-                UnixPeerNegotiator.credentials(identities))
-            .channelType(EpollServerDomainSocketChannel.class));
+                ConnectionLimit.wrap(UnixPeerNegotiator.credentials(identities), "unix listener",
+                    "--unix-max-connections", limits.unixMaxConnections()))
+            .channelType(EpollServerDomainSocketChannel.class), "gpumemd-accept-unix");
     socketPath = absolute; // ours from now on: removed at close
     Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(mode));
     if (gid >= 0) {
@@ -119,15 +126,15 @@ final class Listeners implements AutoCloseable {
    */
   void startTcp(String host, int port, TcpSecurityConfig security) throws IOException {
     InetSocketAddress address = new InetSocketAddress(host, port);
-    NettyServerBuilder builder = security.tls()
-        ? NettyServerBuilder.forAddress(address, tlsCredentials(security))
-        : NettyServerBuilder.forAddress(address);
+    ServerCredentials credentials = security.tls() ? tlsCredentials(security) : InsecureServerCredentials.create();
+    NettyServerBuilder builder = NettyServerBuilder.forAddress(address,
+        ConnectionLimit.wrap(credentials, "tcp listener", "--tcp-max-connections", limits.tcpMaxConnections()));
     builder.channelType(EpollServerSocketChannel.class);
     if (security.mutualTls()) {
       builder.addTransportFilter(new CertificatePeers(security.adminCertCommonNames()));
     }
     builder.addTransportFilter(new LoopbackPeers(identities));
-    Server tcp = bind("tcp listener", host + ":" + port, builder);
+    Server tcp = bind("tcp listener", host + ":" + port, builder, "gpumemd-accept-tcp");
     tcpPort = ((InetSocketAddress) tcp.getListenSockets().get(0)).getPort();
     log.info("Listening on tcp://{}:{} ({})", host, tcpPort, security.describe());
     if (security.insecureTcp() && !security.tls()) {
@@ -162,7 +169,10 @@ final class Listeners implements AutoCloseable {
     log.info("Metrics on http://{}:{}/metrics", host, metrics.port());
   }
 
-  private Server bind(String listener, String address, NettyServerBuilder builder) throws IOException {
+  private Server bind(String listener, String address, NettyServerBuilder builder, String acceptThread)
+      throws IOException {
+    EventLoopGroup bossGroup = new EpollEventLoopGroup(1, daemonThreads(acceptThread));
+    bossGroups.add(bossGroup);
     builder.bossEventLoopGroup(bossGroup)
         .workerEventLoopGroup(workerGroup)
         // Handlers never block: a lease that needs the backend moves itself to the blocking
@@ -173,7 +183,17 @@ final class Listeners implements AutoCloseable {
         .keepAliveTime(30, TimeUnit.SECONDS)
         .keepAliveTimeout(10, TimeUnit.SECONDS)
         .permitKeepAliveTime(10, TimeUnit.SECONDS)
-        .permitKeepAliveWithoutCalls(true);
+        .permitKeepAliveWithoutCalls(true)
+        // What one peer can make the transport hold (TransportLimits). A connection that has
+        // not finished its handshake and HTTP/2 preface in 20 s is closed: a peer that
+        // connects and sends nothing holds a descriptor only that long.
+        .maxInboundMessageSize(limits.maxMessageBytes())
+        .maxInboundMetadataSize(64 << 10)
+        .maxConcurrentCallsPerConnection(limits.maxCallsPerConnection())
+        .handshakeTimeout(20, TimeUnit.SECONDS);
+    if (limits.connectionIdleSeconds() > 0) {
+      builder.maxConnectionIdle(limits.connectionIdleSeconds(), TimeUnit.SECONDS);
+    }
     services.forEach(builder::addService);
     // Every call learns who is calling before any handler runs (Callers.current()).
     builder.intercept(auth);
@@ -255,7 +275,7 @@ final class Listeners implements AutoCloseable {
     if (metrics != null) {
       metrics.close();
     }
-    bossGroup.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+    bossGroups.forEach(g -> g.shutdownGracefully(0, 1, TimeUnit.SECONDS));
     workerGroup.shutdownGracefully(0, 1, TimeUnit.SECONDS);
     if (socketPath != null) {
       try {

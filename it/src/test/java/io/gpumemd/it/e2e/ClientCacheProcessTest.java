@@ -110,6 +110,13 @@ class ClientCacheProcessTest {
          Holder holder = new Holder(daemon.unixTarget(), "hoarder", 3, 16 * MIB);
          GpuMemClient needy = GpuMemClient.builder(daemon.unixTarget()).clientName("needy").connect()) {
       assertEquals(48 * MIB, Long.parseLong(holder.await("READY")[1]));
+      // READY comes when the hoarder has cached them; its notices reach the daemon a moment later,
+      // and until then the daemon sees leased blocks it cannot ask back.
+      long known = System.nanoTime() + TimeUnit.SECONDS.toNanos(2);
+      while (daemon.server().pools().get(0).stats().get(PoolMetric.CLIENT_CACHED_BYTES) < 48 * MIB
+          && System.nanoTime() < known) {
+        Thread.sleep(1);
+      }
       // 48 MiB cached by the hoarder, 64 MiB budget: 40 MiB fit only once the hoarder gives back.
       long start = System.nanoTime();
       try (Lease lease = needy.lease(0, 40 * MIB)) {

@@ -1,6 +1,7 @@
 package io.gpumemd.server.config;
 
 import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionSettings;
 import java.nio.file.Path;
 import java.util.Map;
@@ -14,6 +15,8 @@ import java.util.TreeMap;
  * @param listenHost TCP bind host, or empty for no TCP listener
  * @param listenPort TCP port (0 = ephemeral, for tests)
  * @param retentionCapBytes cap on cached bytes per device, or -1 for "the device budget"
+ * @param sessionLimits bounds on live sessions and on how fast a tenant opens them
+ * @param transport bounds on connections, calls and messages per listener
  * @param sources where each value came from, by option name ({@code default}, {@code flag},
  *     {@code env GPUMEMD_…}, {@code file /path}; {@code quota.<client>} for the file's quotas),
  *     for the start log
@@ -43,6 +46,8 @@ public record ServerConfig(
     long clientCacheBytes,
     TenancyConfig tenancy,
     TcpSecurityConfig security,
+    SessionLimits sessionLimits,
+    TransportLimits transport,
     long drainTimeoutMillis,
     String logFormat,
     String logLevel,
@@ -55,7 +60,7 @@ public record ServerConfig(
   public SessionSettings sessionSettings() {
     return new SessionSettings(sessionTtlSeconds, maxSessionTtlSeconds, keepaliveGraceMillis,
         leakThresholdMillis, defaultQuota, quotaOverrides, clientCacheBytes, tenancy.tenantQuota(),
-        tenancy.isolateSessions());
+        tenancy.isolateSessions(), sessionLimits);
   }
 
   /** The device budget for a device of the given capacity. */
@@ -101,6 +106,14 @@ public record ServerConfig(
     values.put("admin-cert-cn", security.adminCertCommonNames().isEmpty() ? "(none)" : String.join(",", security.adminCertCommonNames()));
     values.put("tokens-file", security.tokensFile() == null ? "(none)" : security.tokensFile());
     values.put("insecure-tcp", security.insecureTcp());
+    values.put("max-sessions", sessionLimits.maxSessions());
+    values.put("max-sessions-per-tenant", sessionLimits.maxSessionsPerTenant());
+    values.put("session-open-rate", sessionLimits.openRatePerSecond());
+    values.put("max-message-bytes", transport.maxMessageBytes());
+    values.put("max-calls-per-connection", transport.maxCallsPerConnection());
+    values.put("connection-idle-timeout-seconds", transport.connectionIdleSeconds());
+    values.put("tcp-max-connections", transport.tcpMaxConnections());
+    values.put("unix-max-connections", transport.unixMaxConnections());
     values.put("drain-timeout-ms", drainTimeoutMillis);
     values.put("log-format", logFormat);
     values.put("log-level", logLevel);

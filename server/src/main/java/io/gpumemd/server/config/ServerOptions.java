@@ -5,6 +5,7 @@ import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.auth.PemFiles;
 import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionLimits;
 import java.io.IOException;
 import java.io.Reader;
 import java.net.InetAddress;
@@ -222,6 +223,38 @@ public final class ServerOptions {
   @Option(names = "--tenant-max-leases", paramLabel = "N", defaultValue = "0",
       description = "per-tenant limit on live leases over all its sessions (0 = none)")
   String tenantMaxLeases;
+
+  @Option(names = "--max-sessions", paramLabel = "N", defaultValue = "10000",
+      description = "live sessions in all, admins' included; more opens are RESOURCE_EXHAUSTED (0 = no limit)")
+  String maxSessions;
+
+  @Option(names = "--max-sessions-per-tenant", paramLabel = "N", defaultValue = "1000",
+      description = "live sessions of one tenant (0 = no limit)")
+  String maxSessionsPerTenant;
+
+  @Option(names = "--session-open-rate", paramLabel = "N", defaultValue = "100",
+      description = "session opens per second per tenant, with bursts of as many (0 = no limit)")
+  String sessionOpenRate;
+
+  @Option(names = "--max-message-bytes", paramLabel = "BYTES", defaultValue = "1MiB",
+      description = "largest gRPC message a client may send (the largest a client sends is about 420 KB)")
+  String maxMessageBytes;
+
+  @Option(names = "--max-calls-per-connection", paramLabel = "N", defaultValue = "1000",
+      description = "concurrent calls (HTTP/2 streams) on one connection")
+  String maxCallsPerConnection;
+
+  @Option(names = "--connection-idle-timeout-seconds", paramLabel = "N", defaultValue = "300",
+      description = "close connections without calls for this long (clients reconnect; 0 = never)")
+  String connectionIdleTimeoutSeconds;
+
+  @Option(names = "--tcp-max-connections", paramLabel = "N", defaultValue = "1000",
+      description = "live connections on the TCP listener; more are closed at once (0 = no limit)")
+  String tcpMaxConnections;
+
+  @Option(names = "--unix-max-connections", paramLabel = "N", defaultValue = "1000",
+      description = "live connections on the Unix socket, counted apart from TCP (0 = no limit)")
+  String unixMaxConnections;
 
   @Option(names = "--drain-timeout-ms", paramLabel = "MS", defaultValue = "10000",
       description = "on SIGTERM, how long leases may drain before memory is freed")
@@ -557,6 +590,16 @@ public final class ServerOptions {
     }
   }
 
+  /** At least 64 KiB (room for any single lease or release), at most 64 MiB. */
+  private static int maxMessageBytes(Settings s) {
+    long bytes = s.size("max-message-bytes");
+    if (s.valid("max-message-bytes") && (bytes < (64 << 10) || bytes > (64 << 20))) {
+      s.problem(s.get("max-message-bytes"), "a byte size in [64KiB, 64MiB]");
+      return TransportLimits.DEFAULT_MAX_MESSAGE_BYTES;
+    }
+    return (int) bytes;
+  }
+
   /** Validates the settings (recording every problem) and builds the config from them. */
   private static ServerConfig build(Settings s, Map<String, Quota> quotas) {
     Setting socketSetting = s.get("socket");
@@ -635,6 +678,16 @@ public final class ServerOptions {
             socketMode(s),
             s.text("socket-group").isEmpty() ? s.text("shm-group") : s.text("socket-group")),
         security,
+        new SessionLimits(
+            (int) s.integer("max-sessions", 0, 10_000_000),
+            (int) s.integer("max-sessions-per-tenant", 0, 10_000_000),
+            (int) s.integer("session-open-rate", 0, 1_000_000)),
+        new TransportLimits(
+            maxMessageBytes(s),
+            (int) s.integer("max-calls-per-connection", 1, 1_000_000),
+            s.integer("connection-idle-timeout-seconds", 0, 86_400 * 7),
+            (int) s.integer("tcp-max-connections", 0, 1_000_000),
+            (int) s.integer("unix-max-connections", 0, 1_000_000)),
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

@@ -20,6 +20,7 @@ import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.Page;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.Validation;
@@ -38,14 +39,12 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Access: ListDevices and GetStats are open to every caller (device facts and pool-wide
  * figures, nothing that names a session). ListSessions and ListLeases show an admin everything
- * and anyone else their own tenant only. Trim and SetRetentionCap change the daemon for
+ * and anyone else their own tenant only, a page at a time ({@link PageTokens}). Trim and SetRetentionCap change the daemon for
  * everyone: admins only (PERMISSION_DENIED otherwise), and each is logged at INFO with who
  * asked.
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
   private static final Logger log = LoggerFactory.getLogger(AdminService.class);
-  private static final int DEFAULT_LEASE_LIMIT = 1000;
-  private static final int MAX_LEASE_LIMIT = 100_000;
 
   private final DevicePools pools;
   private final SessionRegistry registry;
@@ -102,14 +101,16 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   public void listLeases(ListLeasesRequest request, StreamObserver<ListLeasesResponse> response) {
     answer("ListLeases", response, () -> {
-      int limit = request.getLimit() == 0 ? DEFAULT_LEASE_LIMIT : request.getLimit();
-      if (limit < 0 || limit > MAX_LEASE_LIMIT) {
-        throw InvalidRequestException.of("limit", request.getLimit(), "0 (= " + DEFAULT_LEASE_LIMIT + ") to " + MAX_LEASE_LIMIT);
-      }
-      List<LeaseRecord> matching = registry.leases(Callers.current(), request.hasDevice() ? request.getDevice() : null, request.getSessionId());
-      ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder().setTotal(matching.size());
-      for (LeaseRecord lease : matching.subList(0, Math.min(limit, matching.size()))) {
+      int size = request.getPageSize() != 0 ? PageTokens.pageSize("page_size", request.getPageSize())
+          : PageTokens.pageSize("limit", request.getLimit());
+      Page<LeaseRecord> page = registry.leasePage(Callers.current(), request.hasDevice() ? request.getDevice() : null,
+          request.getSessionId(), PageTokens.leaseCursor(request.getPageToken()), size);
+      ListLeasesResponse.Builder out = ListLeasesResponse.newBuilder().setTotal(page.total());
+      for (LeaseRecord lease : page.items()) {
         out.addLeases(ProtoMapping.leaseInfo(lease, registry.ageMillis(lease.grantedNanos())));
+      }
+      if (page.more()) {
+        out.setNextPageToken(PageTokens.leaseToken(page.items().get(page.items().size() - 1)));
       }
       return out.build();
     });
@@ -118,10 +119,17 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   public void listSessions(ListSessionsRequest request, StreamObserver<ListSessionsResponse> response) {
     answer("ListSessions", response, () -> {
-      ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder();
-      for (Session session : registry.sessions(Callers.current())) {
+      int size = PageTokens.pageSize("page_size", request.getPageSize());
+      Object[] cursor = PageTokens.sessionCursor(request.getPageToken());
+      Page<Session> page = cursor == null ? registry.sessionPage(Callers.current(), 0, null, size)
+          : registry.sessionPage(Callers.current(), (Long) cursor[0], (String) cursor[1], size);
+      ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder().setTotal(page.total());
+      for (Session session : page.items()) {
         out.addSessions(ProtoMapping.sessionInfo(session, registry.ageMillis(session.openedNanos()),
             registry.mappedSegments(session)));
+      }
+      if (page.more()) {
+        out.setNextPageToken(PageTokens.sessionToken(page.items().get(page.items().size() - 1)));
       }
       return out.build();
     });

@@ -3,6 +3,7 @@ package io.gpumemd.server.session;
 import io.gpumemd.server.pool.HolderRequests;
 import java.util.Collection;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -17,17 +18,44 @@ public final class LiveSessions implements HolderRequests {
   private static final Logger log = LoggerFactory.getLogger(LiveSessions.class);
 
   private final ConcurrentHashMap<String, Session> byId = new ConcurrentHashMap<>();
+  /** Live sessions plus those being opened: what {@code --max-sessions} bounds. */
+  private final AtomicInteger count = new AtomicInteger();
 
   Session get(String id) {
     return byId.get(id);
   }
 
+  /**
+   * Takes a place for a session about to open, within {@code max} (0 = no limit).
+   *
+   * @return false when {@code max} sessions are live or opening
+   */
+  boolean reserve(int max) {
+    while (true) {
+      int n = count.get();
+      if (max > 0 && n >= max) {
+        return false;
+      }
+      if (count.compareAndSet(n, n + 1)) {
+        return true;
+      }
+    }
+  }
+
+  /** Gives back a place taken by {@link #reserve} for a session that did not open. */
+  void unreserve() {
+    count.decrementAndGet();
+  }
+
+  /** Adds a session whose place {@link #reserve} took. */
   void add(Session session) {
     byId.put(session.id(), session);
   }
 
   void remove(Session session) {
-    byId.remove(session.id(), session);
+    if (byId.remove(session.id(), session)) {
+      count.decrementAndGet();
+    }
   }
 
   Collection<Session> all() {

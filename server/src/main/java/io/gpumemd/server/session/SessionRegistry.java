@@ -57,6 +57,7 @@ public final class SessionRegistry {
   /** Holdings by tenant key; one entry per tenant ever seen (uids, token tenants: bounded by who can connect). */
   private final ConcurrentHashMap<String, Tenant> tenants = new ConcurrentHashMap<>();
   private final AtomicLong leaseSequence = new AtomicLong();
+  private final SessionChurn churn;
   private volatile boolean draining;
   /** Written by the reaper thread only. */
   private long lastLeakScanNanos = Long.MIN_VALUE / 2;
@@ -72,6 +73,7 @@ public final class SessionRegistry {
     this.backend = backend;
     this.settings = settings;
     this.ticker = ticker;
+    this.churn = new SessionChurn(log, ticker.nanos());
   }
 
   public SessionSettings settings() {
@@ -101,14 +103,57 @@ public final class SessionRegistry {
     Validation.label("client_name", clientName);
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
     long allowance = cacheBytes < 0 ? settings.clientCacheBytes() : Math.min(cacheBytes, settings.clientCacheBytes());
-    String id = SecureIds.next();
-    Session session = new Session(id, caller, tenants.computeIfAbsent(caller.tenant(), Tenant::new),
-        segmentOwner(caller, id), clientName, ttl, settings.quotaFor(clientName), allowance, ticker.nanos());
+    Tenant tenant = tenants.computeIfAbsent(caller.tenant(), Tenant::new);
+    admit(caller, tenant);
+    Session session;
+    try {
+      String id = SecureIds.next();
+      session = new Session(id, caller, tenant, segmentOwner(caller, id), clientName, ttl,
+          settings.quotaFor(clientName), allowance, ticker.nanos());
+    } catch (RuntimeException e) {
+      tenant.removeSession();
+      sessions.unreserve();
+      throw e;
+    }
     sessions.add(session);
+    churn.opened();
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
         .addKeyValue("tenant", caller.tenant())
         .log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
     return session;
+  }
+
+  /**
+   * Takes a session's places within the {@link SessionLimits}: a token of the tenant's open
+   * rate, a place among the tenant's sessions, a place among all sessions. The daemon's own
+   * caller is held to the total only (see {@link SessionLimits}).
+   *
+   * @throws ExhaustedException naming the limit and its flag, having taken nothing
+   */
+  private void admit(Caller caller, Tenant tenant) {
+    SessionLimits limits = settings.limits();
+    boolean peer = caller != Caller.DAEMON;
+    if (peer && limits.openRatePerSecond() > 0) {
+      long waitMillis = tenant.takeOpenToken(ticker.nanos(), limits.openRatePerSecond());
+      if (waitMillis > 0) {
+        churn.refusedRate();
+        throw new ExhaustedException("session open rate of tenant " + caller.tenant() + " exceeded: at most "
+            + limits.openRatePerSecond() + " opens per second (flag --session-open-rate); retry in " + waitMillis
+            + " ms");
+      }
+    }
+    if (!tenant.addSession(peer ? limits.maxSessionsPerTenant() : 0)) {
+      churn.refusedPerTenant();
+      throw new ExhaustedException("session limit of tenant " + caller.tenant() + " reached: "
+          + limits.maxSessionsPerTenant() + " live sessions (flag --max-sessions-per-tenant); close sessions "
+          + "it no longer uses");
+    }
+    if (!sessions.reserve(limits.maxSessions())) {
+      tenant.removeSession();
+      churn.refusedTotal();
+      throw new ExhaustedException("session limit of the daemon reached: " + limits.maxSessions()
+          + " live sessions over all tenants (flag --max-sessions)");
+    }
   }
 
   /**
@@ -239,6 +284,7 @@ public final class SessionRegistry {
       return new long[] {0, 0};
     }
     sessions.remove(session);
+    session.tenantUsage().removeSession();
     long bytes = 0;
     long count = 0;
     for (LeaseRecord lease : ending.leases()) {
@@ -254,8 +300,9 @@ public final class SessionRegistry {
     if (ending.channel() != null) {
       ending.channel().close();
     }
-    // A session that ends holding memory is news to an operator; an empty one is routine.
-    (count > 0 ? log.atInfo() : log.atDebug())
+    // A session that ends holding memory is news to an operator, an empty one routine; in a
+    // flood, even the news is summed up by the churn summary beyond a few lines a minute.
+    (churn.ended(count, bytes) ? log.atInfo() : log.atDebug())
         .addKeyValue("session", session.id()).addKeyValue("client", session.clientName())
         .addKeyValue("released_leases", count).addKeyValue("released_bytes", bytes)
         .log("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
@@ -469,6 +516,7 @@ public final class SessionRegistry {
    */
   public void reap() {
     long now = ticker.nanos();
+    churn.flush(now, sessions.size());
     long grace = TimeUnit.MILLISECONDS.toNanos(settings.graceMillis());
     for (Session session : sessions.all()) {
       String why = session.expiry(now, grace);
@@ -551,6 +599,43 @@ public final class SessionRegistry {
     }
     out.sort(Comparator.comparingLong(LeaseRecord::sequence));
     return out;
+  }
+
+  /** Leases in grant order, the order of {@link #leasePage}. */
+  public static final Comparator<LeaseRecord> LEASE_ORDER = Comparator.comparingLong(LeaseRecord::sequence);
+  /** Sessions by age, then id (sessions opened in the same nanosecond), the order of {@link #sessionPage}. */
+  public static final Comparator<Session> SESSION_ORDER =
+      Comparator.comparingLong(Session::openedNanos).thenComparing(Session::id);
+
+  /**
+   * A page of live leases in grant order, after the lease with sequence number
+   * {@code afterSequence} (0 for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  public Page<LeaseRecord> leasePage(Caller caller, Integer device, String sessionId, long afterSequence, int size) {
+    if (!sessionId.isEmpty()) {
+      SecureIds.check("session_id", sessionId);
+    }
+    if (device != null) {
+      pools.get(device);
+    }
+    return Page.select(leases.values(),
+        lease -> (device == null || lease.block().device() == device)
+            && (sessionId.isEmpty() || lease.session().id().equals(sessionId))
+            && (caller.admin() || caller.owns(lease.session().tenant())),
+        lease -> lease.sequence() > afterSequence, LEASE_ORDER, size);
+  }
+
+  /**
+   * A page of live sessions by age, after the session that opened at {@code afterNanos} with id
+   * {@code afterId} (null for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  public Page<Session> sessionPage(Caller caller, long afterNanos, String afterId, int size) {
+    return Page.select(sessions.all(), s -> caller.admin() || caller.owns(s.tenant()),
+        s -> afterId == null || s.openedNanos() > afterNanos
+            || (s.openedNanos() == afterNanos && s.id().compareTo(afterId) > 0),
+        SESSION_ORDER, size);
   }
 
   public int sessionCount() {

@@ -16,6 +16,7 @@ import java.util.Map;
  * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
  * @param isolateSessions every session gets segments of its own, instead of sharing its
  *     tenant's (for processes of one uid that do not trust each other)
+ * @param limits bounds on live sessions and on how fast a tenant opens them
  */
 public record SessionSettings(
     int defaultTtlSeconds,
@@ -26,13 +27,28 @@ public record SessionSettings(
     Map<String, Quota> quotaOverrides,
     long clientCacheBytes,
     Quota tenantQuota,
-    boolean isolateSessions) {
+    boolean isolateSessions,
+    SessionLimits limits) {
 
   /** Default client cache allowance per session. */
   public static final long DEFAULT_CLIENT_CACHE_BYTES = 64L << 20;
 
   public SessionSettings {
     quotaOverrides = Map.copyOf(quotaOverrides);
+  }
+
+  /** The default session limits. */
+  public SessionSettings(int defaultTtlSeconds, int maxTtlSeconds, long graceMillis, long leakThresholdMillis,
+      Quota defaultQuota, Map<String, Quota> quotaOverrides, long clientCacheBytes, Quota tenantQuota,
+      boolean isolateSessions) {
+    this(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota, quotaOverrides,
+        clientCacheBytes, tenantQuota, isolateSessions, SessionLimits.DEFAULTS);
+  }
+
+  /** The same settings with other session limits. */
+  public SessionSettings withLimits(SessionLimits other) {
+    return new SessionSettings(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota,
+        quotaOverrides, clientCacheBytes, tenantQuota, isolateSessions, other);
   }
 
   /** No tenant quota, tenant-wide segments. */

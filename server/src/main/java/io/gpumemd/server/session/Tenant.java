@@ -2,7 +2,8 @@ package io.gpumemd.server.session;
 
 /**
  * One tenant's holdings across all its sessions, checked against the per-tenant quota: without
- * it, a per-session quota is no limit at all for a peer that opens many sessions.
+ * it, a per-session quota is no limit at all for a peer that opens many sessions. Also the
+ * tenant's live session count and its session-open token bucket ({@link SessionLimits}).
  *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short.
  */
@@ -10,6 +11,10 @@ final class Tenant {
   private final String key;
   private long bytes;
   private long leases;
+  private int sessions;
+  /** Session-open tokens left, and when they were last topped up (ticker nanos). */
+  private double openTokens = Double.NaN;
+  private long tokensAtNanos;
 
   Tenant(String key) {
     this.key = key;
@@ -38,6 +43,48 @@ final class Tenant {
   synchronized void unreserve(long leaseBytes) {
     bytes -= leaseBytes;
     leases--;
+  }
+
+  /**
+   * Takes one session-open token from the tenant's bucket: {@code ratePerSecond} tokens a
+   * second, at most {@code ratePerSecond} saved up (the burst), full at first.
+   *
+   * @return 0 when taken, else the milliseconds until the next token (at least 1)
+   */
+  synchronized long takeOpenToken(long nowNanos, int ratePerSecond) {
+    if (Double.isNaN(openTokens)) {
+      openTokens = ratePerSecond;
+    } else {
+      openTokens = Math.min(ratePerSecond, openTokens + (nowNanos - tokensAtNanos) * ratePerSecond / 1e9);
+    }
+    tokensAtNanos = nowNanos;
+    if (openTokens >= 1) {
+      openTokens -= 1;
+      return 0;
+    }
+    return Math.max(1, (long) Math.ceil((1 - openTokens) * 1000 / ratePerSecond));
+  }
+
+  /**
+   * Counts a session about to open against {@code max} (0 = no limit).
+   *
+   * @return false, counting nothing, when the tenant already has {@code max} live sessions
+   */
+  synchronized boolean addSession(int max) {
+    if (max > 0 && sessions >= max) {
+      return false;
+    }
+    sessions++;
+    return true;
+  }
+
+  /** A session counted by {@link #addSession} ended (or was never opened after all). */
+  synchronized void removeSession() {
+    sessions--;
+  }
+
+  synchronized int sessions() {
+    return sessions;
   }
 
   synchronized long[] holdings() {

@@ -22,7 +22,9 @@ class ServerOptionsTest {
       "host-devices", "host-device-bytes", "shm-dir", "shm-group", "device-limit-fraction", "device-limit-bytes",
       "retention-cap-bytes", "max-oversize-bytes", "unmap-wait-ms", "session-ttl-seconds", "max-session-ttl-seconds",
       "keepalive-grace-ms", "leak-threshold-ms", "quota-max-leased-bytes", "quota-max-leases", "drain-timeout-ms",
-      "log-format", "log-level", "config");
+      "log-format", "log-level", "config", "max-sessions", "max-sessions-per-tenant", "session-open-rate",
+      "max-message-bytes", "max-calls-per-connection", "connection-idle-timeout-seconds", "tcp-max-connections",
+      "unix-max-connections");
 
   @TempDir
   Path dir;
@@ -59,6 +61,29 @@ class ServerOptionsTest {
     assertEquals(Quota.UNLIMITED, c.defaultQuota());
     assertTrue(c.quotaOverrides().isEmpty());
     OPTIONS.forEach(name -> assertEquals("default", c.sources().get(name), name));
+  }
+
+  @Test
+  void limits_haveDefaults_flagsEnvAndFile_andAreChecked() throws Exception {
+    ServerConfig d = load(Map.of());
+    assertEquals(new io.gpumemd.server.session.SessionLimits(10_000, 1_000, 100), d.sessionLimits());
+    assertEquals(new TransportLimits(1 << 20, 1000, 300, 1000, 1000), d.transport());
+    assertEquals(d.sessionLimits(), d.sessionSettings().limits());
+    Path file = dir.resolve("limits.properties");
+    Files.writeString(file, "tcp-max-connections=50\nconnection-idle-timeout-seconds=0\n");
+    ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_SESSION_OPEN_RATE", "0",
+        "GPUMEMD_MAX_MESSAGE_BYTES", "256KiB"), "--max-sessions", "5", "--max-sessions-per-tenant=2",
+        "--max-calls-per-connection", "10", "--unix-max-connections", "7");
+    assertEquals(new io.gpumemd.server.session.SessionLimits(5, 2, 0), c.sessionLimits());
+    assertEquals(new TransportLimits(256 << 10, 10, 0, 50, 7), c.transport());
+    assertTrue(c.describe().contains("max-message-bytes = 262144  [env GPUMEMD_MAX_MESSAGE_BYTES]"), c.describe());
+    rejects("max-message-bytes: '1KiB' (expected: a byte size in [64KiB, 64MiB])", Map.of(),
+        "--max-message-bytes", "1KiB");
+    rejects("max-sessions: '-1' (expected: an integer in [0, 10000000])", Map.of(), "--max-sessions", "-1");
+    rejects("max-calls-per-connection: '0' (expected: an integer in [1, 1000000])", Map.of(),
+        "--max-calls-per-connection", "0");
+    rejects("session-open-rate: 'fast' (expected: an integer in [0, 1000000])", Map.of(),
+        "--session-open-rate", "fast");
   }
 
   @Test
@@ -212,7 +237,8 @@ class ServerOptionsTest {
       Matcher option = Pattern.compile("--" + Pattern.quote(name) + "=\\S+").matcher(help);
       assertTrue(option.find(), "--" + name + " missing from --help:\n" + help);
       // the option's env line comes after its own flag and before the next option's
-      Matcher next = Pattern.compile("\n\\s*-").matcher(help);
+      // (an option's line is indented a little, a wrapped description line far more)
+      Matcher next = Pattern.compile("\n\\s{0,8}-").matcher(help);
       String block = help.substring(option.start(), next.find(option.end()) ? next.start() : help.length());
       assertTrue(block.contains("env " + env), "--" + name + " without env " + env + ":\n" + block);
     }

@@ -1,5 +1,6 @@
 package io.gpumemd.server.testing;
 
+import ch.qos.logback.classic.Level;
 import ch.qos.logback.classic.Logger;
 import ch.qos.logback.classic.spi.ILoggingEvent;
 import ch.qos.logback.core.read.ListAppender;
@@ -11,9 +12,28 @@ import org.slf4j.LoggerFactory;
 public final class LogCapture implements AutoCloseable {
   private final Logger logger;
   private final ListAppender<ILoggingEvent> appender = new ListAppender<>();
+  private final Level previousLevel;
 
   public LogCapture(Class<?> type) {
-    logger = (Logger) LoggerFactory.getLogger(type);
+    this(type.getName(), null);
+  }
+
+  /** Captures a logger by name (e.g. one of gRPC's), at its configured level. */
+  public LogCapture(String name) {
+    this(name, null);
+  }
+
+  /** Captures DEBUG and above as well, whatever the configured level; restored at close. */
+  public static LogCapture withDebug(Class<?> type) {
+    return new LogCapture(type.getName(), Level.DEBUG);
+  }
+
+  private LogCapture(String name, Level level) {
+    logger = (Logger) LoggerFactory.getLogger(name);
+    previousLevel = logger.getLevel();
+    if (level != null) {
+      logger.setLevel(level);
+    }
     appender.start();
     logger.addAppender(appender);
   }
@@ -29,5 +49,6 @@ public final class LogCapture implements AutoCloseable {
   @Override
   public void close() {
     logger.detachAppender(appender);
+    logger.setLevel(previousLevel);
   }
 }

@@ -1,0 +1,35 @@
+package io.gpumemd.server.config;
+
+/**
+ * Bounds on what one gRPC peer can make the transport hold, per listener; part of {@link
+ * ServerConfig}. The Unix socket and TCP count their connections separately, so a TCP flood
+ * leaves the socket answerable for health checks and admins.
+ *
+ * @param maxMessageBytes largest inbound message ({@code --max-message-bytes}); the largest a
+ *     client legitimately sends is a KeepAlive message of 4096 release notices, about 420 KB
+ * @param maxCallsPerConnection concurrent calls (HTTP/2 streams) on one connection
+ *     ({@code --max-calls-per-connection})
+ * @param connectionIdleSeconds a connection without calls for this long is closed (GOAWAY; a
+ *     client reconnects on its next call); 0 = never ({@code --connection-idle-timeout-seconds})
+ * @param tcpMaxConnections live connections on the TCP listener; more are closed as they come
+ *     ({@code --tcp-max-connections}, 0 = no limit)
+ * @param unixMaxConnections live connections on the Unix socket ({@code --unix-max-connections},
+ *     0 = no limit)
+ */
+public record TransportLimits(
+    int maxMessageBytes,
+    int maxCallsPerConnection,
+    long connectionIdleSeconds,
+    int tcpMaxConnections,
+    int unixMaxConnections) {
+
+  public static final int DEFAULT_MAX_MESSAGE_BYTES = 1 << 20;
+  public static final int DEFAULT_MAX_CALLS_PER_CONNECTION = 1000;
+  public static final long DEFAULT_CONNECTION_IDLE_SECONDS = 300;
+  public static final int DEFAULT_TCP_MAX_CONNECTIONS = 1000;
+  public static final int DEFAULT_UNIX_MAX_CONNECTIONS = 1000;
+
+  public static final TransportLimits DEFAULTS = new TransportLimits(DEFAULT_MAX_MESSAGE_BYTES,
+      DEFAULT_MAX_CALLS_PER_CONNECTION, DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_TCP_MAX_CONNECTIONS,
+      DEFAULT_UNIX_MAX_CONNECTIONS);
+}
