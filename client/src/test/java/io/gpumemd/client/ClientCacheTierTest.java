@@ -120,8 +120,10 @@ class ClientCacheTierTest {
     try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
       Lease lease = client.lease(0, 4096);
       // What CudaLeases.closeAfter does after recording the event; on a host device the daemon
-      // refuses the handle (ReleaseFailed) but the rule under test is the client's own.
-      lease.closeWithEvent(new byte[64]);
+      // refuses the handle (the release is a call, so the refusal comes back at once), but the
+      // rule under test is the client's own.
+      GpuMemException refused = assertThrows(GpuMemException.class, () -> lease.closeWithEvent(new byte[64]));
+      assertEquals(Status.Code.INVALID_ARGUMENT, refused.code());
       assertEquals(0, client.stats().cachedBlocks(), "an event-ordered release is never cached locally");
       assertEquals(1, client.stats().releases());
       try (Lease next = client.lease(0, 4096)) {
