@@ -25,8 +25,8 @@ import java.net.BindException;
 import java.net.InetSocketAddress;
 import java.net.URI;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -35,7 +35,9 @@ import org.slf4j.LoggerFactory;
  * other methods). Built on the Netty that gRPC already ships, on one event-loop thread, so a
  * client that sends half a request holds only its own connection: every connection must finish
  * its request within {@value #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at
- * most {@value #MAX_CONNECTIONS} connections are open at once (more are closed at accept).
+ * most {@value #MAX_CONNECTIONS} connections wait for their request at once: a new one closes
+ * the one that has waited longest, so idle or trickling connections can delay a scrape by
+ * nothing but a reconnect.
  * (The JDK's built-in server reads a request on its worker thread, so one half-sent request
  * stalled every scrape until the client gave up.)
  *
@@ -53,7 +55,8 @@ public final class MetricsHttpServer implements AutoCloseable {
     return t;
   });
   private final Channel channel;
-  private final AtomicInteger connections = new AtomicInteger();
+  /** Connections that have not sent a whole request yet, oldest first; event-loop thread only. */
+  private final ArrayDeque<Channel> waiting = new ArrayDeque<>();
 
   /**
    * @param beforeScrape runs on the metrics thread before each scrape (takes the snapshot the
@@ -67,17 +70,17 @@ public final class MetricsHttpServer implements AutoCloseable {
         .childHandler(new ChannelInitializer<SocketChannel>() {
           @Override
           protected void initChannel(SocketChannel ch) {
-            if (connections.incrementAndGet() > MAX_CONNECTIONS) {
-              connections.decrementAndGet();
-              ch.close();
-              return;
+            // One event-loop thread serves the listener and every connection: no locking needed.
+            waiting.addLast(ch);
+            ch.closeFuture().addListener(f -> waiting.remove(ch));
+            if (waiting.size() > MAX_CONNECTIONS) {
+              waiting.pollFirst().close();
             }
-            ch.closeFuture().addListener(f -> connections.decrementAndGet());
             // A connection that has not sent a whole request by then is dropped, however slowly
             // it trickles bytes in: a read timeout alone would not stop a slowloris.
             ch.eventLoop().schedule(() -> ch.close(), REQUEST_DEADLINE_SECONDS, TimeUnit.SECONDS);
             ch.pipeline().addLast(new HttpServerCodec(4096, MAX_REQUEST_BYTES, MAX_REQUEST_BYTES),
-                new HttpObjectAggregator(MAX_REQUEST_BYTES), new Scrape(registry, beforeScrape));
+                new HttpObjectAggregator(MAX_REQUEST_BYTES), new Scrape(registry, beforeScrape, waiting));
           }
         });
     try {
@@ -106,14 +109,17 @@ public final class MetricsHttpServer implements AutoCloseable {
   private static final class Scrape extends SimpleChannelInboundHandler<FullHttpRequest> {
     private final PrometheusMeterRegistry registry;
     private final Runnable beforeScrape;
+    private final ArrayDeque<Channel> waiting;
 
-    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape) {
+    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape, ArrayDeque<Channel> waiting) {
       this.registry = registry;
       this.beforeScrape = beforeScrape;
+      this.waiting = waiting;
     }
 
     @Override
     protected void channelRead0(ChannelHandlerContext ctx, FullHttpRequest request) {
+      waiting.remove(ctx.channel()); // has its request: no longer one to displace
       if (!request.decoderResult().isSuccess()) {
         respond(ctx, HttpResponseStatus.BAD_REQUEST, "bad request\n", "text/plain; charset=utf-8");
         return;
