@@ -34,9 +34,14 @@ public final class CudaLeases {
 
   /**
    * Records an interprocess event on {@code stream} after the work queued so far and releases
-   * the lease with it; the call returns without waiting for the GPU.
+   * the lease with it; the call returns without waiting for the GPU. A lease of a lost session
+   * (the daemon restarted) is only marked closed.
    */
   public static void closeAfter(Lease lease, CUstream stream) {
+    if (lease.isLost()) {
+      lease.close(); // gone with its session: nothing to wait for, nothing to release
+      return;
+    }
     CudaMappings.CudaMapping mapping = mapping(lease);
     CudaMappings.makeCurrent(mapping.device);
     CUevent event = new CUevent();

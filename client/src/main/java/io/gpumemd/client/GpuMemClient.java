@@ -66,7 +66,16 @@ import org.slf4j.LoggerFactory;
  * goes out anyway, or when the daemon asks for cached blocks back). {@link Builder#unaryCalls}
  * or {@code keepAlive(false)} use the unary calls instead, and no client cache.
  *
- * <p>Locks, always taken in this order: {@code streamLock} (sending on the stream), the client
+ * <p>If the daemon restarts (or ends the session), the client sees its session lost: when the
+ * daemon ends the stream, or when the stream stays broken past the grace period. It then logs a
+ * warning, and everything of that session is dropped: its leases are dead ({@link Lease#close()}
+ * does nothing, {@link Lease#buffer()} throws "session lost"), its mappings and client cache are
+ * dropped (a restarted daemon reuses segment ids), its pending notices are never sent. The next
+ * lease opens a new session, retrying with backoff (50 ms doubling to 2 s, for up to 10 s a
+ * call), so that a long-running worker goes on across a restart; {@link #sessionId()} is the
+ * current session's.
+ *
+ * <p>Locks, always taken in this order: {@code reopenLock} (opening a new session), {@code streamLock} (sending on the stream), the client
  * cache's monitor (a take or an offer together with its notice), {@code noticeLock} (the
  * pending notices). Nothing is sent while the cache's monitor is held.
  *
@@ -78,39 +87,77 @@ public final class GpuMemClient implements AutoCloseable {
   private final Channels.Connection connection;
   private final AllocatorGrpc.AllocatorBlockingStub blocking;
   private final AllocatorGrpc.AllocatorStub async;
-  private final String sessionId;
-  private final int ttlSeconds;
-  private final long graceMillis;
-  private final MappingCache mappings;
   private final Consumer<Long> onShutdownNotice;
   private final ScheduledExecutorService reconnector;
-  private final CountDownLatch firstAttach = new CountDownLatch(1);
   private final Object streamLock = new Object();
-  private StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
-  private CountDownLatch streamDone; // guarded by streamLock: the current stream's end
   private volatile boolean closing;
   private final AtomicBoolean closeStarted = new AtomicBoolean();
   private final CountDownLatch closed = new CountDownLatch(1);
-  private volatile boolean sessionLost;
-  /** Null on the unary path or when the daemon grants no allowance. */
-  private final ClientCache cache;
   private final boolean streamCalls;
+  private final boolean keepAlive;
+  /** What OpenSession asks for, again for each new session after a restart. */
+  private final OpenSessionRequest openRequest;
+  /** The current session; replaced (under reopenLock) once it is lost and a lease asks again. */
+  private volatile Session session;
+  private final Object reopenLock = new Object();
+  /** Backoff between attempts to open a new session (guarded by reopenLock). */
+  private long reopenBackoffMs = MIN_BACKOFF_MS;
+  private long nextReopenNanos;
   private final AtomicLong nextRequestId = new AtomicLong(1);
-  private final Map<Long, CompletableFuture<LeaseResponse>> pendingLeases = new ConcurrentHashMap<>();
-  /**
-   * Notices not yet sent, guarded by noticeLock. Cache notices are kept as each lease's net
-   * transition since the last send (a close into the cache and a reuse cancel out), so a worker
-   * that leases and closes locally sends nothing at all; releases in order.
-   */
-  private final Object noticeLock = new Object();
-  private final LinkedHashMap<String, Boolean> cacheNotices = new LinkedHashMap<>();
-  private final ArrayList<ReleaseNotice> releaseNotices = new ArrayList<>();
   private final AtomicBoolean flushScheduled = new AtomicBoolean();
   private final AtomicLong daemonLeases = new AtomicLong();
   private final AtomicLong releases = new AtomicLong();
-  /** Counters last sent, so that unchanged ones are not repeated. */
-  /** {@link ClientCache#countersVersion()} as last sent; written under streamLock. */
-  private volatile long countersVersionSent;
+  /** Mappings opened by sessions before the current one. */
+  private final AtomicLong earlierMapsOpened = new AtomicLong();
+
+  static final long MIN_BACKOFF_MS = 50;
+  static final long MAX_BACKOFF_MS = 2000;
+  /** How long a lease waits for a new session after the old one was lost. */
+  private static final long REOPEN_WAIT_MS = 10_000;
+
+  /**
+   * One session at the daemon and everything that belongs to it: its mappings (a restarted
+   * daemon reuses segment ids), its client cache, its stream, its pending notices and leases.
+   * A lease remembers its session: once that session is lost, the lease is dead, and closing
+   * it touches nothing of a later session.
+   */
+  static final class Session {
+    final String id;
+    final long generation;
+    final int ttlSeconds;
+    final long graceMillis;
+    final MappingCache mappings;
+    /** Null on the unary path or when the daemon grants no allowance. */
+    final ClientCache cache;
+    final CountDownLatch firstAttach = new CountDownLatch(1);
+    StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
+    CountDownLatch streamDone; // guarded by streamLock: the current stream's end
+    final AtomicBoolean lost = new AtomicBoolean();
+    final Map<Long, CompletableFuture<LeaseResponse>> pendingLeases = new ConcurrentHashMap<>();
+    /**
+     * Notices not yet sent, guarded by noticeLock. Cache notices are kept as each lease's net
+     * transition since the last send (a close into the cache and a reuse cancel out), so a
+     * worker that leases and closes locally sends nothing at all; releases in order.
+     */
+    final Object noticeLock = new Object();
+    final LinkedHashMap<String, Boolean> cacheNotices = new LinkedHashMap<>();
+    final ArrayList<ReleaseNotice> releaseNotices = new ArrayList<>();
+    /** {@link ClientCache#countersVersion()} as last sent; written under streamLock. */
+    volatile long countersVersionSent;
+
+    Session(OpenSessionResponse opened, long generation, boolean streamCalls, GpuMemClient client) {
+      this.id = opened.getSessionId();
+      this.generation = generation;
+      this.ttlSeconds = opened.getTtlSeconds();
+      this.graceMillis = opened.getKeepaliveGraceMs();
+      this.mappings = new MappingCache(segmentId -> client.ackUnmapped(this, segmentId));
+      this.cache = streamCalls && opened.getClientCacheBytes() > 0 ? new ClientCache(opened.getClientCacheBytes()) : null;
+    }
+
+    boolean isLost() {
+      return lost.get();
+    }
+  }
 
   /** A release notice waiting to be sent. */
   private record ReleaseNotice(String leaseId, byte[] eventHandle) {}
@@ -244,48 +291,158 @@ public final class GpuMemClient implements AutoCloseable {
     this.blocking = AllocatorGrpc.newBlockingStub(connection.channel());
     this.async = AllocatorGrpc.newStub(connection.channel());
     this.onShutdownNotice = b.onShutdownNotice;
-    this.mappings = new MappingCache(this::ackUnmapped);
+    OpenSessionRequest.Builder open = OpenSessionRequest.newBuilder()
+        .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds);
+    if (b.clientCacheBytes != null) {
+      open.setClientCacheBytes(b.clientCacheBytes);
+    }
+    this.openRequest = open.build();
+    this.keepAlive = b.keepAlive;
+    this.streamCalls = b.keepAlive && !b.unaryCalls;
     OpenSessionResponse opened;
     try {
-      OpenSessionRequest.Builder open = OpenSessionRequest.newBuilder()
-          .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds);
-      if (b.clientCacheBytes != null) {
-        open.setClientCacheBytes(b.clientCacheBytes);
-      }
-      opened = blocking.withDeadlineAfter(10, TimeUnit.SECONDS).openSession(open.build());
+      opened = blocking.withDeadlineAfter(10, TimeUnit.SECONDS).openSession(openRequest);
     } catch (StatusRuntimeException e) {
       connection.close();
       throw GpuMemException.from(e);
     }
-    this.sessionId = opened.getSessionId();
-    this.ttlSeconds = opened.getTtlSeconds();
-    this.graceMillis = opened.getKeepaliveGraceMs();
-    this.streamCalls = b.keepAlive && !b.unaryCalls;
-    this.cache = streamCalls && opened.getClientCacheBytes() > 0 ? new ClientCache(opened.getClientCacheBytes()) : null;
     this.reconnector = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "gpumemd-client-keepalive");
       t.setDaemon(true);
       return t;
     });
-    if (b.keepAlive) {
-      openStream(System.nanoTime());
-      try {
-        if (!firstAttach.await(10, TimeUnit.SECONDS)) {
-          log.warn("gpumemd session {}: KeepAlive stream not attached after 10 s", sessionId);
+    this.session = new Session(opened, 1, streamCalls, this);
+    attach(session);
+  }
+
+  /** Opens the session's KeepAlive stream (if kept alive) and waits briefly for the attach. */
+  private void attach(Session s) {
+    if (!keepAlive) {
+      return;
+    }
+    openStream(s, System.nanoTime());
+    try {
+      if (!s.firstAttach.await(10, TimeUnit.SECONDS)) {
+        log.warn("gpumemd session {}: KeepAlive stream not attached after 10 s", s.id);
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+  }
+
+  /**
+   * The current session, or a new one when it was lost (the daemon restarted or ended it): a new
+   * session is opened here, retrying with backoff (50 ms doubling to 2 s) for up to 10 s.
+   *
+   * @throws GpuMemException UNAVAILABLE when no new session could be opened in that time
+   */
+  private Session liveSession() {
+    Session s = session;
+    if (!s.isLost()) {
+      return s;
+    }
+    if (closing) {
+      throw new GpuMemException(Status.Code.UNAVAILABLE, "the client is closed", null);
+    }
+    synchronized (reopenLock) {
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(REOPEN_WAIT_MS);
+      GpuMemException last = null;
+      while (true) {
+        s = session;
+        if (!s.isLost()) {
+          return s; // another thread opened it meanwhile
         }
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
+        if (closing) {
+          throw new GpuMemException(Status.Code.UNAVAILABLE, "the client is closed", null);
+        }
+        long wait = nextReopenNanos - System.nanoTime();
+        if (wait > 0) {
+          if (System.nanoTime() + wait > deadline) {
+            break;
+          }
+          try {
+            TimeUnit.NANOSECONDS.sleep(wait);
+          } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new GpuMemException(Status.Code.CANCELLED, "interrupted while opening a new session", e);
+          }
+        }
+        try {
+          OpenSessionResponse opened = blocking.withDeadlineAfter(5, TimeUnit.SECONDS).openSession(openRequest);
+          Session next = new Session(opened, s.generation + 1, streamCalls, this);
+          earlierMapsOpened.addAndGet(s.mappings.mapsOpened());
+          reopenBackoffMs = MIN_BACKOFF_MS;
+          nextReopenNanos = 0;
+          log.info("gpumemd session {} lost; opened new session {} (generation {})", s.id, next.id, next.generation);
+          attach(next); // before others see it, so that their leases find the stream attached
+          session = next;
+          return next;
+        } catch (StatusRuntimeException e) {
+          last = GpuMemException.from(e);
+          nextReopenNanos = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(reopenBackoffMs);
+          reopenBackoffMs = Math.min(MAX_BACKOFF_MS, reopenBackoffMs * 2);
+          if (System.nanoTime() >= deadline) {
+            break;
+          }
+        }
+      }
+      throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost: the daemon restarted or ended it, and no new "
+          + "session could be opened yet" + (last == null ? "" : " (" + last.getMessage() + ")") + "; retry", last);
+    }
+  }
+
+  /**
+   * Marks a session lost (once): its leases are dead, its pending leases fail, its notices are
+   * dropped, its client cache is emptied and its mappings are dropped (segment ids of a restarted
+   * daemon mean other segments). The next lease opens a new session.
+   */
+  private void loseSession(Session s, String why) {
+    if (!s.lost.compareAndSet(false, true)) {
+      return;
+    }
+    s.firstAttach.countDown();
+    log.warn("gpumemd session {} lost ({}); its leases are gone, the next lease opens a new session", s.id, why);
+    synchronized (streamLock) {
+      if (s.stream != null) {
+        try {
+          s.stream.onCompleted();
+        } catch (RuntimeException ignored) {
+          // the stream is broken anyway
+        }
+        s.stream = null;
+      }
+    }
+    failPending(s, Status.UNAVAILABLE.withDescription("session lost"));
+    synchronized (s.noticeLock) {
+      s.cacheNotices.clear();
+      s.releaseNotices.clear();
+    }
+    if (s.cache != null) {
+      synchronized (s.cache) {
+        s.cache.drain();
+      }
+    }
+    s.mappings.abandonAll();
+  }
+
+  private static void failPending(Session s, Status status) {
+    for (Long id : s.pendingLeases.keySet()) {
+      CompletableFuture<LeaseResponse> waiting = s.pendingLeases.remove(id);
+      if (waiting != null) {
+        waiting.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE,
+            "the KeepAlive stream to gpumemd broke (" + status.getCode()
+            + (status.getDescription() == null ? "" : ": " + status.getDescription()) + "); retry", null));
       }
     }
   }
 
-  /** The session id (a bearer credential: do not log it where others can read it). */
+  /** The current session id (a bearer credential: do not log it where others can read it). */
   public String sessionId() {
-    return sessionId;
+    return session.id;
   }
 
   public int ttlSeconds() {
-    return ttlSeconds;
+    return session.ttlSeconds;
   }
 
   /** The underlying connection, for other services on the same channel (health, Admin). */
@@ -295,16 +452,17 @@ public final class GpuMemClient implements AutoCloseable {
 
   /** Segments mapped in this process right now. */
   public int mappedSegments() {
-    return mappings.size();
+    return session.mappings.size();
   }
 
   /** Mappings opened since connect; a pool hit on a mapped segment does not add one. */
   public long mapsOpened() {
-    return mappings.mapsOpened();
+    return earlierMapsOpened.get() + session.mappings.mapsOpened();
   }
 
-  /** What the cache tier and the lease path did since connect. */
+  /** What the cache tier and the lease path did since connect (cache figures: this session's). */
   public ClientStats stats() {
+    ClientCache cache = session.cache;
     if (cache == null) {
       return new ClientStats(0, 0, daemonLeases.get(), releases.get(), 0, 0, 0);
     }
@@ -312,9 +470,12 @@ public final class GpuMemClient implements AutoCloseable {
         cache.cachedBytes(), cache.cachedBlocks(), cache.allowance());
   }
 
-  /** True once the daemon ended the session (expired, or the server restarted). */
+  /**
+   * True while the current session is lost (the daemon expired it, or restarted) and no new one
+   * is open yet; the next lease opens one.
+   */
   public boolean sessionLost() {
-    return sessionLost;
+    return session.isLost();
   }
 
   // ---------------------------------------------------------------------------- leasing
@@ -325,25 +486,27 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   /**
-   * Leases a block.
+   * Leases a block. When the daemon restarted (or ended the session), this opens a new session
+   * first; leases of the old one are dead.
    *
    * @param zero zero the block before it is handed out
    * @param tag label shown in listings and leak warnings
    * @throws GpuMemException with the status code and the daemon's message
    */
   public Lease lease(int device, long sizeBytes, boolean zero, String tag) {
-    Lease local = leaseLocally(device, sizeBytes, zero, tag);
+    Session s = liveSession();
+    Lease local = leaseLocally(s, device, sizeBytes, zero, tag);
     if (local != null) {
       return local;
     }
     if (streamCalls) {
-      CompletableFuture<LeaseResponse> reply = leaseOnStream(device, sizeBytes, zero, tag);
+      CompletableFuture<LeaseResponse> reply = leaseOnStream(s, device, sizeBytes, zero, tag);
       try {
-        return wrap(reply.get(), tag);
+        return wrap(s, reply.get(), tag);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         // Nobody will take the lease if the daemon grants it after all: give it straight back.
-        reply.thenAccept(granted -> releaseUnwrapped(granted.getLeaseId()));
+        reply.thenAccept(granted -> releaseUnwrapped(s, granted.getLeaseId()));
         throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for a lease", e);
       } catch (ExecutionException e) {
         throw GpuMemException.from(e.getCause());
@@ -351,16 +514,30 @@ public final class GpuMemClient implements AutoCloseable {
     }
     LeaseResponse response;
     try {
-      response = blocking.lease(request(device, sizeBytes, zero, tag));
+      response = blocking.lease(request(s, device, sizeBytes, zero, tag));
     } catch (StatusRuntimeException e) {
-      throw GpuMemException.from(e);
+      throw unaryFailed(s, e);
     }
     daemonLeases.incrementAndGet();
-    return wrap(response, tag);
+    return wrap(s, response, tag);
+  }
+
+  /**
+   * A unary call failed; without a KeepAlive stream, NOT_FOUND for the session is how the
+   * client learns that the daemon restarted or expired it.
+   */
+  private GpuMemException unaryFailed(Session s, Throwable t) {
+    GpuMemException error = GpuMemException.from(t);
+    if (!keepAlive && error.code() == Status.Code.NOT_FOUND
+        && String.valueOf(error.getMessage()).contains("session " + s.id)) {
+      loseSession(s, error.getMessage());
+    }
+    return error;
   }
 
   /** A lease from the client's own cache, zeroed when asked, or null. */
-  private Lease leaseLocally(int device, long sizeBytes, boolean zero, String tag) {
+  private Lease leaseLocally(Session s, int device, long sizeBytes, boolean zero, String tag) {
+    ClientCache cache = s.cache;
     if (cache == null || closing || sizeBytes <= 0) {
       return null;
     }
@@ -369,13 +546,16 @@ public final class GpuMemClient implements AutoCloseable {
     // The take and its notice are one step under the cache's monitor: a close of the same block
     // on another thread (offer and its notice) cannot come between them.
     synchronized (cache) {
+      if (s.isLost()) {
+        return null;
+      }
       cached = cache.take(device, sizeBytes);
       if (cached == null) {
         return null;
       }
-      flushNow = cacheNotice(cached.id(), true);
+      flushNow = cacheNotice(s, cached.id(), true);
     }
-    afterNotice(flushNow); // may send: outside the cache's monitor (send reads the counters)
+    afterNotice(s, flushNow); // may send: outside the cache's monitor (send reads the counters)
     Lease lease = new Lease(cached, sizeBytes, tag);
     if (zero) {
       try {
@@ -389,25 +569,30 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   /** Sends a StreamLease (with the notices queued so far); the future completes with the reply. */
-  private CompletableFuture<LeaseResponse> leaseOnStream(int device, long sizeBytes, boolean zero, String tag) {
+  private CompletableFuture<LeaseResponse> leaseOnStream(Session s, int device, long sizeBytes, boolean zero, String tag) {
     long id = nextRequestId.getAndIncrement();
     CompletableFuture<LeaseResponse> reply = new CompletableFuture<>();
-    pendingLeases.put(id, reply);
+    s.pendingLeases.put(id, reply);
     KeepAliveRequest.Builder message = KeepAliveRequest.newBuilder().addLeases(StreamLease.newBuilder()
         .setRequestId(id).setDevice(device).setSizeBytes(sizeBytes).setZero(zero).setTag(tag));
-    if (!send(message)) {
-      pendingLeases.remove(id);
-      reply.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE,
-          "the KeepAlive stream to gpumemd is down" + (sessionLost ? " and the session is lost" : "; retry"), null));
+    if (!send(s, message)) {
+      s.pendingLeases.remove(id);
+      reply.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
+          + (s.isLost() ? " and the session is lost (the next lease opens a new one)" : "; retry"), null));
     }
     return reply;
   }
 
-  /** Leases without blocking the caller; the future fails with {@link GpuMemException}. */
+  /**
+   * Leases without blocking the caller; the future fails with {@link GpuMemException}. (When the
+   * session was lost, opening the new one happens on the calling thread.)
+   */
   public CompletableFuture<Lease> leaseAsync(int device, long sizeBytes, boolean zero, String tag) {
+    Session s;
     Lease local;
     try {
-      local = leaseLocally(device, sizeBytes, zero, tag);
+      s = liveSession();
+      local = leaseLocally(s, device, sizeBytes, zero, tag);
     } catch (RuntimeException e) {
       return CompletableFuture.failedFuture(e);
     }
@@ -415,15 +600,15 @@ public final class GpuMemClient implements AutoCloseable {
       return CompletableFuture.completedFuture(local);
     }
     if (streamCalls) {
-      return leaseOnStream(device, sizeBytes, zero, tag).thenApply(response -> wrap(response, tag));
+      return leaseOnStream(s, device, sizeBytes, zero, tag).thenApply(response -> wrap(s, response, tag));
     }
     CompletableFuture<Lease> result = new CompletableFuture<>();
-    async.lease(request(device, sizeBytes, zero, tag), new StreamObserver<>() {
+    async.lease(request(s, device, sizeBytes, zero, tag), new StreamObserver<>() {
       @Override
       public void onNext(LeaseResponse response) {
         try {
           daemonLeases.incrementAndGet();
-          result.complete(wrap(response, tag));
+          result.complete(wrap(s, response, tag));
         } catch (RuntimeException e) {
           result.completeExceptionally(e);
         }
@@ -431,7 +616,7 @@ public final class GpuMemClient implements AutoCloseable {
 
       @Override
       public void onError(Throwable t) {
-        result.completeExceptionally(GpuMemException.from(t));
+        result.completeExceptionally(unaryFailed(s, t));
       }
 
       @Override
@@ -440,30 +625,36 @@ public final class GpuMemClient implements AutoCloseable {
     return result;
   }
 
-  private LeaseRequest request(int device, long sizeBytes, boolean zero, String tag) {
-    return LeaseRequest.newBuilder().setSessionId(sessionId).setDevice(device)
+  private LeaseRequest request(Session s, int device, long sizeBytes, boolean zero, String tag) {
+    return LeaseRequest.newBuilder().setSessionId(s.id).setDevice(device)
         .setSizeBytes(sizeBytes).setZero(zero).setTag(tag).build();
   }
 
-  private Lease wrap(LeaseResponse response, String tag) {
+  private Lease wrap(Session s, LeaseResponse response, String tag) {
     SegmentMapping mapping;
     try {
-      mapping = mappings.acquire(response.getDevice(), response.getHandle());
+      if (s.isLost()) {
+        throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost while the lease was granted; retry", null);
+      }
+      mapping = s.mappings.acquire(response.getDevice(), response.getHandle());
     } catch (RuntimeException | LinkageError e) {
       // We cannot use the block; give it straight back so it is not held until session end.
-      releaseQuietly(response.getLeaseId());
+      releaseQuietly(s, response.getLeaseId());
       if (e instanceof LinkageError) {
         throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "a CUDA lease needs JCuda and its "
             + "natives on the classpath (org.jcuda:jcuda): " + e, e);
       }
       throw e;
     }
-    return new Lease(this, response, mapping, tag);
+    return new Lease(this, s, response, mapping, tag);
   }
 
-  private void releaseQuietly(String leaseId) {
+  private void releaseQuietly(Session s, String leaseId) {
+    if (s.isLost()) {
+      return;
+    }
     try {
-      blocking.release(ReleaseRequest.newBuilder().setSessionId(sessionId).setLeaseId(leaseId).build());
+      blocking.release(ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(leaseId).build());
     } catch (StatusRuntimeException ignored) {
       // the session end will take it back
     }
@@ -473,102 +664,118 @@ public final class GpuMemClient implements AutoCloseable {
    * A lease was closed: into the cache, or released (a notice on the stream, a call if unary).
    * A release that carries a CUDA event is always a call: the caller destroys its event as soon
    * as this returns, and the daemon must have opened its own reference by then, which a notice
-   * sent up to a millisecond later would not guarantee.
+   * sent up to a millisecond later would not guarantee. A lease of a lost session is gone with
+   * it: nothing to do.
    */
   void closeLease(Lease lease, byte[] eventHandle) {
-    if (!streamCalls || eventHandle != null) {
-      release(lease, eventHandle);
+    Session s = lease.session();
+    if (s.isLost()) {
       return;
     }
-    if (eventHandle == null && cache != null && !closing) {
+    if (!streamCalls || eventHandle != null) {
+      release(s, lease, eventHandle);
+      return;
+    }
+    ClientCache cache = s.cache;
+    if (cache != null && !closing) {
       List<Lease> evicted;
       boolean flushNow = false;
       synchronized (cache) { // the offer and its notice are one step, as in leaseLocally
+        if (s.isLost()) {
+          return;
+        }
         evicted = cache.offer(lease);
         if (evicted != null) {
-          flushNow = cacheNotice(lease.id(), false);
+          flushNow = cacheNotice(s, lease.id(), false);
         }
       }
       if (evicted != null) {
-        afterNotice(flushNow);
+        afterNotice(s, flushNow);
         for (Lease old : evicted) {
-          releaseNotice(old, null);
+          releaseNotice(s, old, null);
         }
         return;
       }
     }
-    releaseNotice(lease, eventHandle);
+    releaseNotice(s, lease, eventHandle);
   }
 
   CompletableFuture<Void> closeLeaseAsync(Lease lease) {
+    Session s = lease.session();
+    if (s.isLost()) {
+      return CompletableFuture.completedFuture(null);
+    }
     if (!streamCalls) {
-      return releaseAsync(lease, null);
+      return releaseAsync(s, lease, null);
     }
     closeLease(lease, null);
     return CompletableFuture.completedFuture(null);
   }
 
   /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
-  private void releaseUnwrapped(String leaseId) {
-    afterNotice(queueRelease(leaseId, null));
+  private void releaseUnwrapped(Session s, String leaseId) {
+    afterNotice(s, queueRelease(s, leaseId, null));
   }
 
-  private void releaseNotice(Lease lease, byte[] eventHandle) {
-    boolean flushNow = queueRelease(lease.id(), eventHandle);
-    mappings.release(lease.segmentId());
-    afterNotice(flushNow);
+  private void releaseNotice(Session s, Lease lease, byte[] eventHandle) {
+    boolean flushNow = queueRelease(s, lease.id(), eventHandle);
+    s.mappings.release(lease.segmentId());
+    afterNotice(s, flushNow);
   }
 
   /** Queues a release notice; true when the caller should send the pending notices now. */
-  private boolean queueRelease(String leaseId, byte[] eventHandle) {
+  private boolean queueRelease(Session s, String leaseId, byte[] eventHandle) {
     releases.incrementAndGet();
-    synchronized (noticeLock) {
+    synchronized (s.noticeLock) {
+      if (s.isLost()) {
+        return false; // the daemon that granted it is gone
+      }
       // A release supersedes a pending cache notice: the daemon releases a lease in either state.
-      cacheNotices.remove(leaseId);
-      releaseNotices.add(new ReleaseNotice(leaseId, eventHandle));
-      return pendingNotices() >= FLUSH_AT;
+      s.cacheNotices.remove(leaseId);
+      s.releaseNotices.add(new ReleaseNotice(leaseId, eventHandle));
+      return pendingNotices(s) >= FLUSH_AT;
     }
   }
 
-  private void release(Lease lease, byte[] eventHandle) {
+  private void release(Session s, Lease lease, byte[] eventHandle) {
     releases.incrementAndGet();
     try {
-      blocking.release(releaseRequest(lease, eventHandle));
+      blocking.release(releaseRequest(s, lease, eventHandle));
     } catch (StatusRuntimeException e) {
       GpuMemException error = GpuMemException.from(e);
       // After the client or session is gone the daemon already took the lease back.
-      if (!(closing || sessionLost) || error.code() != Status.Code.NOT_FOUND) {
+      if (!(closing || s.isLost()) || error.code() != Status.Code.NOT_FOUND) {
         throw error;
       }
     } finally {
-      mappings.release(lease.segmentId());
+      s.mappings.release(lease.segmentId());
     }
   }
 
-  private CompletableFuture<Void> releaseAsync(Lease lease, byte[] eventHandle) {
+  private CompletableFuture<Void> releaseAsync(Session s, Lease lease, byte[] eventHandle) {
     releases.incrementAndGet();
     CompletableFuture<Void> result = new CompletableFuture<>();
-    async.release(releaseRequest(lease, eventHandle), new StreamObserver<>() {
+    async.release(releaseRequest(s, lease, eventHandle), new StreamObserver<>() {
       @Override
       public void onNext(ReleaseResponse value) {}
 
       @Override
       public void onError(Throwable t) {
-        mappings.release(lease.segmentId());
+        s.mappings.release(lease.segmentId());
         result.completeExceptionally(GpuMemException.from(t));
       }
 
       @Override
       public void onCompleted() {
-        mappings.release(lease.segmentId());
+        s.mappings.release(lease.segmentId());
         result.complete(null);
       }
     });
     return result;
   }
 
-  private ReleaseRequest releaseRequest(Lease lease, byte[] eventHandle) {
-    ReleaseRequest.Builder request = ReleaseRequest.newBuilder().setSessionId(sessionId).setLeaseId(lease.id());
+  private ReleaseRequest releaseRequest(Session s, Lease lease, byte[] eventHandle) {
+    ReleaseRequest.Builder request = ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id());
     if (eventHandle != null) {
       request.setCudaIpcEventHandle(ByteString.copyFrom(eventHandle));
     }
@@ -577,7 +784,7 @@ public final class GpuMemClient implements AutoCloseable {
 
   // ---------------------------------------------------------------------------- keep-alive
 
-  private void openStream(long firstTryNanos) {
+  private void openStream(Session s, long firstTryNanos) {
     CountDownLatch done = new CountDownLatch(1);
     ClientResponseObserver<KeepAliveRequest, SessionEvent> events = new ClientResponseObserver<>() {
       @Override
@@ -585,25 +792,29 @@ public final class GpuMemClient implements AutoCloseable {
 
       @Override
       public void onNext(SessionEvent event) {
+        if (s.isLost()) {
+          return; // nothing of a lost session's stream concerns the client any more
+        }
+        ClientCache cache = s.cache;
         switch (event.getEventCase()) {
           case ATTACHED -> {
-            firstAttach.countDown();
-            flushNotices(); // what queued up while the stream was away
+            s.firstAttach.countDown();
+            flushNotices(s); // what queued up while the stream was away
           }
-          case UNMAP -> mappings.unmapRequested(event.getUnmap().getSegmentId());
-          case LEASE_REPLY -> leaseReplied(event.getLeaseReply());
+          case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
+          case LEASE_REPLY -> leaseReplied(s, event.getLeaseReply());
           case RELEASE_FAILED -> log.warn("gpumemd refused a notice about lease {}: {} {}",
               event.getReleaseFailed().getLeaseId(), Status.fromCodeValue(event.getReleaseFailed().getError().getCode()).getCode(),
               event.getReleaseFailed().getError().getMessage());
-          case RETURN_CACHE -> giveBack(cache == null ? List.of()
+          case RETURN_CACHE -> giveBack(s, cache == null ? List.of()
               : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
-          case CACHE_ALLOWANCE -> giveBack(cache == null ? List.of()
+          case CACHE_ALLOWANCE -> giveBack(s, cache == null ? List.of()
               : cache.setAllowance(event.getCacheAllowance().getBytes()));
           case SHUTDOWN -> {
             log.info("gpumemd is shutting down; drain timeout {} ms", event.getShutdown().getDrainTimeoutMs());
             // The daemon drains leases: cached ones go back now, closed ones from now on.
             if (cache != null) {
-              giveBack(cache.setAllowance(0));
+              giveBack(s, cache.setAllowance(0));
             }
             onShutdownNotice.accept(event.getShutdown().getDrainTimeoutMs());
           }
@@ -614,27 +825,27 @@ public final class GpuMemClient implements AutoCloseable {
       @Override
       public void onError(Throwable t) {
         done.countDown();
-        streamEnded(Status.fromThrowable(t), firstTryNanos);
+        streamEnded(s, Status.fromThrowable(t), firstTryNanos);
       }
 
       @Override
       public void onCompleted() {
         done.countDown();
-        streamEnded(Status.OK, firstTryNanos);
+        streamEnded(s, Status.OK, firstTryNanos);
       }
     };
     synchronized (streamLock) {
-      if (closing) {
+      if (closing || s.isLost()) {
         return;
       }
-      streamDone = done;
-      stream = async.keepAlive(events);
-      stream.onNext(KeepAliveRequest.newBuilder().setSessionId(sessionId).build());
+      s.streamDone = done;
+      s.stream = async.keepAlive(events);
+      s.stream.onNext(KeepAliveRequest.newBuilder().setSessionId(s.id).build());
     }
   }
 
-  private void leaseReplied(LeaseReply reply) {
-    CompletableFuture<LeaseResponse> waiting = pendingLeases.remove(reply.getRequestId());
+  private void leaseReplied(Session s, LeaseReply reply) {
+    CompletableFuture<LeaseResponse> waiting = s.pendingLeases.remove(reply.getRequestId());
     if (waiting == null) {
       log.warn("gpumemd answered lease request {}, which nobody waits for", reply.getRequestId());
       return;
@@ -649,45 +860,38 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   /** Releases cached leases the daemon asked for (or the allowance no longer covers), at once. */
-  private void giveBack(List<Lease> leases) {
+  private void giveBack(Session s, List<Lease> leases) {
     for (Lease lease : leases) {
-      releaseNotice(lease, null);
+      releaseNotice(s, lease, null);
     }
-    flushNotices();
+    flushNotices(s);
   }
 
-  private void streamEnded(Status status, long firstTryNanos) {
+  private void streamEnded(Session s, Status status, long firstTryNanos) {
     synchronized (streamLock) {
-      stream = null;
+      s.stream = null;
     }
     // Leases in flight on the broken stream get no reply: fail them so that callers may retry.
-    for (Long id : pendingLeases.keySet()) {
-      CompletableFuture<LeaseResponse> waiting = pendingLeases.remove(id);
-      if (waiting != null) {
-        waiting.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE,
-            "the KeepAlive stream to gpumemd broke (" + status.getCode() + "); retry", null));
-      }
-    }
-    if (closing) {
+    failPending(s, status);
+    if (closing || s.isLost()) {
       return;
     }
     if (status.getCode() == Status.Code.NOT_FOUND || status.isOk()) {
-      sessionLost = true;
-      firstAttach.countDown();
-      log.warn("gpumemd session {} ended by the daemon ({}); leases of this client are gone",
-          sessionId, status.isOk() ? "stream completed" : status.getDescription());
+      loseSession(s, "ended by the daemon: " + (status.isOk() ? "stream completed" : status.getDescription()));
       return;
     }
     long elapsedMs = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - firstTryNanos);
-    if (elapsedMs > graceMillis) {
-      sessionLost = true;
-      firstAttach.countDown();
-      log.warn("gpumemd session {}: KeepAlive stream lost for {} ms ({}); giving up", sessionId, elapsedMs, status);
+    if (elapsedMs > s.graceMillis) {
+      loseSession(s, "KeepAlive stream lost for " + elapsedMs + " ms, past the grace period: " + status);
       return;
     }
     // Within the grace period the daemon keeps the session: reattach.
-    long delay = Math.max(20, Math.min(200, graceMillis / 10));
-    reconnector.schedule(() -> openStream(firstTryNanos), delay, TimeUnit.MILLISECONDS);
+    long delay = Math.max(20, Math.min(200, s.graceMillis / 10));
+    try {
+      reconnector.schedule(() -> openStream(s, firstTryNanos), delay, TimeUnit.MILLISECONDS);
+    } catch (RejectedExecutionException e) {
+      // closing
+    }
   }
 
   // ---------------------------------------------------------------------------- notices
@@ -699,51 +903,52 @@ public final class GpuMemClient implements AutoCloseable {
    * @return true when so many notices are pending that the caller should send them now (with
    *     {@link #afterNotice}, outside the cache's monitor)
    */
-  private boolean cacheNotice(String leaseId, boolean reused) {
-    synchronized (noticeLock) {
-      Boolean pending = cacheNotices.remove(leaseId);
+  private boolean cacheNotice(Session s, String leaseId, boolean reused) {
+    synchronized (s.noticeLock) {
+      Boolean pending = s.cacheNotices.remove(leaseId);
       if (pending == null) {
-        cacheNotices.put(leaseId, reused);
+        s.cacheNotices.put(leaseId, reused);
       }
-      return pendingNotices() >= FLUSH_AT;
+      return pendingNotices(s) >= FLUSH_AT;
     }
   }
 
-  private int pendingNotices() {
-    assert Thread.holdsLock(noticeLock);
-    return cacheNotices.size() + releaseNotices.size();
+  private static int pendingNotices(Session s) {
+    assert Thread.holdsLock(s.noticeLock);
+    return s.cacheNotices.size() + s.releaseNotices.size();
   }
 
   /**
    * Notices go with the next outgoing lease, or with a flush at most a millisecond later: a
    * close() costs a map update, not a message. Many pending notices are sent at once.
    */
-  private void afterNotice(boolean flushNow) {
+  private void afterNotice(Session s, boolean flushNow) {
     if (flushNow) {
-      flushNotices();
+      flushNotices(s);
     } else if (flushScheduled.compareAndSet(false, true)) {
       try {
-        reconnector.schedule(this::flushNotices, 1, TimeUnit.MILLISECONDS);
+        // The current session: one that is not current is lost, and its notices are dropped.
+        reconnector.schedule(() -> flushNotices(session), 1, TimeUnit.MILLISECONDS);
       } catch (RejectedExecutionException e) {
         flushScheduled.set(false); // closing: CloseSession takes everything back
       }
     }
   }
 
-  private void flushNotices() {
+  private void flushNotices(Session s) {
     flushScheduled.set(false);
     boolean any;
-    synchronized (noticeLock) {
-      any = pendingNotices() > 0;
+    synchronized (s.noticeLock) {
+      any = pendingNotices(s) > 0;
     }
     // Outside noticeLock: the cache's monitor is taken before noticeLock elsewhere.
-    if (any || (cache != null && countersChanged())) {
-      send(KeepAliveRequest.newBuilder());
+    if (any || (s.cache != null && countersChanged(s))) {
+      send(s, KeepAliveRequest.newBuilder());
     }
   }
 
-  private boolean countersChanged() {
-    return cache.countersVersion() != countersVersionSent;
+  private static boolean countersChanged(Session s) {
+    return s.cache.countersVersion() != s.countersVersionSent;
   }
 
   /**
@@ -753,39 +958,40 @@ public final class GpuMemClient implements AutoCloseable {
    *
    * @return false when no stream is attached (the notices stay pending for the next one)
    */
-  private boolean send(KeepAliveRequest.Builder message) {
+  private boolean send(Session s, KeepAliveRequest.Builder message) {
     synchronized (streamLock) {
-      if (stream == null) {
+      if (s.stream == null || s.isLost()) {
         return false;
       }
       List<KeepAliveRequest.Builder> messages = new ArrayList<>(1);
       messages.add(KeepAliveRequest.newBuilder());
-      synchronized (noticeLock) {
+      synchronized (s.noticeLock) {
         int n = 0;
-        for (Map.Entry<String, Boolean> notice : cacheNotices.entrySet()) {
+        for (Map.Entry<String, Boolean> notice : s.cacheNotices.entrySet()) {
           messageFor(messages, n++).addCacheNotices(
               CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
         }
-        for (ReleaseNotice release : releaseNotices) {
+        for (ReleaseNotice release : s.releaseNotices) {
           StreamRelease.Builder r = StreamRelease.newBuilder().setLeaseId(release.leaseId());
           if (release.eventHandle() != null) {
             r.setCudaIpcEventHandle(ByteString.copyFrom(release.eventHandle()));
           }
           messageFor(messages, n++).addReleases(r);
         }
-        cacheNotices.clear();
-        releaseNotices.clear();
+        s.cacheNotices.clear();
+        s.releaseNotices.clear();
       }
       KeepAliveRequest.Builder last = messages.get(messages.size() - 1).mergeFrom(message.build());
       // Cumulative counters, only after they changed (the daemon takes the difference).
-      if (cache != null && countersChanged()) {
+      ClientCache cache = s.cache;
+      if (cache != null && countersChanged(s)) {
         long version = cache.countersVersion();
         cache.counters().forEach((device, c) ->
             last.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(c[0]).setReturns(c[1])));
-        countersVersionSent = version;
+        s.countersVersionSent = version;
       }
       for (KeepAliveRequest.Builder m : messages) {
-        stream.onNext(m.build());
+        s.stream.onNext(m.build());
       }
       return true;
     }
@@ -796,16 +1002,16 @@ public final class GpuMemClient implements AutoCloseable {
    * briefly for the daemon to end its side: it has then applied all of it, before CloseSession
    * (another HTTP/2 stream, not ordered with this one) ends the session.
    */
-  private void finishStream() {
+  private void finishStream(Session s) {
     CountDownLatch done;
     synchronized (streamLock) {
-      if (stream == null) {
+      if (s.stream == null) {
         return;
       }
-      send(KeepAliveRequest.newBuilder());
-      stream.onCompleted();
-      stream = null;
-      done = streamDone;
+      send(s, KeepAliveRequest.newBuilder());
+      s.stream.onCompleted();
+      s.stream = null;
+      done = s.streamDone;
     }
     try {
       done.await(2, TimeUnit.SECONDS);
@@ -822,10 +1028,11 @@ public final class GpuMemClient implements AutoCloseable {
     return messages.get(messages.size() - 1);
   }
 
-  private void ackUnmapped(long segmentId) {
+  /** Acknowledges an unmap on the stream of the session whose mapping it was. */
+  private void ackUnmapped(Session s, long segmentId) {
     synchronized (streamLock) {
-      if (stream != null) {
-        stream.onNext(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build());
+      if (s.stream != null && !s.isLost()) {
+        s.stream.onNext(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build());
       }
     }
   }
@@ -844,13 +1051,17 @@ public final class GpuMemClient implements AutoCloseable {
       return;
     }
     closing = true;
+    Session s;
+    synchronized (reopenLock) { // a new session being opened is finished (or never started)
+      s = session;
+    }
     try {
-      if (streamCalls && !sessionLost) {
-        finishStream();
+      if (streamCalls && !s.isLost()) {
+        finishStream(s);
       }
-      if (!sessionLost) {
+      if (!s.isLost()) {
         blocking.withDeadlineAfter(5, TimeUnit.SECONDS)
-            .closeSession(CloseSessionRequest.newBuilder().setSessionId(sessionId).build());
+            .closeSession(CloseSessionRequest.newBuilder().setSessionId(s.id).build());
       }
     } catch (StatusRuntimeException e) {
       if (e.getStatus().getCode() != Status.Code.NOT_FOUND && e.getStatus().getCode() != Status.Code.UNAVAILABLE) {
@@ -858,16 +1069,16 @@ public final class GpuMemClient implements AutoCloseable {
       }
     } finally {
       synchronized (streamLock) {
-        if (stream != null) {
-          stream.onCompleted();
-          stream = null;
+        if (s.stream != null) {
+          s.stream.onCompleted();
+          s.stream = null;
         }
       }
       reconnector.shutdownNow();
-      if (cache != null) {
-        cache.drain(); // CloseSession took the cached leases back with the rest
+      if (s.cache != null) {
+        s.cache.drain(); // CloseSession took the cached leases back with the rest
       }
-      mappings.closeAll();
+      s.mappings.closeAll();
       connection.close();
       closed.countDown();
     }

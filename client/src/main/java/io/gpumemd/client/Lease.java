@@ -15,10 +15,16 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * close, buffers and pointers obtained from the lease must not be used: the block may already
  * belong to another process.
  *
+ * <p>A lease belongs to the session that granted it. When that session is lost (the daemon
+ * restarted, or ended it), the lease is dead: {@link #buffer()} and {@link #devicePointer()}
+ * throw {@link IllegalStateException} ("session lost"), {@link #close()} does nothing, and
+ * buffers obtained earlier point at memory the daemon no longer owns.
+ *
  * <p>Thread-safe: close may race with itself; exactly one call releases.
  */
 public final class Lease implements AutoCloseable {
   private final GpuMemClient client;
+  private final GpuMemClient.Session session;
   private final String id;
   private final int device;
   private final long sizeBytes;
@@ -33,8 +39,9 @@ public final class Lease implements AutoCloseable {
   private final String tag;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  Lease(GpuMemClient client, LeaseResponse response, SegmentMapping mapping, String tag) {
+  Lease(GpuMemClient client, GpuMemClient.Session session, LeaseResponse response, SegmentMapping mapping, String tag) {
     this.client = client;
+    this.session = session;
     this.id = response.getLeaseId();
     this.device = response.getDevice();
     this.sizeBytes = response.getSizeBytes();
@@ -52,6 +59,7 @@ public final class Lease implements AutoCloseable {
   /** The same block, handed out again from the client's own cache for a new request. */
   Lease(Lease cached, long sizeBytes, String tag) {
     this.client = cached.client;
+    this.session = cached.session;
     this.id = cached.id;
     this.device = cached.device;
     this.sizeBytes = sizeBytes;
@@ -126,7 +134,21 @@ public final class Lease implements AutoCloseable {
   }
 
   SegmentMapping mapping() {
+    checkSession();
     return mapping;
+  }
+
+  /** The session that granted this lease. */
+  GpuMemClient.Session session() {
+    return session;
+  }
+
+  /**
+   * True when the session that granted this lease is lost (the daemon restarted, or ended the
+   * session): the block is gone, and its memory must not be used. Closing it does nothing.
+   */
+  public boolean isLost() {
+    return session != null && session.isLost(); // null: a test's lease without a client
   }
 
   /** True for a lease on a host (shared-memory) device. */
@@ -163,6 +185,13 @@ public final class Lease implements AutoCloseable {
     if (closed.get()) {
       throw new IllegalStateException("lease " + id + " is closed");
     }
+    checkSession();
+  }
+
+  private void checkSession() {
+    if (isLost()) {
+      throw new IllegalStateException("lease " + id + ": session lost: the daemon restarted or ended the session; lease again");
+    }
   }
 
   /**
@@ -198,6 +227,7 @@ public final class Lease implements AutoCloseable {
   @Override
   public String toString() {
     return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId
-        + "+" + offset + (localHit ? ", local hit" : poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "") + "]";
+        + "+" + offset + (localHit ? ", local hit" : poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "")
+        + (isLost() ? ", session lost" : "") + "]";
   }
 }

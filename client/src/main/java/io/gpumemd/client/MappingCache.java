@@ -105,6 +105,33 @@ final class MappingCache {
     return mapsOpened;
   }
 
+  /**
+   * Drops every mapping: the session is lost, and its segment ids will mean other segments of a
+   * restarted daemon. CUDA mappings are closed now (a stale device pointer then faults on the
+   * GPU, reported by CUDA); host mappings are left to the garbage collector, which unmaps them
+   * once no buffer of a dead lease refers to them, so that such a buffer never touches unmapped
+   * memory (the file behind it is the old daemon's, unlinked or not, never truncated).
+   */
+  void abandonAll() {
+    List<SegmentMapping> toClose;
+    synchronized (this) {
+      toClose = new ArrayList<>();
+      entries.values().forEach(e -> {
+        if (!(e.mapping instanceof HostMapping)) {
+          toClose.add(e.mapping);
+        }
+      });
+      entries.clear();
+    }
+    for (SegmentMapping mapping : toClose) {
+      try {
+        mapping.close();
+      } catch (RuntimeException e) {
+        // the exporting process is gone: nothing more to do
+      }
+    }
+  }
+
   /** Closes every mapping (the client is closing). */
   void closeAll() {
     List<SegmentMapping> all;

@@ -21,7 +21,7 @@ class ClientCacheTest {
     LeaseResponse response = LeaseResponse.newBuilder().setLeaseId(String.format("%032x", next++)).setDevice(device)
         .setSizeBytes(blockBytes).setBlockBytes(blockBytes)
         .setHandle(MemoryHandle.newBuilder().setSegmentId(next).setHostShmPath("/dev/shm/x")).build();
-    return new Lease(null, response, null, "");
+    return new Lease(null, null, response, null, "");
   }
 
   @Test

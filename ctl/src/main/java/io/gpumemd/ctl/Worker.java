@@ -26,6 +26,9 @@ import picocli.CommandLine.Option;
  * iteration's lease is released, cutting the hold short; the session is then closed and the
  * process exits 0. On a CUDA device the pattern goes through device copies ({@link CudaPattern}).
  *
+ * <p>Across a daemon restart the worker keeps going: the iteration whose lease died with the old
+ * session, or that found the daemon away, is logged and retried, on a new session.
+ *
  * <p>Runs on the calling thread; {@link #stop} may be called from any thread.
  */
 @Command(name = "worker",
@@ -111,12 +114,22 @@ final class Worker implements Callable<Integer>, GpuMemCtl.Validated {
         + holdMillis + " ms, " + (iterations == 0 ? "until stopped" : iterations + " iteration(s)"));
     long done = 0;
     try (GpuMemClient client = ctl.connect(name)) {
-      while ((iterations == 0 || done < iterations) && !stopping() && !client.sessionLost()) {
-        iterate(client, done + 1);
-        done++;
-      }
-      if (client.sessionLost()) {
-        throw new GpuMemException(Status.Code.NOT_FOUND, "the daemon ended this worker's session", null);
+      while ((iterations == 0 || done < iterations) && !stopping()) {
+        try {
+          iterate(client, done + 1);
+          done++;
+        } catch (GpuMemException e) {
+          if (e.code() != Status.Code.UNAVAILABLE) {
+            throw e;
+          }
+          // The daemon is away (restarting): the client opens a new session once it is back.
+          log("iteration " + (done + 1) + ": " + e.getMessage() + "; retrying");
+        } catch (IllegalStateException e) {
+          if (!client.sessionLost() && !String.valueOf(e.getMessage()).contains("session lost")) {
+            throw e;
+          }
+          log("iteration " + (done + 1) + ": " + e.getMessage() + "; retrying");
+        }
       }
     }
     log("stopped after " + done + " iteration(s)" + (stopping() ? " (signal)" : ""));

@@ -26,6 +26,8 @@ public final class DaemonProcess implements AutoCloseable {
 
   private final Process process;
   private final Path dir;
+  /** False for {@link #startIn}: the caller's directory outlives this process. */
+  private final boolean ownsDir;
   private final List<String> lines = Collections.synchronizedList(new ArrayList<>());
   private final CountDownLatch ready = new CountDownLatch(1);
   private volatile int tcpPort = -1;
@@ -33,9 +35,10 @@ public final class DaemonProcess implements AutoCloseable {
 
   private final Thread reader;
 
-  private DaemonProcess(Process process, Path dir) {
+  private DaemonProcess(Process process, Path dir, boolean ownsDir) {
     this.process = process;
     this.dir = dir;
+    this.ownsDir = ownsDir;
     reader = new Thread(this::pump, "daemon-output");
     reader.setDaemon(true);
     reader.start();
@@ -44,12 +47,28 @@ public final class DaemonProcess implements AutoCloseable {
   /** Starts the daemon with {@link TestDaemon#defaultFlags} then {@code extraFlags}. */
   public static DaemonProcess start(String... extraFlags) {
     try {
-      Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-");
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, extraFlags);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  /**
+   * Starts the daemon rooted at {@code dir} (its socket {@code dir/gpumemd.sock}, its shm-dir
+   * {@code dir/shm}), which {@link #close} leaves in place: a daemon started again in the same
+   * directory is the same daemon restarted, on the same socket path. The caller deletes it.
+   */
+  public static DaemonProcess startIn(Path dir, String... extraFlags) {
+    return launch(dir, false, extraFlags);
+  }
+
+  private static DaemonProcess launch(Path dir, boolean ownsDir, String... extraFlags) {
+    try {
       List<String> command = new ArrayList<>(javaCommand("io.gpumemd.server.Main"));
       command.addAll(List.of(TestDaemon.defaultFlags(dir)));
       command.addAll(List.of(extraFlags));
       Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
-      DaemonProcess daemon = new DaemonProcess(p, dir);
+      DaemonProcess daemon = new DaemonProcess(p, dir, ownsDir);
       if (!daemon.ready.await(30, TimeUnit.SECONDS)) {
         daemon.close();
         throw new IllegalStateException("daemon did not become ready:\n" + daemon.output());
@@ -180,6 +199,9 @@ public final class DaemonProcess implements AutoCloseable {
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
       }
+    }
+    if (!ownsDir) {
+      return;
     }
     try (var walk = Files.walk(dir)) {
       walk.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());

@@ -1,0 +1,122 @@
+package io.gpumemd.it.e2e;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.Lease;
+import io.gpumemd.server.testing.DaemonProcess;
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Set;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.Test;
+
+/**
+ * A client survives daemon restarts (SIGTERM and SIGKILL, on the same socket and shm-dir): its
+ * live leases die clearly with the old session, and the next lease opens a new session whose
+ * memory is the new daemon's, even though the restarted daemon reuses segment ids.
+ */
+class DaemonRestartTest {
+  private static final int RESTARTS = 3;
+  private static final long SIZE = 300_000;
+
+  @Test
+  void clientOpensNewSessionAfterEachRestart_oldLeasesFailClearly() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-");
+    DaemonProcess daemon = DaemonProcess.startIn(dir);
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Set<String> sessions = new HashSet<>();
+      sessions.add(client.sessionId());
+      List<Lease> dead = new ArrayList<>();
+      Lease live = client.lease(0, SIZE);
+      fill(live.buffer(), (byte) 0x40);
+      client.lease(0, SIZE / 2).close(); // into the client cache tier of the first session
+      for (int round = 1; round <= RESTARTS; round++) {
+        String before = client.sessionId();
+        if (round % 2 == 1) {
+          daemon.terminate(10_000); // SIGTERM: the daemon drains (the live lease is not given back), then exits
+        } else {
+          daemon.process().destroyForcibly(); // SIGKILL: no goodbye at all
+          assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
+        }
+        daemon.close();
+        daemon = DaemonProcess.startIn(dir);
+
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        while (!live.isLost() && System.nanoTime() < deadline) {
+          Thread.sleep(20);
+        }
+        assertTrue(live.isLost(), "round " + round + ": the old session is not seen lost");
+        Lease old = live;
+        IllegalStateException error = assertThrows(IllegalStateException.class, old::buffer);
+        assertTrue(error.getMessage().contains("session lost"), error.getMessage());
+
+        Lease next = client.lease(0, SIZE);
+        assertFalse(next.localHit(), "a block cached by the old session served a lease");
+        assertNotEquals(before, client.sessionId());
+        assertTrue(sessions.add(client.sessionId()), "a session id came back");
+        assertFalse(client.sessionLost());
+        byte value = (byte) (0x40 + round);
+        fill(next.buffer(), value);
+
+        // Closing the old lease is harmless, and touches nothing of the new session (the same
+        // segment id now names a segment of the new daemon).
+        old.close();
+        old.close();
+        assertEquals(1, client.mappedSegments());
+        for (Lease d : dead) {
+          d.close();
+        }
+        assertEquals(value, next.buffer().get((int) SIZE - 1));
+        // The bytes are in the new daemon's segment file, where it says the block is.
+        assertFile(next, value);
+        dead.add(old);
+        live = next;
+      }
+      live.close();
+      Lease after = client.lease(1, 4096);
+      after.buffer().put(0, (byte) 7);
+      assertEquals(7, after.buffer().get(0));
+      after.close();
+    } finally {
+      daemon.close();
+      try (var walk = Files.walk(dir)) {
+        walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+
+  private static void fill(ByteBuffer buffer, byte value) {
+    for (int i = 0; i < buffer.capacity(); i++) {
+      buffer.put(i, value);
+    }
+  }
+
+  /** Reads the lease's bytes through the daemon's file, not through the client's mapping. */
+  private static void assertFile(Lease lease, byte value) throws Exception {
+    ByteBuffer read = ByteBuffer.allocate((int) lease.sizeBytes());
+    try (FileChannel file = FileChannel.open(Path.of(lease.hostShmPath()), StandardOpenOption.READ)) {
+      while (read.hasRemaining()) {
+        if (file.read(read, lease.offset() + read.position()) < 0) {
+          break;
+        }
+      }
+    }
+    for (int i = 0; i < read.capacity(); i++) {
+      if (read.get(i) != value) {
+        throw new AssertionError("byte " + i + " of " + lease + " in " + lease.hostShmPath() + ": " + read.get(i));
+      }
+    }
+  }
+}
