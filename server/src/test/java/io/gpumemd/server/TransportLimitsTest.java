@@ -214,8 +214,10 @@ class TransportLimitsTest {
         assertTrue(served, "a place freed by a closed connection");
         List<String> warnings = log.messages("WARN");
         assertEquals(1, warnings.size(), "one line a minute at most: " + warnings);
-        assertTrue(warnings.get(0).startsWith("tcp listener: 3 live connections, the limit (--tcp-max-connections); "
-            + "closed 1 new connection(s)"), warnings.get(0));
+        // The first refusal logs at once; refusals racing it on the other event loop may be
+        // counted in that same line, so the count is 1 or a little more.
+        assertTrue(warnings.get(0).matches("tcp listener: 3 live connections, the limit \\(--tcp-max-connections\\); "
+            + "closed [1-9]\\d* new connection\\(s\\) since the last such line"), warnings.get(0));
       } finally {
         channels.forEach(TestChannel::close);
         for (Socket s : silent) {
