@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.LogCapture;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -35,7 +36,8 @@ class DaemonRestartTest {
   void clientOpensNewSessionAfterEachRestart_oldLeasesFailClearly() throws Exception {
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-");
     DaemonProcess daemon = DaemonProcess.startIn(dir);
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+    try (LogCapture log = new LogCapture(GpuMemClient.class);
+         GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
       Set<String> sessions = new HashSet<>();
       sessions.add(client.sessionId());
       List<Lease> dead = new ArrayList<>();
@@ -79,6 +81,12 @@ class DaemonRestartTest {
           d.close();
         }
         assertEquals(value, next.buffer().get((int) SIZE - 1));
+        // What an operator reads: one WARN for the loss, one INFO naming both sessions.
+        String after = client.sessionId();
+        assertEquals(1, log.messages("WARN").stream().filter(m -> m.startsWith("gpumemd session " + before + " lost")).count(),
+            log.messages("WARN").toString());
+        assertEquals(1, log.messages("INFO").stream().filter(m -> m.contains(before + " lost; opened new session " + after))
+            .count(), log.messages("INFO").toString());
         // The bytes are in the new daemon's segment file, where it says the block is.
         assertFile(next, value);
         dead.add(old);
