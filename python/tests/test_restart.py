@@ -76,3 +76,37 @@ def test_lease_fails_unavailable_when_no_daemon_comes_back(start_daemon, monkeyp
             client.lease(0, 1024)
         assert error.value.code.name == "UNAVAILABLE" and "session lost" in error.value.message
         assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_aio_client_survives_restarts(start_daemon, sig):
+    import asyncio
+
+    import gpumemd.aio
+
+    first = start_daemon("--drain-timeout-ms", "300")
+    directory = os.path.dirname(first.socket)
+
+    async def main():
+        d = first
+        async with await gpumemd.aio.connect(d.target, "restart-aio", timeout=10) as gm:
+            lease = await gm.lease(0, 4096, tag="before")
+            lease.buffer()[:4] = b"old0"
+            for round_ in (1, 2):
+                old_session = gm.session_id
+                await asyncio.to_thread(d.kill, sig)
+                d = await asyncio.to_thread(start_daemon, "--drain-timeout-ms", "300", directory=directory)
+                fresh = await asyncio.wait_for(gm.lease(0, 4096, zero=True, tag="after-%d" % round_), 12)
+                assert lease.lost
+                with pytest.raises(gpumemd.GpumemdError, match="session lost"):
+                    lease.buffer()
+                await lease.aclose()  # a no-op
+                assert gm.session_id != old_session and gm.session_generation == round_ + 1
+                assert bytes(fresh.buffer()[:4]) == b"\0\0\0\0"
+                fresh.buffer()[:4] = b"old%d" % round_
+                assert [l.tag for l in d.leases()] == ["after-%d" % round_]
+                lease = fresh
+            await lease.aclose()
+            assert not lease.lost
+
+    asyncio.run(main())
