@@ -24,10 +24,16 @@ class Lease:
     another holder's data once the lease is closed. CUDA tensors built on
     ``__cuda_array_interface__`` must not be used after close at all (CUDA has no way to keep
     them safe). Thread-safe.
+
+    If the session that granted it is lost (the daemon restarted), the lease is dead:
+    :attr:`lost` is True, :meth:`close` does nothing, and the accessors raise
+    :class:`GpumemdError` (``UNAVAILABLE``, "session lost"). A buffer or array taken earlier keeps
+    the old daemon's memory mapped (never a new lease's); lease again for usable memory.
     """
 
-    def __init__(self, client, response, mapping, tag, stream=None):
+    def __init__(self, client, response, mapping, tag, stream=None, session=None):
         self._client = client
+        self._session = session  # the client's session that granted it (sync client)
         self.id = response.lease_id
         self.device = response.device
         self.size = response.size_bytes
@@ -55,9 +61,18 @@ class Lease:
     def closed(self):
         return self._closed
 
+    @property
+    def lost(self):
+        """True once the session that granted this lease is lost (the daemon restarted or ended it)."""
+        return self._session is not None and self._session.lost
+
     def _check_open(self):
         if self._closed:
             raise closed_lease(self.id)
+        if self.lost:
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                               "lease %s: session lost: the daemon restarted or ended the session; lease again"
+                               % self.id)
 
     # ------------------------------------------------------------------ host memory
 
@@ -128,6 +143,10 @@ class Lease:
         with self._lock:
             if self._closed:
                 return
+            if self.lost:
+                self._closed = True
+                self._view = None  # its mapping is the lost session's: nothing to give back
+                return
             if after is not None and self.is_host:
                 raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
                                    "close(after=...) orders a release after GPU work; lease %s is on host device %d"
@@ -152,4 +171,5 @@ class Lease:
 
     def __repr__(self):
         return "Lease(%s, device %d, %d bytes, segment %d + %d%s)" % (
-            self.id, self.device, self.size, self.segment_id, self.offset, ", closed" if self._closed else "")
+            self.id, self.device, self.size, self.segment_id, self.offset,
+            ", closed" if self._closed else ", session lost" if self.lost else "")

@@ -23,7 +23,8 @@ from ._errors import GpumemdError
 from ._lease import Lease
 from ._mapping import MappingCache
 from ._stubs import pb, pb_grpc
-from .client import _MAX_NOTICES, ClientStats
+from . import client as _sync
+from .client import _MAX_NOTICES, ClientStats  # noqa: E402
 
 log = logging.getLogger("gpumemd")
 _END = object()
@@ -55,8 +56,27 @@ async def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream
     return client
 
 
+class _AsyncSession:
+    """One session of an :class:`AsyncClient` (see :class:`gpumemd.client._Session`)."""
+
+    def __init__(self, client, opened, generation):
+        self.id = opened.session_id
+        self.ttl_seconds = opened.ttl_seconds
+        self.keepalive_grace_ms = opened.keepalive_grace_ms
+        self.generation = generation
+        self.lost = False
+        self.queue = asyncio.Queue()
+        self.pending = {}
+        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
+        self.attached = asyncio.Event()
+        self.call = None
+        self.task = None
+
+
 class AsyncClient:
-    """A connection to gpumemd with one session, for asyncio (see :func:`connect`)."""
+    """A connection to gpumemd with one session, for asyncio (see :func:`connect`). It survives
+    a daemon restart as :class:`gpumemd.Client` does: the lost session's leases die, and the
+    next lease opens a new session."""
 
     def __init__(self, target, client_name, stream, token, root_certificates, private_key, certificate_chain,
                  on_shutdown):
@@ -68,36 +88,56 @@ class AsyncClient:
         self._stream_calls = stream
         self._on_shutdown = on_shutdown
         self.shutdown_notice = None
-        self.session_lost = False
         self._closing = False
         self._closed = False
-        self._mappings = MappingCache(self._ack_unmapped)
         self._ids = itertools.count(1)
-        self._pending = {}
         self._leases = self._pool_hits = self._releases = self._release_failures = 0
-        self._queue = asyncio.Queue()
-        self._call = None
-        self._task = None
+        self._earlier_maps_opened = 0
         self._tasks = set()
+        self._s = None
+        self._reopen_lock = None
 
     async def _open(self, ttl_seconds, timeout):
+        self._open_request = pb.OpenSessionRequest(client_name=self.client_name, ttl_seconds=ttl_seconds,
+                                                   client_cache_bytes=0)
+        self._timeout = timeout
         try:
-            opened = await self._stub.OpenSession(pb.OpenSessionRequest(
-                client_name=self.client_name, ttl_seconds=ttl_seconds, client_cache_bytes=0),
-                timeout=timeout, metadata=self._metadata)
+            opened = await self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             await self._channel.close()
             raise GpumemdError.from_rpc(e) from None
-        self.session_id = opened.session_id
-        self.ttl_seconds = opened.ttl_seconds
-        self.keepalive_grace_ms = opened.keepalive_grace_ms
         self._shutdown_event = asyncio.Event()
-        self._attached = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run_stream())
+        self._reopen_lock = asyncio.Lock()
+        self._s = _AsyncSession(self, opened, 1)
+        await self._attach(self._s)
+
+    async def _attach(self, s):
+        s.task = asyncio.get_running_loop().create_task(self._run_stream(s))
         try:
-            await asyncio.wait_for(self._attached.wait(), timeout)
+            await asyncio.wait_for(s.attached.wait(), self._timeout)
         except asyncio.TimeoutError:
-            log.warning("gpumemd session of %s: KeepAlive stream not attached after %.0f s", self.client_name, timeout)
+            log.warning("gpumemd session of %s: KeepAlive stream not attached after %.0f s", self.client_name,
+                        self._timeout)
+
+    @property
+    def session_id(self):
+        return self._s.id
+
+    @property
+    def ttl_seconds(self):
+        return self._s.ttl_seconds
+
+    @property
+    def keepalive_grace_ms(self):
+        return self._s.keepalive_grace_ms
+
+    @property
+    def session_lost(self):
+        return self._s.lost
+
+    @property
+    def session_generation(self):
+        return self._s.generation
 
     @property
     def channel(self):
@@ -108,8 +148,9 @@ class AsyncClient:
         return self._metadata
 
     def stats(self):
+        s = self._s
         return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(self._mappings), self._mappings.maps_opened)
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened)
 
     async def wait_for_shutdown_notice(self, timeout=None):
         try:
@@ -124,59 +165,132 @@ class AsyncClient:
             raise TypeError("lease() needs size")
         if self._closing:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
-        if self._stream_calls:
-            if self._task is None or self._task.done():
-                raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down")
-            request_id = next(self._ids)
-            reply = asyncio.get_running_loop().create_future()
-            self._pending[request_id] = reply
-            self._queue.put_nowait(pb.StreamLease(request_id=request_id, device=device, size_bytes=size,
-                                                  zero=zero, tag=tag))
+        for attempt in (1, 2):
+            s = await self._live_session()
             try:
-                response = await asyncio.wait_for(reply, timeout)
-            except asyncio.TimeoutError:
-                self._pending.pop(request_id, None)
-                raise GpumemdError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   "no answer from gpumemd to a lease within %s s" % timeout) from None
-        else:
-            try:
-                response = await self._stub.Lease(pb.LeaseRequest(session_id=self.session_id, device=device,
-                                                                  size_bytes=size, zero=zero, tag=tag),
-                                                  timeout=timeout, metadata=self._metadata)
-            except grpc.RpcError as e:
-                raise GpumemdError.from_rpc(e) from None
+                response = await self._lease_once(s, device, size, zero, tag, timeout)
+            except GpumemdError:
+                if s.lost and attempt == 1:
+                    continue  # lost while this lease waited: once more, on a new session
+                raise
+            break
+        if s.lost:
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
         self._leases += 1
         if response.pool_hit:
             self._pool_hits += 1
         try:
-            mapping = self._mappings.acquire(response.device, response.handle)
+            mapping = s.mappings.acquire(response.device, response.handle)
         except BaseException:
-            self._release_later(response.lease_id, b"", None, None)
+            self._release_later(s, response.lease_id, b"", None, None)
             raise
-        return AsyncLease(self, response, mapping, tag, stream)
+        return AsyncLease(self, response, mapping, tag, stream, session=s)
+
+    async def _lease_once(self, s, device, size, zero, tag, timeout):
+        if self._stream_calls:
+            if s.lost or s.task is None or s.task.done():
+                raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
+                                   + (" and the session is lost (the next lease opens a new one)" if s.lost else ""))
+            request_id = next(self._ids)
+            reply = asyncio.get_running_loop().create_future()
+            s.pending[request_id] = reply
+            s.queue.put_nowait(pb.StreamLease(request_id=request_id, device=device, size_bytes=size,
+                                               zero=zero, tag=tag))
+            try:
+                return await asyncio.wait_for(reply, timeout)
+            except asyncio.TimeoutError:
+                s.pending.pop(request_id, None)
+                raise GpumemdError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                   "no answer from gpumemd to a lease within %s s" % timeout) from None
+        try:
+            return await self._stub.Lease(pb.LeaseRequest(session_id=s.id, device=device, size_bytes=size,
+                                                          zero=zero, tag=tag),
+                                          timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            error = GpumemdError.from_rpc(e)
+            if error.code == grpc.StatusCode.NOT_FOUND and "session" in error.message.lower():
+                self._lose(s, "the daemon does not know it: %s" % error.message)
+            raise error from None
+
+    async def _live_session(self):
+        """As :meth:`gpumemd.Client._live_session`."""
+        s = self._s
+        if not s.lost:
+            return s
+        async with self._reopen_lock:
+            s = self._s
+            if not s.lost:
+                return s
+            deadline = time.monotonic() + _sync._REOPEN_SECONDS
+            backoff = _sync._MIN_BACKOFF
+            last = None
+            while not self._closing:
+                try:
+                    opened = await self._stub.OpenSession(self._open_request, metadata=self._metadata,
+                                                          timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                except grpc.RpcError as e:
+                    last = GpumemdError.from_rpc(e)
+                else:
+                    nxt = _AsyncSession(self, opened, s.generation + 1)
+                    log.info("gpumemd session %s of %s lost; opened new session %s (generation %d)",
+                             s.id, self.client_name, nxt.id, nxt.generation)
+                    await self._attach(nxt)
+                    self._earlier_maps_opened += s.mappings.maps_opened
+                    self._s = nxt
+                    return nxt
+                if time.monotonic() + backoff > deadline:
+                    break
+                await asyncio.sleep(backoff)
+                backoff = min(_sync._MAX_BACKOFF, backoff * 2)
+            if self._closing:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                               "session lost: the daemon restarted or ended it, and no new session could be "
+                               "opened yet%s; retry" % ("" if last is None else " (%s)" % last))
+
+    def _lose(self, s, why):
+        """As :meth:`gpumemd.Client._lose`."""
+        if s.lost:
+            return
+        s.lost = True
+        if not self._closing:
+            log.warning("gpumemd session %s of %s lost (%s); its leases are gone, the next lease opens a new session",
+                        s.id, self.client_name, why)
+        s.attached.set()
+        if s.call is not None:
+            s.call.cancel()
+        s.queue.put_nowait(_END)
+        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                           "session lost: the daemon restarted or ended it; retry"))
+        s.mappings.close_all()
 
     def _close_lease(self, lease, event):
+        s = lease._session
+        if s.lost:
+            if event is not None:
+                _cuda.destroy_event(lease.device, event[1])
+            return None
         self._releases += 1
         try:
-            if self._closing or self.session_lost:
+            if self._closing:
                 return None
             if event is not None:
-                return self._release_later(lease.id, event[0], lease.device, event[1])
+                return self._release_later(s, lease.id, event[0], lease.device, event[1])
             if self._stream_calls:
-                self._queue.put_nowait(pb.StreamRelease(lease_id=lease.id))
+                s.queue.put_nowait(pb.StreamRelease(lease_id=lease.id))
                 return None
-            return self._release_later(lease.id, b"", None, None)
+            return self._release_later(s, lease.id, b"", None, None)
         finally:
-            self._mappings.release(lease.segment_id)
+            s.mappings.release(lease.segment_id)
 
-    def _release_later(self, lease_id, event_handle, device, cu_event):
+    def _release_later(self, s, lease_id, event_handle, device, cu_event):
         async def release():
             try:
-                await self._stub.Release(pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id,
+                await self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id,
                                                            cuda_ipc_event_handle=event_handle), metadata=self._metadata)
             except grpc.RpcError as e:
                 error = GpumemdError.from_rpc(e)
-                if not ((self._closing or self.session_lost) and error.code == grpc.StatusCode.NOT_FOUND):
+                if not ((self._closing or s.lost) and error.code == grpc.StatusCode.NOT_FOUND):
                     raise error from None
             finally:
                 if cu_event is not None:
@@ -192,12 +306,12 @@ class AsyncClient:
         if not task.cancelled() and task.exception() is not None:
             log.warning("gpumemd release failed: %s", task.exception())
 
-    def _ack_unmapped(self, segment_id):
-        if not self._closing:
-            self._queue.put_nowait(("unmapped", segment_id))
+    def _ack_unmapped(self, s, segment_id):
+        if not self._closing and not s.lost:
+            s.queue.put_nowait(("unmapped", segment_id))
 
-    async def _requests(self, requests):
-        yield pb.KeepAliveRequest(session_id=self.session_id)
+    async def _requests(self, s, requests):
+        yield pb.KeepAliveRequest(session_id=s.id)
         while True:
             item = await requests.get()
             if item is _END:
@@ -223,62 +337,62 @@ class AsyncClient:
             if end:
                 return
 
-    async def _run_stream(self):
+    async def _run_stream(self, s):
         first_try = time.monotonic()
-        while True:
-            requests = self._queue
-            call = self._stub.KeepAlive(self._requests(requests), metadata=self._metadata)
-            self._call = call
+        while not s.lost:
+            requests = s.queue
+            call = self._stub.KeepAlive(self._requests(s, requests), metadata=self._metadata)
+            s.call = call
             code, details = grpc.StatusCode.OK, ""
             try:
                 async for event in call:
-                    await self._on_event(event)
+                    await self._on_event(s, event)
                     first_try = time.monotonic()
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
-            self._call = None
-            self._fail_pending(GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                                            "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
-            if self._closing:
+            s.call = None
+            self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                               "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
+            if self._closing or s.lost:
                 break
             if code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND):
-                self.session_lost = True
-                log.warning("gpumemd session of %s ended by the daemon (%s)", self.client_name, details or "stream completed")
+                self._lose(s, "ended by the daemon: %s" % (details or "stream completed"))
                 break
-            if (time.monotonic() - first_try) * 1000 > self.keepalive_grace_ms:
-                self.session_lost = True
-                log.warning("gpumemd session of %s: KeepAlive stream lost (%s); giving up", self.client_name, code.name)
+            elapsed_ms = (time.monotonic() - first_try) * 1000
+            if elapsed_ms > s.keepalive_grace_ms:
+                self._lose(s, "KeepAlive stream broken for %.0f ms, past the grace period (%s)" % (elapsed_ms, code.name))
                 break
             # Within the grace period the daemon keeps the session: reattach with what is queued.
-            await asyncio.sleep(max(0.02, min(0.2, self.keepalive_grace_ms / 10000)))
-        self._attached.set()
-        self._fail_pending(GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
-                                        + (" and the session is lost" if self.session_lost else "")))
+            await asyncio.sleep(max(0.02, min(0.2, s.keepalive_grace_ms / 10000)))
+        s.attached.set()
+        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
+                                           + (" and the session is lost" if s.lost else "")))
 
-    def _fail_pending(self, error):
-        for request_id in list(self._pending):
-            reply = self._pending.pop(request_id, None)
+    @staticmethod
+    def _fail_pending(s, error):
+        for request_id in list(s.pending):
+            reply = s.pending.pop(request_id, None)
             if reply is not None and not reply.done():
                 reply.set_exception(error)
 
-    async def _on_event(self, event):
+    async def _on_event(self, s, event):
         kind = event.WhichOneof("event")
         if kind == "lease_reply":
             reply = event.lease_reply
-            waiting = self._pending.pop(reply.request_id, None)
+            waiting = s.pending.pop(reply.request_id, None)
             if waiting is None or waiting.done():
                 if reply.HasField("lease"):
-                    self._queue.put_nowait(pb.StreamRelease(lease_id=reply.lease.lease_id))
+                    s.queue.put_nowait(pb.StreamRelease(lease_id=reply.lease.lease_id))
             elif reply.HasField("lease"):
                 waiting.set_result(reply.lease)
             else:
                 waiting.set_exception(GpumemdError.from_stream(reply.error))
         elif kind == "unmap":
-            self._mappings.unmap_requested(event.unmap.segment_id)
+            s.mappings.unmap_requested(event.unmap.segment_id)
         elif kind == "attached":
-            self._attached.set()
+            s.attached.set()
         elif kind == "release_failed":
             self._release_failures += 1
             log.warning("gpumemd refused the release of lease %s: %s", event.release_failed.lease_id,
@@ -293,7 +407,7 @@ class AsyncClient:
                         await result
                 except Exception:
                     log.exception("gpumemd on_shutdown callback failed")
-        self._mappings.retry()
+        s.mappings.retry()
 
     async def close(self):
         """As :meth:`gpumemd.Client.close`."""
@@ -302,31 +416,33 @@ class AsyncClient:
                 await asyncio.sleep(0.01)
             return
         self._closing = True
+        async with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
+            s = self._s
         try:
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
-            if not self.session_lost and self._call is not None:
-                self._queue.put_nowait(_END)
+            if not s.lost and s.call is not None:
+                s.queue.put_nowait(_END)
                 try:
-                    await asyncio.wait_for(asyncio.shield(self._task), 2)
+                    await asyncio.wait_for(asyncio.shield(s.task), 2)
                 except asyncio.TimeoutError:
                     pass
-            if not self.session_lost:
-                await self._stub.CloseSession(pb.CloseSessionRequest(session_id=self.session_id),
+            if not s.lost:
+                await self._stub.CloseSession(pb.CloseSessionRequest(session_id=s.id),
                                               timeout=5, metadata=self._metadata)
         except grpc.RpcError as e:
             if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                 log.warning("gpumemd CloseSession failed: %s", GpumemdError.from_rpc(e))
         finally:
-            if self._call is not None:
-                self._call.cancel()
-            if self._task is not None:
-                self._task.cancel()
+            if s.call is not None:
+                s.call.cancel()
+            if s.task is not None:
+                s.task.cancel()
                 try:
-                    await self._task
+                    await s.task
                 except (asyncio.CancelledError, Exception):
                     pass
-            self._mappings.close_all()
+            s.mappings.close_all()
             await self._channel.close()
             self._closed = True
 

@@ -31,6 +31,28 @@ ClientStats = collections.namedtuple("ClientStats", [
 
 _END = object()
 _MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
+_MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
+_MAX_BACKOFF = 2.0   # ... up to this
+_REOPEN_SECONDS = 10.0  # per lease call
+
+
+class _Session:
+    """One session of a client: its id, KeepAlive stream, pending leases, unsent notices and
+    mappings. A lost session is never reused; the client opens a new one (the next generation)."""
+
+    def __init__(self, client, opened, generation):
+        self.id = opened.session_id
+        self.ttl_seconds = opened.ttl_seconds
+        self.keepalive_grace_ms = opened.keepalive_grace_ms
+        self.generation = generation
+        self.lost = False
+        self.queue = queue.SimpleQueue()
+        self.pending = {}  # request id -> [lock held until the reply, reply or error]
+        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
+        self.attached = threading.Event()
+        self.done = threading.Event()
+        self.call = None
+        self.thread = None
 
 
 def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True, ttl_seconds=0,
@@ -66,6 +88,14 @@ class Client:
     (``client_cache_bytes: 0``): this client keeps no cache tier, so the daemon sends it no
     ReturnCache or CacheAllowance events (they are ignored if it does).
 
+    If the daemon restarts (or ends the session), the session is lost: when the daemon ends the
+    stream, when the stream stays broken past the grace period, or when a unary Lease gets
+    NOT_FOUND for it. One warning is logged and everything of that session is dropped: its
+    leases are dead (:attr:`Lease.lost`; ``close()`` does nothing, accessors raise), its
+    mappings (a restarted daemon reuses segment ids), unsent notices and waiting leases. The next
+    :meth:`lease` opens a new session, retrying with backoff (50 ms doubling to 2 s) for up to
+    10 s; an INFO line names both session ids.
+
     Thread-safe: any thread may lease and close leases.
     """
 
@@ -77,41 +107,40 @@ class Client:
         self.client_name = client_name or "python-%d" % os.getpid()
         self._channel = open_channel(target, credentials)
         self._stub = pb_grpc.AllocatorStub(self._channel)
+        self._open_request = pb.OpenSessionRequest(client_name=self.client_name, ttl_seconds=ttl_seconds,
+                                                   client_cache_bytes=0)
+        self._timeout = timeout
         try:
-            opened = self._stub.OpenSession(pb.OpenSessionRequest(
-                client_name=self.client_name, ttl_seconds=ttl_seconds, client_cache_bytes=0),
-                timeout=timeout, metadata=self._metadata)
+            opened = self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             self._channel.close()
             raise GpumemdError.from_rpc(e) from None
-        self.session_id = opened.session_id
-        self.ttl_seconds = opened.ttl_seconds
-        self.keepalive_grace_ms = opened.keepalive_grace_ms
         self._stream_calls = stream
         self._on_shutdown = on_shutdown
         #: None, or the daemon's drain timeout in ms once it announced its shutdown.
         self.shutdown_notice = None
         self._shutdown_event = threading.Event()
-        self.session_lost = False
         self._closing = False
         self._closed = False
         self._close_lock = threading.Lock()
-        self._mappings = MappingCache(self._ack_unmapped)
+        self._reopen_lock = threading.Lock()
+        self._lose_lock = threading.Lock()
         self._ids = itertools.count(1)
-        self._pending = {}  # request id -> [lock held until the reply, reply or error]
         self._leases = 0
         self._pool_hits = 0
         self._releases = 0
         self._release_failures = 0
-        self._queue = queue.SimpleQueue()
-        self._attached = threading.Event()
-        self._stream_done = threading.Event()
-        self._call = None
-        self._thread = threading.Thread(target=self._run_stream, name="gpumemd-keepalive-%s" % self.client_name,
-                                        daemon=True)
-        self._thread.start()
-        if not self._attached.wait(timeout):
-            log.warning("gpumemd session of %s: KeepAlive stream not attached after %.0f s", self.client_name, timeout)
+        self._earlier_maps_opened = 0
+        self._s = _Session(self, opened, 1)
+        self._attach(self._s)
+
+    def _attach(self, s):
+        s.thread = threading.Thread(target=self._run_stream, args=(s,), daemon=True,
+                                    name="gpumemd-keepalive-%s-%d" % (self.client_name, s.generation))
+        s.thread.start()
+        if not s.attached.wait(self._timeout):
+            log.warning("gpumemd session of %s: KeepAlive stream not attached after %.0f s", self.client_name,
+                        self._timeout)
 
     # ------------------------------------------------------------------ properties
 
@@ -125,10 +154,35 @@ class Client:
         """The call metadata (the bearer token) to pass to calls on :attr:`channel`."""
         return self._metadata
 
+    @property
+    def session_id(self):
+        """The current session's id (a new one after a daemon restart; a bearer credential)."""
+        return self._s.id
+
+    @property
+    def ttl_seconds(self):
+        return self._s.ttl_seconds
+
+    @property
+    def keepalive_grace_ms(self):
+        return self._s.keepalive_grace_ms
+
+    @property
+    def session_lost(self):
+        """True once the current session is lost (the daemon restarted or ended it) and no new
+        one is open yet; the next :meth:`lease` opens one."""
+        return self._s.lost
+
+    @property
+    def session_generation(self):
+        """1 for the session opened by connect, one more for each session opened after a loss."""
+        return self._s.generation
+
     def stats(self):
         """What this client did since connect (a :data:`ClientStats`)."""
+        s = self._s
         return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(self._mappings), self._mappings.maps_opened)
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened)
 
     def wait_for_shutdown_notice(self, timeout=None):
         """Blocks until the daemon announces its shutdown; the drain timeout in ms, or None."""
@@ -152,36 +206,106 @@ class Client:
             raise TypeError("lease() needs size")
         if self._closing:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
-        if self._stream_calls:
-            response = self._lease_on_stream(device, size, zero, tag, timeout)
-        else:
+        for attempt in (1, 2):
+            s = self._live_session()
             try:
-                response = self._stub.Lease(pb.LeaseRequest(session_id=self.session_id, device=device,
-                                                            size_bytes=size, zero=zero, tag=tag),
-                                            timeout=timeout, metadata=self._metadata)
-            except grpc.RpcError as e:
-                raise GpumemdError.from_rpc(e) from None
+                if self._stream_calls:
+                    response = self._lease_on_stream(s, device, size, zero, tag, timeout)
+                else:
+                    try:
+                        response = self._stub.Lease(pb.LeaseRequest(session_id=s.id, device=device,
+                                                                    size_bytes=size, zero=zero, tag=tag),
+                                                    timeout=timeout, metadata=self._metadata)
+                    except grpc.RpcError as e:
+                        error = GpumemdError.from_rpc(e)
+                        if error.code == grpc.StatusCode.NOT_FOUND and "session" in error.message.lower():
+                            self._lose(s, "the daemon does not know it: %s" % error.message)
+                        raise error from None
+            except GpumemdError:
+                if s.lost and attempt == 1:
+                    continue  # lost while this lease waited: once more, on a new session
+                raise
+            break
+        if s.lost:
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
         self._leases += 1
         if response.pool_hit:
             self._pool_hits += 1
         try:
-            mapping = self._mappings.acquire(response.device, response.handle)
+            mapping = s.mappings.acquire(response.device, response.handle)
         except BaseException:
-            self._release_quietly(response.lease_id)  # unusable here: do not hold it until session end
+            self._release_quietly(s, response.lease_id)  # unusable here: do not hold it until session end
             raise
-        return Lease(self, response, mapping, tag, stream)
+        return Lease(self, response, mapping, tag, stream, session=s)
 
-    def _lease_on_stream(self, device, size, zero, tag, timeout):
+    def _live_session(self):
+        """The current session; when it is lost, a new one, opened with backoff (50 ms doubling
+        to 2 s) for up to 10 s before it fails UNAVAILABLE."""
+        s = self._s
+        if not s.lost:
+            return s
+        with self._reopen_lock:
+            s = self._s
+            if not s.lost:
+                return s
+            deadline = time.monotonic() + _REOPEN_SECONDS
+            backoff = _MIN_BACKOFF
+            last = None
+            while not self._closing:
+                try:
+                    opened = self._stub.OpenSession(self._open_request, metadata=self._metadata,
+                                                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                except grpc.RpcError as e:
+                    last = GpumemdError.from_rpc(e)
+                else:
+                    nxt = _Session(self, opened, s.generation + 1)
+                    log.info("gpumemd session %s of %s lost; opened new session %s (generation %d)",
+                             s.id, self.client_name, nxt.id, nxt.generation)
+                    self._attach(nxt)  # before others see it, so that their leases find it attached
+                    self._earlier_maps_opened += s.mappings.maps_opened
+                    self._s = nxt
+                    return nxt
+                if time.monotonic() + backoff > deadline:
+                    break
+                time.sleep(backoff)
+                backoff = min(_MAX_BACKOFF, backoff * 2)
+            if self._closing:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                               "session lost: the daemon restarted or ended it, and no new session could be "
+                               "opened yet%s; retry" % ("" if last is None else " (%s)" % last))
+
+    def _lose(self, s, why):
+        """Marks a session lost (once): its leases are dead, its pending leases fail, its unsent
+        notices are dropped and its mappings too (a restarted daemon reuses segment ids). Host
+        mappings that a buffer or array still exports stay mapped until that object is gone."""
+        with self._lose_lock:
+            if s.lost:
+                return
+            s.lost = True
+        if not self._closing:
+            log.warning("gpumemd session %s of %s lost (%s); its leases are gone, the next lease opens a new session",
+                        s.id, self.client_name, why)
+        s.attached.set()
+        call = s.call
+        if call is not None:
+            call.cancel()
+        s.queue.put(_END)
+        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                           "session lost: the daemon restarted or ended it; retry"))
+        s.mappings.close_all()
+
+    def _lease_on_stream(self, s, device, size, zero, tag, timeout):
         request_id = next(self._ids)
         waiter = [threading.Lock(), None]
         waiter[0].acquire()
-        self._pending[request_id] = waiter
-        if self._stream_done.is_set() and self._call is None:
-            self._pending.pop(request_id, None)
-            raise self._stream_down()
-        self._queue.put(pb.StreamLease(request_id=request_id, device=device, size_bytes=size, zero=zero, tag=tag))
+        s.pending[request_id] = waiter
+        if s.lost or (s.done.is_set() and s.call is None):
+            s.pending.pop(request_id, None)
+            raise self._stream_down(s)
+        s.queue.put(pb.StreamLease(request_id=request_id, device=device, size_bytes=size, zero=zero, tag=tag))
         if not waiter[0].acquire(timeout=-1 if timeout is None else timeout):
-            if self._pending.pop(request_id, None) is None:
+            if s.pending.pop(request_id, None) is None:
                 waiter[0].acquire()  # the reply is being delivered right now: take it
             else:
                 raise GpumemdError(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -191,56 +315,62 @@ class Client:
             raise result
         return result
 
-    def _stream_down(self):
+    @staticmethod
+    def _stream_down(s):
         return GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
-                            + (" and the session is lost" if self.session_lost else "; retry"))
+                            + (" and the session is lost (the next lease opens a new one)" if s.lost else "; retry"))
 
     def _close_lease(self, lease, event):
         """A lease closed: a release notice on the stream, or a Release call (see Lease.close)."""
+        s = lease._session
+        if s.lost:
+            if event is not None:
+                _cuda.destroy_event(lease.device, event[1])
+            return  # dead with its session: nothing to give back, and its mappings are gone
         self._releases += 1
         try:
-            if self._closing or self.session_lost:
-                return  # CloseSession (or the session's end) took it back
+            if self._closing:
+                return  # CloseSession took it back
             if event is not None:
                 # With an IPC event: the unary call, so that the daemon has opened the event
                 # before this process destroys it.
                 handle, cu_event = event
                 try:
-                    self._release_unary(lease.id, handle)
+                    self._release_unary(s, lease.id, handle)
                 finally:
                     _cuda.destroy_event(lease.device, cu_event)
             elif self._stream_calls:
-                self._queue.put(pb.StreamRelease(lease_id=lease.id))
+                s.queue.put(pb.StreamRelease(lease_id=lease.id))
             else:
-                self._release_unary(lease.id, b"")
+                self._release_unary(s, lease.id, b"")
         finally:
-            self._mappings.release(lease.segment_id)
+            s.mappings.release(lease.segment_id)
 
-    def _release_unary(self, lease_id, event_handle):
+    def _release_unary(self, s, lease_id, event_handle):
         try:
-            self._stub.Release(pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id,
+            self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id,
                                                  cuda_ipc_event_handle=event_handle), metadata=self._metadata)
         except grpc.RpcError as e:
             error = GpumemdError.from_rpc(e)
-            if not ((self._closing or self.session_lost) and error.code == grpc.StatusCode.NOT_FOUND):
+            if not ((self._closing or s.lost) and error.code == grpc.StatusCode.NOT_FOUND):
                 raise error from None
 
-    def _release_quietly(self, lease_id):
+    def _release_quietly(self, s, lease_id):
         try:
-            self._stub.Release(pb.ReleaseRequest(session_id=self.session_id, lease_id=lease_id),
+            self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id),
                                metadata=self._metadata, timeout=5)
         except grpc.RpcError:
             pass  # the session's end will take it back
 
-    def _ack_unmapped(self, segment_id):
-        if not self._closing:
-            self._queue.put(("unmapped", segment_id))
+    def _ack_unmapped(self, s, segment_id):
+        if not self._closing and not s.lost:
+            s.queue.put(("unmapped", segment_id))
 
     # ------------------------------------------------------------------ the KeepAlive stream
 
-    def _requests(self, requests):
+    def _requests(self, s, requests):
         """The stream's messages: the session id first, then whatever is queued, merged."""
-        yield pb.KeepAliveRequest(session_id=self.session_id)
+        yield pb.KeepAliveRequest(session_id=s.id)
         while True:
             item = requests.get()
             if item is _END:
@@ -269,17 +399,19 @@ class Client:
             if end:
                 return
 
-    def _run_stream(self):
+    def _run_stream(self, s):
         first_try = time.monotonic()
-        while True:
-            requests = self._queue
-            call = self._stub.KeepAlive(self._requests(requests), metadata=self._metadata)
-            self._call = call
+        while not s.lost:
+            requests = s.queue
+            call = self._stub.KeepAlive(self._requests(s, requests), metadata=self._metadata)
+            s.call = call
+            if s.lost:  # lost (unary NOT_FOUND) while the call started: _lose may have missed it
+                call.cancel()
             code = grpc.StatusCode.OK
             details = ""
             try:
                 for event in call:
-                    self._on_event(event)
+                    self._on_event(s, event)
                     first_try = time.monotonic()
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
@@ -287,61 +419,58 @@ class Client:
                 log.exception("gpumemd KeepAlive stream handler failed")
                 call.cancel()
                 code = grpc.StatusCode.INTERNAL
-            self._call = None
+            s.call = None
             # Leases in flight on the broken stream get no reply: fail them so callers may retry.
-            self._fail_pending(GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                                            "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
-            if self._closing:
+            self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                               "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
+            if self._closing or s.lost:
                 break
             if code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND):
-                self.session_lost = True
-                log.warning("gpumemd session of %s ended by the daemon (%s)", self.client_name,
-                            "stream completed" if code == grpc.StatusCode.OK else details)
+                self._lose(s, "ended by the daemon: %s" % ("stream completed" if code == grpc.StatusCode.OK else details))
                 break
             elapsed_ms = (time.monotonic() - first_try) * 1000
-            if elapsed_ms > self.keepalive_grace_ms:
-                self.session_lost = True
-                log.warning("gpumemd session of %s: KeepAlive stream lost for %.0f ms (%s); giving up",
-                            self.client_name, elapsed_ms, code.name)
+            if elapsed_ms > s.keepalive_grace_ms:
+                self._lose(s, "KeepAlive stream broken for %.0f ms, past the grace period (%s)" % (elapsed_ms, code.name))
                 break
             # Within the grace period the daemon keeps the session: reattach on a fresh queue,
             # carrying over what the old stream had not taken yet.
-            self._queue = queue.SimpleQueue()
+            s.queue = queue.SimpleQueue()
             requests.put(_END)
-            time.sleep(max(0.02, min(0.2, self.keepalive_grace_ms / 10000)))
+            time.sleep(max(0.02, min(0.2, s.keepalive_grace_ms / 10000)))
             while True:
                 try:
                     item = requests.get_nowait()
                 except queue.Empty:
                     break
                 if item is not _END:
-                    self._queue.put(item)
-        self._attached.set()
-        self._stream_done.set()
-        self._fail_pending(self._stream_down())
+                    s.queue.put(item)
+        s.attached.set()
+        s.done.set()
+        self._fail_pending(s, self._stream_down(s))
 
-    def _fail_pending(self, error):
-        for request_id in list(self._pending):
-            waiter = self._pending.pop(request_id, None)
+    @staticmethod
+    def _fail_pending(s, error):
+        for request_id in list(s.pending):
+            waiter = s.pending.pop(request_id, None)
             if waiter is not None:
                 waiter[1] = error
                 waiter[0].release()
 
-    def _on_event(self, event):
+    def _on_event(self, s, event):
         kind = event.WhichOneof("event")
         if kind == "lease_reply":
             reply = event.lease_reply
-            waiter = self._pending.pop(reply.request_id, None)
+            waiter = s.pending.pop(reply.request_id, None)
             if waiter is None:
                 if reply.HasField("lease"):  # its caller gave up: give it straight back
-                    self._queue.put(pb.StreamRelease(lease_id=reply.lease.lease_id))
+                    s.queue.put(pb.StreamRelease(lease_id=reply.lease.lease_id))
                 return
             waiter[1] = reply.lease if reply.HasField("lease") else GpumemdError.from_stream(reply.error)
             waiter[0].release()
         elif kind == "unmap":
-            self._mappings.unmap_requested(event.unmap.segment_id)
+            s.mappings.unmap_requested(event.unmap.segment_id)
         elif kind == "attached":
-            self._attached.set()
+            s.attached.set()
         elif kind == "release_failed":
             self._release_failures += 1
             failed = event.release_failed
@@ -357,7 +486,7 @@ class Client:
                 except Exception:
                     log.exception("gpumemd on_shutdown callback failed")
         # return_cache, cache_allowance: this client keeps no cache tier (it asked for none)
-        self._mappings.retry()
+        s.mappings.retry()
 
     # ------------------------------------------------------------------ closing
 
@@ -368,25 +497,27 @@ class Client:
             if self._closed:
                 return
             self._closing = True
+            with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
+                s = self._s
             try:
-                if not self.session_lost and self._call is not None:
+                if not s.lost and s.call is not None:
                     # Pending releases go out, then the stream ends; once the daemon has ended
                     # its side it has applied them, before CloseSession (another HTTP/2 stream).
-                    self._queue.put(_END)
-                    self._stream_done.wait(2)
-                if not self.session_lost:
-                    self._stub.CloseSession(pb.CloseSessionRequest(session_id=self.session_id),
+                    s.queue.put(_END)
+                    s.done.wait(2)
+                if not s.lost:
+                    self._stub.CloseSession(pb.CloseSessionRequest(session_id=s.id),
                                             timeout=5, metadata=self._metadata)
             except grpc.RpcError as e:
                 if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
                     log.warning("gpumemd CloseSession failed: %s", GpumemdError.from_rpc(e))
             finally:
-                call = self._call
+                call = s.call
                 if call is not None:
                     call.cancel()
-                self._queue.put(_END)
-                self._thread.join(5)
-                self._mappings.close_all()
+                s.queue.put(_END)
+                s.thread.join(5)
+                s.mappings.close_all()
                 self._channel.close()
                 self._closed = True
 

@@ -2,7 +2,8 @@
 
 The daemon is server/target/gpumemd.jar (built by `mvn -B verify`, or
 `mvn -B -q package -DskipTests`); GPUMEMD_JAR names another. Tests that need a daemon of their
-own (shutdown, CUDA) start one with the `start_daemon` factory.
+own (shutdown, CUDA) start one with the `start_daemon` factory; `start_daemon(..., directory=d)`
+starts one in the directory of an earlier one (same socket and shm dir: a restart).
 """
 import os
 import signal
@@ -39,7 +40,7 @@ class Daemon:
                 "--metrics-port", "0", "--keepalive-grace-ms", "500"] + list(extra)
         if "--backend" not in extra:
             args += ["--backend", "host", "--host-devices", "2", "--host-device-bytes", "256MiB"]
-        self.log = open(self.log_path, "wb")
+        self.log = open(self.log_path, "wb")  # a restart in the same directory starts a new log
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while not os.path.exists(self.socket) or b"gpumemd ready" not in self._log_bytes():
@@ -63,6 +64,17 @@ class Daemon:
 
     def stats(self, device):
         return self.admin.GetStats(pb.GetStatsRequest(device=device)).devices[0]
+
+    def kill(self, sig):
+        """Ends the process with a signal (SIGTERM: a clean shutdown; SIGKILL: none) and waits."""
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.channel.close()
+        self.log.close()
 
     def stop(self):
         if self.process.poll() is None:
@@ -88,8 +100,8 @@ def daemon(tmp_path_factory):
 def start_daemon(tmp_path):
     started = []
 
-    def start(*extra):
-        d = Daemon(str(tmp_path / ("daemon%d" % len(started))), *extra)
+    def start(*extra, directory=None):
+        d = Daemon(directory or str(tmp_path / ("daemon%d" % len(started))), *extra)
         started.append(d)
         return d
 
