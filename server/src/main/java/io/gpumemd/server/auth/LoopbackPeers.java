@@ -70,7 +70,13 @@ public final class LoopbackPeers extends ServerTransportFilter {
 
   private static int find(Path table, String wantLocal, String wantRemote) {
     List<String> lines = IdentityPolicy.lines(table);
+    String pair = wantLocal + " " + wantRemote;
     for (int i = 1; i < lines.size(); i++) {
+      // The table has a line per socket of the namespace: only the one line that names this
+      // connection is split, not every line of a busy host.
+      if (!lines.get(i).contains(pair)) {
+        continue;
+      }
       String[] f = lines.get(i).trim().split("\\s+");
       // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode ...
       if (f.length > 7 && f[1].equals(wantLocal) && f[2].equals(wantRemote)) {
