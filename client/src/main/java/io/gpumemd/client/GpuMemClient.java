@@ -16,6 +16,14 @@ import io.gpumemd.proto.v1.OpenSessionResponse;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
+import io.gpumemd.proto.v1.AttachRequest;
+import io.gpumemd.proto.v1.AttachResponse;
+import io.gpumemd.proto.v1.LookupRequest;
+import io.gpumemd.proto.v1.PublishRequest;
+import io.gpumemd.proto.v1.RevokeShareRequest;
+import io.gpumemd.proto.v1.ShareRequest;
+import io.gpumemd.proto.v1.ShareResponse;
+import io.gpumemd.proto.v1.UnpublishRequest;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ClientCallStreamObserver;
@@ -676,7 +684,8 @@ public final class GpuMemClient implements AutoCloseable {
       release(s, lease, eventHandle);
       return;
     }
-    ClientCache cache = s.cache;
+    // A shared or published lease, or a hold, goes back to the daemon: others still use the block.
+    ClientCache cache = lease.uncacheable() ? null : s.cache;
     if (cache != null && !closing) {
       List<Lease> evicted;
       boolean flushNow = false;
@@ -780,6 +789,224 @@ public final class GpuMemClient implements AutoCloseable {
       request.setCudaIpcEventHandle(ByteString.copyFrom(eventHandle));
     }
     return request.build();
+  }
+
+  // ---------------------------------------------------------------------------- sharing
+
+  /** Deadline of the sharing calls (unary: they are rare, and make no backend call). */
+  private static final long SHARING_DEADLINE_MS = 10_000;
+  /**
+   * How long Share and Publish of a lease served from the client cache retry while the daemon
+   * still has it as cached: the notice that it is in use again travels on the stream, which is
+   * not ordered with the unary call.
+   */
+  private static final long REUSE_NOTICE_WAIT_MS = 2_000;
+
+  private AllocatorGrpc.AllocatorBlockingStub sharingStub() {
+    return blocking.withDeadlineAfter(SHARING_DEADLINE_MS, TimeUnit.MILLISECONDS);
+  }
+
+  /** Lease#share: the token for a lease or hold of this client. */
+  Share share(Lease lease, ShareOptions options) {
+    Session s = lease.session();
+    lease.markShared(); // before the call: a close meanwhile must not cache it
+    ShareRequest request = ShareRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id())
+        .setExpiresAfterSeconds((int) options.expiresAfter().getSeconds()).setReadOnly(options.readOnly())
+        .setMaxAttaches(options.maxAttaches()).build();
+    ShareResponse response = afterReuseNotice(s, lease, () -> sharingStub().share(request));
+    return new Share(this, response.getToken(), response.getExpiresAfterSeconds(), options);
+  }
+
+  /**
+   * Runs Share or Publish of a lease; one served from the client cache first has its reuse
+   * notice sent, and is retried while the daemon still answers FAILED_PRECONDITION (it has not
+   * read the notice yet), for up to {@link #REUSE_NOTICE_WAIT_MS}.
+   */
+  private <T> T afterReuseNotice(Session s, Lease lease, java.util.function.Supplier<T> call) {
+    if (lease.localHit() && streamCalls) {
+      flushNotices(s);
+    }
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(REUSE_NOTICE_WAIT_MS);
+    long backoffMs = 1;
+    while (true) {
+      try {
+        return call.get();
+      } catch (StatusRuntimeException e) {
+        GpuMemException error = unaryFailed(s, e);
+        if (!(lease.localHit() && error.code() == Status.Code.FAILED_PRECONDITION) || System.nanoTime() > deadline) {
+          throw error;
+        }
+      }
+      flushNotices(s);
+      try {
+        Thread.sleep(backoffMs);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new GpuMemException(Status.Code.CANCELLED, "interrupted while sharing lease " + lease.id(), e);
+      }
+      backoffMs = Math.min(50, backoffMs * 2);
+    }
+  }
+
+  /** Share#revoke. */
+  boolean revoke(String token) {
+    Session s = liveSession();
+    try {
+      return sharingStub().revokeShare(RevokeShareRequest.newBuilder().setSessionId(s.id).setToken(token).build())
+          .getBlockReturned();
+    } catch (StatusRuntimeException e) {
+      throw unaryFailed(s, e);
+    }
+  }
+
+  /** Share#close: revokes, unless the token or the client is gone already. */
+  void revokeQuietly(String token) {
+    if (closing) {
+      return; // the token outlives the client by design; revoke it before closing the client
+    }
+    try {
+      revoke(token);
+    } catch (GpuMemException e) {
+      if (e.code() != Status.Code.NOT_FOUND) {
+        throw e;
+      }
+    }
+  }
+
+  /** Attaches to a shared block by token; see {@link #attach(String, String)}. */
+  public Lease attach(String token) {
+    return attach(token, "");
+  }
+
+  /**
+   * Takes a hold on the block a share token names: a {@link Lease} of this client on the same
+   * memory ({@link Lease#attached()} true), read-only when the token is. Closing it releases
+   * the hold (never into the client cache); the block returns to the pool when its last hold is
+   * gone. The same client attaching twice holds twice.
+   *
+   * @param tag label shown in listings
+   * @throws GpuMemException NOT_FOUND for an unknown, expired, revoked or used-up token (or
+   *     another tenant's); RESOURCE_EXHAUSTED at the daemon's {@code --max-holds-per-session}
+   */
+  public Lease attach(String token, String tag) {
+    Objects.requireNonNull(token, "token");
+    Session s = liveSession();
+    AttachResponse response;
+    try {
+      response = sharingStub().attach(AttachRequest.newBuilder().setSessionId(s.id).setToken(token)
+          .setTag(tag).build());
+    } catch (StatusRuntimeException e) {
+      throw unaryFailed(s, e);
+    }
+    return wrapHold(s, response, tag);
+  }
+
+  /** Publishes a lease, writable for those who look it up; see {@link #publish(Lease, String, boolean)}. */
+  public Published publish(Lease lease, String name) {
+    return publish(lease, name, false);
+  }
+
+  /**
+   * Publishes a lease (or hold) of this client under a name unique within its tenant. The name
+   * holds the block until it is unpublished ({@link Published#close()}, {@link #unpublish},
+   * {@code gpumemctl objects rm}), even after the lease is closed or this process exits; the
+   * lease itself is then released to the daemon on close, never cached.
+   *
+   * @param name 1 to 256 characters, no control characters (e.g. {@code "llama-3-8b/layer-0"})
+   * @param readOnly lookups get read-only holds
+   * @throws GpuMemException ALREADY_EXISTS for a name the tenant has published; INVALID_ARGUMENT
+   *     for a bad name; RESOURCE_EXHAUSTED past the daemon's {@code --max-published-bytes} or
+   *     {@code --max-shares-per-tenant}
+   */
+  public Published publish(Lease lease, String name, boolean readOnly) {
+    Objects.requireNonNull(name, "name");
+    if (lease.isClosed()) {
+      throw new IllegalStateException("lease " + lease.id() + " is closed");
+    }
+    if (lease.isLost()) {
+      throw new IllegalStateException("lease " + lease.id() + ": session lost: the daemon restarted or ended the session");
+    }
+    Session s = lease.session();
+    lease.markShared();
+    PublishRequest request = PublishRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id()).setName(name)
+        .setReadOnly(readOnly).build();
+    afterReuseNotice(s, lease, () -> sharingStub().publish(request));
+    return new Published(this, name, readOnly);
+  }
+
+  /** Looks up a published object; see {@link #lookup(String, String)}. */
+  public Lease lookup(String name) {
+    return lookup(name, "");
+  }
+
+  /**
+   * Takes a hold on the object published under {@code name} by this client's tenant: as
+   * {@link #attach(String, String)} does for a token.
+   *
+   * @throws GpuMemException NOT_FOUND when no such object is published
+   */
+  public Lease lookup(String name, String tag) {
+    Objects.requireNonNull(name, "name");
+    Session s = liveSession();
+    AttachResponse response;
+    try {
+      response = sharingStub().lookup(LookupRequest.newBuilder().setSessionId(s.id).setName(name).setTag(tag).build());
+    } catch (StatusRuntimeException e) {
+      throw unaryFailed(s, e);
+    }
+    return wrapHold(s, response, tag);
+  }
+
+  /**
+   * Unpublishes a name of this client's tenant (whoever published it); holds taken by lookup
+   * stay.
+   *
+   * @return true when the name was the block's last hold and it went back to the pool
+   * @throws GpuMemException NOT_FOUND when no such object is published
+   */
+  public boolean unpublish(String name) {
+    Objects.requireNonNull(name, "name");
+    Session s = liveSession();
+    try {
+      return sharingStub().unpublish(UnpublishRequest.newBuilder().setSessionId(s.id).setName(name).build())
+          .getBlockReturned();
+    } catch (StatusRuntimeException e) {
+      throw unaryFailed(s, e);
+    }
+  }
+
+  /** Published#close: unpublishes, unless the name or the client is gone already. */
+  void unpublishQuietly(String name) {
+    if (closing) {
+      return; // a name outlives the client by design
+    }
+    try {
+      unpublish(name);
+    } catch (GpuMemException e) {
+      if (e.code() != Status.Code.NOT_FOUND) {
+        throw e;
+      }
+    }
+  }
+
+  /** Maps a hold's segment (read-only when the hold is); a hold that cannot be mapped is released. */
+  private Lease wrapHold(Session s, AttachResponse response, String tag) {
+    LeaseResponse hold = response.getLease();
+    SegmentMapping mapping;
+    try {
+      if (s.isLost()) {
+        throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost while the hold was granted; retry", null);
+      }
+      mapping = s.mappings.acquire(hold.getDevice(), hold.getHandle(), response.getReadOnly());
+    } catch (RuntimeException | LinkageError e) {
+      releaseQuietly(s, hold.getLeaseId());
+      if (e instanceof LinkageError) {
+        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "a CUDA hold needs JCuda and its "
+            + "natives on the classpath (org.jcuda:jcuda): " + e, e);
+      }
+      throw e;
+    }
+    return new Lease(this, s, hold, mapping, tag, true, response.getReadOnly());
   }
 
   // ---------------------------------------------------------------------------- keep-alive

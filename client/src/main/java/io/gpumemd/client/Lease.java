@@ -3,6 +3,7 @@ package io.gpumemd.client;
 import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.proto.v1.LeaseResponse;
 import java.nio.ByteBuffer;
+import java.time.Duration;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.atomic.AtomicBoolean;
 
@@ -19,6 +20,13 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * restarted, or ended it), the lease is dead: {@link #buffer()} and {@link #devicePointer()}
  * throw {@link IllegalStateException} ("session lost"), {@link #close()} does nothing, and
  * buffers obtained earlier point at memory the daemon no longer owns.
+ *
+ * <p>Sharing: {@link #share()} makes a token another process of the same tenant passes to
+ * {@link GpuMemClient#attach(String)}, and {@link GpuMemClient#publish} a name for
+ * {@link GpuMemClient#lookup(String)}; both give that process a lease of its own on the same
+ * block (a <em>hold</em>: {@link #attached()} is true). The block returns to the pool when its
+ * last hold is gone. A lease that was shared or published, and every hold, is released to the
+ * daemon on close, never kept in the client cache: others still use the block.
  *
  * <p>Thread-safe: close may race with itself; exactly one call releases.
  */
@@ -37,9 +45,19 @@ public final class Lease implements AutoCloseable {
   private final SegmentMapping mapping;
   private final boolean localHit;
   private final String tag;
+  private final boolean attached;
+  private final boolean readOnly;
+  /** Set once the lease is shared or published (or is a hold): it never goes into the client cache. */
+  private volatile boolean shared;
   private final AtomicBoolean closed = new AtomicBoolean();
 
   Lease(GpuMemClient client, GpuMemClient.Session session, LeaseResponse response, SegmentMapping mapping, String tag) {
+    this(client, session, response, mapping, tag, false, false);
+  }
+
+  /** A lease, or with {@code attached} a hold on a shared block (Attach, Lookup). */
+  Lease(GpuMemClient client, GpuMemClient.Session session, LeaseResponse response, SegmentMapping mapping, String tag,
+      boolean attached, boolean readOnly) {
     this.client = client;
     this.session = session;
     this.id = response.getLeaseId();
@@ -54,6 +72,9 @@ public final class Lease implements AutoCloseable {
     this.mapping = mapping;
     this.localHit = false;
     this.tag = tag;
+    this.attached = attached;
+    this.readOnly = readOnly;
+    this.shared = attached;
   }
 
   /** The same block, handed out again from the client's own cache for a new request. */
@@ -72,6 +93,8 @@ public final class Lease implements AutoCloseable {
     this.mapping = cached.mapping;
     this.localHit = true;
     this.tag = tag;
+    this.attached = false; // the cache holds neither holds nor shared leases
+    this.readOnly = false;
   }
 
   /** The lease id (as shown by {@code Admin.ListLeases}). */
@@ -109,6 +132,69 @@ public final class Lease implements AutoCloseable {
   /** True when this client served the lease from its own cache, without asking the daemon. */
   public boolean localHit() {
     return localHit;
+  }
+
+  /**
+   * True for a hold on another lease's block, taken by {@link GpuMemClient#attach(String)} or
+   * {@link GpuMemClient#lookup(String)}; false for a lease of this client's own.
+   */
+  public boolean attached() {
+    return attached;
+  }
+
+  /**
+   * True for a read-only hold. On host devices its {@link #buffer()} is read-only (writes throw
+   * {@link java.nio.ReadOnlyBufferException}); on CUDA a legacy IPC handle cannot be opened
+   * read-only, so there the flag is advisory: nothing stops a write through the pointer.
+   */
+  public boolean readOnly() {
+    return readOnly;
+  }
+
+  /** True when this lease was shared or published, or is a hold: close releases it to the daemon. */
+  boolean uncacheable() {
+    return shared;
+  }
+
+  void markShared() {
+    shared = true;
+  }
+
+  /**
+   * Shares the block for 300 s (the daemon's default), writable, for any number of attaches.
+   *
+   * @see #share(ShareOptions)
+   */
+  public Share share() {
+    return share(ShareOptions.DEFAULT);
+  }
+
+  /**
+   * Shares the block.
+   *
+   * @param expiresAfter how long the token stays valid (whole seconds; zero for the daemon's
+   *     default of 300 s; the daemon lowers it to its {@code --share-max-seconds})
+   * @param readOnly holds taken with the token are read-only
+   * @param maxAttaches attaches the token serves: 0 any number until it expires, 1 a one-shot
+   *     hand-off
+   */
+  public Share share(Duration expiresAfter, boolean readOnly, int maxAttaches) {
+    return share(new ShareOptions(expiresAfter, readOnly, maxAttaches));
+  }
+
+  /**
+   * Makes a share token for this block: any session of the same tenant that has it may
+   * {@link GpuMemClient#attach(String) attach} and gets a hold of its own. The token itself
+   * holds the block while valid, so this process may close the lease, or exit, before the
+   * other attaches. Closing the returned {@link Share} revokes the token.
+   *
+   * @throws IllegalStateException when the lease is closed or its session lost
+   * @throws GpuMemException with the daemon's status (e.g. RESOURCE_EXHAUSTED at the tenant's
+   *     bound on tokens and names)
+   */
+  public Share share(ShareOptions options) {
+    checkOpen();
+    return client.share(this, options);
   }
 
   public long segmentId() {
@@ -195,7 +281,8 @@ public final class Lease implements AutoCloseable {
   }
 
   /**
-   * Gives the lease back: into this client's cache (within its allowance), else to the daemon.
+   * Gives the lease back: into this client's cache (within its allowance), else to the daemon;
+   * a hold, or a lease that was shared or published, always to the daemon.
    * On the session stream this never waits for the network; with unary calls it waits for the
    * daemon's answer. Later calls do nothing.
    */
@@ -227,7 +314,8 @@ public final class Lease implements AutoCloseable {
   @Override
   public String toString() {
     return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId
-        + "+" + offset + (localHit ? ", local hit" : poolHit ? ", hit" : ", miss") + (closed.get() ? ", closed" : "")
+        + "+" + offset + (attached ? ", attached" : localHit ? ", local hit" : poolHit ? ", hit" : ", miss")
+        + (readOnly ? ", read-only" : "") + (closed.get() ? ", closed" : "")
         + (isLost() ? ", session lost" : "") + "]";
   }
 }

@@ -13,17 +13,31 @@ import java.util.function.LongConsumer;
  * lease closes, since the next lease is likely to land on the same segment; it is closed when
  * the daemon asks (it wants to free the segment), or when the client closes.
  *
+ * <p>A host segment that a read-only hold uses gets a read-only mapping of its own (never the
+ * writable one); the segment's one or two mappings count and close together.
+ *
  * <p>Thread-safe: all state is guarded by this object's monitor. The unmap acknowledgement is
  * sent after the mapping is closed, outside the monitor.
  */
 final class MappingCache {
   private static final class Entry {
-    final SegmentMapping mapping;
+    /** The writable mapping (always the one mapping on CUDA), opened on first use; or null. */
+    SegmentMapping mapping;
+    /** The read-only mapping of a host segment, opened by the first read-only hold; or null. */
+    SegmentMapping readOnly;
     int leases;
     boolean unmapRequested;
 
-    Entry(SegmentMapping mapping) {
-      this.mapping = mapping;
+    /** Every mapping of the entry (one or two). */
+    List<SegmentMapping> all() {
+      List<SegmentMapping> all = new ArrayList<>(2);
+      if (mapping != null) {
+        all.add(mapping);
+      }
+      if (readOnly != null) {
+        all.add(readOnly);
+      }
+      return all;
     }
   }
 
@@ -38,25 +52,58 @@ final class MappingCache {
 
   /** The mapping of a lease's segment, opened on first use; counts the lease. */
   synchronized SegmentMapping acquire(int device, MemoryHandle handle) {
+    return acquire(device, handle, false);
+  }
+
+  /**
+   * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
+   * {@code readOnly}, a host segment's read-only mapping; on CUDA the one mapping (read-only is
+   * advisory there: a legacy IPC handle cannot be opened read-only).
+   */
+  synchronized SegmentMapping acquire(int device, MemoryHandle handle, boolean readOnly) {
     Entry entry = entries.get(handle.getSegmentId());
+    boolean opened = false;
     if (entry == null) {
-      SegmentMapping mapping = switch (handle.getKindCase()) {
-        case HOST_SHM_PATH -> new HostMapping(handle.getHostShmPath(), handle.getSegmentBytes());
-        case CUDA_IPC_HANDLE -> CudaMappings.open(device, handle.getCudaIpcHandle().toByteArray());
-        default -> throw new GpuMemException(io.grpc.Status.Code.INTERNAL,
-            "lease response carries no memory handle", null);
-      };
-      entry = new Entry(mapping);
+      entry = new Entry();
+      opened = true;
+    }
+    SegmentMapping mapping;
+    switch (handle.getKindCase()) {
+      case HOST_SHM_PATH -> {
+        if (readOnly) {
+          if (entry.readOnly == null) {
+            entry.readOnly = new HostMapping(handle.getHostShmPath(), handle.getSegmentBytes(), true);
+            mapsOpened++;
+          }
+          mapping = entry.readOnly;
+        } else {
+          if (entry.mapping == null) {
+            entry.mapping = new HostMapping(handle.getHostShmPath(), handle.getSegmentBytes(), false);
+            mapsOpened++;
+          }
+          mapping = entry.mapping;
+        }
+      }
+      case CUDA_IPC_HANDLE -> {
+        if (entry.mapping == null) {
+          entry.mapping = CudaMappings.open(device, handle.getCudaIpcHandle().toByteArray());
+          mapsOpened++;
+        }
+        mapping = entry.mapping;
+      }
+      default -> throw new GpuMemException(io.grpc.Status.Code.INTERNAL,
+          "lease response carries no memory handle", null);
+    }
+    if (opened) {
       entries.put(handle.getSegmentId(), entry);
-      mapsOpened++;
     }
     entry.leases++;
-    return entry.mapping;
+    return mapping;
   }
 
   /** A lease on the segment closed. */
   void release(long segmentId) {
-    SegmentMapping toClose = null;
+    List<SegmentMapping> toClose = null;
     synchronized (this) {
       Entry entry = entries.get(segmentId);
       if (entry == null) {
@@ -65,33 +112,31 @@ final class MappingCache {
       entry.leases--;
       if (entry.leases == 0 && entry.unmapRequested) {
         entries.remove(segmentId);
-        toClose = entry.mapping;
+        toClose = entry.all();
       }
     }
     if (toClose != null) {
-      toClose.close();
+      toClose.forEach(SegmentMapping::close);
       ackUnmapped.accept(segmentId);
     }
   }
 
   /** The daemon asks to unmap a segment: now if no lease uses it, else when the last closes. */
   void unmapRequested(long segmentId) {
-    SegmentMapping toClose = null;
+    List<SegmentMapping> toClose = List.of();
     synchronized (this) {
       Entry entry = entries.get(segmentId);
       if (entry == null) {
         // Never mapped here (or already closed): nothing holds it.
       } else if (entry.leases == 0) {
         entries.remove(segmentId);
-        toClose = entry.mapping;
+        toClose = entry.all();
       } else {
         entry.unmapRequested = true;
         return;
       }
     }
-    if (toClose != null) {
-      toClose.close();
-    }
+    toClose.forEach(SegmentMapping::close);
     ackUnmapped.accept(segmentId);
   }
 
@@ -117,7 +162,7 @@ final class MappingCache {
     synchronized (this) {
       toClose = new ArrayList<>();
       entries.values().forEach(e -> {
-        if (!(e.mapping instanceof HostMapping)) {
+        if (e.mapping != null && !(e.mapping instanceof HostMapping)) {
           toClose.add(e.mapping);
         }
       });
@@ -137,7 +182,7 @@ final class MappingCache {
     List<SegmentMapping> all;
     synchronized (this) {
       all = new ArrayList<>();
-      entries.values().forEach(e -> all.add(e.mapping));
+      entries.values().forEach(e -> all.addAll(e.all()));
       entries.clear();
     }
     all.forEach(SegmentMapping::close);
