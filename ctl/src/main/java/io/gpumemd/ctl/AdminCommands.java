@@ -17,6 +17,11 @@ import io.gpumemd.proto.v1.ListLeasesRequest;
 import io.gpumemd.proto.v1.ListLeasesResponse;
 import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.ListSessionsResponse;
+import io.gpumemd.proto.v1.ListObjectsRequest;
+import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.ObjectInfo;
+import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.UnpublishResponse;
 import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
@@ -34,6 +39,7 @@ import java.util.function.ToLongFunction;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Mixin;
 import picocli.CommandLine.Option;
+import picocli.CommandLine.Parameters;
 
 /**
  * The operator commands: one Admin (or health) call each, printed as an aligned table or, with
@@ -41,7 +47,8 @@ import picocli.CommandLine.Option;
  * 64-bit integers as strings, zero values included so that scripts find every field).
  *
  * <p>Each command is a picocli {@code @Command} nested here ({@link Devices}, {@link Stats},
- * {@link Leases}, {@link Sessions}, {@link Trim}, {@link SetCap}, {@link Health}); it opens an
+ * {@link Leases}, {@link Sessions}, {@link Objects} with {@link RemoveObject}, {@link Trim},
+ * {@link SetCap}, {@link Health}); it opens an
  * {@code AdminCommands} (one connection), makes its call and closes it. Not thread-safe (one
  * command per instance).
  */
@@ -158,6 +165,43 @@ final class AdminCommands implements AutoCloseable {
     }
   }
 
+  @Command(name = "objects", description = "published objects with size, holders and age; 'objects rm NAME' removes one")
+  static final class Objects implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+
+    Objects(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.objects();
+      }
+    }
+  }
+
+  @Command(name = "rm", description = "unpublish an object (its block returns once its last hold is gone)")
+  static final class RemoveObject implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Parameters(index = "0", paramLabel = "NAME", description = "the published name")
+    String name;
+    @Option(names = "--tenant", paramLabel = "T",
+        description = "the object's tenant (default: the caller's own; another's needs an admin identity)")
+    String tenant = "";
+
+    RemoveObject(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.removeObject(tenant, name);
+      }
+    }
+  }
+
   @Command(name = "trim", description = "free cached memory down to SIZE per device")
   static final class Trim implements Callable<Integer> {
     private final GpuMemCtl ctl;
@@ -262,6 +306,13 @@ final class AdminCommands implements AutoCloseable {
       new Row("backend allocs", false, DeviceStats::getBackendAllocs),
       new Row("backend frees", false, DeviceStats::getBackendFrees),
       new Row("scrubbed", true, DeviceStats::getScrubbedBytes),
+      new Row("shares", false, DeviceStats::getShares),
+      new Row("attaches", false, DeviceStats::getAttaches),
+      new Row("live holds", false, DeviceStats::getLiveHolds),
+      new Row("shared blocks", false, DeviceStats::getSharedBlocks),
+      new Row("published objects", false, DeviceStats::getPublishedObjects),
+      new Row("published", true, DeviceStats::getPublishedBytes),
+      new Row("published limit", true, DeviceStats::getPublishedLimitBytes),
       new Row("retention cap", true, DeviceStats::getRetentionCapBytes),
       new Row("limit", true, DeviceStats::getLimitBytes),
       new Row("capacity", true, DeviceStats::getCapacityBytes));
@@ -338,16 +389,80 @@ final class AdminCommands implements AutoCloseable {
       out.println("no live leases");
       return 0;
     }
-    Table table = new Table("LEASE", "SESSION", "CLIENT", ">DEVICE", ">SIZE", ">BLOCK", "TAG", ">AGE", ">SEGMENT", ">OFFSET");
+    Table table = new Table("LEASE", "SESSION", "CLIENT", ">DEVICE", ">SIZE", ">BLOCK", "TAG", ">AGE", ">SEGMENT", ">OFFSET",
+        ">HOLDS", "SHARING");
     for (LeaseInfo l : response.getLeasesList()) {
       table.row(l.getLeaseId(), l.getSessionId(), l.getClientName(), l.getDevice(), Sizes.format(l.getSizeBytes()),
           Sizes.format(l.getBlockBytes()), l.getTag().isEmpty() ? "-" : l.getTag(), Sizes.formatMillis(l.getAgeMs()),
-          Long.toUnsignedString(l.getSegmentId()), l.getOffset());
+          Long.toUnsignedString(l.getSegmentId()), l.getOffset(), l.getHolds(), sharing(l));
     }
     table.print(out);
     if (response.getTotal() > response.getLeasesCount()) {
       out.println("(" + response.getLeasesCount() + " of " + response.getTotal() + " leases; --limit 0 shows all)");
     }
+    return 0;
+  }
+
+  /**
+   * How a lease takes part in sharing: "attached" for a hold taken by Attach or Lookup, "shared"
+   * for a lease whose block others hold too, "ro" for a read-only hold, and the name the block
+   * is published under; "-" for a lease nobody shares.
+   */
+  static String sharing(LeaseInfo l) {
+    List<String> parts = new java.util.ArrayList<>(3);
+    if (l.getAttached()) {
+      parts.add("attached");
+    } else if (l.getHolds() > 1 || !l.getObjectName().isEmpty()) {
+      parts.add("shared");
+    }
+    if (l.getReadOnly()) {
+      parts.add("ro");
+    }
+    if (!l.getObjectName().isEmpty()) {
+      parts.add("name=" + l.getObjectName());
+    }
+    return parts.isEmpty() ? "-" : String.join(",", parts);
+  }
+
+  /** Every published object the caller may see, following the daemon's pages, as one response. */
+  private int objects() {
+    ListObjectsResponse.Builder all = ListObjectsResponse.newBuilder();
+    String token = "";
+    do {
+      ListObjectsResponse page = admin().listObjects(ListObjectsRequest.newBuilder().setPageSize(PAGE_SIZE)
+          .setPageToken(token).build());
+      if (token.isEmpty()) {
+        all.setTotal(page.getTotal());
+      }
+      all.addAllObjects(page.getObjectsList());
+      token = page.getNextPageToken();
+    } while (!token.isEmpty());
+    ListObjectsResponse response = all.build();
+    if (json) {
+      return printJson(response);
+    }
+    if (response.getObjectsCount() == 0) {
+      out.println("no published objects");
+      return 0;
+    }
+    Table table = new Table("NAME", "TENANT", ">DEVICE", ">SIZE", ">HOLDS", ">HOLDERS", ">AGE", "RO");
+    for (ObjectInfo o : response.getObjectsList()) {
+      table.row(o.getName(), o.getTenant(), o.getDevice(), Sizes.format(o.getSizeBytes()), o.getHolds(), o.getHolders(),
+          Sizes.formatMillis(o.getAgeMs()), o.getReadOnly() ? "yes" : "no");
+    }
+    table.print(out);
+    return 0;
+  }
+
+  private int removeObject(String tenant, String name) {
+    UnpublishResponse response = admin().removeObject(RemoveObjectRequest.newBuilder().setTenant(tenant).setName(name)
+        .build());
+    if (json) {
+      return printJson(response);
+    }
+    out.println("removed object '" + name + "'" + (tenant.isEmpty() ? "" : " of tenant " + tenant)
+        + (response.getBlockReturned() ? "; its block went back to the pool"
+            : "; its block stays leased until its other holders release it"));
     return 0;
   }
 

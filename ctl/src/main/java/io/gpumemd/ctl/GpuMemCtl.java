@@ -28,8 +28,8 @@ import picocli.CommandLine.ScopeType;
 import picocli.CommandLine.Spec;
 
 /**
- * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases
- * and sessions, trims the cache, sets the retention cap, checks health, and runs an example
+ * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases,
+ * sessions and published objects (and removes objects), trims the cache, sets the retention cap, checks health, and runs an example
  * worker and the load generator. Admin commands open no session.
  *
  * <p>The command line is declared with picocli: this class is the top command and owns the
@@ -47,7 +47,7 @@ import picocli.CommandLine.Spec;
  */
 @Command(name = "gpumemctl",
     synopsisSubcommandLabel = "<command>",
-    description = "The operator's command line for gpumemd: devices, pools, leases, sessions, "
+    description = "The operator's command line for gpumemd: devices, pools, leases, sessions, published objects, "
         + "cache control, health; an example worker and a load generator.",
     footerHeading = "%n",
     footer = {
@@ -181,6 +181,8 @@ public final class GpuMemCtl implements Callable<Integer> {
         .addSubcommand(new AdminCommands.Stats(top))
         .addSubcommand(new AdminCommands.Leases(top))
         .addSubcommand(new AdminCommands.Sessions(top))
+        .addSubcommand(new CommandLine(new AdminCommands.Objects(top))
+            .addSubcommand(new AdminCommands.RemoveObject(top)))
         .addSubcommand(new AdminCommands.Trim(top))
         .addSubcommand(new AdminCommands.SetCap(top))
         .addSubcommand(new AdminCommands.Health(top))
@@ -190,7 +192,10 @@ public final class GpuMemCtl implements Callable<Integer> {
     // Set after the subcommands are added: these settings propagate to the commands present.
     Converters.register(cli);
     cli.getCommandSpec().parser().collectErrors(true);
-    cli.getSubcommands().values().forEach(sub -> sub.getCommandSpec().parser().collectErrors(true));
+    cli.getSubcommands().values().forEach(sub -> {
+      sub.getCommandSpec().parser().collectErrors(true);
+      sub.getSubcommands().values().forEach(nested -> nested.getCommandSpec().parser().collectErrors(true));
+    });
     cli.setOut(new PrintWriter(top.out, true));
     cli.setErr(new PrintWriter(top.err, true));
     return cli;

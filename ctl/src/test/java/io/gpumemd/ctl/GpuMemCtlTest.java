@@ -12,6 +12,9 @@ import io.gpumemd.proto.v1.GetStatsResponse;
 import io.gpumemd.proto.v1.ListDevicesResponse;
 import io.gpumemd.proto.v1.ListLeasesResponse;
 import io.gpumemd.proto.v1.ListSessionsResponse;
+import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.UnpublishResponse;
+import io.gpumemd.client.Share;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimResponse;
 import io.gpumemd.server.pool.PoolStats;
@@ -209,6 +212,97 @@ class GpuMemCtlTest {
     assertEquals(2500, json.getTotal());
   }
 
+  // ---------------------------------------------------------------------------- sharing
+
+  @Test
+  void leases_showHolds_andMarkAttachedHolds() throws IOException {
+    try (GpuMemClient owner = GpuMemClient.builder(daemon.unixTarget()).clientName("producer").connect();
+         GpuMemClient consumer = GpuMemClient.builder(daemon.unixTarget()).clientName("consumer").connect();
+         Lease lease = owner.lease(0, 8192, false, "batch");
+         Lease plain = owner.lease(0, 4096)) {
+      Share share = lease.share(java.time.Duration.ZERO, true, 0);
+      try (Lease hold = consumer.attach(share.token(), "reader")) {
+        CtlRun table = ctl("leases");
+        assertOk(table);
+        assertTrue(table.out().lines().findFirst().orElseThrow().matches(".*OFFSET\\s+HOLDS\\s+SHARING"), table.out());
+        String ownerRow = row(table, lease.id());
+        String holdRow = row(table, hold.id());
+        String plainRow = row(table, plain.id());
+        // the lease, the token and the attached hold: three holds on the block
+        assertTrue(ownerRow.matches(".*\\s3\\s+shared"), ownerRow);
+        assertTrue(holdRow.matches(".*reader.*\\s3\\s+attached,ro"), holdRow);
+        assertTrue(plainRow.matches(".*\\s1\\s+-"), plainRow);
+
+        ListLeasesResponse json = parse(ctl("leases", "--session", consumer.sessionId(), "--json").out(),
+            ListLeasesResponse.newBuilder()).build();
+        assertEquals(1, json.getLeasesCount());
+        assertTrue(json.getLeases(0).getAttached());
+        assertTrue(json.getLeases(0).getReadOnly());
+        assertEquals(3, json.getLeases(0).getHolds());
+      }
+      share.close();
+    }
+    assertEquals(0, stats(0).get(PoolMetric.LEASED_BYTES));
+  }
+
+  private static String row(CtlRun table, String leaseId) {
+    return table.out().lines().filter(l -> l.startsWith(leaseId)).findFirst().orElseThrow(
+        () -> new AssertionError(leaseId + " not listed:\n" + table.out()));
+  }
+
+  @Test
+  void objects_listsPublishedObjectsWithHolders_andRmRemovesThem() throws IOException {
+    assertEquals("no published objects\n", ctl("objects").out());
+    try (GpuMemClient owner = GpuMemClient.builder(daemon.unixTarget()).clientName("loader").connect()) {
+      try (Lease lease = owner.lease(0, 3 << 20)) {
+        owner.publish(lease, "llama-3-8b/layer-0", true);
+        owner.publish(lease, "alias");
+      }
+    }
+    try (GpuMemClient worker = GpuMemClient.builder(daemon.unixTarget()).clientName("worker").connect();
+         Lease hold = worker.lookup("llama-3-8b/layer-0")) {
+      CtlRun table = ctl("objects");
+      assertOk(table);
+      List<String> lines = table.out().lines().toList();
+      assertEquals(3, lines.size(), table.out());
+      assertTrue(lines.get(0).matches("NAME\\s+TENANT\\s+DEVICE\\s+SIZE\\s+HOLDS\\s+HOLDERS\\s+AGE\\s+RO"), lines.get(0));
+      // by name: "alias" first; two names and the worker's hold: three holds, one holder
+      assertTrue(lines.get(1).matches("alias\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+no"), lines.get(1));
+      assertTrue(lines.get(2).matches("llama-3-8b/layer-0\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+yes"),
+          lines.get(2));
+
+      ListObjectsResponse json = parse(ctl("objects", "--json").out(), ListObjectsResponse.newBuilder()).build();
+      assertEquals(2, json.getObjectsCount());
+      assertEquals(2, json.getTotal());
+      assertEquals("llama-3-8b/layer-0", json.getObjects(1).getName());
+      assertEquals(3 << 20, json.getObjects(1).getSizeBytes());
+      assertTrue(json.getObjects(1).getReadOnly());
+      assertEquals(1, json.getObjects(1).getLookups());
+
+      CtlRun rm = ctl("objects", "rm", "llama-3-8b/layer-0");
+      assertOk(rm);
+      assertEquals("removed object 'llama-3-8b/layer-0'; its block stays leased until its other holders release it\n",
+          rm.out());
+      CtlRun again = ctl("objects", "rm", "llama-3-8b/layer-0");
+      assertEquals(1, again.code(), again.out());
+      assertTrue(again.err().startsWith("gpumemctl: NOT_FOUND: "), again.err());
+    }
+    CtlRun rmJson = ctl("--json", "objects", "rm", "alias", "--tenant", "uid:0");
+    assertOk(rmJson);
+    assertTrue(parse(rmJson.out(), UnpublishResponse.newBuilder()).build().getBlockReturned(), rmJson.out());
+    assertEquals("no published objects\n", ctl("objects").out());
+    assertEquals(0, stats(0).get(PoolMetric.LEASED_BYTES));
+  }
+
+  @Test
+  void objectsRm_withoutAName_isAUsageError() {
+    CtlRun r = ctl("objects", "rm");
+    assertEquals(2, r.code(), r.err());
+    assertEquals("", r.out());
+    assertTrue(r.err().contains("NAME"), r.err());
+    assertTrue(r.err().contains("objects rm --help"), r.err());
+  }
+
   // ---------------------------------------------------------------------------- cache control
 
   @Test
@@ -385,8 +479,8 @@ class GpuMemCtlTest {
   void completion_printsBashScript_namingEveryCommand_thatBashAccepts() throws Exception {
     CtlRun r = ctlRaw("completion");
     assertOk(r);
-    List<String> commands = List.of("devices", "stats", "leases", "sessions", "trim", "set-cap", "health", "worker",
-        "loadgen", "completion");
+    List<String> commands = List.of("devices", "stats", "leases", "sessions", "objects", "trim", "set-cap", "health",
+        "worker", "loadgen", "completion");
     String commandList = r.out().lines().map(String::trim).filter(l -> l.startsWith("local commands=\"devices"))
         .findFirst().orElseThrow(() -> new AssertionError("no top-level command list:\n" + r.out()));
     assertEquals("local commands=\"" + String.join(" ", commands) + "\"", commandList);
