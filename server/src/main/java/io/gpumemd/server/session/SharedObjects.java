@@ -9,7 +9,9 @@ import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
+import java.util.ArrayList;
 import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
@@ -253,6 +255,14 @@ public final class SharedObjects {
   /** Live share tokens (all tenants). */
   public int tokenCount() {
     return tokens.size();
+  }
+
+  /** The blocks live tokens and names hold, one entry per token or name (for invariant checks). */
+  List<SharedBlock> heldByTokensAndNames() {
+    List<SharedBlock> out = new ArrayList<>();
+    tokens.values().forEach(t -> out.add(t.shared));
+    objects.values().forEach(o -> out.add(o.shared()));
+    return out;
   }
 
   /** Ends expired tokens' holds; at most once a second (a scan is O(tokens)). */

@@ -20,6 +20,17 @@ import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.TrimRequest;
+import io.gpumemd.proto.v1.AttachRequest;
+import io.gpumemd.proto.v1.AttachResponse;
+import io.gpumemd.proto.v1.LeaseInfo;
+import io.gpumemd.proto.v1.ListObjectsRequest;
+import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.LookupRequest;
+import io.gpumemd.proto.v1.PublishRequest;
+import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.RevokeShareRequest;
+import io.gpumemd.proto.v1.ShareRequest;
+import io.gpumemd.proto.v1.UnpublishRequest;
 import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.pool.DevicePool;
@@ -112,7 +123,9 @@ class StatusTableTest {
   /** What a refused call must not change (the ooms counter is allowed to count it). */
   private String state() {
     return admin.getStats(GetStatsRequest.getDefaultInstance()).getDevices(0).toBuilder().clearOoms()
-        .build().toString() + admin.listLeases(ListLeasesRequest.getDefaultInstance()).getLeasesList();
+        .build().toString() + admin.listLeases(ListLeasesRequest.getDefaultInstance()).getLeasesList()
+        + admin.listObjects(ListObjectsRequest.getDefaultInstance()).getObjectsList().stream()
+            .map(o -> o.toBuilder().clearAgeMs().build()).toList();
   }
 
   /** Asserts the call fails with the code, a message containing {@code text}, and no change. */
@@ -191,6 +204,102 @@ class StatusTableTest {
     refused(Status.Code.NOT_FOUND, "not found", () -> allocator.lease(lease(s, 4096).build()));
     refused(Status.Code.NOT_FOUND, "not found",
         () -> allocator.closeSession(CloseSessionRequest.newBuilder().setSessionId(s).build()));
+  }
+
+  @Test
+  void sharing_rows() {
+    String s = session();
+    String other = session();
+    LeaseResponse held = allocator.lease(lease(s, 4096).build());
+    ShareRequest.Builder share = ShareRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId());
+    refused(Status.Code.NOT_FOUND, "not found in this session",
+        () -> allocator.share(share.clone().setSessionId(other).build()));
+    refused(Status.Code.NOT_FOUND, "not found in this session",
+        () -> allocator.share(share.clone().setLeaseId(SecureIds.next()).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "token: 'nope'",
+        () -> allocator.attach(AttachRequest.newBuilder().setSessionId(other).setToken("nope").build()));
+    refused(Status.Code.NOT_FOUND, "share token not found (unknown, expired, revoked or used up)",
+        () -> allocator.attach(AttachRequest.newBuilder().setSessionId(other).setToken(SecureIds.next()).build()));
+    PublishRequest.Builder publish = PublishRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId());
+    refused(Status.Code.INVALID_ARGUMENT, "name: a control character at index 1 (expected: printable text)",
+        () -> allocator.publish(publish.clone().setName("a\u0007").build()));
+    refused(Status.Code.INVALID_ARGUMENT, "name: 257 characters (expected: at most 256)",
+        () -> allocator.publish(publish.clone().setName("n".repeat(257)).build()));
+    refused(Status.Code.INVALID_ARGUMENT, "name: '' (expected: 1 to 256 characters)",
+        () -> allocator.publish(publish.clone().setName("").build()));
+    allocator.publish(publish.clone().setName("weights/0").build());
+    refused(Status.Code.ALREADY_EXISTS, "object 'weights/0' is already published",
+        () -> allocator.publish(publish.clone().setName("weights/0").build()));
+    refused(Status.Code.NOT_FOUND, "object 'weights/1' not found",
+        () -> allocator.lookup(LookupRequest.newBuilder().setSessionId(other).setName("weights/1").build()));
+    refused(Status.Code.NOT_FOUND, "object 'weights/1' not found",
+        () -> allocator.unpublish(UnpublishRequest.newBuilder().setSessionId(other).setName("weights/1").build()));
+    refused(Status.Code.NOT_FOUND, "object 'weights/1' not found",
+        () -> admin.removeObject(RemoveObjectRequest.newBuilder().setName("weights/1").build()));
+
+    // Attach to a block that went back: its token revoked after the owner released it.
+    LeaseResponse gone = allocator.lease(lease(s, 8192).build());
+    String token = allocator.share(ShareRequest.newBuilder().setSessionId(s).setLeaseId(gone.getLeaseId()).build())
+        .getToken();
+    allocator.release(ReleaseRequest.newBuilder().setSessionId(s).setLeaseId(gone.getLeaseId()).build());
+    assertTrue(allocator.revokeShare(RevokeShareRequest.newBuilder().setSessionId(s).setToken(token).build())
+        .getBlockReturned());
+    refused(Status.Code.NOT_FOUND, "share token not found",
+        () -> allocator.attach(AttachRequest.newBuilder().setSessionId(other).setToken(token).build()));
+  }
+
+  @Test
+  void sharing_throughTheApi_listsHoldsAndObjects() {
+    String s = session();
+    String other = session();
+    LeaseResponse held = allocator.lease(lease(s, 100_000).build());
+    String token = allocator.share(ShareRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId())
+        .setReadOnly(true).build()).getToken();
+    AttachResponse attached = allocator.attach(AttachRequest.newBuilder().setSessionId(other).setToken(token)
+        .setTag("reader").build());
+    assertTrue(attached.getReadOnly());
+    assertEquals(3, attached.getHolds(), "lease, token, attach");
+    assertEquals(held.getHandle(), attached.getLease().getHandle());
+    assertEquals(held.getBlockBytes(), attached.getLease().getBlockBytes());
+    allocator.publish(PublishRequest.newBuilder().setSessionId(s).setLeaseId(held.getLeaseId()).setName("kv/7").build());
+    List<LeaseInfo> leases = admin.listLeases(ListLeasesRequest.getDefaultInstance()).getLeasesList();
+    assertEquals(2, leases.size());
+    LeaseInfo hold = leases.get(1);
+    assertEquals(attached.getLease().getLeaseId(), hold.getLeaseId());
+    assertTrue(hold.getAttached());
+    assertTrue(hold.getReadOnly());
+    assertEquals(4, hold.getHolds());
+    assertEquals("kv/7", hold.getObjectName());
+    assertEquals(List.of(s, other), hold.getHolderSessionIdsList());
+    assertEquals(false, leases.get(0).getAttached());
+
+    for (int i = 0; i < 5; i++) {
+      // A session of its own each (the quota here is 3 leases a session), closed at once: the
+      // object outlives it.
+      String publisher = session();
+      LeaseResponse l = allocator.lease(lease(publisher, 4096).build());
+      allocator.publish(PublishRequest.newBuilder().setSessionId(publisher).setLeaseId(l.getLeaseId())
+          .setName("p" + i).build());
+      allocator.closeSession(CloseSessionRequest.newBuilder().setSessionId(publisher).build());
+    }
+    List<String> names = new ArrayList<>();
+    String page = "";
+    int pages = 0;
+    do {
+      ListObjectsResponse r = admin.listObjects(ListObjectsRequest.newBuilder().setPageSize(2).setPageToken(page).build());
+      r.getObjectsList().forEach(o -> names.add(o.getName()));
+      assertEquals(6, r.getTotal());
+      page = r.getNextPageToken();
+      pages++;
+    } while (!page.isEmpty() && pages < 10);
+    assertEquals(List.of("kv/7", "p0", "p1", "p2", "p3", "p4"), names);
+    assertEquals(3, pages);
+    var stats = admin.getStats(GetStatsRequest.getDefaultInstance()).getDevices(0);
+    assertEquals(6, stats.getPublishedObjects());
+    assertEquals(1, stats.getLiveHolds());
+    assertEquals(1, stats.getShares());
+    assertEquals(6, stats.getSharedBlocks());
+    assertEquals(32 * MIB, stats.getPublishedLimitBytes());
   }
 
   @Test
