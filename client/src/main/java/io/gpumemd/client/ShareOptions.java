@@ -4,7 +4,7 @@ import java.time.Duration;
 import java.util.Objects;
 
 /**
- * How {@link Lease#share(ShareOptions)} shares a block.
+ * How {@link Lease#share(ShareOptions)} shares a block. Immutable, so thread-safe.
  *
  * @param expiresAfter how long the token stays valid, in whole seconds (zero: the daemon's
  *     default, 300 s; the daemon lowers longer lives to its {@code --share-max-seconds})
@@ -12,8 +12,6 @@ import java.util.Objects;
  *     advisory on CUDA)
  * @param maxAttaches how many attaches the token serves: 0 any number until it expires, 1 a
  *     one-shot hand-off (the token's hold passes to the one consumer)
- *
- * <p>Immutable, so thread-safe.
  */
 public record ShareOptions(Duration expiresAfter, boolean readOnly, int maxAttaches) {
   /** The daemon's default life (300 s), writable, any number of attaches. */
