@@ -9,7 +9,7 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * <p>The name holds the block until it is unpublished, even after the lease is closed or this
  * process exits: {@link #close()} unpublishes it (as {@link GpuMemClient#unpublish(String)} or
  * {@code gpumemctl objects rm} do from anywhere of the tenant). Holds taken by lookup stay. A
- * name already unpublished elsewhere makes close do nothing.
+ * name already unpublished elsewhere, or a closed client, makes close do nothing.
  *
  * <p>Thread-safe: close may race with itself; exactly one call unpublishes.
  */

@@ -11,7 +11,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * its attaches), even after the lease is closed or this process exits. {@link #close()} revokes
  * it: no further attach, and its own hold ends; holds already taken stay. A token that is
  * already gone (expired, used up, revoked elsewhere) makes close do nothing; {@link #revoke()}
- * says so with NOT_FOUND.
+ * says so with NOT_FOUND. Once the client is closed, close does nothing either: the token
+ * outlives the client by design (close the share first to revoke it).
  *
  * <p>Thread-safe: close may race with itself; exactly one call revokes.
  */
