@@ -252,12 +252,17 @@ class SharingTest {
     start();
     Session s = open(ALICE, "s");
     LeaseRecord lease = lease(ALICE, s, 4096);
-    for (String name : new String[] {"", "a\tb", "line\nfeed", "x".repeat(257)}) {
+    for (String name : new String[] {"", "a\tb", "line\nfeed", "x".repeat(257), "a\u202eb", "zero\u200bwidth",
+        "a\u2028b", "\ufeffbom", " ", " lead", "trail ", "\ud800lone", "\u00a0nbsp", "\ud83d\ude00".repeat(257)}) {
       assertThrows(InvalidRequestException.class, () -> sharing.publish(ALICE, s.id(), lease.id(), name, false), name);
     }
+    assertEquals(0, stat(PoolMetric.SHARED_BLOCKS), "refused names changed nothing");
     sharing.publish(ALICE, s.id(), lease.id(), "x".repeat(256), false);
-    assertEquals(1, stat(PoolMetric.PUBLISHED_OBJECTS));
-    assertEquals(2, lease.shared().holds());
+    // 256 characters outside the BMP are 512 UTF-16 units: still 256 characters.
+    sharing.publish(ALICE, s.id(), lease.id(), "\ud83d\ude00".repeat(256), false);
+    sharing.publish(ALICE, s.id(), lease.id(), "llama-3-8b/layer 0 (fp16, Zürich)", false);
+    assertEquals(3, stat(PoolMetric.PUBLISHED_OBJECTS));
+    assertEquals(4, lease.shared().holds());
   }
 
   @Test
