@@ -42,6 +42,15 @@ def closed_client():
     return GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
 
 
+def publish_request(client, lease, name, read_only):
+    """A PublishRequest for a lease or hold of ``client`` that is still open."""
+    if getattr(lease, "_client", None) is not client:
+        raise ValueError("publish: %r is not a lease of this client" % (lease,))
+    lease._require_open()
+    return pb.PublishRequest(session_id=lease._session.id, lease_id=lease.id, name=name,
+                             read_only=bool(read_only or lease.read_only))
+
+
 def make_hold(client, s, response, tag, lease_class, give_back):
     """The Lease for an AttachResponse: the block mapped in this process (read-only for a
     read-only hold on the host backend). ``give_back()`` releases the hold when it cannot be

@@ -22,7 +22,8 @@ from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._lease import Lease
 from ._mapping import MappingCache
-from ._sharing import AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, share_request
+from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
+                       share_request)
 from ._stubs import pb, pb_grpc
 from . import client as _sync
 from .client import _MAX_NOTICES, ClientStats  # noqa: E402
@@ -232,11 +233,9 @@ class AsyncClient:
 
     async def publish(self, lease, name, read_only=False):
         """As :meth:`gpumemd.Client.publish`; an :class:`gpumemd.AsyncPublished`."""
-        lease._require_open()
-        read_only = bool(read_only or lease.read_only)
-        await self._call("Publish", pb.PublishRequest(session_id=lease._session.id, lease_id=lease.id, name=name,
-                                                      read_only=read_only))
-        return AsyncPublished(self, name, lease.id, read_only)
+        request = publish_request(self, lease, name, read_only)
+        await self._call("Publish", request)
+        return AsyncPublished(self, name, lease.id, request.read_only)
 
     async def unpublish(self, name):
         """As :meth:`gpumemd.Client.unpublish`."""

@@ -14,7 +14,7 @@ from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._lease import Lease
 from ._mapping import MappingCache
-from ._sharing import Published, Share, closed_client, is_not_found, make_hold, share_request
+from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
 from ._stubs import pb, pb_grpc
 
 log = logging.getLogger("gpumemd")
@@ -273,11 +273,9 @@ class Client:
         Raises :class:`GpumemdError`: ``ALREADY_EXISTS`` (the tenant has that name),
         ``INVALID_ARGUMENT`` (empty, too long, control characters).
         """
-        lease._require_open()
-        read_only = bool(read_only or lease.read_only)
-        self._call("Publish", pb.PublishRequest(session_id=lease._session.id, lease_id=lease.id, name=name,
-                                                read_only=read_only))
-        return Published(self, name, lease.id, read_only)
+        request = publish_request(self, lease, name, read_only)
+        self._call("Publish", request)
+        return Published(self, name, lease.id, request.read_only)
 
     def unpublish(self, name):
         """Removes a published name of this tenant; True when it was the block's last hold.

@@ -226,6 +226,8 @@ def test_holds_in_one_process(daemon, stream):
         assert share.revoked
 
         name = unique("inproc")
+        with pytest.raises(ValueError, match="not a lease of this client"):
+            other.publish(lease, name)  # its session id is gm's
         with gm.publish(lease, name) as published:
             assert published.name == name and not published.read_only
             with other.lookup(name) as rw:
