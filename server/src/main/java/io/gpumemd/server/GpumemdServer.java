@@ -82,7 +82,8 @@ public final class GpumemdServer {
             config.retentionCapBytes(), device.ordinal(), limit);
       }
       list.add(new DevicePool(device, backend,
-          new PoolSettings(limit, cap, config.maxOversizeBytes(), config.unmapWaitMillis()),
+          new PoolSettings(limit, cap, config.maxOversizeBytes(), config.unmapWaitMillis(),
+              config.publishedLimit(limit)),
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     this.pools = new DevicePools(list);

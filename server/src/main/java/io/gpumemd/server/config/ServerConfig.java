@@ -2,6 +2,7 @@ package io.gpumemd.server.config;
 
 import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionLimits;
+import io.gpumemd.server.session.SharingSettings;
 import io.gpumemd.server.session.SessionSettings;
 import java.nio.file.Path;
 import java.util.Map;
@@ -47,6 +48,8 @@ public record ServerConfig(
     TenancyConfig tenancy,
     TcpSecurityConfig security,
     SessionLimits sessionLimits,
+    SharingSettings sharing,
+    long maxPublishedBytes,
     TransportLimits transport,
     long drainTimeoutMillis,
     String logFormat,
@@ -60,7 +63,12 @@ public record ServerConfig(
   public SessionSettings sessionSettings() {
     return new SessionSettings(sessionTtlSeconds, maxSessionTtlSeconds, keepaliveGraceMillis,
         leakThresholdMillis, defaultQuota, quotaOverrides, clientCacheBytes, tenancy.tenantQuota(),
-        tenancy.isolateSessions(), sessionLimits);
+        tenancy.isolateSessions(), sessionLimits, sharing);
+  }
+
+  /** The most bytes of published objects on a device with the given budget. */
+  public long publishedLimit(long deviceBudget) {
+    return maxPublishedBytes < 0 ? deviceBudget : Math.min(maxPublishedBytes, deviceBudget);
   }
 
   /** The device budget for a device of the given capacity. */
@@ -109,6 +117,10 @@ public record ServerConfig(
     values.put("max-sessions", sessionLimits.maxSessions());
     values.put("max-sessions-per-tenant", sessionLimits.maxSessionsPerTenant());
     values.put("session-open-rate", sessionLimits.openRatePerSecond());
+    values.put("max-published-bytes", maxPublishedBytes < 0 ? "(device budget)" : maxPublishedBytes);
+    values.put("share-max-seconds", sharing.maxShareSeconds());
+    values.put("max-holds-per-session", sharing.maxHoldsPerSession());
+    values.put("max-shares-per-tenant", sharing.maxSharesPerTenant());
     values.put("max-message-bytes", transport.maxMessageBytes());
     values.put("max-calls-per-connection", transport.maxCallsPerConnection());
     values.put("connection-idle-timeout-seconds", transport.connectionIdleSeconds());

@@ -6,6 +6,7 @@ import io.gpumemd.server.auth.PemFiles;
 import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionLimits;
+import io.gpumemd.server.session.SharingSettings;
 import java.io.IOException;
 import java.io.Reader;
 import java.net.InetAddress;
@@ -235,6 +236,22 @@ public final class ServerOptions {
   @Option(names = "--session-open-rate", paramLabel = "N", defaultValue = "100",
       description = "session opens per second per tenant, with bursts of as many (0 = no limit)")
   String sessionOpenRate;
+
+  @Option(names = "--max-published-bytes", paramLabel = "BYTES", defaultValue = "",
+      description = "bytes of published objects per device (they outlive their sessions; default: the device budget)")
+  String maxPublishedBytes;
+
+  @Option(names = "--share-max-seconds", paramLabel = "N", defaultValue = "86400",
+      description = "longest life of a share token (a token holds its block while valid; default life 300 s)")
+  String shareMaxSeconds;
+
+  @Option(names = "--max-holds-per-session", paramLabel = "N", defaultValue = "4096",
+      description = "holds one session may take on shared blocks by Attach and Lookup (0 = no limit)")
+  String maxHoldsPerSession;
+
+  @Option(names = "--max-shares-per-tenant", paramLabel = "N", defaultValue = "4096",
+      description = "live share tokens plus published names of one tenant (0 = no limit)")
+  String maxSharesPerTenant;
 
   @Option(names = "--max-message-bytes", paramLabel = "BYTES", defaultValue = "1MiB",
       description = "largest gRPC message a client may send (the largest a client sends is about 420 KB)")
@@ -590,6 +607,15 @@ public final class ServerOptions {
     }
   }
 
+  /** The sharing bounds; token lives from one second to a week. */
+  private static SharingSettings sharing(Settings s) {
+    int maxSeconds = (int) s.integer("share-max-seconds", 1, 86_400 * 7);
+    return new SharingSettings(Math.min(SharingSettings.DEFAULTS.defaultShareSeconds(), Math.max(1, maxSeconds)),
+        Math.max(1, maxSeconds),
+        (int) s.integer("max-holds-per-session", 0, 10_000_000),
+        (int) s.integer("max-shares-per-tenant", 0, 10_000_000));
+  }
+
   /** At least 64 KiB (room for any single lease or release), at most 64 MiB. */
   private static int maxMessageBytes(Settings s) {
     long bytes = s.size("max-message-bytes");
@@ -682,6 +708,8 @@ public final class ServerOptions {
             (int) s.integer("max-sessions", 0, 10_000_000),
             (int) s.integer("max-sessions-per-tenant", 0, 10_000_000),
             (int) s.integer("session-open-rate", 0, 1_000_000)),
+        sharing(s),
+        s.text("max-published-bytes").isEmpty() ? -1 : s.size("max-published-bytes"),
         new TransportLimits(
             maxMessageBytes(s),
             (int) s.integer("max-calls-per-connection", 1, 1_000_000),

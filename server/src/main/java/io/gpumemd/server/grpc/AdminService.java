@@ -9,6 +9,11 @@ import io.gpumemd.proto.v1.ListLeasesRequest;
 import io.gpumemd.proto.v1.ListLeasesResponse;
 import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.ListSessionsResponse;
+import io.gpumemd.proto.v1.ListObjectsRequest;
+import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.UnpublishResponse;
+import io.gpumemd.server.session.PublishedObject;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimRequest;
@@ -176,6 +181,31 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
           describe(request.hasDevice(), request.getDevice()), caller, evicted);
       return SetRetentionCapResponse.newBuilder().setEvictedBytes(evicted).build();
     });
+  }
+
+  @Override
+  public void listObjects(ListObjectsRequest request, StreamObserver<ListObjectsResponse> response) {
+    answer("ListObjects", response, () -> {
+      int size = PageTokens.pageSize("page_size", request.getPageSize());
+      String[] cursor = PageTokens.objectCursor(request.getPageToken());
+      Page<PublishedObject> page = cursor == null ? registry.sharing().objects(Callers.current(), null, null, size)
+          : registry.sharing().objects(Callers.current(), cursor[0], cursor[1], size);
+      ListObjectsResponse.Builder out = ListObjectsResponse.newBuilder().setTotal(page.total());
+      for (PublishedObject object : page.items()) {
+        out.addObjects(ProtoMapping.objectInfo(object, registry.ageMillis(object.publishedNanos())));
+      }
+      if (page.more()) {
+        out.setNextPageToken(PageTokens.objectToken(page.items().get(page.items().size() - 1)));
+      }
+      return out.build();
+    });
+  }
+
+  @Override
+  public void removeObject(RemoveObjectRequest request, StreamObserver<UnpublishResponse> response) {
+    answer("RemoveObject", response, () -> UnpublishResponse.newBuilder()
+        .setBlockReturned(registry.sharing().remove(Callers.current(), request.getTenant(), request.getName()))
+        .build());
   }
 
   /** Refuses a mutation to a caller without admin rights, saying what would grant them. */

@@ -1,6 +1,17 @@
 package io.gpumemd.server.grpc;
 
 import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.AttachRequest;
+import io.gpumemd.proto.v1.AttachResponse;
+import io.gpumemd.proto.v1.LookupRequest;
+import io.gpumemd.proto.v1.PublishRequest;
+import io.gpumemd.proto.v1.PublishResponse;
+import io.gpumemd.proto.v1.RevokeShareRequest;
+import io.gpumemd.proto.v1.RevokeShareResponse;
+import io.gpumemd.proto.v1.ShareRequest;
+import io.gpumemd.proto.v1.ShareResponse;
+import io.gpumemd.proto.v1.UnpublishRequest;
+import io.gpumemd.proto.v1.UnpublishResponse;
 import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.CloseSessionResponse;
 import io.gpumemd.proto.v1.KeepAliveRequest;
@@ -17,6 +28,7 @@ import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SharedObjects;
 import io.gpumemd.server.session.Validation;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -24,6 +36,7 @@ import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
 import java.util.concurrent.Executor;
 import java.util.function.Consumer;
+import java.util.function.Supplier;
 import java.util.concurrent.RejectedExecutionException;
 
 /**
@@ -33,6 +46,8 @@ import java.util.concurrent.RejectedExecutionException;
  * <p>Threading: the server runs handlers on the transport thread (direct executor), which is
  * what makes a pool hit cheap. A lease that needs the backend (a miss, or zeroing) is handed to
  * {@code blockingExecutor} so that a slow allocation never stalls other calls on the event loop.
+ * The sharing calls ({@link SharedObjects}) make no backend call but a release: they run on
+ * the transport thread like Release.
  */
 public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   private final SessionRegistry registry;
@@ -144,5 +159,75 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
     } catch (RuntimeException e) {
       response.onError(StatusMapper.toStatus("Release", e));
     }
+  }
+
+  // ------------------------------------------------------------------------------ sharing
+
+  private static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
+    T value;
+    try {
+      value = body.get();
+    } catch (RuntimeException e) {
+      response.onError(StatusMapper.toStatus(rpc, e));
+      return;
+    }
+    response.onNext(value);
+    response.onCompleted();
+  }
+
+  private static int unsigned(int value) {
+    // uint32 fields past 2^31 arrive negative in Java; they mean "huge".
+    return (int) Math.min(Integer.toUnsignedLong(value), Integer.MAX_VALUE);
+  }
+
+  @Override
+  public void share(ShareRequest request, StreamObserver<ShareResponse> response) {
+    answer("Share", response, () -> {
+      SharedObjects.Share share = registry.sharing().share(Callers.current(), request.getSessionId(),
+          request.getLeaseId(), unsigned(request.getExpiresAfterSeconds()), request.getReadOnly(),
+          unsigned(request.getMaxAttaches()));
+      return ShareResponse.newBuilder().setToken(share.token()).setExpiresAfterSeconds(share.expiresAfterSeconds())
+          .build();
+    });
+  }
+
+  @Override
+  public void revokeShare(RevokeShareRequest request, StreamObserver<RevokeShareResponse> response) {
+    answer("RevokeShare", response, () -> RevokeShareResponse.newBuilder()
+        .setBlockReturned(registry.sharing().revoke(Callers.current(), request.getSessionId(), request.getToken()))
+        .build());
+  }
+
+  @Override
+  public void attach(AttachRequest request, StreamObserver<AttachResponse> response) {
+    answer("Attach", response, () -> attached(registry.sharing().attach(Callers.current(), request.getSessionId(),
+        request.getToken(), request.getTag())));
+  }
+
+  @Override
+  public void publish(PublishRequest request, StreamObserver<PublishResponse> response) {
+    answer("Publish", response, () -> {
+      registry.sharing().publish(Callers.current(), request.getSessionId(), request.getLeaseId(), request.getName(),
+          request.getReadOnly());
+      return PublishResponse.getDefaultInstance();
+    });
+  }
+
+  @Override
+  public void lookup(LookupRequest request, StreamObserver<AttachResponse> response) {
+    answer("Lookup", response, () -> attached(registry.sharing().lookup(Callers.current(), request.getSessionId(),
+        request.getName(), request.getTag())));
+  }
+
+  @Override
+  public void unpublish(UnpublishRequest request, StreamObserver<UnpublishResponse> response) {
+    answer("Unpublish", response, () -> UnpublishResponse.newBuilder()
+        .setBlockReturned(registry.sharing().unpublish(Callers.current(), request.getSessionId(), request.getName()))
+        .build());
+  }
+
+  private static AttachResponse attached(LeaseRecord hold) {
+    return AttachResponse.newBuilder().setLease(ProtoMapping.leaseResponse(hold)).setReadOnly(hold.readOnly())
+        .setHolds(hold.shared().holds()).build();
   }
 }

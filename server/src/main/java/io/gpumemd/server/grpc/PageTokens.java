@@ -2,12 +2,13 @@ package io.gpumemd.server.grpc;
 
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.PublishedObject;
 import io.gpumemd.server.session.Session;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 
 /**
- * Page sizes and page tokens of ListSessions and ListLeases. A token is the last item's sort
+ * Page sizes and page tokens of ListSessions, ListLeases and ListObjects. A token is the last item's sort
  * key (a lease's grant sequence; a session's open time and id), base64url-encoded with a kind
  * prefix so that one listing's token is refused by the other. It carries no secret: a caller
  * who forges one only skips ahead in a listing that shows it nothing it may not see anyway.
@@ -77,12 +78,29 @@ final class PageTokens {
     throw invalid(token);
   }
 
+  static String objectToken(PublishedObject last) {
+    return encode("o:" + last.tenant() + "\n" + last.name());
+  }
+
+  /** {tenant, name} after which the page starts; null for the first page. */
+  static String[] objectCursor(String token) {
+    if (token.isEmpty()) {
+      return null;
+    }
+    String key = decode(token);
+    int newline = key.indexOf('\n');
+    if (key.startsWith("o:") && newline > 2) {
+      return new String[] {key.substring(2, newline), key.substring(newline + 1)};
+    }
+    throw invalid(token);
+  }
+
   private static String encode(String key) {
     return Base64.getUrlEncoder().withoutPadding().encodeToString(key.getBytes(StandardCharsets.UTF_8));
   }
 
   private static String decode(String token) {
-    if (token.length() > 200) {
+    if (token.length() > 800) {
       throw invalid(token.substring(0, 40) + "...");
     }
     try {

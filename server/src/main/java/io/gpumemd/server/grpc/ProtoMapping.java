@@ -7,6 +7,9 @@ import io.gpumemd.proto.v1.DeviceStats;
 import io.gpumemd.proto.v1.LeaseInfo;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.MemoryHandle;
+import io.gpumemd.proto.v1.ObjectInfo;
+import io.gpumemd.server.session.PublishedObject;
+import io.gpumemd.server.session.SharedBlock;
 import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.pool.Block;
@@ -81,12 +84,31 @@ final class ProtoMapping {
 
   static LeaseInfo leaseInfo(LeaseRecord lease, long ageMillis) {
     Block block = lease.block();
-    return LeaseInfo.newBuilder()
+    LeaseInfo.Builder out = LeaseInfo.newBuilder()
         .setLeaseId(lease.id()).setSessionId(lease.session().id())
         .setClientName(lease.session().clientName()).setDevice(block.device())
         .setSizeBytes(lease.sizeBytes()).setBlockBytes(block.size()).setTag(lease.tag())
         .setAgeMs(ageMillis)
         .setSegmentId(block.segmentId()).setOffset(block.offset())
+        .setAttached(lease.attached()).setReadOnly(lease.readOnly())
+        .setHolds(1);
+    SharedBlock shared = lease.shared();
+    if (shared != null) {
+      out.setHolds(shared.holds()).setObjectName(shared.name()).addAllHolderSessionIds(shared.holderSessionIds());
+    }
+    return out.build();
+  }
+
+  static ObjectInfo objectInfo(PublishedObject object, long ageMillis) {
+    SharedBlock shared = object.shared();
+    Block block = shared.block();
+    return ObjectInfo.newBuilder()
+        .setName(object.name()).setTenant(object.tenant()).setDevice(block.device())
+        .setSizeBytes(shared.sizeBytes()).setBlockBytes(block.size())
+        .setHolds(shared.holds()).setHolders(shared.holderSessionIds().size())
+        .setAgeMs(ageMillis).setReadOnly(object.readOnly()).setPublishedBy(object.publishedBy())
+        .setSegmentId(block.segmentId()).setOffset(block.offset())
+        .setLookups(object.lookups().get())
         .build();
   }
 
@@ -104,6 +126,7 @@ final class ProtoMapping {
         .setClientCacheHits(counters[0])
         .setClientCacheReturns(counters[1])
         .setTenant(session.tenant()).setPeer(session.owner().principal())
+        .setAttachedHolds(holdings[3]).setAttachedBytes(holdings[4])
         .build();
   }
 }

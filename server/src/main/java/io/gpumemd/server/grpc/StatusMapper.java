@@ -1,6 +1,7 @@
 package io.gpumemd.server.grpc;
 
 import io.gpumemd.server.backend.InvalidEventHandleException;
+import io.gpumemd.server.error.AlreadyExistsException;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.DrainingException;
 import io.gpumemd.server.error.ExhaustedException;
@@ -33,6 +34,8 @@ public final class StatusMapper {
       status = Status.RESOURCE_EXHAUSTED;
     } else if (error instanceof PermissionDeniedException) {
       status = Status.PERMISSION_DENIED;
+    } else if (error instanceof AlreadyExistsException) {
+      status = Status.ALREADY_EXISTS;
     } else if (error instanceof ConflictException) {
       status = Status.FAILED_PRECONDITION;
     } else if (error instanceof DrainingException) {

@@ -101,6 +101,7 @@ public final class DevicePool implements AutoCloseable {
   final HolderRequests holderRequests;
   private final Ticker ticker;
   private final long limitBytes;
+  private final long publishedLimitBytes;
   private final long unmapWaitNanos;
   final ReentrantLock lock = new ReentrantLock();
   /** Signalled when memory a miss may wait for comes back: an unmapped segment, a client-cached block. */
@@ -129,6 +130,11 @@ public final class DevicePool implements AutoCloseable {
   long leasedBytes;
   private long peakLeasedBytes;
   long activeLeases;
+  /** Sharing figures (the holds themselves are the session layer's). */
+  long liveHolds;
+  long sharedBlocks;
+  long publishedObjects;
+  long publishedBytes;
   private boolean closed;
 
   /**
@@ -147,6 +153,7 @@ public final class DevicePool implements AutoCloseable {
     this.holderRequests = holderRequests;
     this.ticker = ticker;
     this.limitBytes = settings.limitBytes();
+    this.publishedLimitBytes = settings.publishedLimitBytes();
     this.retentionCapBytes = settings.retentionCapBytes();
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
     this.free = new FreeBlocks(settings.maxOversizeBytes());
@@ -829,6 +836,123 @@ public final class DevicePool implements AutoCloseable {
     after.free(segment);
   }
 
+  // ------------------------------------------------------------------------------ sharing
+
+  /**
+   * A leased block became shared (its first share token or name): from now on it stays leased
+   * until the session layer has dropped its last hold.
+   */
+  public void blockShared(Block block) {
+    lock.lock();
+    try {
+      checkLeased(block);
+      sharedBlocks++;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** The last hold on a shared block is gone; {@link #release} follows. */
+  public void sharedBlockReturned() {
+    lock.lock();
+    try {
+      sharedBlocks--;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A share token was made. */
+  public void shareMade() {
+    lock.lock();
+    try {
+      counters.increment(PoolMetric.SHARES);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /**
+   * A holder takes a hold on a leased block of another lease: it may map the block's segment
+   * from now on, so the segment is not freed before it unmaps it or ends (rule 2).
+   *
+   * @throws IllegalStateException when the block is not leased (it went back meanwhile)
+   */
+  public void attached(Block block, String holder) {
+    lock.lock();
+    try {
+      checkLeased(block);
+      holders.mapped(block.segment, holder);
+      counters.increment(PoolMetric.ATTACHES);
+      liveHolds++;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A hold taken by {@link #attached} was released. */
+  public void holdReleased() {
+    lock.lock();
+    try {
+      liveHolds--;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /**
+   * A shared block gets its first published name: it counts against the published-bytes limit.
+   *
+   * @return false, changing nothing, when it would pass the limit
+   */
+  public boolean publish(Block block) {
+    lock.lock();
+    try {
+      checkLeased(block);
+      if (publishedBytes + block.size > publishedLimitBytes) {
+        return false;
+      }
+      publishedBytes += block.size;
+      publishedObjects++;
+      return true;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A published name of a block went away; with its last name the block stops counting. */
+  public void unpublished(Block block, boolean lastName) {
+    lock.lock();
+    try {
+      publishedObjects--;
+      if (lastName) {
+        publishedBytes -= block.size;
+      }
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A name more for an already-published block (its bytes count once). */
+  public void publishedAgain() {
+    lock.lock();
+    try {
+      publishedObjects++;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  public long publishedLimitBytes() {
+    return publishedLimitBytes;
+  }
+
+  private static void checkLeased(Block block) {
+    if (block.state != Block.State.LEASED) {
+      throw new IllegalStateException("sharing a block that is not leased: " + block);
+    }
+  }
+
   // ------------------------------------------------------------------------------ holders
 
   /** A holder confirms it has unmapped a segment the pool asked it to unmap. */
@@ -907,6 +1031,11 @@ public final class DevicePool implements AutoCloseable {
       v[PoolMetric.RETENTION_CAP_BYTES.ordinal()] = retentionCapBytes;
       v[PoolMetric.CAPACITY_BYTES.ordinal()] = device.capacityBytes();
       v[PoolMetric.LIMIT_BYTES.ordinal()] = limitBytes;
+      v[PoolMetric.LIVE_HOLDS.ordinal()] = liveHolds;
+      v[PoolMetric.SHARED_BLOCKS.ordinal()] = sharedBlocks;
+      v[PoolMetric.PUBLISHED_OBJECTS.ordinal()] = publishedObjects;
+      v[PoolMetric.PUBLISHED_BYTES.ordinal()] = publishedBytes;
+      v[PoolMetric.PUBLISHED_LIMIT_BYTES.ordinal()] = publishedLimitBytes;
       return new PoolStats(device.ordinal(), v);
     } finally {
       lock.unlock();

@@ -101,6 +101,14 @@ final class PoolInvariants {
     check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
         "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
     check(pool.reservedBytes <= pool.limitBytes(), "reserved " + pool.reservedBytes + " over limit " + pool.limitBytes());
+    check(pool.sharedBlocks >= 0 && pool.sharedBlocks <= pool.activeLeases,
+        "shared blocks " + pool.sharedBlocks + " outside 0.." + pool.activeLeases + " leased blocks");
+    check(pool.liveHolds >= 0, "live holds " + pool.liveHolds);
+    check(pool.publishedBytes >= 0 && pool.publishedBytes <= pool.leasedBytes
+        && pool.publishedBytes <= pool.publishedLimitBytes(), "published bytes " + pool.publishedBytes
+        + " outside 0..min(leased " + pool.leasedBytes + ", limit " + pool.publishedLimitBytes() + ")");
+    check((pool.publishedObjects == 0) == (pool.publishedBytes == 0),
+        "published objects " + pool.publishedObjects + " with " + pool.publishedBytes + " published bytes");
   }
 
   private static void check(boolean condition, String message) {

@@ -21,6 +21,8 @@ public enum PoolMetric {
       + "(stays 0 on backends whose fresh memory reads as zeros, such as host)"),
   CLIENT_CACHE_HITS(Kind.COUNTER, "leases clients served from their own cache, as they reported"),
   CLIENT_CACHE_RETURNS(Kind.COUNTER, "closed leases clients kept in their own cache, as they reported"),
+  SHARES(Kind.COUNTER, "share tokens made"),
+  ATTACHES(Kind.COUNTER, "holds taken on shared blocks by Attach or Lookup"),
   LEASED_BYTES(Kind.GAUGE, "bytes in leased blocks"),
   CLIENT_CACHED_BYTES(Kind.GAUGE, "bytes of leased blocks their clients keep closed in their cache tier"),
   CACHED_BYTES(Kind.GAUGE, "bytes in wholly free cached segments"),
@@ -36,7 +38,12 @@ public enum PoolMetric {
   BLOCKS_AWAITING_EVENT(Kind.GAUGE, "released blocks waiting for their CUDA event"),
   RETENTION_CAP_BYTES(Kind.GAUGE, "cap on cached bytes"),
   CAPACITY_BYTES(Kind.GAUGE, "total memory of the device"),
-  LIMIT_BYTES(Kind.GAUGE, "the pool budget");
+  LIMIT_BYTES(Kind.GAUGE, "the pool budget"),
+  LIVE_HOLDS(Kind.GAUGE, "live holds taken on shared blocks by Attach or Lookup"),
+  SHARED_BLOCKS(Kind.GAUGE, "leased blocks held by more than their lease (tokens, names, attaches)"),
+  PUBLISHED_OBJECTS(Kind.GAUGE, "published objects"),
+  PUBLISHED_BYTES(Kind.GAUGE, "bytes of published blocks, each counted once"),
+  PUBLISHED_LIMIT_BYTES(Kind.GAUGE, "the most published bytes allowed");
 
   /** A counter only grows; a gauge is a level. */
   public enum Kind { COUNTER, GAUGE }

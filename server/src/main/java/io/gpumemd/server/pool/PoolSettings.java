@@ -8,14 +8,23 @@ package io.gpumemd.server.pool;
  * @param maxOversizeBytes most a cached large block may exceed a request and still be used
  * @param unmapWaitMillis how long a miss that only fits once evicted segments are unmapped
  *     waits for the clients' confirmations before it is refused (0 = refuse at once)
+ * @param publishedLimitBytes most bytes of published objects on the device (they outlive
+ *     their sessions, so they are bounded apart from leases)
  */
-public record PoolSettings(long limitBytes, long retentionCapBytes, long maxOversizeBytes, long unmapWaitMillis) {
+public record PoolSettings(long limitBytes, long retentionCapBytes, long maxOversizeBytes, long unmapWaitMillis,
+    long publishedLimitBytes) {
   public PoolSettings {
-    if (limitBytes <= 0 || retentionCapBytes < 0 || maxOversizeBytes < 0 || unmapWaitMillis < 0) {
+    if (limitBytes <= 0 || retentionCapBytes < 0 || maxOversizeBytes < 0 || unmapWaitMillis < 0
+        || publishedLimitBytes < 0) {
       throw new IllegalArgumentException("pool settings: " + limitBytes + ", " + retentionCapBytes
-          + ", " + maxOversizeBytes + ", " + unmapWaitMillis
-          + " (expected: limit > 0, cap >= 0, oversize >= 0, unmap wait >= 0)");
+          + ", " + maxOversizeBytes + ", " + unmapWaitMillis + ", " + publishedLimitBytes
+          + " (expected: limit > 0, cap >= 0, oversize >= 0, unmap wait >= 0, published limit >= 0)");
     }
+  }
+
+  /** Published objects bounded by the budget alone. */
+  public PoolSettings(long limitBytes, long retentionCapBytes, long maxOversizeBytes, long unmapWaitMillis) {
+    this(limitBytes, retentionCapBytes, maxOversizeBytes, unmapWaitMillis, limitBytes);
   }
 
   /** Settings that refuse at once rather than wait for unmaps. */

@@ -5,8 +5,14 @@ import io.gpumemd.server.pool.LeasedBlock;
 
 /**
  * One live lease: which session holds which block, since when, why (the tag), and whether it
- * was a pool hit. Immutable but for the leak-warning flag, which only the reaper thread writes
- * (volatile: a release on another thread reads it).
+ * was a pool hit. A record is either a lease (the session leased the block) or a hold (the
+ * session attached to another lease's shared block; {@link #attached()}).
+ *
+ * <p>Immutable but for: the leak-warning flag, which only the reaper thread writes (volatile:
+ * a release on another thread reads it); the client-cached flag, guarded by the session; and
+ * the sharing state ({@link #shared}, {@link #released}), guarded by this record's monitor, so
+ * that a share and the release of the same lease are ordered: a lease is shared before its
+ * release (which then drops one hold of several) or not at all.
  */
 public final class LeaseRecord {
   private final String id;
@@ -17,7 +23,13 @@ public final class LeaseRecord {
   private final long grantedNanos;
   private final long sequence;
   private final boolean poolHit;
+  private final boolean attached;
+  private final boolean readOnly;
   volatile boolean leakReported;
+  /** The holds on the block once it is shared, else null; set under this record's monitor. */
+  private volatile SharedBlock shared;
+  /** Set, under this record's monitor, when the record is released (it holds nothing after). */
+  private boolean released;
   /** True while the client keeps the lease closed in its cache tier; guarded by the session. */
   boolean clientCached;
 
@@ -30,6 +42,62 @@ public final class LeaseRecord {
     this.grantedNanos = grantedNanos;
     this.sequence = sequence;
     this.poolHit = leased.poolHit();
+    this.attached = false;
+    this.readOnly = false;
+  }
+
+  /** A hold of {@code session} on a shared block. */
+  LeaseRecord(String id, Session session, SharedBlock shared, boolean readOnly, String tag, long grantedNanos,
+      long sequence) {
+    this.id = id;
+    this.session = session;
+    this.block = shared.block();
+    this.sizeBytes = shared.sizeBytes();
+    this.tag = tag;
+    this.grantedNanos = grantedNanos;
+    this.sequence = sequence;
+    this.poolHit = true;
+    this.attached = true;
+    this.readOnly = readOnly;
+    this.shared = shared;
+  }
+
+  /** True for a hold on another lease's shared block (Attach or Lookup), false for a lease. */
+  public boolean attached() {
+    return attached;
+  }
+
+  /** True for a read-only hold. */
+  public boolean readOnly() {
+    return readOnly;
+  }
+
+  /** The holds on this record's block when it is shared, else null. */
+  public SharedBlock shared() {
+    return shared;
+  }
+
+  /**
+   * The holds on the block, sharing it first if it was not yet shared ({@code onFirstShare}
+   * runs then, before any other hold can be taken).
+   *
+   * @return null when the record was released meanwhile (it has nothing left to share)
+   */
+  synchronized SharedBlock shareable(Runnable onFirstShare) {
+    if (released) {
+      return null;
+    }
+    if (shared == null) {
+      shared = new SharedBlock(this);
+      onFirstShare.run();
+    }
+    return shared;
+  }
+
+  /** Marks the record released; returns its shared block (to drop a hold from), or null. */
+  synchronized SharedBlock markReleased() {
+    released = true;
+    return shared;
   }
 
   /** Whether this lease was served from cached memory. */

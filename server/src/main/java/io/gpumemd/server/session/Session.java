@@ -50,6 +50,10 @@ public final class Session {
   private final Map<Integer, long[]> reportedCounters = new HashMap<>(2);
   private long reservedBytes;
   private long reservedLeases;
+  /** Holds on other leases' blocks (Attach, Lookup), in {@code leases} too, and their bytes. */
+  private long attachedHolds;
+  private long attachedBytes;
+  private long reservedHolds;
   private boolean ended;
 
   Session(String id, Caller owner, Tenant tenant, SegmentOwner segmentOwner, String clientName, int ttlSeconds,
@@ -109,9 +113,12 @@ public final class Session {
     return channel != null;
   }
 
-  /** Live leases, the bytes they hold, and of those the client-cached bytes, read together. */
+  /**
+   * Live leases, the bytes they hold, of those the client-cached bytes, then the attached holds
+   * and their bytes, read together.
+   */
   public synchronized long[] holdings() {
-    return new long[] {leases.size(), leasedBytes, clientCachedBytes};
+    return new long[] {leases.size() - attachedHolds, leasedBytes, clientCachedBytes, attachedHolds, attachedBytes};
   }
 
   /** The client cache allowance in force (0 = none, or withdrawn). */
@@ -137,7 +144,8 @@ public final class Session {
    * @return false when the lease is not this session's or already cached
    */
   synchronized boolean markCached(LeaseRecord lease) {
-    if (ended || leases.get(lease.id()) != lease || lease.clientCached) {
+    // A shared block or a hold on one is never the client's to reuse: others still use it.
+    if (ended || leases.get(lease.id()) != lease || lease.clientCached || lease.attached() || lease.shared() != null) {
       return false;
     }
     lease.clientCached = true;
@@ -315,7 +323,68 @@ public final class Session {
     return true;
   }
 
+  // ------------------------------------------------------------------------ sharing
+
+  /**
+   * The holds on a lease's block, sharing it first, under this monitor so that the client
+   * cannot cache the lease meanwhile ({@link #markCached}).
+   *
+   * @return null when the lease is no longer this session's
+   * @throws ConflictException when the client keeps the lease closed in its cache tier
+   */
+  synchronized SharedBlock shareable(LeaseRecord lease, Runnable onFirstShare) {
+    if (ended || leases.get(lease.id()) != lease) {
+      return null;
+    }
+    if (lease.clientCached) {
+      throw new ConflictException("lease " + lease.id() + " is closed in the client's cache tier; "
+          + "only a lease in use can be shared or published");
+    }
+    return lease.shareable(onFirstShare);
+  }
+
+  /**
+   * Reserves a place for a hold about to be taken.
+   *
+   * @return null when reserved, else the bound that would be exceeded, as a message
+   * @throws IllegalStateException when the session has ended
+   */
+  synchronized String reserveHold(int maxHolds) {
+    if (ended) {
+      throw new IllegalStateException(this + " has ended");
+    }
+    if (maxHolds > 0 && attachedHolds + reservedHolds >= maxHolds) {
+      return "at most " + maxHolds + " holds per session by Attach and Lookup (flag --max-holds-per-session); "
+          + attachedHolds + " held";
+    }
+    reservedHolds++;
+    return null;
+  }
+
+  synchronized void unreserveHold() {
+    reservedHolds--;
+  }
+
+  /** Turns a hold reservation into a held hold; false if the session ended meanwhile. */
+  synchronized boolean commitHold(LeaseRecord hold) {
+    reservedHolds--;
+    if (ended) {
+      return false;
+    }
+    leases.put(hold.id(), hold);
+    attachedHolds++;
+    attachedBytes += hold.block().size();
+    return true;
+  }
+
   synchronized void forget(LeaseRecord lease) {
+    if (lease.attached()) {
+      if (leases.remove(lease.id()) != null) {
+        attachedHolds--;
+        attachedBytes -= lease.block().size();
+      }
+      return;
+    }
     if (leases.remove(lease.id()) != null) {
       leasedBytes -= lease.block().size();
       if (lease.clientCached) {
@@ -337,6 +406,8 @@ public final class Session {
     leases.clear();
     leasedBytes = 0;
     clientCachedBytes = 0;
+    attachedHolds = 0;
+    attachedBytes = 0;
     SessionChannel stream = channel;
     channel = null;
     return new Ending(held, stream);

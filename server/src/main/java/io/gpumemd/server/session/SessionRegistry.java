@@ -58,6 +58,7 @@ public final class SessionRegistry {
   private final ConcurrentHashMap<String, Tenant> tenants = new ConcurrentHashMap<>();
   private final AtomicLong leaseSequence = new AtomicLong();
   private final SessionChurn churn;
+  private final SharedObjects sharing;
   private volatile boolean draining;
   /** Written by the reaper thread only. */
   private long lastLeakScanNanos = Long.MIN_VALUE / 2;
@@ -74,6 +75,12 @@ public final class SessionRegistry {
     this.settings = settings;
     this.ticker = ticker;
     this.churn = new SessionChurn(log, ticker.nanos());
+    this.sharing = new SharedObjects(this, pools, settings.sharing(), ticker);
+  }
+
+  /** Share tokens and published objects. */
+  public SharedObjects sharing() {
+    return sharing;
   }
 
   public SessionSettings settings() {
@@ -287,10 +294,15 @@ public final class SessionRegistry {
     session.tenantUsage().removeSession();
     long bytes = 0;
     long count = 0;
+    long holds = 0;
     for (LeaseRecord lease : ending.leases()) {
       if (leases.remove(lease.id(), lease)) {
-        bytes += lease.block().size();
-        count++;
+        if (lease.attached()) {
+          holds++;
+        } else {
+          bytes += lease.block().size();
+          count++;
+        }
         returnBlock(lease, null);
       }
     }
@@ -302,11 +314,13 @@ public final class SessionRegistry {
     }
     // A session that ends holding memory is news to an operator, an empty one routine; in a
     // flood, even the news is summed up by the churn summary beyond a few lines a minute.
-    (churn.ended(count, bytes) ? log.atInfo() : log.atDebug())
+    (churn.ended(count + holds, bytes) ? log.atInfo() : log.atDebug())
         .addKeyValue("session", session.id()).addKeyValue("client", session.clientName())
         .addKeyValue("released_leases", count).addKeyValue("released_bytes", bytes)
-        .log("Session {} ('{}') ended: {}; released {} leases, {} bytes ({})", session.id(),
-        session.clientName(), reason, count, bytes, Sizes.format(bytes));
+        .addKeyValue("released_holds", holds)
+        .log("Session {} ('{}') ended: {}; released {} leases, {} bytes ({}){}", session.id(),
+        session.clientName(), reason, count, bytes, Sizes.format(bytes),
+        holds == 0 ? "" : ", and " + holds + " holds on shared blocks");
     return new long[] {count, bytes};
   }
 
@@ -387,6 +401,65 @@ public final class SessionRegistry {
       log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
           .log("{}: lease {} of {} bytes on device {} (segment {}, offset {}, {}), tag '{}'", session,
           lease.id(), size, device, block.segmentId(), block.offset(), lease.poolHit() ? "hit" : "miss", tag);
+    }
+    return lease;
+  }
+
+  /**
+   * Gives a session of the caller's tenant its own hold on a shared block (Attach, Lookup): a
+   * record like a lease, released like one, that keeps the block leased until it goes. The
+   * session becomes a mapper of the block's segment before it learns the handle.
+   *
+   * @throws NotFoundException when the session ended or the block went back meanwhile
+   * @throws ExhaustedException at the session's bound on holds
+   */
+  LeaseRecord hold(Caller caller, String sessionId, SharedBlock shared, boolean readOnly, String tag) {
+    checkNotDraining();
+    Session session = session(caller, sessionId);
+    Validation.label("tag", tag);
+    String refused;
+    try {
+      refused = session.reserveHold(settings.sharing().maxHoldsPerSession());
+    } catch (IllegalStateException e) {
+      throw new NotFoundException("session " + sessionId + " has ended");
+    }
+    if (refused != null) {
+      throw new ExhaustedException(session + ": " + refused);
+    }
+    LeaseRecord hold = new LeaseRecord(SecureIds.next(), session, shared, readOnly, tag, ticker.nanos(),
+        leaseSequence.incrementAndGet());
+    if (!shared.addRecord(hold)) {
+      session.unreserveHold();
+      throw new NotFoundException("the shared block was released by all its holders");
+    }
+    DevicePool pool = pools.get(shared.block().device());
+    // Cannot fail: the block stays leased while it has a hold, and ours is one.
+    pool.attached(shared.block(), session.id());
+    leases.put(hold.id(), hold);
+    if (!session.commitHold(hold)) {
+      if (leases.remove(hold.id(), hold)) {
+        returnBlock(hold, null);
+      }
+      pool.holderEnded(session.id()); // as in lease(): our hold re-registered it as a mapper
+      throw new NotFoundException("session " + sessionId + " has ended");
+    }
+    log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", hold.id())
+        .log("{}: hold {} on block of segment {} offset {} ({} holds{})", session, hold.id(),
+        shared.block().segmentId(), shared.block().offset(), shared.holds(), readOnly ? ", read-only" : "");
+    return hold;
+  }
+
+  /**
+   * A live lease or hold of the session by id, for Share and Publish.
+   *
+   * @throws NotFoundException as Release would
+   */
+  LeaseRecord record(Session session, String leaseId) {
+    SecureIds.check("lease_id", leaseId);
+    LeaseRecord lease = leases.get(leaseId);
+    if (lease == null || lease.session() != session) {
+      throw new NotFoundException("lease " + leaseId + " not found in this session (unknown, already released, "
+          + "or held by another session)");
     }
     return lease;
   }
@@ -496,16 +569,43 @@ public final class SessionRegistry {
     return lease != null && lease.session() == session ? lease : null;
   }
 
-  /** Gives a lease's block back to its pool and its bytes back to the tenant's quota. */
+  /**
+   * Gives a lease's block back to its pool and its bytes back to the tenant's quota; for a
+   * shared block, drops the record's hold and gives the block back only with the last one.
+   */
   private void returnBlock(LeaseRecord lease, CompletionEvent event) {
     Block block = lease.block();
-    pools.get(block.device()).release(block, event);
-    lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
+    SharedBlock shared = lease.markReleased();
+    if (lease.attached()) {
+      pools.get(block.device()).holdReleased();
+    }
+    if (shared == null) {
+      pools.get(block.device()).release(block, event);
+      lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
+    } else if (shared.dropRecord(lease, event)) {
+      giveBack(shared);
+    }
     if (lease.leakReported) {
       log.atInfo().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
           .log("Lease {} of {} returned after {} ms (previously reported as possibly leaked)",
           lease.id(), lease.session(), ageMillis(lease.grantedNanos()));
     }
+  }
+
+  /** The holdings of a tenant by key (created on first use). */
+  Tenant tenant(String key) {
+    return tenants.computeIfAbsent(key, Tenant::new);
+  }
+
+  /** The last hold on a shared block is gone: the block goes back, the tenant's quota too. */
+  void giveBack(SharedBlock shared) {
+    Block block = shared.block();
+    DevicePool pool = pools.get(block.device());
+    pool.sharedBlockReturned();
+    pool.release(block, shared.takeEvents());
+    shared.leasedBy().tenantUsage().unreserve(SizeClasses.roundUp(shared.sizeBytes()));
+    log.atDebug().log("Shared block of segment {} offset {} returned: its last hold is gone", block.segmentId(),
+        block.offset());
   }
 
   // ------------------------------------------------------------------------------ housekeeping
@@ -517,6 +617,7 @@ public final class SessionRegistry {
   public void reap() {
     long now = ticker.nanos();
     churn.flush(now, sessions.size());
+    sharing.expire(now);
     long grace = TimeUnit.MILLISECONDS.toNanos(settings.graceMillis());
     for (Session session : sessions.all()) {
       String why = session.expiry(now, grace);
@@ -558,14 +659,15 @@ public final class SessionRegistry {
     return draining;
   }
 
-  /** Ends every session (shutdown). */
+  /** Ends every session, then drops every share token and published name (shutdown). */
   public void endAll(String reason) {
     for (Session session : sessions.all()) {
       end(session, reason);
     }
+    sharing.dropAll(reason);
   }
 
-  private void checkNotDraining() {
+  void checkNotDraining() {
     if (draining) {
       throw new DrainingException("gpumemd is shutting down and takes no new sessions or leases");
     }

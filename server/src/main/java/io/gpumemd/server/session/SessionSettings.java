@@ -17,6 +17,7 @@ import java.util.Map;
  * @param isolateSessions every session gets segments of its own, instead of sharing its
  *     tenant's (for processes of one uid that do not trust each other)
  * @param limits bounds on live sessions and on how fast a tenant opens them
+ * @param sharing bounds on share tokens, holds and published names
  */
 public record SessionSettings(
     int defaultTtlSeconds,
@@ -28,7 +29,8 @@ public record SessionSettings(
     long clientCacheBytes,
     Quota tenantQuota,
     boolean isolateSessions,
-    SessionLimits limits) {
+    SessionLimits limits,
+    SharingSettings sharing) {
 
   /** Default client cache allowance per session. */
   public static final long DEFAULT_CLIENT_CACHE_BYTES = 64L << 20;
@@ -42,13 +44,19 @@ public record SessionSettings(
       Quota defaultQuota, Map<String, Quota> quotaOverrides, long clientCacheBytes, Quota tenantQuota,
       boolean isolateSessions) {
     this(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota, quotaOverrides,
-        clientCacheBytes, tenantQuota, isolateSessions, SessionLimits.DEFAULTS);
+        clientCacheBytes, tenantQuota, isolateSessions, SessionLimits.DEFAULTS, SharingSettings.DEFAULTS);
   }
 
   /** The same settings with other session limits. */
   public SessionSettings withLimits(SessionLimits other) {
     return new SessionSettings(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota,
-        quotaOverrides, clientCacheBytes, tenantQuota, isolateSessions, other);
+        quotaOverrides, clientCacheBytes, tenantQuota, isolateSessions, other, sharing);
+  }
+
+  /** The same settings with other sharing bounds. */
+  public SessionSettings withSharing(SharingSettings other) {
+    return new SessionSettings(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota,
+        quotaOverrides, clientCacheBytes, tenantQuota, isolateSessions, limits, other);
   }
 
   /** No tenant quota, tenant-wide segments. */

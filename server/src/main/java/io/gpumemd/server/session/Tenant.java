@@ -12,6 +12,8 @@ final class Tenant {
   private long bytes;
   private long leases;
   private int sessions;
+  /** Live share tokens and published names: they outlive sessions, so they are counted here. */
+  private int shares;
   /** Session-open tokens left, and when they were last topped up (ticker nanos). */
   private double openTokens = Double.NaN;
   private long tokensAtNanos;
@@ -81,6 +83,28 @@ final class Tenant {
   /** A session counted by {@link #addSession} ended (or was never opened after all). */
   synchronized void removeSession() {
     sessions--;
+  }
+
+  /**
+   * Counts a share token or published name about to be made against {@code max} (0 = no bound).
+   *
+   * @return false, counting nothing, at the bound
+   */
+  synchronized boolean addShare(int max) {
+    if (max > 0 && shares >= max) {
+      return false;
+    }
+    shares++;
+    return true;
+  }
+
+  /** A token or name counted by {@link #addShare} is gone. */
+  synchronized void removeShare() {
+    shares--;
+  }
+
+  synchronized int shares() {
+    return shares;
   }
 
   synchronized int sessions() {

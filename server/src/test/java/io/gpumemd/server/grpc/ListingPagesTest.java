@@ -22,6 +22,7 @@ import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionLimits;
+import io.gpumemd.server.session.SharingSettings;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
@@ -68,7 +69,7 @@ class ListingPagesTest {
         sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
     registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of(),
-        0, Quota.UNLIMITED, false, SessionLimits.UNLIMITED), ticker, sessions);
+        0, Quota.UNLIMITED, false, SessionLimits.UNLIMITED, SharingSettings.DEFAULTS), ticker, sessions);
   }
 
   /** The Admin service as {@code caller} sees it. */

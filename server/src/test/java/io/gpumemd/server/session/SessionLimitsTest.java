@@ -46,7 +46,7 @@ class SessionLimitsTest {
         new PoolSettings(64L << 20, 64L << 20, 20L << 20), sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
     registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of(),
-        0, Quota.UNLIMITED, false, limits), ticker, sessions);
+        0, Quota.UNLIMITED, false, limits, SharingSettings.DEFAULTS), ticker, sessions);
   }
 
   @AfterEach

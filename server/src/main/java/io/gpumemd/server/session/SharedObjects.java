@@ -1,0 +1,371 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.common.Ticker;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.error.AlreadyExistsException;
+import io.gpumemd.server.error.ExhaustedException;
+import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.error.PermissionDeniedException;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import java.util.Comparator;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Share tokens and published names: the two ways a leased block reaches other sessions of its
+ * tenant. Both are holds on the block ({@link SharedBlock}) that outlive the session that made
+ * them: a token until it expires, is revoked or is used up, a name until it is unpublished. A
+ * session that attaches (by token) or looks up (by name) gets a hold of its own, a record the
+ * {@link SessionRegistry} keeps with its leases and drops when it releases or ends.
+ *
+ * <p>Rules: tokens and names are visible to their tenant only; another tenant's answers
+ * exactly like an unknown one (NOT_FOUND), because a segment handle opens the whole segment
+ * and segments never cross tenants. A failed call changes nothing. Each tenant has at most
+ * {@code --max-shares-per-tenant} live tokens plus names; published bytes are bounded per
+ * device by the pool. Token lives are bounded by {@code --share-max-seconds}.
+ *
+ * <p>Thread-safety: tokens and names live in concurrent maps; which caller kills a token or
+ * removes a name (and drops its hold) is decided by an atomic remove, so each hold is dropped
+ * exactly once. {@link #expire} runs on the housekeeping thread.
+ */
+public final class SharedObjects {
+  private static final Logger log = LoggerFactory.getLogger(SharedObjects.class);
+  /** Longest object name, in characters. */
+  public static final int MAX_NAME_LENGTH = 256;
+  private static final long EXPIRY_SCAN_NANOS = TimeUnit.SECONDS.toNanos(1);
+
+  private final SessionRegistry registry;
+  private final DevicePools pools;
+  private final SharingSettings settings;
+  private final Ticker ticker;
+  private final ConcurrentHashMap<String, ShareToken> tokens = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<String, PublishedObject> objects = new ConcurrentHashMap<>();
+  /** Written by the housekeeping thread only. */
+  private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
+
+  SharedObjects(SessionRegistry registry, DevicePools pools, SharingSettings settings, Ticker ticker) {
+    this.registry = registry;
+    this.pools = pools;
+    this.settings = settings;
+    this.ticker = ticker;
+  }
+
+  public SharingSettings settings() {
+    return settings;
+  }
+
+  /** What {@link #share} made: the token and the seconds it is valid. */
+  public record Share(String token, int expiresAfterSeconds) {}
+
+  /**
+   * Makes a share token for a lease or hold of a session of the caller's tenant. A token of a
+   * read-only hold is read-only too: a holder cannot grant more than it has.
+   */
+  public Share share(Caller caller, String sessionId, String leaseId, int expiresAfterSeconds, boolean readOnly,
+      int maxAttaches) {
+    registry.checkNotDraining();
+    Session session = registry.session(caller, sessionId);
+    LeaseRecord lease = registry.record(session, leaseId);
+    if (expiresAfterSeconds < 0) {
+      throw InvalidRequestException.of("expires_after_seconds", expiresAfterSeconds, ">= 0");
+    }
+    if (maxAttaches < 0) {
+      throw InvalidRequestException.of("max_attaches", maxAttaches, ">= 0");
+    }
+    int seconds = settings.grantSeconds(expiresAfterSeconds);
+    Tenant tenant = session.tenantUsage();
+    takeShareSlot(tenant, session.tenant());
+    SharedBlock shared;
+    try {
+      shared = shareable(session, lease);
+      if (!shared.addToken()) {
+        throw released(leaseId);
+      }
+    } catch (RuntimeException e) {
+      tenant.removeShare();
+      throw e;
+    }
+    ShareToken token = new ShareToken(SecureIds.next(), session.tenant(), shared, readOnly || lease.readOnly(),
+        maxAttaches, ticker.nanos() + TimeUnit.SECONDS.toNanos(seconds));
+    tokens.put(token.token, token);
+    pools.get(shared.block().device()).shareMade();
+    log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
+        .log("{}: lease {} shared for {} s ({} attaches{})", session, lease.id(), seconds,
+        maxAttaches == 0 ? "any number of" : "at most " + maxAttaches, token.readOnly ? ", read-only" : "");
+    return new Share(token.token, seconds);
+  }
+
+  /**
+   * Revokes a token of the caller's tenant: its own hold ends, holds taken with it stay.
+   *
+   * @return true when that was the block's last hold and it went back to the pool
+   */
+  public boolean revoke(Caller caller, String sessionId, String token) {
+    registry.session(caller, sessionId);
+    SecureIds.check("token", token);
+    ShareToken found = tokens.get(token);
+    if (found == null || !caller.owns(found.tenant) || !found.kill()) {
+      throw tokenNotFound();
+    }
+    return retire(found);
+  }
+
+  /** Attaches a session of the caller's tenant to a token's block: a hold of its own. */
+  public LeaseRecord attach(Caller caller, String sessionId, String token, String tag) {
+    SecureIds.check("token", token);
+    ShareToken found = tokens.get(token);
+    if (found == null || !caller.owns(found.tenant) || found.expired(ticker.nanos())) {
+      registry.session(caller, sessionId); // an unknown session says so first
+      throw tokenNotFound();
+    }
+    LeaseRecord hold = registry.hold(caller, sessionId, found.shared, found.readOnly, tag);
+    int use = found.use();
+    if (use < 0) {
+      // Used up or revoked while we took the hold: undo it, the token is gone.
+      registry.release(caller, sessionId, hold.id(), new byte[0]);
+      throw tokenNotFound();
+    }
+    if (use == 1) {
+      retire(found); // one-shot: the token's hold passed to ours
+    }
+    return hold;
+  }
+
+  /** Publishes a lease or hold of a session under a name of its tenant. */
+  public void publish(Caller caller, String sessionId, String leaseId, String name, boolean readOnly) {
+    registry.checkNotDraining();
+    Session session = registry.session(caller, sessionId);
+    LeaseRecord lease = registry.record(session, leaseId);
+    objectName(name);
+    String key = PublishedObject.key(session.tenant(), name);
+    if (objects.containsKey(key)) {
+      throw exists(name);
+    }
+    Tenant tenant = session.tenantUsage();
+    takeShareSlot(tenant, session.tenant());
+    SharedBlock shared;
+    try {
+      shared = shareable(session, lease);
+    } catch (RuntimeException e) {
+      tenant.removeShare();
+      throw e;
+    }
+    DevicePool pool = pools.get(shared.block().device());
+    int namesBefore = shared.addName(name);
+    if (namesBefore < 0) {
+      tenant.removeShare();
+      throw released(leaseId);
+    }
+    if (namesBefore == 0 && !pool.publish(shared.block())) {
+      dropName(shared, name, false);
+      tenant.removeShare();
+      throw new ExhaustedException("device " + pool.device().ordinal() + ": publishing " + shared.block().size()
+          + " bytes would pass the published-bytes limit of " + pool.publishedLimitBytes()
+          + " (flag --max-published-bytes); unpublish objects no longer needed");
+    }
+    if (namesBefore > 0) {
+      pool.publishedAgain();
+    }
+    PublishedObject object = new PublishedObject(session.tenant(), name, shared, readOnly || lease.readOnly(),
+        ticker.nanos(), "'" + session.clientName() + "' (session " + session.id().substring(0, 8) + ")",
+        new AtomicLong());
+    if (objects.putIfAbsent(key, object) != null) {
+      dropName(shared, name, true);
+      tenant.removeShare();
+      throw exists(name);
+    }
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("object", name)
+        .log("{} published '{}' of tenant {}: {} bytes on device {}{}", session, name, session.tenant(),
+        shared.block().size(), shared.block().device(), object.readOnly() ? ", read-only" : "");
+  }
+
+  /** Attaches a session of the caller's tenant to a published object: a hold of its own. */
+  public LeaseRecord lookup(Caller caller, String sessionId, String name, String tag) {
+    objectName(name);
+    PublishedObject object = objects.get(PublishedObject.key(caller.tenant(), name));
+    if (object == null) {
+      registry.session(caller, sessionId);
+      throw objectNotFound(name);
+    }
+    LeaseRecord hold = registry.hold(caller, sessionId, object.shared(), object.readOnly(), tag);
+    object.lookups().incrementAndGet();
+    return hold;
+  }
+
+  /**
+   * Removes a published name of the session's tenant.
+   *
+   * @return true when the name was the block's last hold and it went back to the pool
+   */
+  public boolean unpublish(Caller caller, String sessionId, String name) {
+    Session session = registry.session(caller, sessionId);
+    objectName(name);
+    PublishedObject object = objects.remove(PublishedObject.key(session.tenant(), name));
+    if (object == null) {
+      throw objectNotFound(name);
+    }
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("object", name)
+        .log("{} unpublished '{}' of tenant {}", session, name, object.tenant());
+    return retire(object);
+  }
+
+  /**
+   * Removes a published name without a session: the caller's own tenant's, or any tenant's for
+   * an admin (logged with who asked).
+   *
+   * @param tenant the object's tenant; empty for the caller's own
+   */
+  public boolean remove(Caller caller, String tenant, String name) {
+    String owner = tenant.isEmpty() ? caller.tenant() : tenant;
+    objectName(name);
+    if (!caller.owns(owner) && !caller.admin()) {
+      throw new PermissionDeniedException("removing another tenant's object needs an admin identity (root, the "
+          + "daemon's uid, a member of --admin-group, or an admin token); " + caller.principal() + " is not one");
+    }
+    PublishedObject object = objects.remove(PublishedObject.key(owner, name));
+    if (object == null) {
+      throw objectNotFound(name);
+    }
+    log.atInfo().addKeyValue("object", name).addKeyValue("admin", caller.principal())
+        .log("Object '{}' of tenant {} removed by {}", name, owner, caller);
+    return retire(object);
+  }
+
+  /** Published objects the caller may see (its tenant's; every one for an admin), a page at a time. */
+  public Page<PublishedObject> objects(Caller caller, String afterTenant, String afterName, int size) {
+    return Page.select(objects.values(), o -> caller.admin() || caller.owns(o.tenant()),
+        o -> afterTenant == null || OBJECT_ORDER.compare(o, probe(afterTenant, afterName)) > 0, OBJECT_ORDER, size);
+  }
+
+  /** Objects by tenant, then name: the order of {@link #objects}. */
+  public static final Comparator<PublishedObject> OBJECT_ORDER =
+      Comparator.comparing(PublishedObject::tenant).thenComparing(PublishedObject::name);
+
+  private static PublishedObject probe(String tenant, String name) {
+    return new PublishedObject(tenant, name, null, false, 0, "", null);
+  }
+
+  /** Live share tokens (all tenants). */
+  public int tokenCount() {
+    return tokens.size();
+  }
+
+  /** Ends expired tokens' holds; at most once a second (a scan is O(tokens)). */
+  void expire(long nowNanos) {
+    if (nowNanos - lastExpiryScanNanos < EXPIRY_SCAN_NANOS) {
+      return;
+    }
+    lastExpiryScanNanos = nowNanos;
+    for (ShareToken token : tokens.values()) {
+      if (token.expired(nowNanos) && token.kill()) {
+        log.debug("Share token of tenant {} expired", token.tenant);
+        retire(token);
+      }
+    }
+  }
+
+  /** Drops every token and name (shutdown: the daemon frees everything anyway). */
+  void dropAll(String reason) {
+    int names = objects.size();
+    for (ShareToken token : tokens.values()) {
+      if (token.kill()) {
+        retire(token);
+      }
+    }
+    for (PublishedObject object : objects.values()) {
+      if (objects.remove(PublishedObject.key(object.tenant(), object.name()), object)) {
+        retire(object);
+      }
+    }
+    if (names > 0) {
+      log.info("Dropped {} published objects: {}", names, reason);
+    }
+  }
+
+  // ------------------------------------------------------------------------------ internals
+
+  private SharedBlock shareable(Session session, LeaseRecord lease) {
+    DevicePool pool = pools.get(lease.block().device());
+    SharedBlock shared = session.shareable(lease, () -> pool.blockShared(lease.block()));
+    if (shared == null) {
+      throw released(lease.id());
+    }
+    return shared;
+  }
+
+  private void takeShareSlot(Tenant tenant, String tenantKey) {
+    int max = settings.maxSharesPerTenant();
+    if (!tenant.addShare(max)) {
+      throw new ExhaustedException("tenant " + tenantKey + " has " + max + " live share tokens and published names "
+          + "(flag --max-shares-per-tenant); revoke tokens or unpublish objects it no longer needs");
+    }
+  }
+
+  /** Drops a dead token's hold (the caller killed it). */
+  private boolean retire(ShareToken token) {
+    tokens.remove(token.token, token);
+    registry.tenant(token.tenant).removeShare();
+    if (token.shared.dropToken()) {
+      registry.giveBack(token.shared);
+      return true;
+    }
+    return false;
+  }
+
+  /** Drops a removed name's hold (the caller removed it from the table). */
+  private boolean retire(PublishedObject object) {
+    registry.tenant(object.tenant()).removeShare();
+    return dropName(object.shared(), object.name(), true);
+  }
+
+  private boolean dropName(SharedBlock shared, String name, boolean counted) {
+    SharedBlock.NameDrop drop = shared.dropName(name);
+    DevicePool pool = pools.get(shared.block().device());
+    if (counted) {
+      pool.unpublished(shared.block(), drop.lastName());
+    }
+    if (drop.lastHold()) {
+      registry.giveBack(shared);
+      return true;
+    }
+    return false;
+  }
+
+  /** An object name: 1 to 256 characters, none of them a control character. */
+  static String objectName(String name) {
+    if (name.isEmpty()) {
+      throw InvalidRequestException.of("name", "''", "1 to " + MAX_NAME_LENGTH + " characters");
+    }
+    if (name.length() > MAX_NAME_LENGTH) {
+      throw InvalidRequestException.of("name", name.length() + " characters", "at most " + MAX_NAME_LENGTH);
+    }
+    for (int i = 0; i < name.length(); i++) {
+      if (Character.isISOControl(name.charAt(i))) {
+        throw InvalidRequestException.of("name", "a control character at index " + i, "printable text");
+      }
+    }
+    return name;
+  }
+
+  private static NotFoundException tokenNotFound() {
+    return new NotFoundException("share token not found (unknown, expired, revoked or used up)");
+  }
+
+  private static NotFoundException objectNotFound(String name) {
+    return new NotFoundException("object '" + name + "' not found (never published, or unpublished)");
+  }
+
+  private static NotFoundException released(String leaseId) {
+    return new NotFoundException("lease " + leaseId + " was released meanwhile");
+  }
+
+  private static AlreadyExistsException exists(String name) {
+    return new AlreadyExistsException("object '" + name + "' is already published by this tenant; unpublish it "
+        + "first or choose another name");
+  }
+}
