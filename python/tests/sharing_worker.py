@@ -9,8 +9,9 @@
     sharing_worker.py attach TARGET TOKEN SIZE SEED [MODE]
     sharing_worker.py lookup TARGET NAME SIZE SEED [MODE]
         take a hold, print "segment offset hold_id read_only", check the pattern and, for a
-        read-only hold, that writes fail; print "ok"; then MODE: "wait" (default) closes the
-        hold once a line comes on stdin, "hold" sleeps until killed, "exit" closes at once
+        read-only hold, that writes fail; print "ok"; then MODE: "wait" (default) checks the
+        pattern again once a line comes on stdin and closes the hold, "hold" sleeps until
+        killed, "exit" closes at once
     cuda-produce / cuda-attach ...   the same on a CUDA device (driver copies)
 """
 import os
@@ -83,6 +84,8 @@ def take(how, target, key, size, seed, mode="wait", cuda=False):
         print("ok", flush=True)
         if mode == "wait":
             sys.stdin.readline()
+            if not cuda and not numpy.array_equal(numpy.asarray(hold), pattern(size, seed)):
+                sys.exit("pattern changed under the hold %r" % hold)
         elif mode == "hold":
             time.sleep(3600)
         hold.close()

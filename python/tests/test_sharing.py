@@ -3,6 +3,7 @@ names, read-only holds, holders that die, and bad input. Producers and consumers
 Python processes (sharing_worker.py) unless the test is about one client's own bookkeeping."""
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -188,6 +189,52 @@ def test_killed_consumer_drops_its_hold_and_the_owner_frees_the_block(daemon):
         assert share.revoke() is False and share.revoke() is False  # the lease still holds it
         lease.close()
     wait_until(lambda: leased(daemon, 1) == baseline, what="leased_bytes back to the baseline")
+
+
+def test_sixteen_consumers_released_and_killed_at_random(daemon):
+    """16 processes look up one published object; they end in a random order, half released,
+    half SIGKILLed, the name unpublished midway and new blocks leased meanwhile: every survivor
+    still reads the pattern when it releases (the block was never freed or reused early), and
+    at the end the pool is back to its baseline."""
+    rng = random.Random(16)
+    name = unique("sixteen")
+    baseline, baseline_holds = leased(daemon, 1), daemon.stats(1).live_holds
+    segment, offset, block_bytes = run_sharing("publish", daemon.target, 1, SIZE, 61, name, 1)
+    consumers = [start_sharing("lookup", daemon.target, name, SIZE, 61, "wait") for _ in range(16)]
+    try:
+        for c in consumers:
+            line = c.stdout.readline().split()
+            assert line[:2] == [segment, offset] and line[3] == "1", line
+            assert c.stdout.readline().strip() == "ok", c.stderr.read()
+        listed = objects(daemon)[name]
+        assert (listed.holds, listed.holders) == (17, 16)
+        assert leased(daemon, 1) == baseline + int(block_bytes)
+        order = list(range(16))
+        rng.shuffle(order)
+        kills = set(rng.sample(order, 8))
+        with gpumemd.connect(daemon.target) as gm:
+            for step, i in enumerate(order):
+                if i in kills:
+                    consumers[i].send_signal(signal.SIGKILL)
+                    consumers[i].wait()
+                else:
+                    finish(consumers[i])
+                if step == 7:
+                    assert gm.unpublish(name) is False  # 8 holders left
+                    # new leases of the same size while the name is gone: never the shared block
+                    others = [gm.lease(1, SIZE, zero=True) for _ in range(2)]
+                    assert all((l.segment_id, l.offset) != (int(segment), int(offset)) for l in others)
+                    for l in others:
+                        l.close()
+    finally:
+        for c in consumers:
+            if c.poll() is None:
+                c.kill()
+                c.wait()
+            c.stdout.close()
+            c.stderr.close()
+    wait_until(lambda: leased(daemon, 1) == baseline and daemon.stats(1).live_holds == baseline_holds, timeout=5,
+               what="the pool back to its baseline after the last holder")
 
 
 # ---------------------------------------------------------------------------------- one client
