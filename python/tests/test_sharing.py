@@ -289,6 +289,29 @@ def test_holds_in_one_process(daemon, stream):
     wait_until(lambda: leased(daemon, 0) == baseline, what="leased_bytes back to the baseline")
 
 
+def test_segment_mapped_twice_is_unmapped_and_acknowledged_once_both_close(start_daemon):
+    """A segment with a writable and a read-only mapping in this process: the daemon's unmap
+    request (after a trim) is acknowledged once both mappings are closed, not before an array
+    over the read-only one is gone."""
+    d = start_daemon()
+    with gpumemd.connect(d.target) as gm:
+        lease = gm.lease(0, SIZE)
+        with lease.share(read_only=True) as share:
+            hold = gm.attach(share.token)
+        assert gm.stats().maps_opened == 2 and gm.stats().mapped_segments == 1
+        array = numpy.asarray(hold)  # exports the read-only mapping
+        hold.close()
+        lease.close()
+        d.admin.Trim(pb.TrimRequest(device=0, keep_bytes=0))
+        time.sleep(0.5)
+        assert d.stats(0).segments_awaiting_unmap == 1  # the read-only mapping is still exported
+        del array
+        gm.lease(1, 4096).close()  # the client's next operation closes it and acknowledges
+        wait_until(lambda: d.stats(0).segments_awaiting_unmap == 0 and d.stats(0).segments == 0,
+                   what="the segment unmapped and freed")
+        assert gm.stats().mapped_segments == 1  # device 1's only
+
+
 def test_bad_input_gets_a_precise_status_and_changes_nothing(daemon):
     with gpumemd.connect(daemon.target) as gm:
         lease, spare = gm.lease(0, 4096), gm.lease(0, 4096)
