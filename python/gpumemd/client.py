@@ -250,7 +250,8 @@ class Client:
         its last hold is gone); so does this session's end. Attaching twice gives two holds.
 
         Raises :class:`GpumemdError` ``NOT_FOUND`` for an unknown, expired, revoked or used-up
-        token (or another tenant's).
+        token (or another tenant's), ``INVALID_ARGUMENT`` for a malformed one (not 32 lowercase
+        hex characters).
         """
         s = self._live_session()
         response = self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))

@@ -335,6 +335,8 @@ def test_bad_input_gets_a_precise_status_and_changes_nothing(daemon):
 
         expect_error(grpc.StatusCode.NOT_FOUND, gm.attach, uuid.uuid4().hex)  # unknown token
         assert state() == before
+        expect_error(grpc.StatusCode.INVALID_ARGUMENT, gm.attach, "not-a-token")  # malformed
+        assert state() == before
         expect_error(grpc.StatusCode.NOT_FOUND, gm.lookup, unique("nobody"))  # unknown name
         assert state() == before
         expect_error(grpc.StatusCode.NOT_FOUND, gm.unpublish, unique("nobody"))
