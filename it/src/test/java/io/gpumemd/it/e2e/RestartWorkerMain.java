@@ -15,13 +15,14 @@ import java.util.concurrent.atomic.AtomicInteger;
  * A worker process for {@link RestartSoakTest}: one long-lived client that, per iteration,
  * leases a block (every fourth one zeroed, and checked to read as zeros), writes the
  * iteration's pattern over all of it, holds it a while, checks the pattern and releases it. An
- * iteration that meets a daemon restart (UNAVAILABLE, or its lease seen lost) is retried; any
- * other failure ends the process with exit 1.
+ * iteration that meets a daemon restart (UNAVAILABLE, or its lease seen lost) is retried (after
+ * 50 ms when the daemon said it is shutting down); any other failure ends the process with exit
+ * 1.
  *
  * <p>The test paces it: a line on stdin with a number allows iterations up to that number, so
  * that the worker cannot run ahead of the restarts. Each finished iteration prints
  * {@code ITER n session=<id> lease=<id>}; the end prints {@code RESULT iterations=N
- * corruptions=C retries=R} and exits 0 when all iterations were done.
+ * corruptions=C retries=R draining=D} (D: refusals from a draining daemon, not in R) and exits 0 when all iterations were done.
  *
  * <p>Usage: {@code RestartWorkerMain target clientName iterations holdMs}
  */
@@ -52,6 +53,7 @@ public final class RestartWorkerMain {
     long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(RUN_LIMIT_MS);
     long corruptions = 0;
     long retries = 0;
+    long draining = 0;
     try (GpuMemClient client = GpuMemClient.builder(target).clientName(name).connect()) {
       for (int i = 1; i <= iterations; i++) {
         while (allowed.get() < i) {
@@ -75,6 +77,12 @@ public final class RestartWorkerMain {
           } catch (GpuMemException e) {
             if (e.code() != Status.Code.UNAVAILABLE) {
               throw e;
+            }
+            if (String.valueOf(e.getMessage()).contains("shutting down")) {
+              // The daemon drains before it exits: refusals until it is gone. Wait a little.
+              draining++;
+              Thread.sleep(50);
+              continue;
             }
             retries++;
             System.out.println("RETRY " + i + " lease: " + e.getMessage());
@@ -118,7 +126,8 @@ public final class RestartWorkerMain {
       e.printStackTrace(System.out);
       fail("unexpected failure: " + e);
     }
-    System.out.println("RESULT iterations=" + iterations + " corruptions=" + corruptions + " retries=" + retries);
+    System.out.println("RESULT iterations=" + iterations + " corruptions=" + corruptions + " retries=" + retries
+        + " draining=" + draining);
     System.out.flush();
     System.exit(0);
   }
