@@ -148,8 +148,12 @@ class DaemonRestartTest {
       assertFile(lease, (byte) 0x5A);
       lease.close();
     } finally {
-      if (next != null) {
-        next.thenAccept(DaemonProcess::close);
+      if (next != null) { // a failure may leave the new daemon starting: stop it before the directory goes
+        try {
+          next.get(60, TimeUnit.SECONDS).close();
+        } catch (Exception e) {
+          // it did not start
+        }
       }
       daemon.close();
       try (var walk = Files.walk(dir)) {
