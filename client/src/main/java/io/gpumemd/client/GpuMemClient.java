@@ -73,7 +73,9 @@ import org.slf4j.LoggerFactory;
  * dropped (a restarted daemon reuses segment ids), its pending notices are never sent. The next
  * lease opens a new session, retrying with backoff (50 ms doubling to 2 s, for up to 10 s a
  * call), so that a long-running worker goes on across a restart; {@link #sessionId()} is the
- * current session's.
+ * current session's. A lease asked for while the stream is broken but the session not yet seen
+ * lost waits (up to the grace period plus a second) for the stream to be confirmed again or for
+ * the loss, rather than failing at once.
  *
  * <p>Locks, always taken in this order: {@code reopenLock} (opening a new session), {@code streamLock} (sending on the stream), the client
  * cache's monitor (a take or an offer together with its notice), {@code noticeLock} (the
@@ -131,6 +133,8 @@ public final class GpuMemClient implements AutoCloseable {
     final ClientCache cache;
     final CountDownLatch firstAttach = new CountDownLatch(1);
     StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
+    /** The daemon confirmed the current stream (ATTACHED) and it has not ended; guarded by streamLock. */
+    boolean attached;
     CountDownLatch streamDone; // guarded by streamLock: the current stream's end
     final AtomicBoolean lost = new AtomicBoolean();
     final Map<Long, CompletableFuture<LeaseResponse>> pendingLeases = new ConcurrentHashMap<>();
@@ -403,6 +407,7 @@ public final class GpuMemClient implements AutoCloseable {
     s.firstAttach.countDown();
     log.warn("gpumemd session {} lost ({}); its leases are gone, the next lease opens a new session", s.id, why);
     synchronized (streamLock) {
+      streamLock.notifyAll(); // leases waiting for the stream open a new session instead
       if (s.stream != null) {
         try {
           s.stream.onCompleted();
@@ -494,11 +499,12 @@ public final class GpuMemClient implements AutoCloseable {
    * @throws GpuMemException with the status code and the daemon's message
    */
   public Lease lease(int device, long sizeBytes, boolean zero, String tag) {
-    Session s = liveSession();
-    Lease local = leaseLocally(s, device, sizeBytes, zero, tag);
+    Session current = liveSession();
+    Lease local = leaseLocally(current, device, sizeBytes, zero, tag);
     if (local != null) {
       return local;
     }
+    Session s = streamCalls ? awaitStream(current) : current;
     if (streamCalls) {
       CompletableFuture<LeaseResponse> reply = leaseOnStream(s, device, sizeBytes, zero, tag);
       try {
@@ -520,6 +526,34 @@ public final class GpuMemClient implements AutoCloseable {
     }
     daemonLeases.incrementAndGet();
     return wrap(s, response, tag);
+  }
+
+  /**
+   * While the session's stream is broken and being reattached (the daemon keeps the session
+   * for its grace period), waits for the daemon to confirm a stream again or for the session to
+   * be seen lost, up to the grace period plus a second, instead of sending the lease on a stream
+   * that is down or not yet confirmed and failing it at once: a caller that retries on
+   * UNAVAILABLE would otherwise spin through the whole grace period of a daemon restart.
+   *
+   * @return {@code s}, or a new session when {@code s} was lost meanwhile
+   */
+  private Session awaitStream(Session s) {
+    synchronized (streamLock) {
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(s.graceMillis + 1000);
+      while (!s.attached && !s.isLost() && !closing) {
+        long left = deadline - System.nanoTime();
+        if (left <= 0) {
+          break; // the send below fails with "stream is down; retry"
+        }
+        try {
+          TimeUnit.NANOSECONDS.timedWait(streamLock, left);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for the KeepAlive stream", e);
+        }
+      }
+    }
+    return s.isLost() ? liveSession() : s;
   }
 
   /**
@@ -798,6 +832,10 @@ public final class GpuMemClient implements AutoCloseable {
         ClientCache cache = s.cache;
         switch (event.getEventCase()) {
           case ATTACHED -> {
+            synchronized (streamLock) {
+              s.attached = true;
+              streamLock.notifyAll(); // leases waiting for the stream (awaitStream)
+            }
             s.firstAttach.countDown();
             flushNotices(s); // what queued up while the stream was away
           }
@@ -870,6 +908,7 @@ public final class GpuMemClient implements AutoCloseable {
   private void streamEnded(Session s, Status status, long firstTryNanos) {
     synchronized (streamLock) {
       s.stream = null;
+      s.attached = false;
     }
     // Leases in flight on the broken stream get no reply: fail them so that callers may retry.
     failPending(s, status);
@@ -1051,6 +1090,9 @@ public final class GpuMemClient implements AutoCloseable {
       return;
     }
     closing = true;
+    synchronized (streamLock) {
+      streamLock.notifyAll(); // leases waiting for the stream give up
+    }
     Session s;
     synchronized (reopenLock) { // a new session being opened is finished (or never started)
       s = session;
