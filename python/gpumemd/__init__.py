@@ -6,13 +6,18 @@
             a = numpy.asarray(lease)      # host devices; torch.as_tensor(lease, device="cuda") on CUDA
         gm.stats()
 
+Sharing a block with other processes of the same tenant: ``lease.share()`` gives a token for
+``gm.attach(token)``; ``gm.publish(lease, name)`` a name for ``gm.lookup(name)``.
+
 See python/README.md for the protocol spoken and what is left out.
 """
 from ._errors import GpumemdError
 from ._lease import Lease
+from ._sharing import AsyncPublished, AsyncShare, Published, Share
 from .client import Client, ClientStats, connect
 
-__all__ = ["connect", "Client", "ClientStats", "Lease", "GpumemdError", "cuda_available"]
+__all__ = ["connect", "Client", "ClientStats", "Lease", "Share", "Published", "AsyncShare", "AsyncPublished",
+           "GpumemdError", "cuda_available"]
 __version__ = "0.1.0"
 
 

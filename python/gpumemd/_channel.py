@@ -1,8 +1,15 @@
 """Channels to the daemon: Unix socket or TCP, plaintext or TLS, with an optional bearer token."""
 import grpc
 
-# Never route the daemon's traffic through an HTTP proxy from the environment.
-OPTIONS = (("grpc.enable_http_proxy", 0),)
+# Never route the daemon's traffic through an HTTP proxy from the environment. Reconnect within
+# a second of the daemon coming back: gRPC's default backoff grows toward 120 s, which outlasts
+# the client's own 10 s window for reopening a session after a daemon restart. (Not
+# grpc.min_reconnect_backoff_ms: gRPC also takes it as the connect timeout.)
+OPTIONS = (
+    ("grpc.enable_http_proxy", 0),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 def _pem(value, name):

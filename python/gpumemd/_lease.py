@@ -25,13 +25,22 @@ class Lease:
     ``__cuda_array_interface__`` must not be used after close at all (CUDA has no way to keep
     them safe). Thread-safe.
 
+    A hold on another lease's block (:meth:`Client.attach`, :meth:`Client.lookup`) is a Lease
+    too, with :attr:`attached` True: the same block, mapped the same way, and ``close()`` drops
+    this process's hold (the block returns to the pool once its last hold is gone). A read-only
+    hold (:attr:`read_only`) has a read-only :meth:`buffer` on the host backend (writes raise
+    ``TypeError``, and numpy arrays over it are not writeable); on CUDA the flag is advisory:
+    a legacy IPC handle cannot be opened read-only, so nothing enforces it (and
+    ``__cuda_array_interface__`` says writable, since PyTorch refuses read-only arrays).
+
     If the session that granted it is lost (the daemon restarted), the lease is dead:
     :attr:`lost` is True, :meth:`close` does nothing, and the accessors raise
     :class:`GpumemdError` (``UNAVAILABLE``, "session lost"). A buffer or array taken earlier keeps
     the old daemon's memory mapped (never a new lease's); lease again for usable memory.
     """
 
-    def __init__(self, client, response, mapping, tag, stream=None, session=None):
+    def __init__(self, client, response, mapping, tag, stream=None, session=None, read_only=False,
+                 attached=False):
         self._client = client
         self._session = session  # the client's session that granted it (sync client)
         self.id = response.lease_id
@@ -42,6 +51,10 @@ class Lease:
         self.segment_id = response.handle.segment_id
         self.offset = response.handle.offset
         self.tag = tag
+        #: True for a read-only hold (see the class notes).
+        self.read_only = read_only
+        #: True for a hold taken by :meth:`Client.attach` or :meth:`Client.lookup`.
+        self.attached = attached
         self._mapping = mapping
         self._view = None
         self._closed = False
@@ -77,7 +90,8 @@ class Lease:
     # ------------------------------------------------------------------ host memory
 
     def buffer(self):
-        """A writable memoryview of exactly ``size`` bytes over the block (host devices)."""
+        """A memoryview of exactly ``size`` bytes over the block (host devices); writable,
+        except for a read-only hold."""
         with self._lock:
             self._check_open()
             if not self.is_host:
@@ -126,8 +140,33 @@ class Lease:
         stream = None if self.stream is None else _cuda.stream_handle(self.stream)
         if stream == 0:
             stream = 1  # version 3 forbids 0 (ambiguous): 1 is the legacy default stream
+        # "data": (pointer, False) even for a read-only hold: PyTorch refuses read-only arrays
+        # ("the read only flag is not supported"), and CUDA could not enforce it anyway.
         return {"shape": (self.size,), "typestr": "|u1", "data": (self.device_ptr, False),
                 "version": 3, "strides": None, "stream": stream}
+
+    # ------------------------------------------------------------------ sharing
+
+    def share(self, expires_after=None, read_only=False, max_attaches=0):
+        """A share token for this block (a :class:`gpumemd.Share`): another process of the same
+        tenant passes it to :meth:`Client.attach` for a hold of its own.
+
+        ``expires_after``: seconds the token stays valid (None: the daemon's default, 300 s;
+        the daemon may lower it, see ``Share.expires_after_seconds``). ``read_only``: holds
+        taken with it are read-only (always, when this lease is itself a read-only hold).
+        ``max_attaches``: 0 = any number until it expires, 1 = a one-shot hand-off.
+
+        The token holds the block while it is valid, even after this lease is closed and this
+        process has exited. ``with lease.share() as s:`` revokes it at the end of the block, so
+        use ``with`` only when the consumer attaches within it. In :mod:`gpumemd.aio`:
+        ``await lease.share(...)``.
+        """
+        self._require_open()
+        return self._client._share(self, expires_after, read_only or self.read_only, max_attaches)
+
+    def _require_open(self):
+        with self._lock:
+            self._check_open()
 
     # ------------------------------------------------------------------ closing
 
@@ -170,6 +209,7 @@ class Lease:
         self.close()
 
     def __repr__(self):
-        return "Lease(%s, device %d, %d bytes, segment %d + %d%s)" % (
+        return "Lease(%s, device %d, %d bytes, segment %d + %d%s%s)" % (
             self.id, self.device, self.size, self.segment_id, self.offset,
+            (", read-only hold" if self.read_only else ", hold") if self.attached else "",
             ", closed" if self._closed else ", session lost" if self.lost else "")

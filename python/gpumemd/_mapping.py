@@ -11,7 +11,17 @@ made from a closed lease's buffer, say): ``mmap.close`` refuses, so nothing can 
 memory. Such a mapping waits, unacknowledged, and is tried again on the client's next
 operations; the daemon frees the segment only after the acknowledgement.
 
-Thread-safe: the table is guarded by one lock; mappings are closed and acknowledged outside it.
+Read-only holds (a share or a published name made read-only) get a mapping of their own on the
+host backend: the segment file opened ``O_RDONLY`` and mapped ``PROT_READ``, so that writes
+through their buffers fail. A segment may then have two mappings in this process, the writable
+one (for its leases and writable holds) and the read-only one; a read-only hold is never handed
+the writable one. Both are closed before the unmap is acknowledged. On CUDA read-only is
+advisory (a legacy IPC handle cannot be opened read-only, and CUDA allows one open per
+context), so every lease and hold on a segment shares its one mapping.
+
+Thread-safe: the table is guarded by one lock; mappings are closed and acknowledged outside it
+(except retries of waiting mappings, closed under it so that acquire cannot take one back
+half-closed).
 """
 import mmap
 import os
@@ -26,21 +36,24 @@ from ._errors import GpumemdError
 class HostMapping:
     kind = "host"
 
-    def __init__(self, device, path, segment_bytes):
+    def __init__(self, device, path, segment_bytes, read_only=False):
         self.device = device
         self.path = path
+        self.read_only = read_only
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
         except OSError as e:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
         try:
-            self.mmap = mmap.mmap(fd, segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
+            self.mmap = mmap.mmap(fd, segment_bytes, mmap.MAP_SHARED, prot)
         except (OSError, ValueError) as e:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot map host segment %s: %s" % (path, e))
         finally:
             os.close(fd)  # mmap keeps its own descriptor until it is closed
 
     def view(self, offset, size):
+        """A memoryview of the block; read-only (``view.readonly``) on a read-only mapping."""
         return memoryview(self.mmap)[offset:offset + size]
 
     def try_close(self):
@@ -54,6 +67,7 @@ class HostMapping:
 
 class CudaMapping:
     kind = "cuda"
+    read_only = False  # one mapping per segment and context: read-only is advisory on CUDA
 
     def __init__(self, device, handle_bytes):
         self.device = device
@@ -68,10 +82,10 @@ class CudaMapping:
 
 
 class _Entry:
-    __slots__ = ("mapping", "leases", "unmap_requested")
+    __slots__ = ("mappings", "leases", "unmap_requested")
 
-    def __init__(self, mapping):
-        self.mapping = mapping
+    def __init__(self, mappings=None):
+        self.mappings = mappings or {}  # read_only (bool) -> mapping
         self.leases = 0
         self.unmap_requested = False
 
@@ -82,33 +96,44 @@ class MappingCache:
         self._ack = ack_unmapped
         self._lock = threading.Lock()
         self._entries = {}
-        self._waiting = {}  # segment id -> (mapping, ack): closed by us, refused by mmap for now
+        self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused by mmap for now
         self.maps_opened = 0
 
-    def acquire(self, device, handle):
-        """The mapping of a lease's segment (a MemoryHandle), opened on first use; counts the lease."""
+    def acquire(self, device, handle, read_only=False):
+        """The mapping of a lease's or hold's segment (a MemoryHandle), opened on first use;
+        counts the lease. ``read_only``: the segment's read-only mapping (host backend; on CUDA
+        its one mapping)."""
         segment_id = handle.segment_id
+        kind = handle.WhichOneof("kind")
+        key = bool(read_only) and kind == "host_shm_path"
         with self._lock:
             entry = self._entries.get(segment_id)
+            waiting = None
             if entry is None:
                 waiting = self._waiting.pop(segment_id, None)
-                if waiting is not None:
-                    mapping = waiting[0]  # never unmapped, still valid: take it back
-                else:
-                    kind = handle.WhichOneof("kind")
+                # never unmapped, still valid: take them back
+                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None)
+            mapping = entry.mappings.get(key)
+            if mapping is None:
+                try:
                     if kind == "host_shm_path":
-                        mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes)
+                        mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes, key)
                     elif kind == "cuda_ipc_handle":
                         mapping = CudaMapping(device, handle.cuda_ipc_handle)
                     else:
                         raise GpumemdError(grpc.StatusCode.INTERNAL, "lease response carries no memory handle")
-                    self.maps_opened += 1
-                entry = self._entries[segment_id] = _Entry(mapping)
+                except BaseException:
+                    if waiting is not None:
+                        self._waiting[segment_id] = waiting  # as it was
+                    raise
+                entry.mappings[key] = mapping
+                self.maps_opened += 1
+            self._entries[segment_id] = entry
             entry.leases += 1
-            return entry.mapping
+            return mapping
 
     def release(self, segment_id):
-        """A lease on the segment closed."""
+        """A lease or hold on the segment closed."""
         to_close = None
         with self._lock:
             entry = self._entries.get(segment_id)
@@ -116,9 +141,9 @@ class MappingCache:
                 entry.leases -= 1
                 if entry.leases == 0 and entry.unmap_requested:
                     del self._entries[segment_id]
-                    to_close = entry.mapping
+                    to_close = entry
         if to_close is not None:
-            self._close(segment_id, to_close, True)
+            self._close(segment_id, list(to_close.mappings.values()), True)
         if self._waiting:
             self.retry()
 
@@ -134,28 +159,31 @@ class MappingCache:
         if entry is None:
             self._ack(segment_id)  # never mapped here, or already closed
         else:
-            self._close(segment_id, entry.mapping, True)
+            self._close(segment_id, list(entry.mappings.values()), True)
 
-    def _close(self, segment_id, mapping, ack):
-        if mapping.try_close():
+    def _close(self, segment_id, mappings, ack):
+        remaining = [m for m in mappings if not m.try_close()]
+        if not remaining:
             if ack:
                 self._ack(segment_id)
         else:
             with self._lock:
-                self._waiting[segment_id] = (mapping, ack)
+                self._waiting[segment_id] = (remaining, ack)
 
     def retry(self):
         """Closes the mappings that exported buffers held open, if they are gone now."""
-        with self._lock:
-            waiting = list(self._waiting.items())
-        for segment_id, (mapping, ack) in waiting:
-            if mapping.try_close():
-                with self._lock:
-                    if self._waiting.get(segment_id, (None,))[0] is not mapping:
-                        continue
+        done = []
+        with self._lock:  # under the lock, so that acquire() cannot take back a half-closed one
+            for segment_id, (mappings, ack) in list(self._waiting.items()):
+                remaining = [m for m in mappings if not m.try_close()]
+                if remaining:
+                    self._waiting[segment_id] = (remaining, ack)
+                else:
                     del self._waiting[segment_id]
-                if ack:
-                    self._ack(segment_id)
+                    if ack:
+                        done.append(segment_id)
+        for segment_id in done:
+            self._ack(segment_id)
 
     def __len__(self):
         with self._lock:
@@ -165,7 +193,8 @@ class MappingCache:
         """Closes every mapping (the client closes). Host mappings still exported stay mapped
         until the last exporting object is gone (the mmap object then unmaps itself)."""
         with self._lock:
-            mappings = [e.mapping for e in self._entries.values()] + [m for m, _ in self._waiting.values()]
+            mappings = [m for e in self._entries.values() for m in e.mappings.values()]
+            mappings += [m for ms, _ in self._waiting.values() for m in ms]
             self._entries.clear()
             self._waiting.clear()
         for mapping in mappings:

@@ -22,6 +22,8 @@ from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._lease import Lease
 from ._mapping import MappingCache
+from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
+                       share_request)
 from ._stubs import pb, pb_grpc
 from . import client as _sync
 from .client import _MAX_NOTICES, ClientStats  # noqa: E402
@@ -31,7 +33,8 @@ _END = object()
 
 
 class AsyncLease(Lease):
-    """A :class:`gpumemd.Lease` that can also be closed with ``await aclose()`` / ``async with``."""
+    """A :class:`gpumemd.Lease` that can also be closed with ``await aclose()`` / ``async with``.
+    ``await lease.share(...)`` gives an :class:`gpumemd.AsyncShare`."""
 
     async def aclose(self, after=None):
         self.close(after)
@@ -91,7 +94,7 @@ class AsyncClient:
         self._closing = False
         self._closed = False
         self._ids = itertools.count(1)
-        self._leases = self._pool_hits = self._releases = self._release_failures = 0
+        self._leases = self._pool_hits = self._releases = self._release_failures = self._holds = 0
         self._earlier_maps_opened = 0
         self._tasks = set()
         self._s = None
@@ -150,7 +153,7 @@ class AsyncClient:
     def stats(self):
         s = self._s
         return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened)
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds)
 
     async def wait_for_shutdown_notice(self, timeout=None):
         try:
@@ -211,6 +214,66 @@ class AsyncClient:
             if error.code == grpc.StatusCode.NOT_FOUND and "session" in error.message.lower():
                 self._lose(s, "the daemon does not know it: %s" % error.message)
             raise error from None
+
+    # ------------------------------------------------------------------ sharing
+
+    async def attach(self, token, tag=""):
+        """As :meth:`gpumemd.Client.attach`; an :class:`AsyncLease`."""
+        s = await self._live_session()
+        response = await self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
+        return make_hold(self, s, response, tag, AsyncLease,
+                         lambda lease_id: self._release_later(s, lease_id, b"", None, None))
+
+    async def lookup(self, name, tag=""):
+        """As :meth:`gpumemd.Client.lookup`; an :class:`AsyncLease`."""
+        s = await self._live_session()
+        response = await self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
+        return make_hold(self, s, response, tag, AsyncLease,
+                         lambda lease_id: self._release_later(s, lease_id, b"", None, None))
+
+    async def publish(self, lease, name, read_only=False):
+        """As :meth:`gpumemd.Client.publish`; an :class:`gpumemd.AsyncPublished`."""
+        request = publish_request(self, lease, name, read_only)
+        await self._call("Publish", request)
+        return AsyncPublished(self, name, lease.id, request.read_only)
+
+    async def unpublish(self, name):
+        """As :meth:`gpumemd.Client.unpublish`."""
+        return await self._unpublish(name, quiet=False)
+
+    async def revoke_share(self, token):
+        """As :meth:`gpumemd.Client.revoke_share`."""
+        return await self._revoke_share(token, quiet=False)
+
+    async def _share(self, lease, expires_after, read_only, max_attaches):
+        request = share_request(lease._session.id, lease, expires_after, read_only, max_attaches)
+        return AsyncShare(self, await self._call("Share", request), lease.id, request.read_only, max_attaches)
+
+    async def _unpublish(self, name, quiet):
+        try:
+            s = await self._live_session()
+            return (await self._call("Unpublish", pb.UnpublishRequest(session_id=s.id, name=name))).block_returned
+        except GpumemdError as e:
+            if quiet and is_not_found(e):
+                return False
+            raise
+
+    async def _revoke_share(self, token, quiet):
+        try:
+            s = await self._live_session()
+            return (await self._call("RevokeShare", pb.RevokeShareRequest(session_id=s.id, token=token))).block_returned
+        except GpumemdError as e:
+            if quiet and is_not_found(e):
+                return False
+            raise
+
+    async def _call(self, method, request):
+        if self._closing:
+            raise closed_client()
+        try:
+            return await getattr(self._stub, method)(request, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GpumemdError.from_rpc(e) from None
 
     async def _live_session(self):
         """As :meth:`gpumemd.Client._live_session`."""

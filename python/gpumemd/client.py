@@ -14,6 +14,7 @@ from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._lease import Lease
 from ._mapping import MappingCache
+from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
 from ._stubs import pb, pb_grpc
 
 log = logging.getLogger("gpumemd")
@@ -27,6 +28,7 @@ ClientStats = collections.namedtuple("ClientStats", [
     "release_failures",  # releases the daemon refused (ReleaseFailed events), logged as warnings
     "mapped_segments",   # segments mapped in this process now
     "maps_opened",       # mappings opened since connect (a lease on a mapped segment adds none)
+    "holds",             # holds taken by attach() and lookup() (closing one counts as a release)
 ])
 
 _END = object()
@@ -130,6 +132,7 @@ class Client:
         self._pool_hits = 0
         self._releases = 0
         self._release_failures = 0
+        self._holds = 0
         self._earlier_maps_opened = 0
         self._s = _Session(self, opened, 1)
         self._attach(self._s)
@@ -182,7 +185,7 @@ class Client:
         """What this client did since connect (a :data:`ClientStats`)."""
         s = self._s
         return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened)
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds)
 
     def wait_for_shutdown_notice(self, timeout=None):
         """Blocks until the daemon announces its shutdown; the drain timeout in ms, or None."""
@@ -237,6 +240,84 @@ class Client:
             self._release_quietly(s, response.lease_id)  # unusable here: do not hold it until session end
             raise
         return Lease(self, response, mapping, tag, stream, session=s)
+
+    # ------------------------------------------------------------------ sharing
+
+    def attach(self, token, tag=""):
+        """A hold on the block shared by ``token`` (from ``lease.share()`` in any process of
+        this tenant): a :class:`Lease` with ``attached`` True and ``read_only`` as the share
+        says, mapped like a lease. ``close()`` drops the hold (the block returns to the pool once
+        its last hold is gone); so does this session's end. Attaching twice gives two holds.
+
+        Raises :class:`GpumemdError` ``NOT_FOUND`` for an unknown, expired, revoked or used-up
+        token (or another tenant's), ``INVALID_ARGUMENT`` for a malformed one (not 32 lowercase
+        hex characters).
+        """
+        s = self._live_session()
+        response = self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
+        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._release_quietly(s, lease_id))
+
+    def lookup(self, name, tag=""):
+        """A hold on the object published under ``name`` by this tenant (as :meth:`attach`).
+        ``NOT_FOUND`` for an unknown name."""
+        s = self._live_session()
+        response = self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
+        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._release_quietly(s, lease_id))
+
+    def publish(self, lease, name, read_only=False):
+        """Publishes ``lease`` (a lease or hold of this client) under ``name``, unique within
+        the tenant (1 to 256 characters, no control characters); a :class:`gpumemd.Published`
+        (a context manager that unpublishes at its end). The name holds the block until it is
+        unpublished, even after this process exits. ``read_only``: lookups give read-only
+        holds (always, when ``lease`` is itself a read-only hold).
+
+        Raises :class:`GpumemdError`: ``ALREADY_EXISTS`` (the tenant has that name),
+        ``INVALID_ARGUMENT`` (empty, too long, control characters).
+        """
+        request = publish_request(self, lease, name, read_only)
+        self._call("Publish", request)
+        return Published(self, name, lease.id, request.read_only)
+
+    def unpublish(self, name):
+        """Removes a published name of this tenant; True when it was the block's last hold.
+        Holds taken by lookup stay. ``NOT_FOUND`` for an unknown name."""
+        return self._unpublish(name, quiet=False)
+
+    def revoke_share(self, token):
+        """Revokes a share token of this tenant (as :meth:`gpumemd.Share.revoke`, but
+        ``NOT_FOUND`` for a token that is gone)."""
+        return self._revoke_share(token, quiet=False)
+
+    def _share(self, lease, expires_after, read_only, max_attaches):
+        request = share_request(lease._session.id, lease, expires_after, read_only, max_attaches)
+        return Share(self, self._call("Share", request), lease.id, request.read_only, max_attaches)
+
+    def _unpublish(self, name, quiet):
+        try:
+            return self._call("Unpublish", pb.UnpublishRequest(session_id=self._live_session().id,
+                                                               name=name)).block_returned
+        except GpumemdError as e:
+            if quiet and is_not_found(e):
+                return False
+            raise
+
+    def _revoke_share(self, token, quiet):
+        try:
+            return self._call("RevokeShare", pb.RevokeShareRequest(session_id=self._live_session().id,
+                                                                   token=token)).block_returned
+        except GpumemdError as e:
+            if quiet and is_not_found(e):
+                return False
+            raise
+
+    def _call(self, method, request):
+        """A unary Allocator call; its error as a GpumemdError."""
+        if self._closing:
+            raise closed_client()
+        try:
+            return getattr(self._stub, method)(request, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GpumemdError.from_rpc(e) from None
 
     def _live_session(self):
         """The current session; when it is lost, a new one, opened with backoff (50 ms doubling

@@ -1,12 +1,16 @@
 """CUDA leases: a daemon on the cuda backend and real GPU memory. Each test skips itself, with
 the reason, where libcuda.so.1 or a GPU is missing (or PyTorch and CuPy, for the tensor test)."""
 import ctypes
+import os
+import subprocess
+import sys
+import time
 
 import numpy
 import pytest
 
 import gpumemd
-from conftest import run_worker
+from conftest import HERE, run_worker
 from gpumemd import _cuda
 
 pytestmark = pytest.mark.skipif(not gpumemd.cuda_available(),
@@ -94,3 +98,26 @@ def test_stream_ordered_release(cuda_daemon):
             assert gm.stats().release_failures == 0
     finally:
         lib.cuStreamDestroy_v2(stream)
+
+
+def test_producer_and_consumer_see_the_same_device_bytes_through_attach(cuda_daemon):
+    """Sharing on CUDA: the producer writes through the driver, shares one-shot and exits; the
+    consumer attaches (the same IPC handle, segment and offset) and reads the bytes; the
+    block is back once it releases."""
+    worker = [sys.executable, os.path.join(HERE, "sharing_worker.py")]
+    baseline = cuda_daemon.stats(0).leased_bytes
+    produced = subprocess.run(worker + ["cuda-produce", cuda_daemon.target, "0", str(SIZE), "9", "1", "1"],
+                              capture_output=True, text=True, timeout=120)
+    assert produced.returncode == 0, produced.stdout + produced.stderr
+    token, segment, offset, block_bytes = produced.stdout.split()
+    assert cuda_daemon.stats(0).leased_bytes == baseline + int(block_bytes)
+    consumed = subprocess.run(worker + ["cuda-attach", cuda_daemon.target, token, str(SIZE), "9", "exit"],
+                              capture_output=True, text=True, timeout=120)
+    assert consumed.returncode == 0, consumed.stdout + consumed.stderr
+    seg, off, _, read_only, ok = consumed.stdout.split()
+    assert (seg, off, ok) == (segment, offset, "ok")
+    assert read_only == "1"  # reported; advisory on CUDA (a legacy IPC handle cannot be opened read-only)
+    deadline = time.monotonic() + 5
+    while cuda_daemon.stats(0).leased_bytes != baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cuda_daemon.stats(0).leased_bytes == baseline

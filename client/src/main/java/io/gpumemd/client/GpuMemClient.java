@@ -81,7 +81,9 @@ import org.slf4j.LoggerFactory;
  * dropped (a restarted daemon reuses segment ids), its pending notices are never sent. The next
  * lease opens a new session, retrying with backoff (50 ms doubling to 2 s, for up to 10 s a
  * call), so that a long-running worker goes on across a restart; {@link #sessionId()} is the
- * current session's.
+ * current session's. A lease asked for while the stream is broken but the session not yet seen
+ * lost waits (up to the grace period plus a second) for the stream to be confirmed again or for
+ * the loss, rather than failing at once.
  *
  * <p>Locks, always taken in this order: {@code reopenLock} (opening a new session), {@code streamLock} (sending on the stream), the client
  * cache's monitor (a take or an offer together with its notice), {@code noticeLock} (the
@@ -139,6 +141,8 @@ public final class GpuMemClient implements AutoCloseable {
     final ClientCache cache;
     final CountDownLatch firstAttach = new CountDownLatch(1);
     StreamObserver<KeepAliveRequest> stream; // guarded by streamLock
+    /** The daemon confirmed the current stream (ATTACHED) and it has not ended; guarded by streamLock. */
+    boolean attached;
     CountDownLatch streamDone; // guarded by streamLock: the current stream's end
     final AtomicBoolean lost = new AtomicBoolean();
     final Map<Long, CompletableFuture<LeaseResponse>> pendingLeases = new ConcurrentHashMap<>();
@@ -411,6 +415,7 @@ public final class GpuMemClient implements AutoCloseable {
     s.firstAttach.countDown();
     log.warn("gpumemd session {} lost ({}); its leases are gone, the next lease opens a new session", s.id, why);
     synchronized (streamLock) {
+      streamLock.notifyAll(); // leases waiting for the stream open a new session instead
       if (s.stream != null) {
         try {
           s.stream.onCompleted();
@@ -502,11 +507,12 @@ public final class GpuMemClient implements AutoCloseable {
    * @throws GpuMemException with the status code and the daemon's message
    */
   public Lease lease(int device, long sizeBytes, boolean zero, String tag) {
-    Session s = liveSession();
-    Lease local = leaseLocally(s, device, sizeBytes, zero, tag);
+    Session current = liveSession();
+    Lease local = leaseLocally(current, device, sizeBytes, zero, tag);
     if (local != null) {
       return local;
     }
+    Session s = streamCalls ? awaitStream(current) : current;
     if (streamCalls) {
       CompletableFuture<LeaseResponse> reply = leaseOnStream(s, device, sizeBytes, zero, tag);
       try {
@@ -528,6 +534,34 @@ public final class GpuMemClient implements AutoCloseable {
     }
     daemonLeases.incrementAndGet();
     return wrap(s, response, tag);
+  }
+
+  /**
+   * While the session's stream is broken and being reattached (the daemon keeps the session
+   * for its grace period), waits for the daemon to confirm a stream again or for the session to
+   * be seen lost, up to the grace period plus a second, instead of sending the lease on a stream
+   * that is down or not yet confirmed and failing it at once: a caller that retries on
+   * UNAVAILABLE would otherwise spin through the whole grace period of a daemon restart.
+   *
+   * @return {@code s}, or a new session when {@code s} was lost meanwhile
+   */
+  private Session awaitStream(Session s) {
+    synchronized (streamLock) {
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(s.graceMillis + 1000);
+      while (!s.attached && !s.isLost() && !closing) {
+        long left = deadline - System.nanoTime();
+        if (left <= 0) {
+          break; // the send below fails with "stream is down; retry"
+        }
+        try {
+          TimeUnit.NANOSECONDS.timedWait(streamLock, left);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for the KeepAlive stream", e);
+        }
+      }
+    }
+    return s.isLost() ? liveSession() : s;
   }
 
   /**
@@ -912,7 +946,8 @@ public final class GpuMemClient implements AutoCloseable {
    * {@code gpumemctl objects rm}), even after the lease is closed or this process exits; the
    * lease itself is then released to the daemon on close, never cached.
    *
-   * @param name 1 to 256 characters, no control characters (e.g. {@code "llama-3-8b/layer-0"})
+   * @param name 1 to 256 printable characters (no control, format or separator characters), no leading
+   *     or trailing white space (e.g. {@code "llama-3-8b/layer-0"})
    * @param readOnly lookups get read-only holds
    * @throws GpuMemException ALREADY_EXISTS for a name the tenant has published; INVALID_ARGUMENT
    *     for a bad name; RESOURCE_EXHAUSTED past the daemon's {@code --max-published-bytes} or
@@ -1025,6 +1060,10 @@ public final class GpuMemClient implements AutoCloseable {
         ClientCache cache = s.cache;
         switch (event.getEventCase()) {
           case ATTACHED -> {
+            synchronized (streamLock) {
+              s.attached = true;
+              streamLock.notifyAll(); // leases waiting for the stream (awaitStream)
+            }
             s.firstAttach.countDown();
             flushNotices(s); // what queued up while the stream was away
           }
@@ -1097,6 +1136,7 @@ public final class GpuMemClient implements AutoCloseable {
   private void streamEnded(Session s, Status status, long firstTryNanos) {
     synchronized (streamLock) {
       s.stream = null;
+      s.attached = false;
     }
     // Leases in flight on the broken stream get no reply: fail them so that callers may retry.
     failPending(s, status);
@@ -1278,6 +1318,9 @@ public final class GpuMemClient implements AutoCloseable {
       return;
     }
     closing = true;
+    synchronized (streamLock) {
+      streamLock.notifyAll(); // leases waiting for the stream give up
+    }
     Session s;
     synchronized (reopenLock) { // a new session being opened is finished (or never started)
       s = session;

@@ -3,6 +3,7 @@ package io.gpumemd.it.e2e;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -98,6 +99,62 @@ class DaemonRestartTest {
       assertEquals(7, after.buffer().get(0));
       after.close();
     } finally {
+      daemon.close();
+      try (var walk = Files.walk(dir)) {
+        walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
+    }
+  }
+
+  /**
+   * A lease asked for while the daemon is away (its stream broken, the session not yet seen
+   * lost) waits for the restart instead of failing at once: a caller that retries on
+   * UNAVAILABLE, as a worker does, needs a few attempts across a restart, not thousands.
+   */
+  @Test
+  void leaseWhileTheDaemonIsAway_waitsForItsRestart_insteadOfFailingAtOnce() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-");
+    DaemonProcess daemon = DaemonProcess.startIn(dir, "--keepalive-grace-ms", "1000");
+    java.util.concurrent.CompletableFuture<DaemonProcess> next = null;
+    // No client cache: a closed block kept by the client would serve the lease locally.
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+      client.lease(0, SIZE).close();
+      String before = client.sessionId();
+      daemon.process().destroyForcibly(); // SIGKILL
+      assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
+      daemon.close();
+      Thread.sleep(100); // the client sees its stream break and starts reattaching
+      next = java.util.concurrent.CompletableFuture.supplyAsync(() -> DaemonProcess.startIn(dir, "--keepalive-grace-ms", "1000"));
+      int attempts = 0;
+      List<String> failures = new ArrayList<>();
+      Lease lease = null;
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+      while (lease == null && System.nanoTime() < deadline) {
+        attempts++;
+        try {
+          lease = client.lease(0, SIZE);
+        } catch (io.gpumemd.client.GpuMemException e) {
+          assertEquals(io.grpc.Status.Code.UNAVAILABLE, e.code(), e.getMessage());
+          if (failures.size() < 10) {
+            failures.add(e.getMessage());
+          }
+        }
+      }
+      assertNotNull(lease, "no lease after the restart: " + failures);
+      assertTrue(attempts <= 3, attempts + " attempts across one restart: " + failures);
+      assertNotEquals(before, client.sessionId());
+      fill(lease.buffer(), (byte) 0x5A);
+      daemon = next.get(60, TimeUnit.SECONDS);
+      assertFile(lease, (byte) 0x5A);
+      lease.close();
+    } finally {
+      if (next != null) { // a failure may leave the new daemon starting: stop it before the directory goes
+        try {
+          next.get(60, TimeUnit.SECONDS).close();
+        } catch (Exception e) {
+          // it did not start
+        }
+      }
       daemon.close();
       try (var walk = Files.walk(dir)) {
         walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());

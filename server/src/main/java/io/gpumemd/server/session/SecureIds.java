@@ -45,6 +45,20 @@ public final class SecureIds {
     return id;
   }
 
+  /**
+   * Checks the form of a secret from a request (a share token) without echoing it: an error
+   * message may be logged by the client, and a token off by one character is still a secret.
+   *
+   * @throws InvalidRequestException naming the field and the length only
+   */
+  public static String checkSecret(String field, String secret) {
+    if (!isWellFormed(secret)) {
+      throw InvalidRequestException.of(field, secret.isEmpty() ? "(empty)" : "a value of " + secret.length()
+          + " characters (not shown: it may be a secret)", LENGTH + " lowercase hex characters");
+    }
+    return secret;
+  }
+
   /** True for 32 lowercase hex digits. */
   public static boolean isWellFormed(String id) {
     if (id == null || id.length() != LENGTH) {

@@ -291,7 +291,7 @@ public final class Session {
     if (ended) {
       throw new IllegalStateException(this + " has ended");
     }
-    long count = leases.size() + reservedLeases + 1;
+    long count = leases.size() - attachedHolds + reservedLeases + 1; // holds have their own bound
     long total = leasedBytes + reservedBytes + bytes;
     if (quota.maxLeases() > 0 && count > quota.maxLeases()) {
       return "session quota max-leases=" + quota.maxLeases() + " reached (" + (count - 1)

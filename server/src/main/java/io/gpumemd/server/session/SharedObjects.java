@@ -109,7 +109,7 @@ public final class SharedObjects {
    */
   public boolean revoke(Caller caller, String sessionId, String token) {
     registry.session(caller, sessionId);
-    SecureIds.check("token", token);
+    SecureIds.checkSecret("token", token);
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || !found.kill()) {
       throw tokenNotFound();
@@ -119,7 +119,8 @@ public final class SharedObjects {
 
   /** Attaches a session of the caller's tenant to a token's block: a hold of its own. */
   public LeaseRecord attach(Caller caller, String sessionId, String token, String tag) {
-    SecureIds.check("token", token);
+    Validation.label("tag", tag);
+    SecureIds.checkSecret("token", token);
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || found.expired(ticker.nanos())) {
       registry.session(caller, sessionId); // an unknown session says so first
@@ -188,6 +189,7 @@ public final class SharedObjects {
 
   /** Attaches a session of the caller's tenant to a published object: a hold of its own. */
   public LeaseRecord lookup(Caller caller, String sessionId, String name, String tag) {
+    Validation.label("tag", tag);
     objectName(name);
     PublishedObject object = objects.get(PublishedObject.key(caller.tenant(), name));
     if (object == null) {
@@ -346,18 +348,34 @@ public final class SharedObjects {
     return false;
   }
 
-  /** An object name: 1 to 256 characters, none of them a control character. */
+  /**
+   * An object name: 1 to 256 characters (code points), printable, without leading or trailing
+   * white space. Control and format characters (right-to-left overrides, zero-width spaces),
+   * line and paragraph separators and lone surrogates are refused: a name is shown in
+   * line-based listings, where they would break or spoof the lines.
+   */
   static String objectName(String name) {
-    if (name.isEmpty()) {
+    int length = name.codePointCount(0, name.length());
+    if (length == 0) {
       throw InvalidRequestException.of("name", "''", "1 to " + MAX_NAME_LENGTH + " characters");
     }
-    if (name.length() > MAX_NAME_LENGTH) {
-      throw InvalidRequestException.of("name", name.length() + " characters", "at most " + MAX_NAME_LENGTH);
+    if (length > MAX_NAME_LENGTH) {
+      throw InvalidRequestException.of("name", length + " characters", "at most " + MAX_NAME_LENGTH);
     }
-    for (int i = 0; i < name.length(); i++) {
-      if (Character.isISOControl(name.charAt(i))) {
-        throw InvalidRequestException.of("name", "a control character at index " + i, "printable text");
+    int index = 0;
+    for (int i = 0; i < name.length(); index++) {
+      int c = name.codePointAt(i);
+      int type = Character.getType(c);
+      if (type == Character.CONTROL || type == Character.FORMAT || type == Character.LINE_SEPARATOR
+          || type == Character.PARAGRAPH_SEPARATOR || type == Character.SURROGATE || type == Character.UNASSIGNED) {
+        throw InvalidRequestException.of("name", String.format("U+%04X at index %d", c, index),
+            "printable text (no control, format or separator characters)");
       }
+      i += Character.charCount(c);
+    }
+    if (Character.isWhitespace(name.codePointAt(0)) || Character.isWhitespace(name.codePointBefore(name.length()))
+        || Character.isSpaceChar(name.codePointAt(0)) || Character.isSpaceChar(name.codePointBefore(name.length()))) {
+      throw InvalidRequestException.of("name", "'" + name + "'", "no leading or trailing white space");
     }
     return name;
   }

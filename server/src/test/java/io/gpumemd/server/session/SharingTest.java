@@ -21,7 +21,6 @@ import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import java.io.IOException;
-import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Path;
@@ -253,12 +252,17 @@ class SharingTest {
     start();
     Session s = open(ALICE, "s");
     LeaseRecord lease = lease(ALICE, s, 4096);
-    for (String name : new String[] {"", "a\tb", "line\nfeed", "x".repeat(257)}) {
+    for (String name : new String[] {"", "a\tb", "line\nfeed", "x".repeat(257), "a\u202eb", "zero\u200bwidth",
+        "a\u2028b", "\ufeffbom", " ", " lead", "trail ", "\ud800lone", "\u00a0nbsp", "\ud83d\ude00".repeat(257)}) {
       assertThrows(InvalidRequestException.class, () -> sharing.publish(ALICE, s.id(), lease.id(), name, false), name);
     }
+    assertEquals(0, stat(PoolMetric.SHARED_BLOCKS), "refused names changed nothing");
     sharing.publish(ALICE, s.id(), lease.id(), "x".repeat(256), false);
-    assertEquals(1, stat(PoolMetric.PUBLISHED_OBJECTS));
-    assertEquals(2, lease.shared().holds());
+    // 256 characters outside the BMP are 512 UTF-16 units: still 256 characters.
+    sharing.publish(ALICE, s.id(), lease.id(), "\ud83d\ude00".repeat(256), false);
+    sharing.publish(ALICE, s.id(), lease.id(), "llama-3-8b/layer 0 (fp16, Zürich)", false);
+    assertEquals(3, stat(PoolMetric.PUBLISHED_OBJECTS));
+    assertEquals(4, lease.shared().holds());
   }
 
   @Test
@@ -298,6 +302,29 @@ class SharingTest {
         () -> sharing.share(ALICE, s.id(), small.id(), 0, false, 0));
     assertTrue(shares.getMessage().contains("--max-shares-per-tenant"), shares.getMessage());
     assertEquals(2, r.holdings()[3]);
+  }
+
+  @Test
+  void holds_doNotCountAgainstTheSessionsLeaseQuota() {
+    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+    LiveSessions sessions = new LiveSessions();
+    DevicePool pool = new DevicePool(backend.devices().get(0), backend,
+        new PoolSettings(64 * MIB, 64 * MIB, 20 * MIB), sessions, DevicePools.segmentIdBase(0), ticker);
+    pools = new DevicePools(List.of(pool));
+    registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, new Quota(8192, 1), Map.of()),
+        ticker, sessions);
+    sharing = registry.sharing();
+    Session owner = open(ALICE, "owner");
+    Session reader = open(ALICE2, "reader");
+    LeaseRecord lease = lease(ALICE, owner, 8192);
+    String token = sharing.share(ALICE, owner.id(), lease.id(), 0, false, 0).token();
+    LeaseRecord mine = lease(ALICE2, reader, 8192);
+    sharing.attach(ALICE2, reader.id(), token, "");
+    sharing.attach(ALICE2, reader.id(), token, "");
+    ExhaustedException quota = assertThrows(ExhaustedException.class, () -> lease(ALICE2, reader, 512));
+    assertTrue(quota.getMessage().contains("max-leases=1 reached (1 leases held"), quota.getMessage());
+    registry.release(ALICE2, reader.id(), mine.id(), NO_EVENT);
+    lease(ALICE2, reader, 8192);
   }
 
   @Test
