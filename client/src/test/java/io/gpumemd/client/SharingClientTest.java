@@ -255,6 +255,8 @@ class SharingClientTest {
     assertEquals(Status.Code.INVALID_ARGUMENT, control.code(), control.getMessage());
     GpuMemException empty = assertThrows(GpuMemException.class, () -> owner.publish(lease, ""));
     assertEquals(Status.Code.INVALID_ARGUMENT, empty.code(), empty.getMessage());
+    GpuMemException padded = assertThrows(GpuMemException.class, () -> owner.publish(lease, " padded"));
+    assertEquals(Status.Code.INVALID_ARGUMENT, padded.code(), padded.getMessage());
     GpuMemException tooLong = assertThrows(GpuMemException.class, () -> owner.publish(lease, "x".repeat(257)));
     assertEquals(Status.Code.INVALID_ARGUMENT, tooLong.code(), tooLong.getMessage());
     GpuMemException unknown = assertThrows(GpuMemException.class, () -> worker.lookup("no-such-object"));
