@@ -159,20 +159,33 @@ public final class SharedObjects {
       throw e;
     }
     DevicePool pool = pools.get(shared.block().device());
-    int namesBefore = shared.addName(name);
+    // The name and the pool's published figures change together, under the block's monitor:
+    // a concurrent drop of the block's last name then counts its bytes out before this counts
+    // them in (never twice at once), and no other name can come between a refused first name
+    // and its undoing. (Lock order: block monitor, then pool lock; the pool never takes the
+    // former.)
+    int namesBefore;
+    SharedBlock.NameDrop refused = null;
+    synchronized (shared) {
+      namesBefore = shared.addName(name);
+      if (namesBefore == 0 && !pool.publish(shared.block())) {
+        refused = shared.dropName(name);
+      } else if (namesBefore > 0) {
+        pool.publishedAgain();
+      }
+    }
     if (namesBefore < 0) {
       tenant.removeShare();
       throw released(leaseId);
     }
-    if (namesBefore == 0 && !pool.publish(shared.block())) {
-      dropName(shared, name, false);
+    if (refused != null) {
+      if (refused.lastHold()) {
+        registry.giveBack(shared);
+      }
       tenant.removeShare();
       throw new ExhaustedException("device " + pool.device().ordinal() + ": publishing " + shared.block().size()
           + " bytes would pass the published-bytes limit of " + pool.publishedLimitBytes()
           + " (flag --max-published-bytes); unpublish objects no longer needed");
-    }
-    if (namesBefore > 0) {
-      pool.publishedAgain();
     }
     PublishedObject object = new PublishedObject(session.tenant(), name, shared, readOnly || lease.readOnly(),
         ticker.nanos(), "'" + session.clientName() + "' (session " + session.id().substring(0, 8) + ")",
@@ -336,10 +349,16 @@ public final class SharedObjects {
   }
 
   private boolean dropName(SharedBlock shared, String name, boolean counted) {
-    SharedBlock.NameDrop drop = shared.dropName(name);
     DevicePool pool = pools.get(shared.block().device());
-    if (counted) {
-      pool.unpublished(shared.block(), drop.lastName());
+    SharedBlock.NameDrop drop;
+    // The pool counts the name out before the block can go back (another holder's release may
+    // return it as soon as the name is dropped, and a returned block's size may change as the
+    // pool merges it), and in order with a concurrent first name (see publish).
+    synchronized (shared) {
+      drop = shared.dropName(name);
+      if (counted) {
+        pool.unpublished(shared.block(), drop.lastName());
+      }
     }
     if (drop.lastHold()) {
       registry.giveBack(shared);
