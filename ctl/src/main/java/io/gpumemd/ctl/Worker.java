@@ -122,8 +122,10 @@ final class Worker implements Callable<Integer>, GpuMemCtl.Validated {
           if (e.code() != Status.Code.UNAVAILABLE) {
             throw e;
           }
-          // The daemon is away (restarting): the client opens a new session once it is back.
+          // The daemon is away (restarting, or draining before it exits): the client opens a
+          // new session once it is back. Pause a little so that a drain is not a busy loop.
           log("iteration " + (done + 1) + ": " + e.getMessage() + "; retrying");
+          pause();
         } catch (IllegalStateException e) {
           if (!client.sessionLost() && !String.valueOf(e.getMessage()).contains("session lost")) {
             throw e;
@@ -134,6 +136,16 @@ final class Worker implements Callable<Integer>, GpuMemCtl.Validated {
     }
     log("stopped after " + done + " iteration(s)" + (stopping() ? " (signal)" : ""));
     return 0;
+  }
+
+  /** Waits 100 ms before a retry, or less when the worker is stopped meanwhile. */
+  private void pause() {
+    try {
+      stopped.await(100, TimeUnit.MILLISECONDS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      stop();
+    }
   }
 
   private void iterate(GpuMemClient client, long iteration) {
