@@ -1,5 +1,7 @@
 package io.gpumemd.server.grpc;
 
+import static io.gpumemd.server.grpc.StatusMapper.answer;
+
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.proto.v1.GetStatsResponse;
@@ -34,7 +36,6 @@ import io.grpc.stub.StreamObserver;
 import java.util.List;
 import java.util.concurrent.Executor;
 import java.util.concurrent.RejectedExecutionException;
-import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -63,18 +64,6 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     this.pools = pools;
     this.registry = registry;
     this.blockingExecutor = blockingExecutor;
-  }
-
-  private static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
-    T value;
-    try {
-      value = body.get();
-    } catch (RuntimeException e) {
-      response.onError(StatusMapper.toStatus(rpc, e));
-      return;
-    }
-    response.onNext(value);
-    response.onCompleted();
   }
 
   private List<DevicePool> selected(boolean hasDevice, int device) {

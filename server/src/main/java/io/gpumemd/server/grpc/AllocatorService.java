@@ -1,5 +1,7 @@
 package io.gpumemd.server.grpc;
 
+import static io.gpumemd.server.grpc.StatusMapper.answer;
+
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.AttachRequest;
 import io.gpumemd.proto.v1.AttachResponse;
@@ -36,7 +38,6 @@ import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
 import java.util.concurrent.Executor;
 import java.util.function.Consumer;
-import java.util.function.Supplier;
 import java.util.concurrent.RejectedExecutionException;
 
 /**
@@ -162,18 +163,6 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   }
 
   // ------------------------------------------------------------------------------ sharing
-
-  private static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
-    T value;
-    try {
-      value = body.get();
-    } catch (RuntimeException e) {
-      response.onError(StatusMapper.toStatus(rpc, e));
-      return;
-    }
-    response.onNext(value);
-    response.onCompleted();
-  }
 
   private static int unsigned(int value) {
     // uint32 fields past 2^31 arrive negative in Java; they mean "huge".

@@ -10,6 +10,8 @@ import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.error.PermissionDeniedException;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
+import io.grpc.stub.StreamObserver;
+import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -50,5 +52,21 @@ public final class StatusMapper {
       log.debug("{} refused: {} {}", rpc, status.getCode(), error.getMessage());
     }
     return status.withDescription(error.getMessage()).asRuntimeException();
+  }
+
+  /**
+   * Answers a unary call with what {@code body} returns, or with the status its exception maps
+   * to. The body runs before anything is sent, so a failure never follows a reply.
+   */
+  static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
+    T value;
+    try {
+      value = body.get();
+    } catch (RuntimeException e) {
+      response.onError(toStatus(rpc, e));
+      return;
+    }
+    response.onNext(value);
+    response.onCompleted();
   }
 }

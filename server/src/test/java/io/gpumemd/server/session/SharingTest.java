@@ -54,16 +54,19 @@ class SharingTest {
   private SessionRegistry registry;
   private SharedObjects sharing;
 
-  private void start(SharingSettings sharingSettings, long publishedLimit) {
+  private void start(SessionSettings settings, long publishedLimit) {
     backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
     LiveSessions sessions = new LiveSessions();
     DevicePool pool = new DevicePool(backend.devices().get(0), backend,
         new PoolSettings(64 * MIB, 64 * MIB, 20 * MIB, 0, publishedLimit), sessions, DevicePools.segmentIdBase(0),
         ticker);
     pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, SessionSettings.defaults().withSharing(sharingSettings), ticker,
-        sessions);
+    registry = new SessionRegistry(pools, backend, settings, ticker, sessions);
     sharing = registry.sharing();
+  }
+
+  private void start(SharingSettings sharingSettings, long publishedLimit) {
+    start(SessionSettings.defaults().withSharing(sharingSettings), publishedLimit);
   }
 
   private void start() {
@@ -306,14 +309,7 @@ class SharingTest {
 
   @Test
   void holds_doNotCountAgainstTheSessionsLeaseQuota() {
-    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    LiveSessions sessions = new LiveSessions();
-    DevicePool pool = new DevicePool(backend.devices().get(0), backend,
-        new PoolSettings(64 * MIB, 64 * MIB, 20 * MIB), sessions, DevicePools.segmentIdBase(0), ticker);
-    pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, new Quota(8192, 1), Map.of()),
-        ticker, sessions);
-    sharing = registry.sharing();
+    start(new SessionSettings(30, 3600, 2000, 0, new Quota(8192, 1), Map.of()), 64 * MIB);
     Session owner = open(ALICE, "owner");
     Session reader = open(ALICE2, "reader");
     LeaseRecord lease = lease(ALICE, owner, 8192);
