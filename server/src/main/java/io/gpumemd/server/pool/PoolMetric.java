@@ -22,7 +22,8 @@ public enum PoolMetric {
   CLIENT_CACHE_HITS(Kind.COUNTER, "leases clients served from their own cache, as they reported"),
   CLIENT_CACHE_RETURNS(Kind.COUNTER, "closed leases clients kept in their own cache, as they reported"),
   SHARES(Kind.COUNTER, "share tokens made"),
-  ATTACHES(Kind.COUNTER, "holds taken on shared blocks by Attach or Lookup"),
+  ATTACHES(Kind.COUNTER, "holds taken on shared blocks by Attach or Lookup (one undone at once by a race, "
+      + "its token used up or its session ended meanwhile, counts too)"),
   LEASED_BYTES(Kind.GAUGE, "bytes in leased blocks"),
   CLIENT_CACHED_BYTES(Kind.GAUGE, "bytes of leased blocks their clients keep closed in their cache tier"),
   CACHED_BYTES(Kind.GAUGE, "bytes in wholly free cached segments"),

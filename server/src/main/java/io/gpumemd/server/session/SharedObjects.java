@@ -176,7 +176,8 @@ public final class SharedObjects {
     }
     if (namesBefore < 0) {
       tenant.removeShare();
-      throw released(leaseId);
+      // The block went back, or a concurrent publish of this very name on it won the race.
+      throw shared.returned() ? released(leaseId) : exists(name);
     }
     if (refused != null) {
       if (refused.lastHold()) {
@@ -191,7 +192,7 @@ public final class SharedObjects {
         ticker.nanos(), "'" + session.clientName() + "' (session " + session.id().substring(0, 8) + ")",
         new AtomicLong());
     if (objects.putIfAbsent(key, object) != null) {
-      dropName(shared, name, true);
+      dropName(shared, name);
       tenant.removeShare();
       throw exists(name);
     }
@@ -345,10 +346,10 @@ public final class SharedObjects {
   /** Drops a removed name's hold (the caller removed it from the table). */
   private boolean retire(PublishedObject object) {
     registry.tenant(object.tenant()).removeShare();
-    return dropName(object.shared(), object.name(), true);
+    return dropName(object.shared(), object.name());
   }
 
-  private boolean dropName(SharedBlock shared, String name, boolean counted) {
+  private boolean dropName(SharedBlock shared, String name) {
     DevicePool pool = pools.get(shared.block().device());
     SharedBlock.NameDrop drop;
     // The pool counts the name out before the block can go back (another holder's release may
@@ -356,9 +357,7 @@ public final class SharedObjects {
     // pool merges it), and in order with a concurrent first name (see publish).
     synchronized (shared) {
       drop = shared.dropName(name);
-      if (counted) {
-        pool.unpublished(shared.block(), drop.lastName());
-      }
+      pool.unpublished(shared.block(), drop.lastName());
     }
     if (drop.lastHold()) {
       registry.giveBack(shared);
