@@ -127,18 +127,21 @@ class Reopening:
 
 
 class SessionState:
-    """One session of a client: its id, pending stream leases (request id -> waiter) and
-    mappings. Each client's session class adds its queue of notices, its ``attached`` event,
-    its KeepAlive ``call`` and what runs the stream. A lost session is never reused; the client
-    opens a new one (the next generation)."""
+    """One session of a client: its id, pending stream leases (request id -> waiter), the
+    ``queue`` of notices for its KeepAlive stream, its ``attached`` event (set once the stream
+    is bound, or never will be), its KeepAlive ``call`` and its mappings. Each client's session
+    class adds what runs the stream. A lost session is never reused; the client opens a new one
+    (the next generation)."""
 
-    def __init__(self, client, opened, generation):
+    def __init__(self, client, opened, generation, notices, attached):
         self.id = opened.session_id
         self.ttl_seconds = opened.ttl_seconds
         self.keepalive_grace_ms = opened.keepalive_grace_ms
         self.generation = generation
         self.lost = False
         self.pending = {}
+        self.queue = notices
+        self.attached = attached
         self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
         self.call = None
 

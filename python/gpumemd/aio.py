@@ -66,9 +66,7 @@ class _AsyncSession(SessionState):
     pending stream lease is a :class:`_Reply`."""
 
     def __init__(self, client, opened, generation):
-        super().__init__(client, opened, generation)
-        self.queue = asyncio.Queue()
-        self.attached = asyncio.Event()
+        super().__init__(client, opened, generation, asyncio.Queue(), asyncio.Event())
         self.task = None
 
 

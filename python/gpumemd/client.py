@@ -33,9 +33,7 @@ class _Session(SessionState):
     pending stream lease is a :class:`_Waiter`."""
 
     def __init__(self, client, opened, generation):
-        super().__init__(client, opened, generation)
-        self.queue = queue.SimpleQueue()
-        self.attached = threading.Event()
+        super().__init__(client, opened, generation, queue.SimpleQueue(), threading.Event())
         self.done = threading.Event()
         self.thread = None
 

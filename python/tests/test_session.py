@@ -26,9 +26,7 @@ class _Event:
 
 class _Session(SessionState):
     def __init__(self, client, opened, generation):
-        super().__init__(client, opened, generation)
-        self.queue = _Queue()
-        self.attached = _Event()
+        super().__init__(client, opened, generation, _Queue(), _Event())
 
 
 class _Waiter:
