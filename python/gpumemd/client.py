@@ -1,6 +1,10 @@
-"""The synchronous client: one session, held by a background KeepAlive stream."""
-import collections
-import itertools
+"""The synchronous client: one session, held by a background KeepAlive stream.
+
+This module owns the client's I/O: blocking gRPC calls, the KeepAlive stream's thread and its
+queue of notices, waiting for stream leases and sleeping between attempts. What a session's
+events, loss and reopening mean is decided in :mod:`gpumemd._session`, shared with the asyncio
+client. Thread-safe (see :class:`Client`).
+"""
 import logging
 import os
 import queue
@@ -13,48 +17,43 @@ from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._lease import Lease
-from ._mapping import MappingCache
+from ._session import ClientStats  # noqa: F401 (gpumemd.client.ClientStats, as before)
+from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer
+from ._session import open_request, reattach_delay, stream_down
 from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
 from ._stubs import pb, pb_grpc
 
 log = logging.getLogger("gpumemd")
 
-#: What a client did since it connected (see :meth:`Client.stats`). This client keeps no cache
-#: tier of its own, so every lease is served by the daemon and every close is a release.
-ClientStats = collections.namedtuple("ClientStats", [
-    "leases",            # leases the daemon granted to this client
-    "pool_hits",         # of those, served from the daemon's cached memory
-    "releases",          # leases closed (released to the daemon)
-    "release_failures",  # releases the daemon refused (ReleaseFailed events), logged as warnings
-    "mapped_segments",   # segments mapped in this process now
-    "maps_opened",       # mappings opened since connect (a lease on a mapped segment adds none)
-    "holds",             # holds taken by attach() and lookup() (closing one counts as a release)
-])
-
-_END = object()
-_MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
-_MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
-_MAX_BACKOFF = 2.0   # ... up to this
-_REOPEN_SECONDS = 10.0  # per lease call
+_REOPEN_SECONDS = 10.0  # per lease call, to open a new session after a loss (read at each, by gpumemd.aio too)
 
 
-class _Session:
-    """One session of a client: its id, KeepAlive stream, pending leases, unsent notices and
-    mappings. A lost session is never reused; the client opens a new one (the next generation)."""
+class _Session(SessionState):
+    """A session of a :class:`Client`: its notices queue for the KeepAlive thread, and a
+    pending stream lease is a :class:`_Waiter`."""
 
     def __init__(self, client, opened, generation):
-        self.id = opened.session_id
-        self.ttl_seconds = opened.ttl_seconds
-        self.keepalive_grace_ms = opened.keepalive_grace_ms
-        self.generation = generation
-        self.lost = False
-        self.queue = queue.SimpleQueue()
-        self.pending = {}  # request id -> [lock held until the reply, reply or error]
-        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
-        self.attached = threading.Event()
+        super().__init__(client, opened, generation, queue.SimpleQueue(), threading.Event())
         self.done = threading.Event()
-        self.call = None
         self.thread = None
+
+
+class _Waiter:
+    """A caller of a stream lease, blocked until its reply or error is settled (once: by
+    whoever popped it from the session's pending leases)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.result = None
+
+    def settle(self, result):
+        self.result = result
+        self._lock.release()
+        return True
+
+    def wait(self, timeout):
+        return self._lock.acquire(timeout=-1 if timeout is None else timeout)
 
 
 def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True, ttl_seconds=0,
@@ -78,7 +77,7 @@ def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True,
                   certificate_chain=certificate_chain, on_shutdown=on_shutdown, timeout=timeout)
 
 
-class Client:
+class Client(ClientCore):
     """A connection to gpumemd with one session (see :func:`connect`).
 
     The session is held by a KeepAlive stream on a background thread: if this process dies,
@@ -101,39 +100,25 @@ class Client:
     Thread-safe: any thread may lease and close leases.
     """
 
+    _session_class = _Session
+
     def __init__(self, target, client_name=None, *, stream=True, ttl_seconds=0, token=None,
                  root_certificates=None, private_key=None, certificate_chain=None, on_shutdown=None,
                  timeout=10.0):
-        credentials, self._metadata = options(root_certificates, private_key, certificate_chain, token)
-        self.target = target
-        self.client_name = client_name or "python-%d" % os.getpid()
+        credentials, metadata = options(root_certificates, private_key, certificate_chain, token)
+        super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata)
         self._channel = open_channel(target, credentials)
         self._stub = pb_grpc.AllocatorStub(self._channel)
-        self._open_request = pb.OpenSessionRequest(client_name=self.client_name, ttl_seconds=ttl_seconds,
-                                                   client_cache_bytes=0)
+        self._open_request = open_request(self.client_name, ttl_seconds)
         self._timeout = timeout
         try:
             opened = self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             self._channel.close()
             raise GpumemdError.from_rpc(e) from None
-        self._stream_calls = stream
-        self._on_shutdown = on_shutdown
-        #: None, or the daemon's drain timeout in ms once it announced its shutdown.
-        self.shutdown_notice = None
         self._shutdown_event = threading.Event()
-        self._closing = False
-        self._closed = False
         self._close_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
-        self._lose_lock = threading.Lock()
-        self._ids = itertools.count(1)
-        self._leases = 0
-        self._pool_hits = 0
-        self._releases = 0
-        self._release_failures = 0
-        self._holds = 0
-        self._earlier_maps_opened = 0
         self._s = _Session(self, opened, 1)
         self._attach(self._s)
 
@@ -146,46 +131,8 @@ class Client:
                         self._timeout)
 
     # ------------------------------------------------------------------ properties
-
-    @property
-    def channel(self):
-        """The gRPC channel, for other services of the daemon (Admin, health)."""
-        return self._channel
-
-    @property
-    def metadata(self):
-        """The call metadata (the bearer token) to pass to calls on :attr:`channel`."""
-        return self._metadata
-
-    @property
-    def session_id(self):
-        """The current session's id (a new one after a daemon restart; a bearer credential)."""
-        return self._s.id
-
-    @property
-    def ttl_seconds(self):
-        return self._s.ttl_seconds
-
-    @property
-    def keepalive_grace_ms(self):
-        return self._s.keepalive_grace_ms
-
-    @property
-    def session_lost(self):
-        """True once the current session is lost (the daemon restarted or ended it) and no new
-        one is open yet; the next :meth:`lease` opens one."""
-        return self._s.lost
-
-    @property
-    def session_generation(self):
-        """1 for the session opened by connect, one more for each session opened after a loss."""
-        return self._s.generation
-
-    def stats(self):
-        """What this client did since connect (a :data:`ClientStats`)."""
-        s = self._s
-        return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds)
+    # channel, metadata, session_id, ttl_seconds, keepalive_grace_ms, session_lost,
+    # session_generation and stats() are ClientCore's.
 
     def wait_for_shutdown_notice(self, timeout=None):
         """Blocks until the daemon announces its shutdown; the drain timeout in ms, or None."""
@@ -205,41 +152,26 @@ class Client:
         Raises :class:`GpumemdError` with the daemon's status: ``INVALID_ARGUMENT`` (size 0,
         over the budget, unknown device), ``RESOURCE_EXHAUSTED`` (pool or quota full), ...
         """
-        if size is None:
-            raise TypeError("lease() needs size")
-        if self._closing:
-            raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
+        self._check_lease(size)
         for attempt in (1, 2):
             s = self._live_session()
             try:
-                if self._stream_calls:
-                    response = self._lease_on_stream(s, device, size, zero, tag, timeout)
-                else:
-                    try:
-                        response = self._stub.Lease(pb.LeaseRequest(session_id=s.id, device=device,
-                                                                    size_bytes=size, zero=zero, tag=tag),
-                                                    timeout=timeout, metadata=self._metadata)
-                    except grpc.RpcError as e:
-                        error = GpumemdError.from_rpc(e)
-                        if error.code == grpc.StatusCode.NOT_FOUND and "session" in error.message.lower():
-                            self._lose(s, "the daemon does not know it: %s" % error.message)
-                        raise error from None
+                response = self._lease_once(s, device, size, zero, tag, timeout)
+                break
             except GpumemdError:
-                if s.lost and attempt == 1:
-                    continue  # lost while this lease waited: once more, on a new session
-                raise
-            break
-        if s.lost:
-            raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
-        self._leases += 1
-        if response.pool_hit:
-            self._pool_hits += 1
+                if not (s.lost and attempt == 1):
+                    raise  # else lost while this lease waited: once more, on a new session
+        return Lease(self, response, self._granted(s, response), tag, stream, session=s)
+
+    def _lease_once(self, s, device, size, zero, tag, timeout):
+        if self._stream_calls:
+            return self._lease_on_stream(s, device, size, zero, tag, timeout)
         try:
-            mapping = s.mappings.acquire(response.device, response.handle)
-        except BaseException:
-            self._release_quietly(s, response.lease_id)  # unusable here: do not hold it until session end
-            raise
-        return Lease(self, response, mapping, tag, stream, session=s)
+            return self._stub.Lease(pb.LeaseRequest(session_id=s.id, device=device, size_bytes=size,
+                                                    zero=zero, tag=tag),
+                                    timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise self._lease_error(s, e) from None
 
     # ------------------------------------------------------------------ sharing
 
@@ -255,14 +187,14 @@ class Client:
         """
         s = self._live_session()
         response = self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
-        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._release_quietly(s, lease_id))
+        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._give_back(s, lease_id))
 
     def lookup(self, name, tag=""):
         """A hold on the object published under ``name`` by this tenant (as :meth:`attach`).
         ``NOT_FOUND`` for an unknown name."""
         s = self._live_session()
         response = self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
-        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._release_quietly(s, lease_id))
+        return make_hold(self, s, response, tag, Lease, lambda lease_id: self._give_back(s, lease_id))
 
     def publish(self, lease, name, read_only=False):
         """Publishes ``lease`` (a lease or hold of this client) under ``name``, unique within
@@ -329,153 +261,82 @@ class Client:
             s = self._s
             if not s.lost:
                 return s
-            deadline = time.monotonic() + _REOPEN_SECONDS
-            backoff = _MIN_BACKOFF
-            last = None
+            reopening = Reopening(time.monotonic(), _REOPEN_SECONDS)
             while not self._closing:
                 try:
                     opened = self._stub.OpenSession(self._open_request, metadata=self._metadata,
-                                                    timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+                                                    timeout=reopening.call_timeout(time.monotonic()))
                 except grpc.RpcError as e:
-                    last = GpumemdError.from_rpc(e)
+                    reopening.last = GpumemdError.from_rpc(e)
                 else:
-                    nxt = _Session(self, opened, s.generation + 1)
-                    log.info("gpumemd session %s of %s lost; opened new session %s (generation %d)",
-                             s.id, self.client_name, nxt.id, nxt.generation)
+                    nxt = self._next_session(s, opened)
                     self._attach(nxt)  # before others see it, so that their leases find it attached
-                    self._earlier_maps_opened += s.mappings.maps_opened
-                    self._s = nxt
+                    self._adopt(s, nxt)
                     return nxt
-                if time.monotonic() + backoff > deadline:
+                delay = reopening.next_delay(time.monotonic())
+                if delay is None:
                     break
-                time.sleep(backoff)
-                backoff = min(_MAX_BACKOFF, backoff * 2)
-            if self._closing:
-                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "the gpumemd client is closed")
-            raise GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                               "session lost: the daemon restarted or ended it, and no new session could be "
-                               "opened yet%s; retry" % ("" if last is None else " (%s)" % last))
-
-    def _lose(self, s, why):
-        """Marks a session lost (once): its leases are dead, its pending leases fail, its unsent
-        notices are dropped and its mappings too (a restarted daemon reuses segment ids). Host
-        mappings that a buffer or array still exports stay mapped until that object is gone."""
-        with self._lose_lock:
-            if s.lost:
-                return
-            s.lost = True
-        if not self._closing:
-            log.warning("gpumemd session %s of %s lost (%s); its leases are gone, the next lease opens a new session",
-                        s.id, self.client_name, why)
-        s.attached.set()
-        call = s.call
-        if call is not None:
-            call.cancel()
-        s.queue.put(_END)
-        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                                           "session lost: the daemon restarted or ended it; retry"))
-        s.mappings.close_all()
+                time.sleep(delay)
+            raise reopening.error(self._closing)
 
     def _lease_on_stream(self, s, device, size, zero, tag, timeout):
         request_id = next(self._ids)
-        waiter = [threading.Lock(), None]
-        waiter[0].acquire()
+        waiter = _Waiter()
         s.pending[request_id] = waiter
         if s.lost or (s.done.is_set() and s.call is None):
             s.pending.pop(request_id, None)
-            raise self._stream_down(s)
+            raise stream_down(s)
         s.queue.put(pb.StreamLease(request_id=request_id, device=device, size_bytes=size, zero=zero, tag=tag))
-        if not waiter[0].acquire(timeout=-1 if timeout is None else timeout):
+        if not waiter.wait(timeout):
             if s.pending.pop(request_id, None) is None:
-                waiter[0].acquire()  # the reply is being delivered right now: take it
+                waiter.wait(None)  # the reply is being delivered right now: take it
             else:
-                raise GpumemdError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                   "no answer from gpumemd to a lease within %s s" % timeout)
-        result = waiter[1]
-        if isinstance(result, GpumemdError):
-            raise result
-        return result
+                raise no_answer(timeout)
+        if isinstance(waiter.result, GpumemdError):
+            raise waiter.result
+        return waiter.result
 
-    @staticmethod
-    def _stream_down(s):
-        return GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
-                            + (" and the session is lost (the next lease opens a new one)" if s.lost else "; retry"))
-
-    def _close_lease(self, lease, event):
-        """A lease closed: a release notice on the stream, or a Release call (see Lease.close)."""
-        s = lease._session
-        if s.lost:
+    def _release_call(self, s, lease, event):
+        """The Release call for a closed lease (see ClientCore._close_lease), blocking; then
+        destroys its IPC event, if any."""
+        try:
+            self._release_unary(s, lease.id, b"" if event is None else event[0])
+        finally:
             if event is not None:
                 _cuda.destroy_event(lease.device, event[1])
-            return  # dead with its session: nothing to give back, and its mappings are gone
-        self._releases += 1
-        try:
-            if self._closing:
-                return  # CloseSession took it back
-            if event is not None:
-                # With an IPC event: the unary call, so that the daemon has opened the event
-                # before this process destroys it.
-                handle, cu_event = event
-                try:
-                    self._release_unary(s, lease.id, handle)
-                finally:
-                    _cuda.destroy_event(lease.device, cu_event)
-            elif self._stream_calls:
-                s.queue.put(pb.StreamRelease(lease_id=lease.id))
-            else:
-                self._release_unary(s, lease.id, b"")
-        finally:
-            s.mappings.release(lease.segment_id)
 
     def _release_unary(self, s, lease_id, event_handle):
         try:
             self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id,
                                                  cuda_ipc_event_handle=event_handle), metadata=self._metadata)
         except grpc.RpcError as e:
-            error = GpumemdError.from_rpc(e)
-            if not ((self._closing or s.lost) and error.code == grpc.StatusCode.NOT_FOUND):
+            error = self._release_error(s, e)
+            if error is not None:
                 raise error from None
 
-    def _release_quietly(self, s, lease_id):
+    def _give_back(self, s, lease_id):
         try:
             self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id),
                                metadata=self._metadata, timeout=5)
         except grpc.RpcError:
             pass  # the session's end will take it back
 
-    def _ack_unmapped(self, s, segment_id):
-        if not self._closing and not s.lost:
-            s.queue.put(("unmapped", segment_id))
-
     # ------------------------------------------------------------------ the KeepAlive stream
 
     def _requests(self, s, requests):
         """The stream's messages: the session id first, then whatever is queued, merged."""
+        def take():
+            try:
+                return requests.get_nowait()
+            except queue.Empty:
+                return None
+
         yield pb.KeepAliveRequest(session_id=s.id)
         while True:
             item = requests.get()
-            if item is _END:
+            if item is END:
                 return
-            message = pb.KeepAliveRequest()
-            end = False
-            n = 0
-            while True:
-                if isinstance(item, pb.StreamRelease):
-                    message.releases.append(item)
-                elif isinstance(item, pb.StreamLease):
-                    message.leases.append(item)
-                else:
-                    message.unmapped_segment_ids.append(item[1])
-                n += 1
-                if n >= _MAX_NOTICES:
-                    break
-                try:
-                    item = requests.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _END:
-                    end = True
-                    break
+            message, end = keepalive_message(item, take)
             yield message
             if end:
                 return
@@ -501,72 +362,29 @@ class Client:
                 call.cancel()
                 code = grpc.StatusCode.INTERNAL
             s.call = None
-            # Leases in flight on the broken stream get no reply: fail them so callers may retry.
-            self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                                               "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
-            if self._closing or s.lost:
+            if not self._stream_broke(s, code, details, time.monotonic() - first_try):
                 break
-            if code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND):
-                self._lose(s, "ended by the daemon: %s" % ("stream completed" if code == grpc.StatusCode.OK else details))
-                break
-            elapsed_ms = (time.monotonic() - first_try) * 1000
-            if elapsed_ms > s.keepalive_grace_ms:
-                self._lose(s, "KeepAlive stream broken for %.0f ms, past the grace period (%s)" % (elapsed_ms, code.name))
-                break
-            # Within the grace period the daemon keeps the session: reattach on a fresh queue,
-            # carrying over what the old stream had not taken yet.
+            # Reattach on a fresh queue, carrying over what the old stream had not taken yet.
             s.queue = queue.SimpleQueue()
-            requests.put(_END)
-            time.sleep(max(0.02, min(0.2, s.keepalive_grace_ms / 10000)))
+            requests.put(END)
+            time.sleep(reattach_delay(s))
             while True:
                 try:
                     item = requests.get_nowait()
                 except queue.Empty:
                     break
-                if item is not _END:
+                if item is not END:
                     s.queue.put(item)
         s.attached.set()
-        s.done.set()
-        self._fail_pending(s, self._stream_down(s))
-
-    @staticmethod
-    def _fail_pending(s, error):
-        for request_id in list(s.pending):
-            waiter = s.pending.pop(request_id, None)
-            if waiter is not None:
-                waiter[1] = error
-                waiter[0].release()
+        s.done.set()  # before the pending leases fail: a lease that finds it unset gets failed
+        self._fail_pending(s, stream_down(s))
 
     def _on_event(self, s, event):
-        kind = event.WhichOneof("event")
-        if kind == "lease_reply":
-            reply = event.lease_reply
-            waiter = s.pending.pop(reply.request_id, None)
-            if waiter is None:
-                if reply.HasField("lease"):  # its caller gave up: give it straight back
-                    s.queue.put(pb.StreamRelease(lease_id=reply.lease.lease_id))
-                return
-            waiter[1] = reply.lease if reply.HasField("lease") else GpumemdError.from_stream(reply.error)
-            waiter[0].release()
-        elif kind == "unmap":
-            s.mappings.unmap_requested(event.unmap.segment_id)
-        elif kind == "attached":
-            s.attached.set()
-        elif kind == "release_failed":
-            self._release_failures += 1
-            failed = event.release_failed
-            log.warning("gpumemd refused the release of lease %s: %s", failed.lease_id,
-                        GpumemdError.from_stream(failed.error))
-        elif kind == "shutdown":
-            self.shutdown_notice = event.shutdown.drain_timeout_ms
-            self._shutdown_event.set()
-            log.info("gpumemd is shutting down; drain timeout %d ms", self.shutdown_notice)
-            if self._on_shutdown is not None:
-                try:
-                    self._on_shutdown(self.shutdown_notice)
-                except Exception:
-                    log.exception("gpumemd on_shutdown callback failed")
-        # return_cache, cache_allowance: this client keeps no cache tier (it asked for none)
+        if self._take_event(s, event) and self._on_shutdown is not None:
+            try:
+                self._on_shutdown(self.shutdown_notice)
+            except Exception:
+                log.exception("gpumemd on_shutdown callback failed")
         s.mappings.retry()
 
     # ------------------------------------------------------------------ closing
@@ -584,7 +402,7 @@ class Client:
                 if not s.lost and s.call is not None:
                     # Pending releases go out, then the stream ends; once the daemon has ended
                     # its side it has applied them, before CloseSession (another HTTP/2 stream).
-                    s.queue.put(_END)
+                    s.queue.put(END)
                     s.done.wait(2)
                 if not s.lost:
                     self._stub.CloseSession(pb.CloseSessionRequest(session_id=s.id),
@@ -596,7 +414,7 @@ class Client:
                 call = s.call
                 if call is not None:
                     call.cancel()
-                s.queue.put(_END)
+                s.queue.put(END)
                 s.thread.join(5)
                 s.mappings.close_all()
                 self._channel.close()

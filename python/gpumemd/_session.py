@@ -1,0 +1,368 @@
+"""The session logic that the sync client (:mod:`gpumemd.client`) and the asyncio client
+(:mod:`gpumemd.aio`) share, without their I/O.
+
+This module owns what both clients decide alike: the state of one session (its pending stream
+leases and its mappings), the client's counters and session properties, building KeepAlive
+messages from queued notices, interpreting the daemon's SessionEvents, what a lost session
+means (its leases die, its waiting leases fail, its notices and mappings are dropped), when a
+broken KeepAlive stream is reattached or the session given up, the backoff for opening a new
+session, and the errors that all of this raises. Nothing here blocks, sleeps, awaits or calls
+the daemon: each client makes its calls, waits and sleeps in its own way (threads and queues in
+``client.py``, tasks and awaits in ``aio.py``) and asks this module what to do.
+
+A session's ``queue`` (``queue.SimpleQueue`` or ``asyncio.Queue``) is only written with
+``put_nowait``, and its ``attached`` event only set, which both kinds allow; its ``call`` only
+cancelled. A pending stream lease is a waiter with ``settle(result)`` (a ``LeaseReply.lease``
+or a :class:`GpumemdError`) that answers False when its caller has already given up.
+
+Thread-safety: :class:`ClientCore` takes no lock except the one that makes a session's loss
+happen once; its methods may be called as the sync client calls them (any thread: the caller's
+and the KeepAlive thread), or from the asyncio client's event loop only.
+"""
+import collections
+import itertools
+import logging
+import threading
+
+import grpc
+
+from . import _cuda
+from ._errors import GpumemdError
+from ._mapping import MappingCache
+from ._sharing import closed_client
+from ._stubs import pb
+
+log = logging.getLogger("gpumemd")
+
+#: What a client did since it connected (see :meth:`Client.stats`). The clients keep no cache
+#: tier of their own, so every lease is served by the daemon and every close is a release.
+ClientStats = collections.namedtuple("ClientStats", [
+    "leases",            # leases the daemon granted to this client
+    "pool_hits",         # of those, served from the daemon's cached memory
+    "releases",          # leases closed (released to the daemon)
+    "release_failures",  # releases the daemon refused (ReleaseFailed events), logged as warnings
+    "mapped_segments",   # segments mapped in this process now
+    "maps_opened",       # mappings opened since connect (a lease on a mapped segment adds none)
+    "holds",             # holds taken by attach() and lookup() (closing one counts as a release)
+])
+
+END = object()  # queued last: the KeepAlive request stream ends after what was queued before it
+MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
+MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
+MAX_BACKOFF = 2.0   # ... up to this, for gpumemd.client._REOPEN_SECONDS
+
+
+def open_request(client_name, ttl_seconds):
+    """The OpenSessionRequest of a client: it asks for no client cache allowance."""
+    return pb.OpenSessionRequest(client_name=client_name, ttl_seconds=ttl_seconds, client_cache_bytes=0)
+
+
+def keepalive_message(first, take):
+    """One KeepAliveRequest merging the queued notice ``first`` and those that ``take()`` gives
+    (None once nothing more is queued), at most :data:`MAX_NOTICES`; ``(message, end)``, where
+    ``end`` says that :data:`END` was taken (the request stream ends after this message).
+    A notice is a StreamRelease, a StreamLease or ``("unmapped", segment_id)``."""
+    message = pb.KeepAliveRequest()
+    item = first
+    n = 0
+    while True:
+        if isinstance(item, pb.StreamRelease):
+            message.releases.append(item)
+        elif isinstance(item, pb.StreamLease):
+            message.leases.append(item)
+        else:
+            message.unmapped_segment_ids.append(item[1])
+        n += 1
+        if n >= MAX_NOTICES:
+            return message, False
+        item = take()
+        if item is None:
+            return message, False
+        if item is END:
+            return message, True
+
+
+def reattach_delay(s):
+    """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period."""
+    return max(0.02, min(0.2, s.keepalive_grace_ms / 10000))
+
+
+def no_answer(timeout):
+    return GpumemdError(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer from gpumemd to a lease within %s s" % timeout)
+
+
+def stream_down(s):
+    return GpumemdError(grpc.StatusCode.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
+                        + (" and the session is lost (the next lease opens a new one)" if s.lost else "; retry"))
+
+
+class Reopening:
+    """The attempts to open a new session after a loss: backoff from :data:`MIN_BACKOFF`
+    doubling to :data:`MAX_BACKOFF`, for ``seconds`` from ``now`` (``time.monotonic()``)."""
+
+    def __init__(self, now, seconds):
+        self.deadline = now + seconds
+        self.backoff = MIN_BACKOFF
+        self.last = None  # the last attempt's GpumemdError
+
+    def call_timeout(self, now):
+        """The timeout of the next OpenSession call."""
+        return max(0.1, min(5.0, self.deadline - now))
+
+    def next_delay(self, now):
+        """Seconds to wait before the next attempt, or None when that would pass the deadline."""
+        if now + self.backoff > self.deadline:
+            return None
+        delay = self.backoff
+        self.backoff = min(MAX_BACKOFF, self.backoff * 2)
+        return delay
+
+    def error(self, closing):
+        """What the lease that wanted a new session raises when no attempt succeeded."""
+        if closing:
+            return closed_client()
+        return GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                            "session lost: the daemon restarted or ended it, and no new session could be "
+                            "opened yet%s; retry" % ("" if self.last is None else " (%s)" % self.last))
+
+
+class SessionState:
+    """One session of a client: its id, pending stream leases (request id -> waiter), the
+    ``queue`` of notices for its KeepAlive stream, its ``attached`` event (set once the stream
+    is bound, or never will be), its KeepAlive ``call`` and its mappings. Each client's session
+    class adds what runs the stream. A lost session is never reused; the client opens a new one
+    (the next generation)."""
+
+    def __init__(self, client, opened, generation, notices, attached):
+        self.id = opened.session_id
+        self.ttl_seconds = opened.ttl_seconds
+        self.keepalive_grace_ms = opened.keepalive_grace_ms
+        self.generation = generation
+        self.lost = False
+        self.pending = {}
+        self.queue = notices
+        self.attached = attached
+        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
+        self.call = None
+
+
+class ClientCore:
+    """What :class:`gpumemd.Client` and :class:`gpumemd.aio.AsyncClient` share: their state,
+    properties and counters, and the session decisions that need no I/O. A subclass sets
+    ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event`` and
+    ``_s``, and provides ``_give_back(s, lease_id)`` (release a lease that cannot be used
+    here, without raising) and ``_release_call(s, lease, event)`` (the Release call for a
+    closed lease, see :meth:`_close_lease`)."""
+
+    _session_class = None
+
+    def __init__(self, target, client_name, stream, on_shutdown, metadata):
+        self.target = target
+        self.client_name = client_name
+        self._metadata = metadata
+        self._stream_calls = stream
+        self._on_shutdown = on_shutdown
+        #: None, or the daemon's drain timeout in ms once it announced its shutdown.
+        self.shutdown_notice = None
+        self._closing = False
+        self._closed = False
+        self._lose_lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._leases = 0
+        self._pool_hits = 0
+        self._releases = 0
+        self._release_failures = 0
+        self._holds = 0
+        self._earlier_maps_opened = 0
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def channel(self):
+        """The gRPC channel, for other services of the daemon (Admin, health)."""
+        return self._channel
+
+    @property
+    def metadata(self):
+        """The call metadata (the bearer token) to pass to calls on :attr:`channel`."""
+        return self._metadata
+
+    @property
+    def session_id(self):
+        """The current session's id (a new one after a daemon restart; a bearer credential)."""
+        return self._s.id
+
+    @property
+    def ttl_seconds(self):
+        return self._s.ttl_seconds
+
+    @property
+    def keepalive_grace_ms(self):
+        return self._s.keepalive_grace_ms
+
+    @property
+    def session_lost(self):
+        """True once the current session is lost (the daemon restarted or ended it) and no new
+        one is open yet; the next lease opens one."""
+        return self._s.lost
+
+    @property
+    def session_generation(self):
+        """1 for the session opened by connect, one more for each session opened after a loss."""
+        return self._s.generation
+
+    def stats(self):
+        """What this client did since connect (a :data:`ClientStats`)."""
+        s = self._s
+        return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds)
+
+    # ------------------------------------------------------------------ leases
+
+    def _check_lease(self, size):
+        if size is None:
+            raise TypeError("lease() needs size")
+        if self._closing:
+            raise closed_client()
+
+    def _granted(self, s, response):
+        """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when
+        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back."""
+        if s.lost:
+            raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
+        self._leases += 1
+        if response.pool_hit:
+            self._pool_hits += 1
+        try:
+            return s.mappings.acquire(response.device, response.handle)
+        except BaseException:
+            self._give_back(s, response.lease_id)  # unusable here: do not hold it until session end
+            raise
+
+    def _lease_error(self, s, rpc_error):
+        """The error of a unary Lease call; NOT_FOUND for the session means it is lost."""
+        error = GpumemdError.from_rpc(rpc_error)
+        if error.code == grpc.StatusCode.NOT_FOUND and "session" in error.message.lower():
+            self._lose(s, "the daemon does not know it: %s" % error.message)
+        return error
+
+    def _close_lease(self, lease, event):
+        """A lease closed (see Lease.close): a release notice on the stream, or the Release
+        call of the subclass (always for a lease with an IPC event ``(handle, cu_event)``, so
+        that the daemon has opened the event before this process destroys it). What that call
+        returns is returned (None, or the asyncio client's task)."""
+        s = lease._session
+        if s.lost:
+            if event is not None:
+                _cuda.destroy_event(lease.device, event[1])
+            return None  # dead with its session: nothing to give back, and its mappings are gone
+        self._releases += 1
+        try:
+            if self._closing:
+                return None  # CloseSession took it back
+            if event is None and self._stream_calls:
+                s.queue.put_nowait(pb.StreamRelease(lease_id=lease.id))
+                return None
+            return self._release_call(s, lease, event)
+        finally:
+            s.mappings.release(lease.segment_id)
+
+    def _release_error(self, s, rpc_error):
+        """The error of a Release call to raise, or None: NOT_FOUND is expected once the client
+        is closing or the session is lost."""
+        error = GpumemdError.from_rpc(rpc_error)
+        if (self._closing or s.lost) and error.code == grpc.StatusCode.NOT_FOUND:
+            return None
+        return error
+
+    def _ack_unmapped(self, s, segment_id):
+        if not self._closing and not s.lost:
+            s.queue.put_nowait(("unmapped", segment_id))
+
+    # ------------------------------------------------------------------ sessions
+
+    def _next_session(self, s, opened):
+        """The session after the lost ``s``, from its OpenSessionResponse (not current yet)."""
+        nxt = self._session_class(self, opened, s.generation + 1)
+        log.info("gpumemd session %s of %s lost; opened new session %s (generation %d)",
+                 s.id, self.client_name, nxt.id, nxt.generation)
+        return nxt
+
+    def _adopt(self, s, nxt):
+        """Makes ``nxt`` (attached) the current session in place of the lost ``s``."""
+        self._earlier_maps_opened += s.mappings.maps_opened
+        self._s = nxt
+
+    def _lose(self, s, why):
+        """Marks a session lost (once): its leases are dead, its pending leases fail, its unsent
+        notices are dropped and its mappings too (a restarted daemon reuses segment ids). Host
+        mappings that a buffer or array still exports stay mapped until that object is gone."""
+        with self._lose_lock:
+            if s.lost:
+                return
+            s.lost = True
+        if not self._closing:
+            log.warning("gpumemd session %s of %s lost (%s); its leases are gone, the next lease opens a new session",
+                        s.id, self.client_name, why)
+        s.attached.set()
+        call = s.call
+        if call is not None:
+            call.cancel()
+        s.queue.put_nowait(END)
+        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                           "session lost: the daemon restarted or ended it; retry"))
+        s.mappings.close_all()
+
+    @staticmethod
+    def _fail_pending(s, error):
+        for request_id in list(s.pending):
+            waiter = s.pending.pop(request_id, None)
+            if waiter is not None:
+                waiter.settle(error)
+
+    def _stream_broke(self, s, code, details, elapsed):
+        """The KeepAlive call of ``s`` ended with ``code``, ``elapsed`` seconds after its last
+        event (or its first attempt): fails the leases in flight on it (they get no reply, so
+        their callers may retry), and loses the session when the daemon ended it or the grace
+        period is over. True when the client should reattach after :func:`reattach_delay`."""
+        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
+                                           "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
+        if self._closing or s.lost:
+            return False
+        if code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND):
+            self._lose(s, "ended by the daemon: %s" % ("stream completed" if code == grpc.StatusCode.OK else details))
+            return False
+        elapsed_ms = elapsed * 1000
+        if elapsed_ms > s.keepalive_grace_ms:
+            self._lose(s, "KeepAlive stream broken for %.0f ms, past the grace period (%s)" % (elapsed_ms, code.name))
+            return False
+        return True  # within the grace period the daemon keeps the session
+
+    # ------------------------------------------------------------------ events
+
+    def _take_event(self, s, event):
+        """Applies one SessionEvent of ``s``; True for a shutdown notice, which the subclass
+        then passes to ``on_shutdown``. ReturnCache and CacheAllowance are ignored: the
+        clients keep no cache tier (they ask for none)."""
+        kind = event.WhichOneof("event")
+        if kind == "lease_reply":
+            reply = event.lease_reply
+            waiter = s.pending.pop(reply.request_id, None)
+            result = reply.lease if reply.HasField("lease") else GpumemdError.from_stream(reply.error)
+            if (waiter is None or not waiter.settle(result)) and reply.HasField("lease"):
+                s.queue.put_nowait(pb.StreamRelease(lease_id=reply.lease.lease_id))  # its caller gave up
+        elif kind == "unmap":
+            s.mappings.unmap_requested(event.unmap.segment_id)
+        elif kind == "attached":
+            s.attached.set()
+        elif kind == "release_failed":
+            self._release_failures += 1
+            failed = event.release_failed
+            log.warning("gpumemd refused the release of lease %s: %s", failed.lease_id,
+                        GpumemdError.from_stream(failed.error))
+        elif kind == "shutdown":
+            self.shutdown_notice = event.shutdown.drain_timeout_ms
+            self._shutdown_event.set()
+            log.info("gpumemd is shutting down; drain timeout %d ms", self.shutdown_notice)
+            return True
+        return False
