@@ -235,8 +235,10 @@ class AsyncClient(ClientCore):
             reopening = Reopening(time.monotonic(), _sync._REOPEN_SECONDS)
             while not self._closing:
                 try:
+                    # wait_for_ready: see the sync client.
                     opened = await self._stub.OpenSession(self._open_request, metadata=self._metadata,
-                                                          timeout=reopening.call_timeout(time.monotonic()))
+                                                          timeout=reopening.call_timeout(time.monotonic()),
+                                                          wait_for_ready=True)
                 except grpc.RpcError as e:
                     reopening.last = GpumemdError.from_rpc(e)
                 else:

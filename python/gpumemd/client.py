@@ -264,8 +264,12 @@ class Client(ClientCore):
             reopening = Reopening(time.monotonic(), _REOPEN_SECONDS)
             while not self._closing:
                 try:
+                    # wait_for_ready: wait for the channel to reconnect (within a second of the
+                    # daemon coming back, see _channel) instead of failing at once with the
+                    # error of the last connection attempt while it is between attempts.
                     opened = self._stub.OpenSession(self._open_request, metadata=self._metadata,
-                                                    timeout=reopening.call_timeout(time.monotonic()))
+                                                    timeout=reopening.call_timeout(time.monotonic()),
+                                                    wait_for_ready=True)
                 except grpc.RpcError as e:
                     reopening.last = GpumemdError.from_rpc(e)
                 else:
