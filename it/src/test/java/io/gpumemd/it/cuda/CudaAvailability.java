@@ -23,4 +23,13 @@ public final class CudaAvailability {
   public static String whyNot() {
     return REASON == null ? null : "CUDA tests skipped: " + REASON;
   }
+
+  /** Skips the calling test, printing the reason, where no GPU is usable. */
+  public static void assumeUsable() {
+    String why = whyNot();
+    if (why != null) {
+      System.out.println(why);
+    }
+    org.junit.jupiter.api.Assumptions.assumeTrue(why == null, why);
+  }
 }

@@ -2,7 +2,6 @@ package io.gpumemd.it.cuda;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.ResultProcess;
@@ -23,11 +22,7 @@ import org.junit.jupiter.api.Test;
 class SharingCudaTest {
   @BeforeEach
   void needsGpu() {
-    String why = CudaAvailability.whyNot();
-    if (why != null) {
-      System.out.println(why);
-    }
-    assumeTrue(why == null, why);
+    CudaAvailability.assumeUsable();
   }
 
   @Test
