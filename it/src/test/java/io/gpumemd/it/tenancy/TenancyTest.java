@@ -131,6 +131,45 @@ class TenancyTest {
   }
 
   @Test
+  void sharing_staysWithinTheTenant_anotherUidCannotAttachLookUpListOrRemove() throws Exception {
+    try (TestDaemon daemon = startDaemon();
+         GpuMemClient victim = GpuMemClient.builder(daemon.unixTarget()).clientName("victim").connect()) {
+      Lease weights = victim.lease(0, 4096, false, "weights");
+      write(weights, SECRET);
+      String token = weights.share().token();
+      victim.publish(weights, TenantProbeMain.OBJECT);
+      String actions = "attachToken,lookup,objects,unpublish,removeObject";
+
+      Map<String, String> intruder = probe(OtherUser.NOBODY, List.of(), daemon.unixTarget(), victim.sessionId(),
+          token, 4096, actions);
+      String where = intruder.get("output");
+      assertEquals("NOT_FOUND", intruder.get("attachToken"), "another tenant's token looks unknown: " + where);
+      assertEquals("NOT_FOUND", intruder.get("lookup"), where);
+      assertEquals("0", intruder.get("objectsSeen"), where);
+      assertEquals("NOT_FOUND", intruder.get("unpublish"), "its own tenant has no such name: " + where);
+      assertEquals("PERMISSION_DENIED", intruder.get("removeObject"), where);
+
+      // The control: a process of the victim's own uid attaches and looks up the same token and
+      // name (its holds end with it), and sees the object.
+      Map<String, String> sameTenant = probe(0, List.of(), daemon.unixTarget(), victim.sessionId(), token, 4096,
+          "attachToken,lookup,objects");
+      assertEquals("OK", sameTenant.get("attachToken"), sameTenant.get("output"));
+      assertEquals("OK", sameTenant.get("lookup"), sameTenant.get("output"));
+      assertEquals("1", sameTenant.get("objectsSeen"), sameTenant.get("output"));
+
+      // Nothing of the victim's changed: its bytes, its name, its token.
+      assertEquals(new String(SECRET, StandardCharsets.US_ASCII), new String(read(weights, SECRET.length), StandardCharsets.US_ASCII));
+      try (Lease again = victim.lookup(TenantProbeMain.OBJECT); Lease byToken = victim.attach(token)) {
+        assertEquals(weights.segmentId(), again.segmentId());
+        assertEquals(weights.offset(), byToken.offset());
+      }
+      assertTrue(victim.unpublish(TenantProbeMain.OBJECT) == false, "the token and the lease still hold it");
+      weights.close();
+      daemon.verifyInvariants();
+    }
+  }
+
+  @Test
   void sameUid_sharesItsTenantsSegments_unlessSessionsAreIsolated() throws Exception {
     for (boolean isolated : List.of(false, true)) {
       try (TestDaemon daemon = isolated ? startDaemon("--isolate", "session") : startDaemon();

@@ -4,6 +4,11 @@ import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.AttachRequest;
+import io.gpumemd.proto.v1.ListObjectsRequest;
+import io.gpumemd.proto.v1.LookupRequest;
+import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.UnpublishRequest;
 import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
@@ -31,9 +36,14 @@ import java.util.function.Supplier;
  * status code it got, and what its own lease looked like.
  *
  * <p>Usage: {@code TenantProbeMain target victimSessionId victimLeaseId leaseBytes action[,action...]}
- * with actions own, list, lease, release, attach, attachLoop, close, trim, cap.
+ * with actions own, list, lease, release, attach, attachLoop, close, trim, cap, and for sharing
+ * (victimLeaseId then carries a share token) attachToken, lookup, unpublish, objects,
+ * removeObject, which name the object {@value #OBJECT}.
  */
 public final class TenantProbeMain {
+  /** The object name the sharing actions try. */
+  static final String OBJECT = "victim/weights";
+
   private TenantProbeMain() {}
 
   public static void main(String[] args) throws Exception {
@@ -92,6 +102,16 @@ public final class TenantProbeMain {
           case "trim" -> result.put("trim", status(() -> admin.trim(TrimRequest.newBuilder().setKeepBytes(0).build())));
           case "cap" -> result.put("cap", status(() -> admin.setRetentionCap(
               SetRetentionCapRequest.newBuilder().setCapBytes(0).build())));
+          case "attachToken" -> result.put("attachToken", status(() -> allocator.attach(AttachRequest.newBuilder()
+              .setSessionId(own.sessionId()).setToken(victimLease).build())));
+          case "lookup" -> result.put("lookup", status(() -> allocator.lookup(LookupRequest.newBuilder()
+              .setSessionId(own.sessionId()).setName(OBJECT).build())));
+          case "unpublish" -> result.put("unpublish", status(() -> allocator.unpublish(UnpublishRequest.newBuilder()
+              .setSessionId(own.sessionId()).setName(OBJECT).build())));
+          case "objects" -> result.put("objectsSeen", Integer.toString(
+              admin.listObjects(ListObjectsRequest.getDefaultInstance()).getObjectsCount()));
+          case "removeObject" -> result.put("removeObject", status(() -> admin.removeObject(
+              RemoveObjectRequest.newBuilder().setTenant("uid:0").setName(OBJECT).build())));
           default -> throw new IllegalArgumentException("unknown action " + action);
         }
       }
