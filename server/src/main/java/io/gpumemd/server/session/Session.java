@@ -180,8 +180,8 @@ public final class Session {
    * Takes a client's cumulative counters for a device and returns what is new since the last
    * report: {hits, returns}, never negative. A counter that goes backwards (a confused client)
    * adds nothing, and a negative one is no count at all: it is ignored, the last valid value
-   * stands, and the caller says so. The values kept are the highest valid ones reported, so
-   * they never exceed {@link Long#MAX_VALUE} and a delta never overflows.
+   * stands, and the caller says so. The values kept are the highest valid ones reported, never
+   * negative, so a delta (a valid report less a kept value) never overflows.
    */
   synchronized long[] counterDeltas(int device, long hits, long returns) {
     long[] last = reportedCounters.computeIfAbsent(device, d -> new long[2]);
