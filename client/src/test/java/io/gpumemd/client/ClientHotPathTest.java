@@ -253,7 +253,7 @@ class ClientHotPathTest {
     second.close();
     ClientStats stats = client.stats();
     assertEquals(new ClientStats(0, 0, 2, 2, 0, 0, 0), stats);
-    assertEquals(0, daemon.server().registry().sessions().get(0).cacheAllowance());
+    assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).get(0).cacheAllowance());
   }
 
   @Test

@@ -1,5 +1,6 @@
 package io.gpumemd.ctl;
 
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -191,7 +192,7 @@ class GpuMemCtlTest {
     daemon.close();
     daemon = TestDaemon.start("--max-sessions", "200000");
     for (int i = 0; i < 100_000; i++) {
-      daemon.server().registry().open("bulk-" + (i % 10), 0);
+      daemon.server().registry().open(Caller.DAEMON, "bulk-" + (i % 10), 0, -1);
     }
     CtlRun table = ctl("sessions");
     assertOk(table);
@@ -203,15 +204,15 @@ class GpuMemCtlTest {
   @Test
   void leasesAndJson_followPages_upToTheLimit() throws IOException {
     for (int i = 0; i < 2100; i++) {
-      daemon.server().registry().open("idle-" + i, 0);
+      daemon.server().registry().open(Caller.DAEMON, "idle-" + i, 0, -1);
     }
     ListSessionsResponse sessions = parse(ctl("sessions", "--json").out(), ListSessionsResponse.newBuilder()).build();
     assertEquals(2100, sessions.getSessionsCount(), "one response made of three pages");
     assertEquals(2100, sessions.getTotal());
     assertEquals("", sessions.getNextPageToken());
-    String session = daemon.server().registry().open("many", 0).id();
+    String session = daemon.server().registry().open(Caller.DAEMON, "many", 0, -1).id();
     for (int i = 0; i < 2500; i++) {
-      daemon.server().registry().lease(session, 0, 512, false, "", false);
+      daemon.server().registry().lease(Caller.DAEMON, session, 0, 512, false, "", false);
     }
     CtlRun all = ctl("leases");
     assertOk(all);
@@ -443,7 +444,7 @@ class GpuMemCtlTest {
         "gpumemctl: --device: 'x' (expected: an integer)",
         "gpumemctl: --hold-ms: '-5' (expected: an integer in [0, " + Long.MAX_VALUE + "])",
         "Run 'gpumemctl worker --help' for usage."), lines);
-    assertEquals(0, daemon.server().registry().sessions().size(), "a usage error contacts no daemon");
+    assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size(), "a usage error contacts no daemon");
 
     CtlRun ranges = ctl("loadgen", "--threads", "0", "--seconds", "soon", "--scenarios", "floor,warp", "--procs=999");
     assertEquals(2, ranges.code(), ranges.err());
@@ -575,7 +576,7 @@ class GpuMemCtlTest {
     // Iterations 2 and 3 were hits: the daemon's, or the worker's own cache (reported to it).
     assertEquals(2, stats(1).get(PoolMetric.HITS) + stats(1).get(PoolMetric.CLIENT_CACHE_HITS));
     assertEquals(0, stats(1).get(PoolMetric.ACTIVE_LEASES));
-    assertEquals(0, daemon.server().registry().sessions().size());
+    assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size());
   }
 
   @Test
@@ -603,7 +604,7 @@ class GpuMemCtlTest {
     assertTrue(output.contains("(signal)"), output);
     assertTrue(lines.stream().noneMatch(l -> l.contains("WARN") || l.contains("ERROR")), output);
     assertEquals(0, stats(0).get(PoolMetric.ACTIVE_LEASES));
-    assertEquals(0, daemon.server().registry().sessions().size(), "the worker closed its session");
+    assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size(), "the worker closed its session");
   }
 
   @Test

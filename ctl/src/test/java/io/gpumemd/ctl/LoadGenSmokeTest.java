@@ -1,5 +1,6 @@
 package io.gpumemd.ctl;
 
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -122,7 +123,7 @@ class LoadGenSmokeTest {
     try (Stream<Path> left = Files.list(tmp)) {
       assertEquals(List.of(jsonFile), left.toList(), "the baseline deletes its files");
     }
-    assertEquals(0, daemon.server().registry().sessions().size(), "loadgen and its children closed their sessions");
+    assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size(), "loadgen and its children closed their sessions");
     assertTrue(daemon.server().pools().get(0).stats().get(PoolMetric.HITS) > 0);
   }
 

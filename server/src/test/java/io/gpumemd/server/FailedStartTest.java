@@ -1,5 +1,6 @@
 package io.gpumemd.server;
 
+import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -98,8 +99,8 @@ class FailedStartTest {
     Files.createDirectories(shared);
     Files.setAttribute(shared, "unix:mode", 01777);
     try (TestDaemon daemon = TestDaemon.start("--shm-dir", shared.toString())) {
-      var session = daemon.server().registry().open("shm-check", 0);
-      daemon.server().registry().lease(session.id(), 0, 4096, false, "", false);
+      var session = daemon.server().registry().open(Caller.DAEMON, "shm-check", 0, -1);
+      daemon.server().registry().lease(Caller.DAEMON, session.id(), 0, 4096, false, "", false);
       try (var files = Files.list(shared.resolve("gpumemd").resolve("dev0"))) {
         assertEquals(1, files.filter(f -> f.getFileName().toString().startsWith("seg-")).count(),
             "the segment lives in the daemon's own subdirectory");

@@ -1,5 +1,6 @@
 package io.gpumemd.it.e2e;
 
+import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -209,10 +210,10 @@ class MixedWorkloadSoakTest {
 
       // Every session ends: closed by its process, or the killed ones' after the grace period.
       long settle = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(GRACE_MS + 5000);
-      while (daemon.server().registry().sessions().size() > 0 && System.nanoTime() < settle) {
+      while (daemon.server().registry().sessions(Caller.DAEMON).size() > 0 && System.nanoTime() < settle) {
         Thread.sleep(20);
       }
-      assertEquals(0, daemon.server().registry().sessions().size(), "sessions left");
+      assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size(), "sessions left");
       assertEquals(0, daemon.server().registry().liveLeases());
       for (DevicePool pool : daemon.server().pools().all()) {
         pool.verifyInvariants();

@@ -1,5 +1,6 @@
 package io.gpumemd.it.e2e;
 
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.pool.PoolMetric;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -145,13 +146,13 @@ class StressTest {
 
       // Every session has ended or will within the grace period.
       long settle = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-      while (daemon.server().registry().sessions().size() > 0 && System.nanoTime() < settle) {
+      while (daemon.server().registry().sessions(Caller.DAEMON).size() > 0 && System.nanoTime() < settle) {
         Thread.sleep(20);
       }
       assertEquals(0, corruptions.get(), "blocks seen with another holder's bytes");
       assertTrue(operations.get() > 100, "the workers did little: " + operations.get());
       assertTrue(kills.get() >= PROCESSES, "processes killed: " + kills.get());
-      assertEquals(0, daemon.server().registry().sessions().size());
+      assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size());
       assertEquals(0, daemon.server().registry().liveLeases());
       for (DevicePool pool1 : daemon.server().pools().all()) {
         pool1.verifyInvariants();

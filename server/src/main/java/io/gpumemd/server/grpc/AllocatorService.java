@@ -28,6 +28,7 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.PendingLease;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SharedObjects;
@@ -113,38 +114,51 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   }
 
   /**
-   * Serves a lease, unary or on a session stream: a pool hit on the calling (transport)
-   * thread, anything that needs the backend on the blocking executor. Exactly one of the
-   * callbacks runs, once.
+   * Serves a lease, unary or on a session stream: checked and its quota reserved once on the
+   * calling (transport) thread, a pool hit served there too, anything that needs the backend
+   * handed with its reservation to the blocking executor. Exactly one of the callbacks runs,
+   * once.
    */
   void serveLease(Caller caller, String sessionId, int device, long size, boolean zero, String tag,
       Consumer<LeaseResponse> reply, Consumer<StatusRuntimeException> refuse) {
     long start = System.nanoTime();
-    LeaseRecord lease;
+    PendingLease pending;
     try {
-      lease = registry.lease(caller, sessionId, device, size, zero, tag, true);
+      pending = registry.beginLease(caller, sessionId, device, size, zero, tag);
     } catch (RuntimeException e) {
       refuse.accept(StatusMapper.toStatus("Lease", e));
       return;
     }
-    if (lease != null) {
-      reply.accept(respond(lease, start));
+    LeaseRecord hit;
+    try {
+      hit = registry.leaseCached(pending);
+    } catch (RuntimeException e) {
+      pending.close();
+      refuse.accept(StatusMapper.toStatus("Lease", e));
+      return;
+    }
+    if (hit != null) {
+      reply.accept(respond(hit, start));
       return;
     }
     try {
-      blockingExecutor.execute(() -> {
-        LeaseResponse response;
-        try {
-          response = respond(registry.lease(caller, sessionId, device, size, zero, tag, false), start);
-        } catch (RuntimeException e) {
-          refuse.accept(StatusMapper.toStatus("Lease", e));
-          return;
-        }
-        reply.accept(response);
-      });
+      blockingExecutor.execute(() -> serveFromBackend(pending, start, reply, refuse));
     } catch (RejectedExecutionException e) {
+      pending.close();
       refuse.accept(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
     }
+  }
+
+  private void serveFromBackend(PendingLease pending, long start, Consumer<LeaseResponse> reply,
+      Consumer<StatusRuntimeException> refuse) {
+    LeaseResponse response;
+    try (pending) {
+      response = respond(registry.leaseFromBackend(pending), start);
+    } catch (RuntimeException e) {
+      refuse.accept(StatusMapper.toStatus("Lease", e));
+      return;
+    }
+    reply.accept(response);
   }
 
   private LeaseResponse respond(LeaseRecord lease, long startNanos) {

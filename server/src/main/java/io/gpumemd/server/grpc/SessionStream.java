@@ -116,7 +116,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       }
       for (ClientCacheCounters c : message.getClientCountersList()) {
         try {
-          registry.clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
+          registry.clientTier().clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
         } catch (InvalidRequestException e) {
           // Counters of a device this daemon does not have: nothing to add them to.
         }
@@ -238,7 +238,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
     List<String> run = notices.subList(from, to).stream().map(CacheNotice::getLeaseId).toList();
     try {
-      List<NoticeRefusal> refused = reused ? registry.reused(session, run) : registry.cached(session, run);
+      List<NoticeRefusal> refused = reused ? registry.clientTier().reused(session, run) : registry.clientTier().cached(session, run);
       for (NoticeRefusal r : refused) {
         channel.releaseFailed(r.leaseId(), StatusMapper.toStatus("KeepAlive", r.reason()).getStatus());
       }

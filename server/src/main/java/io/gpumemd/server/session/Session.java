@@ -3,6 +3,7 @@ package io.gpumemd.server.session;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ConflictException;
+import io.gpumemd.server.error.ExhaustedException;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -48,8 +49,8 @@ public final class Session {
   private boolean cacheReturnOverdue;
   /** The client's cumulative cache counters as last reported, by device: {hits, returns}. */
   private final Map<Integer, long[]> reportedCounters = new HashMap<>(2);
-  private long reservedBytes;
-  private long reservedLeases;
+  /** Leases held or being made, and their bytes, against the session's quota. */
+  private final QuotaCount quotaUsage;
   /** Holds on other leases' blocks (Attach, Lookup), in {@code leases} too, and their bytes. */
   private long attachedHolds;
   private long attachedBytes;
@@ -67,6 +68,8 @@ public final class Session {
     this.clientName = clientName;
     this.ttlSeconds = ttlSeconds;
     this.quota = quota;
+    this.quotaUsage = new QuotaCount(new QuotaCount.Label("session", "", "", "--quota-max-leases or quota."
+        + clientName + ".max-leases", "--quota-max-leased-bytes or quota." + clientName + ".max-leased-bytes"));
     this.openedNanos = nowNanos;
     this.lastSeenNanos = nowNanos;
   }
@@ -312,42 +315,30 @@ public final class Session {
   // ------------------------------------------------------------------------ leases and quota
 
   /**
-   * Reserves quota for a lease about to be made.
+   * Counts a lease about to be made against the session's quota ({@link Reservation} gives it
+   * back or commits it).
    *
-   * @return null when reserved, else the quota that would be exceeded, as a message
+   * @throws ExhaustedException naming the quota, having counted nothing
    * @throws IllegalStateException when the session has ended
    */
-  synchronized String reserve(long bytes) {
+  synchronized void reserve(long bytes) {
     if (ended) {
       throw new IllegalStateException(this + " has ended");
     }
-    long count = leases.size() - attachedHolds + reservedLeases + 1; // holds have their own bound
-    long total = leasedBytes + reservedBytes + bytes;
-    if (quota.maxLeases() > 0 && count > quota.maxLeases()) {
-      return "session quota max-leases=" + quota.maxLeases() + " reached (" + (count - 1)
-          + " leases held or in progress)";
-    }
-    if (quota.maxLeasedBytes() > 0 && total > quota.maxLeasedBytes()) {
-      return "session quota max-leased-bytes=" + quota.maxLeasedBytes() + " would be exceeded ("
-          + (leasedBytes + reservedBytes) + " held, " + bytes + " requested)";
-    }
-    reservedBytes += bytes;
-    reservedLeases++;
-    return null;
+    quotaUsage.take(bytes, quota, this + ": ");
   }
 
   synchronized void unreserve(long bytes) {
-    reservedBytes -= bytes;
-    reservedLeases--;
+    quotaUsage.give(bytes);
   }
 
-  /** Turns a reservation into a held lease; false if the session ended meanwhile. */
+  /** Turns a reservation into a held lease; false, the reservation given back, if the session ended meanwhile. */
   synchronized boolean commit(LeaseRecord lease, long reserved) {
-    reservedBytes -= reserved;
-    reservedLeases--;
     if (ended) {
+      quotaUsage.give(reserved);
       return false;
     }
+    quotaUsage.resize(lease.block().size() - reserved);
     leases.put(lease.id(), lease);
     leasedBytes += lease.block().size();
     return true;
@@ -376,19 +367,18 @@ public final class Session {
   /**
    * Reserves a place for a hold about to be taken.
    *
-   * @return null when reserved, else the bound that would be exceeded, as a message
+   * @throws ExhaustedException at {@code maxHolds}, having reserved nothing
    * @throws IllegalStateException when the session has ended
    */
-  synchronized String reserveHold(int maxHolds) {
+  synchronized void reserveHold(int maxHolds) {
     if (ended) {
       throw new IllegalStateException(this + " has ended");
     }
     if (maxHolds > 0 && attachedHolds + reservedHolds >= maxHolds) {
-      return "at most " + maxHolds + " holds per session by Attach and Lookup (flag --max-holds-per-session); "
-          + attachedHolds + " held";
+      throw new ExhaustedException(this + ": at most " + maxHolds + " holds per session by Attach and Lookup "
+          + "(flag --max-holds-per-session); " + attachedHolds + " held");
     }
     reservedHolds++;
-    return null;
   }
 
   synchronized void unreserveHold() {
@@ -417,6 +407,7 @@ public final class Session {
     }
     if (leases.remove(lease.id()) != null) {
       leasedBytes -= lease.block().size();
+      quotaUsage.give(lease.block().size());
       if (lease.clientCached) {
         clientCachedBytes -= lease.block().size();
       }

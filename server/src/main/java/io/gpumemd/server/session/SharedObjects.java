@@ -46,7 +46,8 @@ public final class SharedObjects {
   public static final int MAX_NAME_LENGTH = 256;
   private static final long EXPIRY_SCAN_NANOS = TimeUnit.SECONDS.toNanos(1);
 
-  private final SessionRegistry registry;
+  private final SessionDirectory directory;
+  private final LeaseBook book;
   private final DevicePools pools;
   private final SharingSettings settings;
   private final Ticker ticker;
@@ -57,8 +58,10 @@ public final class SharedObjects {
   /** Written by the housekeeping thread only. */
   private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
 
-  SharedObjects(SessionRegistry registry, DevicePools pools, SharingSettings settings, Ticker ticker) {
-    this.registry = registry;
+  SharedObjects(SessionDirectory directory, LeaseBook book, DevicePools pools, SharingSettings settings,
+      Ticker ticker) {
+    this.directory = directory;
+    this.book = book;
     this.pools = pools;
     this.settings = settings;
     this.ticker = ticker;
@@ -66,6 +69,24 @@ public final class SharedObjects {
 
   public SharingSettings settings() {
     return settings;
+  }
+
+  /**
+   * Gives a session of the caller's tenant its own hold on a shared block (Attach, Lookup),
+   * within the session's and the tenant's bounds on holds. The daemon's own caller is no peer:
+   * it takes the session bound only (as in {@link SessionLimits}).
+   *
+   * @throws NotFoundException when the session ended or the block went back meanwhile
+   * @throws ExhaustedException at a bound, having taken nothing
+   */
+  private LeaseRecord hold(Caller caller, String sessionId, SharedBlock shared, boolean readOnly, String tag) {
+    directory.checkNotDraining();
+    Session session = directory.session(caller, sessionId);
+    Validation.label("tag", tag);
+    try (Reservation place = Reservation.forHold(session, settings.maxHoldsPerSession(),
+        caller == Caller.DAEMON ? 0 : settings.maxHoldsPerTenant())) {
+      return book.hold(place, shared, readOnly, tag);
+    }
   }
 
   /** What {@link #share} made: the token, the seconds it is valid, and its public id. */
@@ -77,9 +98,9 @@ public final class SharedObjects {
    */
   public Share share(Caller caller, String sessionId, String leaseId, int expiresAfterSeconds, boolean readOnly,
       int maxAttaches) {
-    registry.checkNotDraining();
-    Session session = registry.session(caller, sessionId);
-    LeaseRecord lease = registry.record(session, leaseId);
+    directory.checkNotDraining();
+    Session session = directory.session(caller, sessionId);
+    LeaseRecord lease = book.find(session, leaseId);
     if (expiresAfterSeconds < 0) {
       throw InvalidRequestException.of("expires_after_seconds", expiresAfterSeconds, ">= 0");
     }
@@ -117,7 +138,7 @@ public final class SharedObjects {
    * @return true when that was the block's last hold and it went back to the pool
    */
   public boolean revoke(Caller caller, String sessionId, String token) {
-    registry.session(caller, sessionId);
+    directory.session(caller, sessionId);
     SecureIds.checkSecret("token", token);
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || !found.kill()) {
@@ -132,14 +153,14 @@ public final class SharedObjects {
     SecureIds.checkSecret("token", token);
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || found.expired(ticker.nanos())) {
-      registry.session(caller, sessionId); // an unknown session says so first
+      directory.session(caller, sessionId); // an unknown session says so first
       throw tokenNotFound();
     }
-    LeaseRecord hold = registry.hold(caller, sessionId, found.shared, found.readOnly, tag);
+    LeaseRecord hold = hold(caller, sessionId, found.shared, found.readOnly, tag);
     int use = found.use();
     if (use < 0) {
       // Used up or revoked while we took the hold: undo it, the token is gone.
-      registry.release(caller, sessionId, hold.id(), new byte[0]);
+      book.release(hold.session(), hold.id(), new byte[0]);
       throw tokenNotFound();
     }
     if (use == 1) {
@@ -150,10 +171,10 @@ public final class SharedObjects {
 
   /** Publishes a lease or hold of a session under a name of its tenant. */
   public void publish(Caller caller, String sessionId, String leaseId, String name, boolean readOnly) {
-    registry.checkNotDraining();
-    Session session = registry.session(caller, sessionId);
-    LeaseRecord lease = registry.record(session, leaseId);
-    objectName(name);
+    directory.checkNotDraining();
+    Session session = directory.session(caller, sessionId);
+    LeaseRecord lease = book.find(session, leaseId);
+    Validation.objectName(name);
     String key = PublishedObject.key(session.tenant(), name);
     if (objects.containsKey(key)) {
       throw exists(name);
@@ -190,7 +211,7 @@ public final class SharedObjects {
     }
     if (refused != null) {
       if (refused.lastHold()) {
-        registry.giveBack(shared);
+        book.giveBack(shared);
       }
       tenant.removeShare();
       throw new ExhaustedException("device " + pool.device().ordinal() + ": publishing " + shared.block().size()
@@ -213,13 +234,13 @@ public final class SharedObjects {
   /** Attaches a session of the caller's tenant to a published object: a hold of its own. */
   public LeaseRecord lookup(Caller caller, String sessionId, String name, String tag) {
     Validation.label("tag", tag);
-    objectName(name);
+    Validation.objectName(name);
     PublishedObject object = objects.get(PublishedObject.key(caller.tenant(), name));
     if (object == null) {
-      registry.session(caller, sessionId);
+      directory.session(caller, sessionId);
       throw objectNotFound(name);
     }
-    LeaseRecord hold = registry.hold(caller, sessionId, object.shared(), object.readOnly(), tag);
+    LeaseRecord hold = hold(caller, sessionId, object.shared(), object.readOnly(), tag);
     object.lookups().incrementAndGet();
     return hold;
   }
@@ -230,8 +251,8 @@ public final class SharedObjects {
    * @return true when the name was the block's last hold and it went back to the pool
    */
   public boolean unpublish(Caller caller, String sessionId, String name) {
-    Session session = registry.session(caller, sessionId);
-    objectName(name);
+    Session session = directory.session(caller, sessionId);
+    Validation.objectName(name);
     PublishedObject object = objects.remove(PublishedObject.key(session.tenant(), name));
     if (object == null) {
       throw objectNotFound(name);
@@ -249,7 +270,7 @@ public final class SharedObjects {
    */
   public boolean remove(Caller caller, String tenant, String name) {
     String owner = tenant.isEmpty() ? caller.tenant() : tenant;
-    objectName(name);
+    Validation.objectName(name);
     if (!caller.owns(owner) && !caller.admin()) {
       throw notAdmin("removing another tenant's object", caller);
     }
@@ -415,9 +436,9 @@ public final class SharedObjects {
   private boolean retire(ShareToken token) {
     tokens.remove(token.token, token);
     tokensById.remove(token.id, token);
-    registry.tenant(token.tenant).removeShare();
+    directory.tenant(token.tenant).removeShare();
     if (token.shared.dropToken()) {
-      registry.giveBack(token.shared);
+      book.giveBack(token.shared);
       return true;
     }
     return false;
@@ -425,7 +446,7 @@ public final class SharedObjects {
 
   /** Drops a removed name's hold (the caller removed it from the table). */
   private boolean retire(PublishedObject object) {
-    registry.tenant(object.tenant()).removeShare();
+    directory.tenant(object.tenant()).removeShare();
     return dropName(object.shared(), object.name());
   }
 
@@ -440,42 +461,10 @@ public final class SharedObjects {
       pool.unpublished(shared.block(), drop.lastName());
     }
     if (drop.lastHold()) {
-      registry.giveBack(shared);
+      book.giveBack(shared);
       return true;
     }
     return false;
-  }
-
-  /**
-   * An object name: 1 to 256 characters (code points), printable, without leading or trailing
-   * white space. Control and format characters (right-to-left overrides, zero-width spaces),
-   * line and paragraph separators and lone surrogates are refused: a name is shown in
-   * line-based listings, where they would break or spoof the lines.
-   */
-  static String objectName(String name) {
-    int length = name.codePointCount(0, name.length());
-    if (length == 0) {
-      throw InvalidRequestException.of("name", "''", "1 to " + MAX_NAME_LENGTH + " characters");
-    }
-    if (length > MAX_NAME_LENGTH) {
-      throw InvalidRequestException.of("name", length + " characters", "at most " + MAX_NAME_LENGTH);
-    }
-    int index = 0;
-    for (int i = 0; i < name.length(); index++) {
-      int c = name.codePointAt(i);
-      int type = Character.getType(c);
-      if (type == Character.CONTROL || type == Character.FORMAT || type == Character.LINE_SEPARATOR
-          || type == Character.PARAGRAPH_SEPARATOR || type == Character.SURROGATE || type == Character.UNASSIGNED) {
-        throw InvalidRequestException.of("name", String.format("U+%04X at index %d", c, index),
-            "printable text (no control, format or separator characters)");
-      }
-      i += Character.charCount(c);
-    }
-    if (Character.isWhitespace(name.codePointAt(0)) || Character.isWhitespace(name.codePointBefore(name.length()))
-        || Character.isSpaceChar(name.codePointAt(0)) || Character.isSpaceChar(name.codePointBefore(name.length()))) {
-      throw InvalidRequestException.of("name", "'" + name + "'", "no leading or trailing white space");
-    }
-    return name;
   }
 
   private static NotFoundException tokenNotFound() {

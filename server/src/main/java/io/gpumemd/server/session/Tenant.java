@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.error.ExhaustedException;
+
 /**
  * One tenant's holdings across all its sessions, checked against the per-tenant quota: without
  * it, a per-session quota is no limit at all for a peer that opens many sessions. Also the
@@ -10,8 +12,8 @@ package io.gpumemd.server.session;
  */
 final class Tenant {
   private final String key;
-  private long bytes;
-  private long leases;
+  /** Leases of all its sessions, held or being made, against the tenant quota. */
+  private final QuotaCount usage;
   private int sessions;
   /** Live share tokens and published names: they outlive sessions, so they are counted here. */
   private int shares;
@@ -23,31 +25,23 @@ final class Tenant {
 
   Tenant(String key) {
     this.key = key;
+    this.usage = new QuotaCount(new QuotaCount.Label("tenant", " for " + key, " over all its sessions",
+        "--tenant-max-leases", "--tenant-max-leased-bytes"));
   }
 
   /**
    * Counts a lease about to be made against {@code quota}.
    *
-   * @return null when counted, else the quota that would be exceeded, as a message
+   * @param prefix what a refusal begins with (who asked)
+   * @throws ExhaustedException naming the quota and its flag, having counted nothing
    */
-  synchronized String reserve(long leaseBytes, Quota quota) {
-    if (quota.maxLeases() > 0 && leases + 1 > quota.maxLeases()) {
-      return "tenant quota max-leases=" + quota.maxLeases() + " reached for " + key + " (" + leases
-          + " leases held or in progress over all its sessions; flag --tenant-max-leases)";
-    }
-    if (quota.maxLeasedBytes() > 0 && bytes + leaseBytes > quota.maxLeasedBytes()) {
-      return "tenant quota max-leased-bytes=" + quota.maxLeasedBytes() + " would be exceeded for " + key + " ("
-          + bytes + " held over all its sessions, " + leaseBytes + " requested; flag --tenant-max-leased-bytes)";
-    }
-    bytes += leaseBytes;
-    leases++;
-    return null;
+  synchronized void reserve(long leaseBytes, Quota quota, String prefix) {
+    usage.take(leaseBytes, quota, prefix);
   }
 
   /** A lease counted by {@link #reserve} is gone (released, refused, or its session ended). */
   synchronized void unreserve(long leaseBytes) {
-    bytes -= leaseBytes;
-    leases--;
+    usage.give(leaseBytes);
   }
 
   /**
@@ -108,17 +102,17 @@ final class Tenant {
 
   /**
    * Counts a hold about to be taken by one of the tenant's sessions against {@code max} (0 = no
-   * bound). The registry returns it when the hold ends, however it ends.
+   * bound). The lease book returns it when the hold ends, however it ends.
    *
-   * @return null when counted, else the bound reached, as a message (nothing counted)
+   * @param prefix what a refusal begins with (who asked)
+   * @throws ExhaustedException at the bound, having counted nothing
    */
-  synchronized String reserveHold(int max) {
+  synchronized void reserveHold(int max, String prefix) {
     if (max > 0 && holds >= max) {
-      return "tenant " + key + " has " + holds + " holds on shared blocks over all its sessions, the bound of "
-          + max + " (flag --max-holds-per-tenant); release holds it no longer needs";
+      throw new ExhaustedException(prefix + "tenant " + key + " has " + holds + " holds on shared blocks over all "
+          + "its sessions, the bound of " + max + " (flag --max-holds-per-tenant); release holds it no longer needs");
     }
     holds++;
-    return null;
   }
 
   /** A hold counted by {@link #reserveHold} ended, or was never taken after all. */
@@ -139,7 +133,7 @@ final class Tenant {
   }
 
   synchronized long[] holdings() {
-    return new long[] {leases, bytes};
+    return new long[] {usage.leases(), usage.bytes()};
   }
 
   String key() {

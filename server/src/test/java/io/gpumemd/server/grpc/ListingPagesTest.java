@@ -149,15 +149,15 @@ class ListingPagesTest {
     start();
     List<Session> opened = new ArrayList<>();
     for (int i = 0; i < 10; i++) {
-      opened.add(registry.open("s" + i, 0));
+      opened.add(registry.open(Caller.DAEMON, "s" + i, 0, -1));
       ticker.advance(1, TimeUnit.MILLISECONDS);
     }
     AdminGrpc.AdminBlockingStub admin = admin(Caller.DAEMON);
     ListSessionsResponse one = admin.listSessions(ListSessionsRequest.newBuilder().setPageSize(4).build());
     assertEquals(List.of("s0", "s1", "s2", "s3"), one.getSessionsList().stream().map(SessionInfo::getClientName).toList());
-    registry.close(opened.get(1).id()); // already listed
-    registry.close(opened.get(5).id()); // not yet listed: skipped, nothing else shifts
-    registry.open("late", 0);           // opened after the first page: comes last
+    registry.close(Caller.DAEMON, opened.get(1).id()); // already listed
+    registry.close(Caller.DAEMON, opened.get(5).id()); // not yet listed: skipped, nothing else shifts
+    registry.open(Caller.DAEMON, "late", 0, -1);           // opened after the first page: comes last
     ticker.advance(1, TimeUnit.MILLISECONDS);
     ListSessionsResponse two = admin.listSessions(ListSessionsRequest.newBuilder().setPageSize(4)
         .setPageToken(one.getNextPageToken()).build());
@@ -185,12 +185,12 @@ class ListingPagesTest {
   @Test
   void leasePages_followTheGrantOrder_withTotalAndFilters() throws Exception {
     start();
-    Session a = registry.open("a", 0);
-    Session b = registry.open("b", 0);
+    Session a = registry.open(Caller.DAEMON, "a", 0, -1);
+    Session b = registry.open(Caller.DAEMON, "b", 0, -1);
     List<String> ofA = new ArrayList<>();
     for (int i = 0; i < 7; i++) {
-      ofA.add(registry.lease(a.id(), 0, 4096, false, "", false).id());
-      registry.lease(b.id(), 0, 4096, false, "", false);
+      ofA.add(registry.lease(Caller.DAEMON, a.id(), 0, 4096, false, "", false).id());
+      registry.lease(Caller.DAEMON, b.id(), 0, 4096, false, "", false);
     }
     AdminGrpc.AdminBlockingStub admin = admin(Caller.DAEMON);
     List<String> listed = new ArrayList<>();
@@ -204,8 +204,8 @@ class ListingPagesTest {
       token = page.getNextPageToken();
       pages++;
       if (pages == 1) {
-        LeaseRecord fourth = registry.leases(null, a.id()).get(3);
-        registry.release(a.id(), fourth.id(), new byte[0]); // released before its page: skipped
+        LeaseRecord fourth = registry.leases(Caller.DAEMON, null, a.id()).get(3);
+        registry.release(Caller.DAEMON, a.id(), fourth.id(), new byte[0]); // released before its page: skipped
         ofA.remove(fourth.id());
       }
     } while (!token.isEmpty());
@@ -220,8 +220,8 @@ class ListingPagesTest {
   @Test
   void badPageRequests_areInvalidArgument() throws Exception {
     start();
-    registry.open("a", 0);
-    registry.open("b", 0);
+    registry.open(Caller.DAEMON, "a", 0, -1);
+    registry.open(Caller.DAEMON, "b", 0, -1);
     AdminGrpc.AdminBlockingStub admin = admin(Caller.DAEMON);
     String sessionToken = admin.listSessions(ListSessionsRequest.newBuilder().setPageSize(1).build()).getNextPageToken();
     for (String token : List.of("garbage!", "bm9wZQ", sessionToken)) {

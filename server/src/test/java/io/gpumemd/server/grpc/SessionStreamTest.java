@@ -475,4 +475,32 @@ class SessionStreamTest {
     assertEquals(0, stats().getClientCachedBytes());
     assertEquals(4096, stats().getLeasedBytes());
   }
+
+  @Test
+  void aMiss_reservesQuotaOnce_andHoldsItWhileTheBackendServesIt() throws Exception {
+    open(OpenSessionRequest.newBuilder().setClientName("one-lease")); // session quota: one lease
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4096)).build());
+    assertEquals(1, backendTasks.size(), "the miss waits for the backend executor");
+    assertEquals(0, sessionInfo().getLeases(), "not served yet");
+    // A second lease meanwhile finds the quota taken by the pending one, counted once: refused at
+    // once (before, the miss gave its quota back on the transport thread and took it again on
+    // the executor, so this one waited for the backend too).
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(2, 4096)).build());
+    LeaseReply refused = next().getLeaseReply();
+    assertEquals(2, refused.getRequestId());
+    assertEquals(Status.Code.RESOURCE_EXHAUSTED.value(), refused.getError().getCode());
+    assertTrue(refused.getError().getMessage().contains("max-leases=1 reached (1 leases held or in progress"),
+        refused.getError().getMessage());
+    runBackendTasks();
+    LeaseReply served = next().getLeaseReply();
+    assertEquals(1, served.getRequestId());
+    assertTrue(served.hasLease(), served.toString());
+    assertEquals(1, sessionInfo().getLeases());
+    // The reservation became the lease, nothing left over: after a release, one lease fits again.
+    stream.onNext(KeepAliveRequest.newBuilder().addReleases(StreamRelease.newBuilder().setLeaseId(
+        served.getLease().getLeaseId())).addLeases(lease(3, 4096)).build());
+    LeaseReply again = next().getLeaseReply();
+    assertEquals(3, again.getRequestId());
+    assertTrue(again.hasLease(), again.toString());
+  }
 }

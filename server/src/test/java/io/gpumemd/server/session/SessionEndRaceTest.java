@@ -1,5 +1,6 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.common.Ticker;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -25,10 +26,10 @@ class SessionEndRaceTest {
         sessions, DevicePools.segmentIdBase(0), ticker);
     DevicePools pools = new DevicePools(List.of(pool));
     SessionRegistry registry = new SessionRegistry(pools, backend, SessionSettings.defaults(), ticker, sessions);
-    Session session = registry.open("racer", 0);
-    backend.onAllocate(() -> registry.close(session.id())); // the session ends mid-lease
+    Session session = registry.open(Caller.DAEMON, "racer", 0, -1);
+    backend.onAllocate(() -> registry.close(Caller.DAEMON, session.id())); // the session ends mid-lease
 
-    assertThrows(NotFoundException.class, () -> registry.lease(session.id(), 0, 4096, false, "", false));
+    assertThrows(NotFoundException.class, () -> registry.lease(Caller.DAEMON, session.id(), 0, 4096, false, "", false));
     assertEquals(0, registry.liveLeases());
     assertEquals(0, pool.mappedSegments(session.id()));
     assertEquals(2L << 20, pool.trim(0));

@@ -98,8 +98,8 @@ class SessionLimitsTest {
     registry.open(BOB, "b", 0, 0);
     assertThrows(ExhaustedException.class, () -> registry.open(ALICE, "a", 0, 0));
     assertThrows(ExhaustedException.class, () -> registry.open(ALICE, "a", 0, 0));
-    for (Session s : registry.sessions()) {
-      registry.close(s.id());
+    for (Session s : registry.sessions(Caller.DAEMON)) {
+      registry.close(Caller.DAEMON, s.id());
     }
     registry.open(ALICE, "a", 0, 0);
     registry.open(ALICE, "a", 0, 0); // two refusals above must not have used up Alice's two places

@@ -1,5 +1,6 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -34,10 +35,10 @@ class SessionStreamRaceTest {
         sessions, DevicePools.segmentIdBase(0), ticker);
     SessionRegistry registry = new SessionRegistry(new DevicePools(List.of(pool)), backend,
         new SessionSettings(30, 3600, 1000, 0, Quota.UNLIMITED, java.util.Map.of()), ticker, sessions);
-    Session session = registry.open("flaky-network", 0);
+    Session session = registry.open(Caller.DAEMON, "flaky-network", 0, -1);
     CyclicBarrier start = new CyclicBarrier(2);
     RecordingChannel[] current = {new RecordingChannel()};
-    registry.attach(session.id(), current[0]);
+    registry.attach(Caller.DAEMON, session.id(), current[0]);
     int lost = 0;
     for (int round = 0; round < ROUNDS; round++) {
       RecordingChannel old = current[0];
@@ -48,12 +49,12 @@ class SessionStreamRaceTest {
       });
       detacher.start();
       await(start);
-      registry.attach(session.id(), fresh);
+      registry.attach(Caller.DAEMON, session.id(), fresh);
       detacher.join(TimeUnit.SECONDS.toMillis(10));
       current[0] = fresh;
       if (!session.streamAttached()) {
         lost++;
-        registry.attach(session.id(), fresh); // repair, and count the next round afresh
+        registry.attach(Caller.DAEMON, session.id(), fresh); // repair, and count the next round afresh
       }
     }
     assertEquals(0, lost, "rounds in which the late detach of the old stream detached the new one");

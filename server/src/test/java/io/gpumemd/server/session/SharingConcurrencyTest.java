@@ -96,8 +96,8 @@ class SharingConcurrencyTest {
     threads.shutdown();
     assertTrue(attaches.get() > 100, "attaches happened: " + attaches.get());
 
-    for (Session s : registry.sessions()) {
-      registry.close(s.id());
+    for (Session s : registry.sessions(Caller.DAEMON)) {
+      registry.close(Caller.DAEMON, s.id());
     }
     registry.sharing().dropAll("test end");
     pool.verifyInvariants();
@@ -189,7 +189,7 @@ class SharingConcurrencyTest {
     pool.verifyInvariants();
     Map<Block, Integer> records = new IdentityHashMap<>();
     Map<Block, SharedBlock> shared = new IdentityHashMap<>();
-    for (LeaseRecord r : registry.leases(null, "")) {
+    for (LeaseRecord r : registry.leases(Caller.DAEMON, null, "")) {
       records.merge(r.block(), 1, Integer::sum);
       if (r.shared() != null) {
         shared.put(r.block(), r.shared());
@@ -217,7 +217,7 @@ class SharingConcurrencyTest {
     PoolStats stats = pool.stats();
     assertEquals(bytes, stats.get(PoolMetric.LEASED_BYTES), "leased bytes = distinct held blocks");
     assertEquals(blocks.size(), stats.get(PoolMetric.ACTIVE_LEASES));
-    long attachedRecords = registry.leases(null, "").stream().filter(LeaseRecord::attached).count();
+    long attachedRecords = registry.leases(Caller.DAEMON, null, "").stream().filter(LeaseRecord::attached).count();
     assertEquals(attachedRecords, stats.get(PoolMetric.LIVE_HOLDS));
     assertEquals(attachedRecords, registry.tenant(TENANT.tenant()).holds(),
         "the tenant's count of holds (--max-holds-per-tenant) agrees with its sessions' holds");

@@ -274,11 +274,11 @@ class SharingTest {
     Session s = registry.open(ALICE, "s", 30, MIB); // a client cache allowance: caching is allowed at all
     LeaseRecord cached = lease(ALICE, s, 4096);
     LeaseRecord shared = lease(ALICE, s, 4096);
-    assertTrue(registry.cached(s, List.of(cached.id())).isEmpty());
+    assertTrue(registry.clientTier().cached(s, List.of(cached.id())).isEmpty());
     assertThrows(ConflictException.class, () -> sharing.share(ALICE, s.id(), cached.id(), 0, false, 0));
     assertEquals(0, stat(PoolMetric.SHARED_BLOCKS), "the refused share changed nothing");
     sharing.share(ALICE, s.id(), shared.id(), 0, false, 0);
-    assertEquals(1, registry.cached(s, List.of(shared.id())).size(), "a shared lease is refused by the cache tier");
+    assertEquals(1, registry.clientTier().cached(s, List.of(shared.id())).size(), "a shared lease is refused by the cache tier");
     Session t = open(ALICE2, "t");
     assertEquals(0, t.holdings()[3]);
   }

@@ -1,0 +1,215 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.common.Sizes;
+import io.gpumemd.common.Ticker;
+import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.LeasedBlock;
+import io.gpumemd.server.pool.SizeClasses;
+import java.util.Collection;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Every live lease and hold by id: the one place that records one for a session ({@link
+ * #record}, {@link #hold}), finds it for its session, and gives its block back when it goes
+ * ({@link #release}, {@link #returnAll}), to the pool and to its tenant's quota. Both the {@link
+ * SessionRegistry} (leases, sessions ending) and {@link SharedObjects} (holds by token or name)
+ * use it, so neither calls the other.
+ *
+ * <p>Rules: only the owning session finds or releases a record; a foreign, unknown or repeated
+ * id answers NOT_FOUND, the same for each, so ids are not probeable. A shared block goes back
+ * with its last hold.
+ *
+ * <p>Thread-safety: records live in a concurrent map; who returns a record is decided by an
+ * atomic {@code remove(id, record)}, so an explicit release and a session ending concurrently
+ * return a block exactly once.
+ */
+final class LeaseBook {
+  /** The registry's logger: operators filter the sessions' and leases' story by one name. */
+  private static final Logger log = LoggerFactory.getLogger(SessionRegistry.class);
+
+  private final DevicePools pools;
+  private final MemoryBackend backend;
+  private final Ticker ticker;
+  private final ConcurrentHashMap<String, LeaseRecord> records = new ConcurrentHashMap<>();
+  private final AtomicLong sequence = new AtomicLong();
+
+  LeaseBook(DevicePools pools, MemoryBackend backend, Ticker ticker) {
+    this.pools = pools;
+    this.backend = backend;
+    this.ticker = ticker;
+  }
+
+  /**
+   * Records a block the pool leased for the reservation's session, committing the reservation.
+   *
+   * @throws NotFoundException when the session ended meanwhile (the block is given back)
+   */
+  LeaseRecord record(Reservation reservation, LeasedBlock leased, long size, String tag) {
+    Session session = reservation.session();
+    LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, leased, size, tag, ticker.nanos(),
+        sequence.incrementAndGet());
+    enter(reservation, lease);
+    return lease;
+  }
+
+  /**
+   * Gives the reservation's session its own hold on a shared block, committing the reservation.
+   * The session becomes a mapper of the block's segment before it learns the handle.
+   *
+   * @throws NotFoundException when the session ended or the block went back meanwhile
+   */
+  LeaseRecord hold(Reservation reservation, SharedBlock shared, boolean readOnly, String tag) {
+    Session session = reservation.session();
+    LeaseRecord hold = new LeaseRecord(SecureIds.next(), session, shared, readOnly, tag, ticker.nanos(),
+        sequence.incrementAndGet());
+    if (!shared.addRecord(hold)) {
+      throw new NotFoundException("the shared block was released by all its holders");
+    }
+    // Cannot fail: the block stays leased while it has a hold, and ours is one.
+    pools.get(shared.block().device()).attached(shared.block(), session.id());
+    enter(reservation, hold);
+    log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", hold.id())
+        .log("{}: hold {} on block of segment {} offset {} ({} holds{})", session, hold.id(),
+        shared.block().segmentId(), shared.block().offset(), shared.holds(), readOnly ? ", read-only" : "");
+    return hold;
+  }
+
+  private void enter(Reservation reservation, LeaseRecord record) {
+    records.put(record.id(), record);
+    if (!reservation.commit(record)) {
+      if (records.remove(record.id(), record)) {
+        returnBlock(record, null);
+      }
+      // The session ended while the record was being made, after its end() told the pools it
+      // maps nothing; the record re-registered it as a mapper of the segment. Tell the pool
+      // again, or an eviction of that segment would wait forever for an unmap.
+      pools.get(record.block().device()).holderEnded(record.session().id());
+      throw Reservation.ended(record.session());
+    }
+  }
+
+  /**
+   * A live lease or hold of the session by id.
+   *
+   * @throws NotFoundException for an unknown id or another session's, the same answer for both
+   */
+  LeaseRecord find(Session session, String leaseId) {
+    SecureIds.check("lease_id", leaseId);
+    LeaseRecord lease = records.get(leaseId);
+    if (lease == null || lease.session() != session) {
+      throw new NotFoundException("lease " + leaseId + " not found in this session (unknown, already released, "
+          + "or held by another session)");
+    }
+    return lease;
+  }
+
+  /** A live lease of the session by id, or null (also for a malformed id). */
+  LeaseRecord own(Session session, String leaseId) {
+    if (!SecureIds.isWellFormed(leaseId)) {
+      return null;
+    }
+    LeaseRecord lease = records.get(leaseId);
+    return lease != null && lease.session() == session ? lease : null;
+  }
+
+  /**
+   * Releases a lease or hold of a session; with a completion event the block is reused once it
+   * fires. A distrusted client that now keeps nothing cached gets its allowance back.
+   *
+   * @throws NotFoundException for an unknown lease, another session's lease, or a repeat
+   */
+  void release(Session session, String leaseId, byte[] eventHandle) {
+    SecureIds.check("lease_id", leaseId);
+    Validation.eventHandle(eventHandle);
+    LeaseRecord lease = find(session, leaseId);
+    CompletionEvent event = eventHandle.length == 0 ? null : backend.openEvent(lease.block().device(), eventHandle);
+    if (!records.remove(leaseId, lease)) {
+      if (event != null) {
+        event.close();
+      }
+      throw new NotFoundException("lease " + leaseId + " was already released");
+    }
+    session.forget(lease);
+    returnBlock(lease, event);
+    long restored = session.restoreTrustIfReturned();
+    if (restored >= 0) {
+      log.info("{} gave back its client-cached blocks: client cache allowance {} restored", session,
+          Sizes.format(restored));
+      SessionChannel channel = session.channel();
+      if (channel != null) {
+        channel.cacheAllowance(restored);
+      }
+    }
+  }
+
+  /** Returns the records of an ended session. Returns {leases, bytes, holds} it returned. */
+  long[] returnAll(Collection<LeaseRecord> ended) {
+    long[] returned = new long[3];
+    for (LeaseRecord lease : ended) {
+      if (records.remove(lease.id(), lease)) {
+        if (lease.attached()) {
+          returned[2]++;
+        } else {
+          returned[0]++;
+          returned[1] += lease.block().size();
+        }
+        returnBlock(lease, null);
+      }
+    }
+    return returned;
+  }
+
+  /**
+   * Gives a record's block back to its pool and its bytes back to the tenant's quota; for a
+   * shared block, drops the record's hold and gives the block back only with the last one. A
+   * hold's place among its tenant's holds comes back here, whatever ended it (Release, the
+   * session ending, an attach undone).
+   */
+  private void returnBlock(LeaseRecord lease, CompletionEvent event) {
+    Block block = lease.block();
+    SharedBlock shared = lease.markReleased();
+    if (lease.attached()) {
+      pools.get(block.device()).holdReleased();
+      lease.session().tenantUsage().unreserveHold();
+    }
+    if (shared == null) {
+      pools.get(block.device()).release(block, event);
+      lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
+    } else if (shared.dropRecord(lease, event)) {
+      giveBack(shared);
+    }
+    if (lease.leakReported) {
+      log.atInfo().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
+          .log("Lease {} of {} returned after {} ms (previously reported as possibly leaked)",
+          lease.id(), lease.session(), (ticker.nanos() - lease.grantedNanos()) / 1_000_000);
+    }
+  }
+
+  /** The last hold on a shared block is gone: the block goes back, the tenant's quota too. */
+  void giveBack(SharedBlock shared) {
+    Block block = shared.block();
+    DevicePool pool = pools.get(block.device());
+    pool.sharedBlockReturned();
+    pool.release(block, shared.takeEvents());
+    shared.leasedBy().tenantUsage().unreserve(SizeClasses.roundUp(shared.sizeBytes()));
+    log.atDebug().log("Shared block of segment {} offset {} returned: its last hold is gone", block.segmentId(),
+        block.offset());
+  }
+
+  /** Every live record, in no order. */
+  Collection<LeaseRecord> all() {
+    return records.values();
+  }
+
+  int size() {
+    return records.size();
+  }
+}

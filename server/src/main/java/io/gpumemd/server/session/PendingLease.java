@@ -1,0 +1,32 @@
+package io.gpumemd.server.session;
+
+import io.gpumemd.server.pool.DevicePool;
+
+/**
+ * A lease request that has passed its checks and reserved its quota, not yet served: the
+ * {@link SessionRegistry} serves it from the pool's cache on the transport thread, or, on a
+ * miss, from the backend on a thread that may block, with the same reservation. {@link #close}
+ * gives the quota back unless the lease was recorded.
+ *
+ * <p>Not thread-safe: one thread at a time owns it.
+ */
+public final class PendingLease implements AutoCloseable {
+  final Reservation quota;
+  final DevicePool pool;
+  final long size;
+  final boolean zero;
+  final String tag;
+
+  PendingLease(Reservation quota, DevicePool pool, long size, boolean zero, String tag) {
+    this.quota = quota;
+    this.pool = pool;
+    this.size = size;
+    this.zero = zero;
+    this.tag = tag;
+  }
+
+  @Override
+  public void close() {
+    quota.close();
+  }
+}
