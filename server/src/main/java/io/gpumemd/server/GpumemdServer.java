@@ -12,6 +12,7 @@ import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.grpc.AdminService;
 import io.gpumemd.server.grpc.AllocatorService;
+import io.gpumemd.server.grpc.StreamWatchdog;
 import io.gpumemd.server.grpc.DocumentedSchema;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.pool.DevicePool;
@@ -63,6 +64,7 @@ public final class GpumemdServer {
   private final ServerMetrics metrics;
   private final IdentityPolicy identities;
   private final Listeners listeners;
+  private final StreamWatchdog streams;
   private Housekeeping housekeeping;
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
@@ -95,8 +97,9 @@ public final class GpumemdServer {
         new LinkedBlockingQueue<>(), Listeners.daemonThreads("gpumemd-backend"));
     blockingExecutor.allowCoreThreadTimeOut(true);
     this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount);
+    this.streams = new StreamWatchdog(config.transport().streamStallMillis(), ticker);
     List<ServerServiceDefinition> services = List.of(
-        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics)),
+        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams)),
         DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor)),
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
@@ -181,7 +184,7 @@ public final class GpumemdServer {
     if (config.metricsPort() > 0) {
       listeners.startMetrics(config.metricsHost(), config.metricsPort(), meterRegistry, metrics::refresh);
     }
-    housekeeping = new Housekeeping(registry, pools, backend.supportsCompletionEvents());
+    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents());
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());
   }
 

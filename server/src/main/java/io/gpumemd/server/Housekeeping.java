@@ -1,5 +1,6 @@
 package io.gpumemd.server;
 
+import io.gpumemd.server.grpc.StreamWatchdog;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
@@ -10,37 +11,94 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The daemon's timers, on one thread: every 100 ms the session reaper (grace periods, TTLs,
- * leak warnings) and, on a backend with completion events, every 2 ms the events of released
- * blocks (cheap while none is pending). A failure is logged and the timer keeps running.
- * Thread-safe.
+ * leak warnings) and the stream watchdog (streams whose client stopped reading), and, on a
+ * backend with completion events, every 2 ms the events of released blocks (cheap while none
+ * is pending).
+ *
+ * <p>A periodic task that throws is logged and runs again at its next tick, whatever it threw:
+ * a {@code ScheduledExecutorService} silently cancels a task that throws, and a daemon whose
+ * reaper died would keep every dead client's memory. The exception is an {@link
+ * OutOfMemoryError}: the daemon then exits at once with status 3, one line
+ * saying why, so that its supervisor restarts it, rather than serving on with timers that
+ * can no longer be trusted (the JVM flag {@code -XX:+ExitOnOutOfMemoryError} does the same for
+ * every other thread). Thread-safe.
  */
 final class Housekeeping implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(Housekeeping.class);
+  /** The exit status on OutOfMemoryError, as {@code -XX:+ExitOnOutOfMemoryError} uses. */
+  static final int OUT_OF_MEMORY_EXIT = 3;
+  /** A task that keeps failing is logged with its stack trace once, then once a minute. */
+  private static final long REPEAT_LOG_NANOS = TimeUnit.MINUTES.toNanos(1);
 
   private final ScheduledThreadPoolExecutor scheduler =
       new ScheduledThreadPoolExecutor(1, Listeners.daemonThreads("gpumemd-housekeeping"));
 
-  Housekeeping(SessionRegistry registry, DevicePools pools, boolean pollEvents) {
+  Housekeeping(SessionRegistry registry, DevicePools pools, StreamWatchdog streams, boolean pollEvents) {
     scheduler.setRemoveOnCancelPolicy(true);
-    scheduler.scheduleWithFixedDelay(() -> {
-      try {
-        registry.reap();
-      } catch (RuntimeException e) {
-        log.error("Session housekeeping failed", e);
-      }
-    }, 100, 100, TimeUnit.MILLISECONDS);
-    if (!pollEvents) {
-      return;
-    }
-    scheduler.scheduleWithFixedDelay(() -> {
+    every(100, new Task("Session housekeeping", registry::reap));
+    every(100, new Task("The stream watchdog", streams::closeStalled));
+    if (pollEvents) {
       for (DevicePool pool : pools.all()) {
-        try {
-          pool.pollEvents();
-        } catch (RuntimeException e) {
-          log.error("Completion event polling failed on device {}", pool.device().ordinal(), e);
-        }
+        every(2, new Task("Completion event polling on device " + pool.device().ordinal(), pool::pollEvents));
       }
-    }, 2, 2, TimeUnit.MILLISECONDS);
+    }
+  }
+
+  private void every(long millis, Task task) {
+    scheduler.scheduleWithFixedDelay(task, millis, millis, TimeUnit.MILLISECONDS);
+  }
+
+  /** One periodic task that survives its own failures; run by the one housekeeping thread. */
+  static final class Task implements Runnable {
+    private final String name;
+    private final Runnable body;
+    private long failures;
+    private long lastLoggedNanos;
+
+    Task(String name, Runnable body) {
+      this.name = name;
+      this.body = body;
+    }
+
+    @Override
+    public void run() {
+      try {
+        body.run();
+      } catch (OutOfMemoryError e) {
+        outOfMemory(name, e);
+      } catch (Throwable t) {
+        failed(t);
+      }
+    }
+
+    private void failed(Throwable t) {
+      failures++;
+      long now = System.nanoTime();
+      if (failures == 1) {
+        log.error("{} failed; it runs again at its next tick", name, t);
+        lastLoggedNanos = now;
+      } else if (now - lastLoggedNanos >= REPEAT_LOG_NANOS) {
+        log.error("{} failed again ({} failures so far; the last: {})", name, failures, t.toString());
+        lastLoggedNanos = now;
+      }
+    }
+
+    long failures() {
+      return failures;
+    }
+  }
+
+  /**
+   * Exits the daemon at once: a JVM out of memory cannot be trusted to drain. Halts rather
+   * than exits, because shutdown hooks would try to drain and allocate.
+   */
+  static void outOfMemory(String where, OutOfMemoryError e) {
+    try {
+      log.error("{}: {}: gpumemd exits (status {}) so that its supervisor restarts it", where, e,
+          OUT_OF_MEMORY_EXIT);
+    } finally {
+      Runtime.getRuntime().halt(OUT_OF_MEMORY_EXIT);
+    }
   }
 
   @Override

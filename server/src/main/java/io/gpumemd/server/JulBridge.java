@@ -24,6 +24,10 @@ import org.slf4j.spi.LoggingEventBuilder;
  * and at most {@link #REFUSALS_PER_MINUTE} such lines a minute (the next one says how many were
  * left out), because a peer can send such requests as fast as it likes.
  *
+ * <p>A stream the peer ended under the transport's feet (grpc-netty's "Stream Error", logged at
+ * WARN with a stack trace for every cancelled stream) is expected of clients that disconnect:
+ * it becomes one DEBUG line.
+ *
  * <p>Installed once per JVM; thread-safe.
  */
 final class JulBridge extends Handler {
@@ -35,7 +39,7 @@ final class JulBridge extends Handler {
   private final AtomicLong inWindow = new AtomicLong();
   private final AtomicLong suppressed = new AtomicLong();
 
-  private JulBridge() {}
+  JulBridge() {}
 
   /** Replaces JUL's console output by this bridge; later calls do nothing. */
   static synchronized void install() {
@@ -67,6 +71,14 @@ final class JulBridge extends Handler {
         // keep the pattern as it is
       }
     }
+    if (isStreamReset(record, message)) {
+      // A client that goes away mid-stream (cancels, is killed, is cut off for not reading) is
+      // routine: one line at DEBUG, without the transport's stack trace.
+      if (log.isDebugEnabled()) {
+        log.debug("Stream ended by the peer or the transport: {}", String.valueOf(record.getThrown()));
+      }
+      return;
+    }
     Status refusal = statusOf(record.getThrown());
     if (refusal != null) {
       if (!log.isWarnEnabled() || !takeRefusalLine()) {
@@ -86,6 +98,12 @@ final class JulBridge extends Handler {
       event = event.setCause(record.getThrown());
     }
     event.log(message);
+  }
+
+  /** grpc-netty's "Stream Error" WARN: an HTTP/2 stream reset or written after it closed. */
+  private static boolean isStreamReset(LogRecord record, String message) {
+    return "Stream Error".equals(message) && record.getLoggerName() != null
+        && record.getLoggerName().endsWith(".NettyServerHandler");
   }
 
   private boolean takeRefusalLine() {

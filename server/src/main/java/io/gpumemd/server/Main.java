@@ -1,10 +1,12 @@
 package io.gpumemd.server;
 
+import com.sun.management.HotSpotDiagnosticMXBean;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.config.ConfigException;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.config.ServerOptions;
 import java.io.IOException;
+import java.lang.management.ManagementFactory;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 import sun.misc.Signal;
@@ -13,7 +15,8 @@ import sun.misc.Signal;
  * {@code java -jar gpumemd.jar [flags]}: parses the configuration ({@link ServerOptions}), starts
  * the daemon, and turns SIGTERM/SIGINT into a graceful drain (a second signal forces it). Exit
  * codes: 0 after a clean shutdown (and after {@code --help}), 1 when the daemon cannot start, 2
- * for a configuration error, with every bad value named in one message.
+ * for a configuration error, with every bad value named in one message, 3 on OutOfMemoryError
+ * (so that a supervisor restarts it; see {@link Housekeeping}).
  */
 public final class Main {
   private Main() {}
@@ -40,6 +43,16 @@ public final class Main {
     Logger log = LoggerFactory.getLogger(Main.class);
     log.info("gpumemd starting (pid {}, Java {}); configuration:{}", ProcessHandle.current().pid(),
         Runtime.version(), config.describe());
+    Thread.setDefaultUncaughtExceptionHandler((thread, e) -> {
+      if (e instanceof OutOfMemoryError oom) {
+        Housekeeping.outOfMemory(thread.getName(), oom);
+      }
+      log.error("Uncaught exception in thread {}", thread.getName(), e);
+    });
+    if (!exitsOnOutOfMemory()) {
+      log.warn("The JVM runs without -XX:+ExitOnOutOfMemoryError: an OutOfMemoryError in a transport thread "
+          + "would leave a daemon that no longer serves; add the flag (the container image has it)");
+    }
 
     GpumemdServer server;
     try {
@@ -76,5 +89,15 @@ public final class Main {
     Signal.handle(new Signal("INT"), s -> onSignal.run());
     server.awaitTermination();
     System.exit(0);
+  }
+
+  /** Whether the JVM runs with -XX:+ExitOnOutOfMemoryError (false if it cannot tell). */
+  private static boolean exitsOnOutOfMemory() {
+    try {
+      return Boolean.parseBoolean(ManagementFactory.getPlatformMXBean(HotSpotDiagnosticMXBean.class)
+          .getVMOption("ExitOnOutOfMemoryError").getValue());
+    } catch (RuntimeException e) {
+      return false;
+    }
   }
 }

@@ -126,6 +126,7 @@ public record ServerConfig(
     values.put("connection-idle-timeout-seconds", transport.connectionIdleSeconds());
     values.put("tcp-max-connections", transport.tcpMaxConnections());
     values.put("unix-max-connections", transport.unixMaxConnections());
+    values.put("stream-stall-timeout-ms", transport.streamStallMillis());
     values.put("drain-timeout-ms", drainTimeoutMillis);
     values.put("log-format", logFormat);
     values.put("log-level", logLevel);

@@ -273,6 +273,11 @@ public final class ServerOptions {
       description = "live connections on the Unix socket, counted apart from TCP (0 = no limit)")
   String unixMaxConnections;
 
+  @Option(names = "--stream-stall-timeout-ms", paramLabel = "MS", defaultValue = "30000",
+      description = "close a KeepAlive stream whose client reads none of its replies for this long (its session "
+          + "then ends after --keepalive-grace-ms unless the client reconnects)")
+  String streamStallTimeoutMs;
+
   @Option(names = "--drain-timeout-ms", paramLabel = "MS", defaultValue = "10000",
       description = "on SIGTERM, how long leases may drain before memory is freed")
   String drainTimeoutMs;
@@ -715,7 +720,8 @@ public final class ServerOptions {
             (int) s.integer("max-calls-per-connection", 1, 1_000_000),
             s.integer("connection-idle-timeout-seconds", 0, 86_400 * 7),
             (int) s.integer("tcp-max-connections", 0, 1_000_000),
-            (int) s.integer("unix-max-connections", 0, 1_000_000)),
+            (int) s.integer("unix-max-connections", 0, 1_000_000),
+            s.integer("stream-stall-timeout-ms", 100, 3_600_000)),
         s.integer("drain-timeout-ms", 0, 3_600_000),
         s.choice("log-format", List.of("plain", "json")),
         s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),

@@ -15,21 +15,26 @@ package io.gpumemd.server.config;
  *     ({@code --tcp-max-connections}, 0 = no limit)
  * @param unixMaxConnections live connections on the Unix socket ({@code --unix-max-connections},
  *     0 = no limit)
+ * @param streamStallMillis a KeepAlive stream whose client reads none of its replies for this
+ *     long is closed ({@code --stream-stall-timeout-ms}); until then the daemon reads no more of
+ *     its requests once 32 KiB of replies wait unsent
  */
 public record TransportLimits(
     int maxMessageBytes,
     int maxCallsPerConnection,
     long connectionIdleSeconds,
     int tcpMaxConnections,
-    int unixMaxConnections) {
+    int unixMaxConnections,
+    long streamStallMillis) {
 
   public static final int DEFAULT_MAX_MESSAGE_BYTES = 1 << 20;
   public static final int DEFAULT_MAX_CALLS_PER_CONNECTION = 1000;
   public static final long DEFAULT_CONNECTION_IDLE_SECONDS = 300;
   public static final int DEFAULT_TCP_MAX_CONNECTIONS = 1000;
   public static final int DEFAULT_UNIX_MAX_CONNECTIONS = 1000;
+  public static final long DEFAULT_STREAM_STALL_MILLIS = 30_000;
 
   public static final TransportLimits DEFAULTS = new TransportLimits(DEFAULT_MAX_MESSAGE_BYTES,
       DEFAULT_MAX_CALLS_PER_CONNECTION, DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_TCP_MAX_CONNECTIONS,
-      DEFAULT_UNIX_MAX_CONNECTIONS);
+      DEFAULT_UNIX_MAX_CONNECTIONS, DEFAULT_STREAM_STALL_MILLIS);
 }

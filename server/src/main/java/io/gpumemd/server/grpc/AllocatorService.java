@@ -54,11 +54,14 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   private final SessionRegistry registry;
   private final Executor blockingExecutor;
   private final ServerMetrics metrics;
+  private final StreamWatchdog streams;
 
-  public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics) {
+  public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
+      StreamWatchdog streams) {
     this.registry = registry;
     this.blockingExecutor = blockingExecutor;
     this.metrics = metrics;
+    this.streams = streams;
   }
 
   @Override
@@ -84,7 +87,8 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public StreamObserver<KeepAliveRequest> keepAlive(StreamObserver<SessionEvent> events) {
-    return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events, Callers.current());
+    return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events, Callers.current(),
+        streams);
   }
 
   @Override

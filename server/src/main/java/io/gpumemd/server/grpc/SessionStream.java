@@ -8,36 +8,59 @@ import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.session.NoticeRefusal;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.Status;
 import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
-import java.util.ArrayList;
+import java.util.HashSet;
 import java.util.List;
-import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.Set;
 import java.util.concurrent.atomic.AtomicInteger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * One client's KeepAlive stream: it binds the session and keeps it alive, takes the client's
  * acknowledgements and cache-tier notices, and serves its leases and releases (the session's
  * fast path: one round trip per lease, releases not waited for).
  *
- * <p>Order within one message: unmap confirmations, cache notices (in the client's order),
- * releases, counters, then leases, so that memory given back in a message is there for the
- * leases it carries. A bad request gets its own error (LeaseReply.error, ReleaseFailed) with
- * the unary call's status; the stream carries on. Only a bad binding (unknown session, a second
- * session on one stream) ends the stream.
+ * <p>Order within one message: unmap confirmations and counters; releases of leases the
+ * message's cache notices do not name; the cache notices (in the client's order); the releases
+ * of leases they name; then leases. So memory given back in a message is there for the leases
+ * it carries, a client that evicts cached leases to make room for another stays within its
+ * allowance, and a lease may be cached and released in one message. A bad request gets its own
+ * error (LeaseReply.error, ReleaseFailed) with the unary call's status; the stream carries on.
+ * A bad binding (unknown session, a second session on one stream) or a message of more than
+ * {@value #MAX_ENTRIES} entries ends the stream.
  *
- * <p>Flow control: inbound messages are requested one at a time, and not while {@value
- * #MAX_OUTSTANDING} leases await their replies, so a client that floods the stream is held by
- * HTTP/2 flow control and the replies the server buffers stay bounded.
+ * <p>Flow control, so that a client that floods the stream and never reads it slows only
+ * itself: messages are requested one at a time, and the next one only when this one is
+ * applied, fewer than {@value #MAX_OUTSTANDING} leases await their replies, and the transport
+ * takes replies ({@code isReady()}: at most gRPC's 32 KiB threshold unsent). A message is
+ * applied entry by entry and pauses at the first entry that finds the transport full, resuming
+ * in {@code onReady}, so the replies one stream can make the daemon buffer stay near that
+ * threshold whatever its messages hold. A stream that stays full is closed by the {@link
+ * StreamWatchdog}.
  *
- * <p>Thread-safety: gRPC delivers inbound messages one at a time; replies come from transport
- * and backend threads through the {@link StreamSessionChannel}, which serializes them.
+ * <p>Thread-safety: gRPC delivers inbound messages and {@code onReady} one at a time (the
+ * message cursor is theirs alone); lease replies come from transport and backend threads
+ * through the {@link StreamSessionChannel}, which serializes them. Whether to request the next
+ * message is decided under this object's monitor.
  */
 final class SessionStream implements StreamObserver<KeepAliveRequest> {
+  private static final Logger log = LoggerFactory.getLogger(SessionStream.class);
   static final int MAX_OUTSTANDING = 256;
+  /**
+   * Most entries in one message, all repeated fields together: a client sends at most 4,096
+   * notices and releases in a message, plus its lease and its counters.
+   */
+  static final int MAX_ENTRIES = 8192;
+  /** Cache notices applied per registry call: readiness is checked between runs. */
+  private static final int NOTICE_RUN = 64;
+
+  private enum Phase { RELEASES_FIRST, NOTICES, RELEASES_LAST, LEASES, DONE }
 
   private final SessionRegistry registry;
   private final AllocatorService leases;
@@ -46,70 +69,76 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   private final Caller caller;
   private final StreamSessionChannel channel;
   private final AtomicInteger outstanding = new AtomicInteger();
-  /** True while inbound reading is paused for too many outstanding leases. */
-  private final AtomicBoolean paused = new AtomicBoolean();
-  private Session session;
+  /** Bound by the first message; read by the watchdog thread too. */
+  private volatile Session session;
+
+  // The message being applied and where it stopped; gRPC's callback thread only.
+  private KeepAliveRequest current;
+  private Phase phase = Phase.DONE;
+  private int index;
+  /** Lease ids the current message's cache notices name; null when it has no releases. */
+  private Set<String> noticed;
+
+  // Guarded by this.
+  private boolean applying;
+  private boolean requested;
+  private boolean ended;
 
   SessionStream(SessionRegistry registry, AllocatorService leases, ServerCallStreamObserver<SessionEvent> call,
-      Caller caller) {
+      Caller caller, StreamWatchdog watchdog) {
     this.registry = registry;
     this.caller = caller;
     this.leases = leases;
     this.call = call;
-    this.channel = new StreamSessionChannel(call);
+    this.channel = new StreamSessionChannel(call, watchdog, this::stalled);
     call.disableAutoRequest();
+    call.setOnReadyHandler(this::onReady);
+    requested = true;
     call.request(1);
   }
 
   @Override
   public void onNext(KeepAliveRequest message) {
+    synchronized (this) {
+      requested = false;
+      applying = true;
+    }
     try {
+      checkSize(message);
       bind(message);
     } catch (RuntimeException e) {
-      if (session != null) {
-        registry.detach(session, channel);
-      }
-      channel.fail(StatusMapper.toStatus("KeepAlive", e));
+      end(StatusMapper.toStatus("KeepAlive", e));
       return;
     }
     try {
       if (message.getUnmappedSegmentIdsCount() > 0) {
         registry.unmapped(session, message.getUnmappedSegmentIdsList());
       }
-      applyCacheNotices(message.getCacheNoticesList());
+      for (ClientCacheCounters c : message.getClientCountersList()) {
+        try {
+          registry.clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
+        } catch (InvalidRequestException e) {
+          // Counters of a device this daemon does not have: nothing to add them to.
+        }
+      }
     } catch (RuntimeException e) {
-      // Not the client's fault (each notice's own refusals are answered above): logged once,
-      // and the stream carries on with the rest of the message.
+      // Not the client's fault: logged once, and the stream carries on with the message.
       StatusMapper.toStatus("KeepAlive", e);
     }
-    for (StreamRelease release : message.getReleasesList()) {
-      try {
-        registry.release(caller, session.id(), release.getLeaseId(), release.getCudaIpcEventHandle().toByteArray());
-      } catch (RuntimeException e) {
-        channel.releaseFailed(release.getLeaseId(), StatusMapper.toStatus("Release", e).getStatus());
-      }
+    current = message;
+    phase = Phase.RELEASES_FIRST;
+    index = 0;
+    noticed = noticedLeases(message);
+    applyMore();
+  }
+
+  private static void checkSize(KeepAliveRequest m) {
+    int entries = m.getUnmappedSegmentIdsCount() + m.getLeasesCount() + m.getReleasesCount()
+        + m.getCacheNoticesCount() + m.getClientCountersCount();
+    if (entries > MAX_ENTRIES) {
+      throw new InvalidRequestException("KeepAlive: a message of " + entries + " entries (expected: at most "
+          + MAX_ENTRIES + " leases, releases, cache notices, unmapped segment ids and counters together)");
     }
-    for (ClientCacheCounters c : message.getClientCountersList()) {
-      try {
-        registry.clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
-      } catch (InvalidRequestException e) {
-        // Counters of a device this daemon does not have: nothing to add them to.
-      }
-    }
-    for (StreamLease lease : message.getLeasesList()) {
-      outstanding.incrementAndGet();
-      long id = lease.getRequestId();
-      leases.serveLease(caller, session.id(), lease.getDevice(), lease.getSizeBytes(), lease.getZero(), lease.getTag(),
-          reply -> {
-            channel.leaseReply(id, reply);
-            replied();
-          },
-          refused -> {
-            channel.leaseRefused(id, refused.getStatus());
-            replied();
-          });
-    }
-    requestMore();
   }
 
   private void bind(KeepAliveRequest message) {
@@ -126,51 +155,182 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
   }
 
-  /** Applies cache notices in order, batching runs of one kind into one registry call. */
-  private void applyCacheNotices(List<CacheNotice> notices) {
-    int i = 0;
-    while (i < notices.size()) {
-      boolean reused = notices.get(i).getReused();
-      List<String> run = new ArrayList<>();
-      while (i < notices.size() && notices.get(i).getReused() == reused) {
-        run.add(notices.get(i).getLeaseId());
-        i++;
+  private static Set<String> noticedLeases(KeepAliveRequest m) {
+    if (m.getReleasesCount() == 0 || m.getCacheNoticesCount() == 0) {
+      return null;
+    }
+    Set<String> ids = new HashSet<>();
+    for (CacheNotice notice : m.getCacheNoticesList()) {
+      ids.add(notice.getLeaseId());
+    }
+    return ids;
+  }
+
+  /**
+   * Applies the current message from where it stopped, until it is done or the transport
+   * holds too many unsent replies (then {@link #onReady} resumes it).
+   */
+  private void applyMore() {
+    KeepAliveRequest m = current;
+    while (phase != Phase.DONE) {
+      if (!call.isReady()) {
+        return;
       }
-      List<String[]> refused = reused ? registry.reused(session, run) : registry.cached(session, run);
-      for (String[] r : refused) {
-        channel.releaseFailed(r[0], Status.NOT_FOUND.withDescription(r[1]));
+      switch (phase) {
+        case RELEASES_FIRST, RELEASES_LAST -> {
+          if (index == m.getReleasesCount()) {
+            next();
+          } else {
+            StreamRelease release = m.getReleases(index++);
+            boolean named = noticed != null && noticed.contains(release.getLeaseId());
+            if (named == (phase == Phase.RELEASES_LAST)) {
+              release(release);
+            }
+          }
+        }
+        case NOTICES -> {
+          if (index == m.getCacheNoticesCount()) {
+            next();
+          } else {
+            index = applyNoticeRun(m.getCacheNoticesList(), index);
+          }
+        }
+        case LEASES -> {
+          if (index == m.getLeasesCount()) {
+            next();
+          } else {
+            lease(m.getLeases(index++));
+          }
+        }
+        case DONE -> throw new AssertionError();
       }
     }
+    current = null;
+    noticed = null;
+    synchronized (this) {
+      applying = false;
+    }
+    requestNext();
+  }
+
+  private void next() {
+    phase = Phase.values()[phase.ordinal() + 1];
+    index = 0;
+  }
+
+  private void release(StreamRelease release) {
+    try {
+      registry.release(caller, session.id(), release.getLeaseId(), release.getCudaIpcEventHandle().toByteArray());
+    } catch (RuntimeException e) {
+      channel.releaseFailed(release.getLeaseId(), StatusMapper.toStatus("Release", e).getStatus());
+    }
+  }
+
+  /**
+   * Applies notices from {@code from}: a run of one kind, at most {@value #NOTICE_RUN}, in one
+   * registry call; answers each refusal. Returns where the next run starts.
+   */
+  private int applyNoticeRun(List<CacheNotice> notices, int from) {
+    boolean reused = notices.get(from).getReused();
+    int to = from;
+    while (to < notices.size() && to - from < NOTICE_RUN && notices.get(to).getReused() == reused) {
+      to++;
+    }
+    List<String> run = notices.subList(from, to).stream().map(CacheNotice::getLeaseId).toList();
+    try {
+      List<NoticeRefusal> refused = reused ? registry.reused(session, run) : registry.cached(session, run);
+      for (NoticeRefusal r : refused) {
+        channel.releaseFailed(r.leaseId(), StatusMapper.toStatus("KeepAlive", r.reason()).getStatus());
+      }
+    } catch (RuntimeException e) {
+      StatusMapper.toStatus("KeepAlive", e); // not the client's fault: logged once
+    }
+    return to;
+  }
+
+  private void lease(StreamLease lease) {
+    outstanding.incrementAndGet();
+    long id = lease.getRequestId();
+    leases.serveLease(caller, session.id(), lease.getDevice(), lease.getSizeBytes(), lease.getZero(), lease.getTag(),
+        reply -> {
+          channel.leaseReply(id, reply);
+          replied();
+        },
+        refused -> {
+          channel.leaseRefused(id, refused.getStatus());
+          replied();
+        });
   }
 
   private void replied() {
-    if (outstanding.decrementAndGet() < MAX_OUTSTANDING && paused.compareAndSet(true, false)) {
-      call.request(1);
+    outstanding.decrementAndGet();
+    requestNext();
+  }
+
+  /** The transport takes replies again: resume the message, or ask for the next one. */
+  private void onReady() {
+    channel.ready();
+    if (current != null) {
+      applyMore();
+    } else {
+      requestNext();
     }
   }
 
-  /** Asks for the next message unless too many leases await replies. */
-  private void requestMore() {
-    if (outstanding.get() < MAX_OUTSTANDING) {
-      call.request(1);
-    } else {
-      paused.set(true);
-      // A reply may have come in between the check and the flag: look again.
-      if (outstanding.get() < MAX_OUTSTANDING && paused.compareAndSet(true, false)) {
-        call.request(1);
+  /**
+   * Asks for the next message when the current one is applied, the transport takes replies and
+   * fewer than {@value #MAX_OUTSTANDING} leases await replies; otherwise whichever of
+   * {@link #applyMore}, {@link #onReady} or a lease reply ends the wait asks. Any thread.
+   */
+  private void requestNext() {
+    synchronized (this) {
+      if (requested || applying || ended || outstanding.get() >= MAX_OUTSTANDING || !call.isReady()) {
+        return;
       }
+      requested = true;
     }
+    call.request(1);
+  }
+
+  /** The client has not read its replies for the stall timeout: close the stream (watchdog thread). */
+  private void stalled() {
+    long millis = channel.stallMillis();
+    if (session != null) {
+      log.atInfo().addKeyValue("session", session.id())
+          .log("{}: KeepAlive stream closed: its client read none of its replies for {} ms "
+              + "(--stream-stall-timeout-ms)", session, millis);
+    }
+    end(Status.RESOURCE_EXHAUSTED.withDescription("KeepAlive: the client read none of its replies for " + millis
+        + " ms (--stream-stall-timeout-ms); the stream is closed").asRuntimeException());
+  }
+
+  /** Ends the stream with an error; the session, if bound, waits out its grace period. */
+  private void end(Throwable status) {
+    synchronized (this) {
+      ended = true;
+    }
+    if (session != null) {
+      registry.detach(session, channel);
+    }
+    channel.fail(status);
   }
 
   @Override
   public void onError(Throwable t) {
+    synchronized (this) {
+      ended = true;
+    }
     if (session != null) {
       registry.detach(session, channel);
     }
+    channel.close();
   }
 
   @Override
   public void onCompleted() {
+    synchronized (this) {
+      ended = true;
+    }
     if (session != null) {
       registry.detach(session, channel);
     }

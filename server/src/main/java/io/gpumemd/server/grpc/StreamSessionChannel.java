@@ -18,13 +18,25 @@ import io.grpc.stub.ServerCallStreamObserver;
  * A session's KeepAlive stream as a {@link SessionChannel}. gRPC observers are not
  * thread-safe and events come from any thread (pools, the reaper, shutdown), so every write
  * is serialized on this object; a closed channel drops further events.
+ *
+ * <p>It also tells the {@link StreamWatchdog} when a write leaves the transport holding more
+ * unsent replies than it takes ({@code isReady()} false: the client is not reading), and
+ * when the stream takes replies again ({@link #ready}); blocked past the stall timeout, the
+ * watchdog has it closed by {@code onStall}.
  */
 final class StreamSessionChannel implements SessionChannel {
   private final ServerCallStreamObserver<SessionEvent> stream;
+  private final StreamWatchdog watchdog;
+  /** Closes the stream for a client that stopped reading (the stream knows its session). */
+  private final Runnable onStall;
   private boolean closed;
+  private boolean blocked;
+  private long blockedSinceNanos;
 
-  StreamSessionChannel(ServerCallStreamObserver<SessionEvent> stream) {
+  StreamSessionChannel(ServerCallStreamObserver<SessionEvent> stream, StreamWatchdog watchdog, Runnable onStall) {
     this.stream = stream;
+    this.watchdog = watchdog;
+    this.onStall = onStall;
   }
 
   synchronized void attached(String sessionId) {
@@ -77,13 +89,45 @@ final class StreamSessionChannel implements SessionChannel {
   private void send(SessionEvent event) {
     if (!closed && !stream.isCancelled()) {
       stream.onNext(event);
+      if (!blocked && !stream.isReady()) {
+        blocked = true;
+        blockedSinceNanos = watchdog.blocked(this);
+      }
     }
+  }
+
+  /** The transport takes replies again (the stream's onReady). */
+  synchronized void ready() {
+    if (blocked) {
+      blocked = false;
+      watchdog.unblocked(this);
+    }
+  }
+
+  /**
+   * Closes the stream through {@code onStall} when it has been blocked for {@code limitNanos}
+   * or more.
+   *
+   * @return true when this channel is closed (now or before): the watchdog forgets it
+   */
+  boolean closeIfStalled(long nowNanos, long limitNanos) {
+    synchronized (this) {
+      if (closed) {
+        return true;
+      }
+      if (!blocked || nowNanos - blockedSinceNanos < limitNanos) {
+        return false;
+      }
+    }
+    onStall.run();
+    return true;
   }
 
   @Override
   public synchronized void close() {
     if (!closed) {
       closed = true;
+      watchdog.unblocked(this);
       if (!stream.isCancelled()) {
         stream.onCompleted();
       }
@@ -93,13 +137,14 @@ final class StreamSessionChannel implements SessionChannel {
   synchronized void fail(Throwable error) {
     if (!closed) {
       closed = true;
+      watchdog.unblocked(this);
       if (!stream.isCancelled()) {
         stream.onError(error);
       }
     }
   }
 
-  synchronized boolean isClosed() {
-    return closed;
+  long stallMillis() {
+    return watchdog.stallMillis();
   }
 }

@@ -139,18 +139,30 @@ public final class Session {
   // ------------------------------------------------------------------------ client cache
 
   /**
-   * The client kept a lease in its cache tier.
-   *
-   * @return false when the lease is not this session's or already cached
+   * The client kept a lease in its cache tier: counted as client-cached if it is a leased
+   * block of this session in use and fits the allowance in force.
    */
-  synchronized boolean markCached(LeaseRecord lease) {
+  synchronized CacheAnswer markCached(LeaseRecord lease) {
     // A shared block or a hold on one is never the client's to reuse: others still use it.
     if (ended || leases.get(lease.id()) != lease || lease.clientCached || lease.attached() || lease.shared() != null) {
-      return false;
+      return CacheAnswer.NOT_CACHEABLE;
+    }
+    // What a client says it caches is held to what was granted: its cached bytes are memory
+    // the daemon counts on getting back at once when it asks.
+    if (clientCachedBytes + lease.block().size() > cacheAllowance) {
+      return CacheAnswer.OVER_ALLOWANCE;
     }
     lease.clientCached = true;
     clientCachedBytes += lease.block().size();
-    return true;
+    return CacheAnswer.CACHED;
+  }
+
+  /** What became of a lease the client says it closed into its cache. */
+  enum CacheAnswer { CACHED, NOT_CACHEABLE, OVER_ALLOWANCE }
+
+  /** Bytes of leases the client keeps closed in its cache tier. */
+  synchronized long clientCachedBytes() {
+    return clientCachedBytes;
   }
 
   /**

@@ -507,16 +507,27 @@ public final class SessionRegistry {
   // ------------------------------------------------------------------------ client cache
 
   /**
-   * The client closed leases into its cache tier (a batch of its notices).
+   * The client closed leases into its cache tier (a batch of its notices). Each is counted as
+   * client-cached only while the session's client-cached bytes stay within its allowance.
    *
-   * @return the ids refused (unknown, another session's, already cached), each with why
+   * @return the notices refused (unknown, another session's, already cached, beyond the
+   *     allowance), each with why
    */
-  public List<String[]> cached(Session session, List<String> leaseIds) {
-    List<String[]> refused = new ArrayList<>(0);
+  public List<NoticeRefusal> cached(Session session, List<String> leaseIds) {
+    List<NoticeRefusal> refused = new ArrayList<>(0);
     for (String id : leaseIds) {
       LeaseRecord lease = ownLease(session, id);
-      if (lease == null || !session.markCached(lease)) {
-        refused.add(new String[] {id, "lease " + id + " cannot be client-cached: not a leased block of this session"});
+      Session.CacheAnswer answer = lease == null ? Session.CacheAnswer.NOT_CACHEABLE : session.markCached(lease);
+      if (answer == Session.CacheAnswer.OVER_ALLOWANCE) {
+        refused.add(new NoticeRefusal(id, new ExhaustedException("lease " + id + " cannot be client-cached: "
+            + session + " keeps " + session.clientCachedBytes() + " bytes cached and its block of "
+            + lease.block().size() + " bytes would exceed the client cache allowance of " + session.cacheAllowance()
+            + " bytes (granted at OpenSession; flag --client-cache-bytes); release it instead")));
+        continue;
+      }
+      if (answer == Session.CacheAnswer.NOT_CACHEABLE) {
+        refused.add(new NoticeRefusal(id,
+            new NotFoundException("lease " + id + " cannot be client-cached: not a leased block of this session")));
         continue;
       }
       try {
@@ -524,7 +535,7 @@ public final class SessionRegistry {
       } catch (IllegalStateException e) {
         // Released meanwhile by a unary Release (another HTTP/2 stream): nothing left to cache.
         session.markReused(lease);
-        refused.add(new String[] {id, "lease " + id + " cannot be client-cached: it was released"});
+        refused.add(new NoticeRefusal(id, new NotFoundException("lease " + id + " cannot be client-cached: it was released")));
       }
     }
     return refused;
@@ -533,20 +544,21 @@ public final class SessionRegistry {
   /**
    * The client handed cached leases out again locally (a batch of its notices).
    *
-   * @return the ids refused, each with why
+   * @return the notices refused, each with why
    */
-  public List<String[]> reused(Session session, List<String> leaseIds) {
-    List<String[]> refused = new ArrayList<>(0);
+  public List<NoticeRefusal> reused(Session session, List<String> leaseIds) {
+    List<NoticeRefusal> refused = new ArrayList<>(0);
     for (String id : leaseIds) {
       LeaseRecord lease = ownLease(session, id);
       if (lease == null || !session.markReused(lease)) {
-        refused.add(new String[] {id, "lease " + id + " cannot be reused: not a client-cached lease of this session"});
+        refused.add(new NoticeRefusal(id,
+            new NotFoundException("lease " + id + " cannot be reused: not a client-cached lease of this session")));
         continue;
       }
       try {
         pools.get(lease.block().device()).clientReused(lease.block());
       } catch (IllegalStateException e) {
-        refused.add(new String[] {id, "lease " + id + " cannot be reused: it was released"});
+        refused.add(new NoticeRefusal(id, new NotFoundException("lease " + id + " cannot be reused: it was released")));
       }
     }
     return refused;

@@ -24,7 +24,7 @@ class ServerOptionsTest {
       "keepalive-grace-ms", "leak-threshold-ms", "quota-max-leased-bytes", "quota-max-leases", "drain-timeout-ms",
       "log-format", "log-level", "config", "max-sessions", "max-sessions-per-tenant", "session-open-rate",
       "max-message-bytes", "max-calls-per-connection", "connection-idle-timeout-seconds", "tcp-max-connections",
-      "unix-max-connections");
+      "unix-max-connections", "stream-stall-timeout-ms");
 
   @TempDir
   Path dir;
@@ -67,15 +67,15 @@ class ServerOptionsTest {
   void limits_haveDefaults_flagsEnvAndFile_andAreChecked() throws Exception {
     ServerConfig d = load(Map.of());
     assertEquals(new io.gpumemd.server.session.SessionLimits(10_000, 1_000, 100), d.sessionLimits());
-    assertEquals(new TransportLimits(1 << 20, 1000, 300, 1000, 1000), d.transport());
+    assertEquals(new TransportLimits(1 << 20, 1000, 300, 1000, 1000, 30_000), d.transport());
     assertEquals(d.sessionLimits(), d.sessionSettings().limits());
     Path file = dir.resolve("limits.properties");
     Files.writeString(file, "tcp-max-connections=50\nconnection-idle-timeout-seconds=0\n");
     ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_SESSION_OPEN_RATE", "0",
         "GPUMEMD_MAX_MESSAGE_BYTES", "256KiB"), "--max-sessions", "5", "--max-sessions-per-tenant=2",
-        "--max-calls-per-connection", "10", "--unix-max-connections", "7");
+        "--max-calls-per-connection", "10", "--unix-max-connections", "7", "--stream-stall-timeout-ms", "2500");
     assertEquals(new io.gpumemd.server.session.SessionLimits(5, 2, 0), c.sessionLimits());
-    assertEquals(new TransportLimits(256 << 10, 10, 0, 50, 7), c.transport());
+    assertEquals(new TransportLimits(256 << 10, 10, 0, 50, 7, 2500), c.transport());
     assertTrue(c.describe().contains("max-message-bytes = 262144  [env GPUMEMD_MAX_MESSAGE_BYTES]"), c.describe());
     rejects("max-message-bytes: '1KiB' (expected: a byte size in [64KiB, 64MiB])", Map.of(),
         "--max-message-bytes", "1KiB");
@@ -84,6 +84,8 @@ class ServerOptionsTest {
         "--max-calls-per-connection", "0");
     rejects("session-open-rate: 'fast' (expected: an integer in [0, 1000000])", Map.of(),
         "--session-open-rate", "fast");
+    rejects("stream-stall-timeout-ms: '0' (expected: an integer in [100, 3600000])", Map.of(),
+        "--stream-stall-timeout-ms", "0");
   }
 
   @Test

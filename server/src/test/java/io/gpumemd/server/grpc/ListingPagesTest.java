@@ -56,6 +56,7 @@ class ListingPagesTest {
   Path dir;
 
   private final FakeTicker ticker = new FakeTicker();
+  private final StreamWatchdog watchdog = new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker);
   private HostShmBackend backend;
   private DevicePools pools;
   private SessionRegistry registry;
@@ -78,7 +79,7 @@ class ListingPagesTest {
     servers.add(InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AdminService(pools, registry, Runnable::run))
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
         .intercept(Callers.fixed(caller))
         .build().start());
     ManagedChannel channel = InProcessChannelBuilder.forName(name).directExecutor().build();

@@ -32,7 +32,10 @@ import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;
+import io.grpc.CallOptions;
+import io.grpc.ClientCall;
 import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
 import io.grpc.Server;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -47,6 +50,7 @@ import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -65,10 +69,12 @@ class SessionStreamTest {
   Path dir;
 
   private final FakeTicker ticker = new FakeTicker();
+  private final StreamWatchdog watchdog = new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker);
   /** The backend executor, run by the test: tasks wait here until {@link #runBackendTasks}. */
   private final ConcurrentLinkedQueue<Runnable> backendTasks = new ConcurrentLinkedQueue<>();
   private HostShmBackend backend;
   private DevicePools pools;
+  private SessionRegistry registry;
   private Server server;
   private ManagedChannel channel;
   private AllocatorGrpc.AllocatorBlockingStub allocator;
@@ -84,13 +90,13 @@ class SessionStreamTest {
     DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(32 * MIB, 32 * MIB, 20 * MIB, 5_000),
         sessions, DevicePools.segmentIdBase(0), ticker);
     pools = new DevicePools(List.of(pool));
-    SessionRegistry registry = new SessionRegistry(pools, backend,
+    registry = new SessionRegistry(pools, backend,
         new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of("one-lease", new Quota(0, 1)), 16 * MIB),
         ticker, sessions);
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, backendTasks::add,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
         .addService(new AdminService(pools, registry, r -> new Thread(r).start()))
         // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
         .intercept(Callers.fixed(Caller.DAEMON))
@@ -319,5 +325,154 @@ class SessionStreamTest {
     }
     assertEquals(sent, replies, "every lease is answered once the backend runs");
     assertEquals(sent * 4096L, stats().getLeasedBytes());
+  }
+
+  /** A KeepAlive call whose client reads nothing until the test says so. */
+  private final class Unread {
+    final ClientCall<KeepAliveRequest, SessionEvent> call =
+        channel.newCall(AllocatorGrpc.getKeepAliveMethod(), CallOptions.DEFAULT);
+    final BlockingQueue<SessionEvent> received = new LinkedBlockingQueue<>();
+    final AtomicReference<Status> closed = new AtomicReference<>();
+
+    Unread() {
+      call.start(new ClientCall.Listener<>() {
+        @Override
+        public void onMessage(SessionEvent message) {
+          received.add(message);
+        }
+
+        @Override
+        public void onClose(Status status, Metadata trailers) {
+          closed.set(status);
+        }
+      }, new Metadata());
+    }
+
+    /** Sends {@code message} as long as the server reads them, at most {@code most}; how many went. */
+    int flood(KeepAliveRequest message, int most) {
+      int sent = 0;
+      while (sent < most && call.isReady()) {
+        call.sendMessage(message);
+        sent++;
+      }
+      return sent;
+    }
+
+    long releaseFailures() {
+      return received.stream().filter(SessionEvent::hasReleaseFailed).count();
+    }
+  }
+
+  private KeepAliveRequest bogusReleases(int n) {
+    KeepAliveRequest.Builder m = KeepAliveRequest.newBuilder().setSessionId(sessionId);
+    for (int i = 0; i < n; i++) {
+      m.addReleases(StreamRelease.newBuilder().setLeaseId(String.format("%032x", i)));
+    }
+    return m.build();
+  }
+
+  @Test
+  void aClientThatReadsNothing_isReadNoFurther_andIsClosedAfterTheStallTimeout() throws Exception {
+    sessionId = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("flood").build()).getSessionId();
+    Unread flood = new Unread();
+    // 1,000 bogus releases a message, each answered by a ReleaseFailed the client never reads.
+    int sent = flood.flood(bogusReleases(1000), 10_000);
+    assertEquals(1, sent, "the server stops reading once its replies wait unsent");
+    assertEquals(1, watchdog.blockedStreams());
+    assertEquals(sessionId, sessionInfo().getSessionId());
+
+    ticker.advance(StreamWatchdog.DEFAULT_STALL_MILLIS - 1, TimeUnit.MILLISECONDS);
+    assertEquals(0, watchdog.closeStalled(), "not before the stall timeout");
+    ticker.advance(1, TimeUnit.MILLISECONDS);
+    assertEquals(1, watchdog.closeStalled());
+    assertEquals(0, watchdog.blockedStreams());
+
+    flood.call.request(Integer.MAX_VALUE);
+    Status status = flood.closed.get();
+    assertEquals(Status.Code.RESOURCE_EXHAUSTED, status.getCode(), String.valueOf(status));
+    assertTrue(status.getDescription().contains("read none of its replies for 30000 ms (--stream-stall-timeout-ms)"),
+        status.getDescription());
+    assertTrue(flood.releaseFailures() <= 1, "the message was applied only as far as replies went out: "
+        + flood.releaseFailures());
+    // The session follows the grace rules of a stream that went away.
+    registry.reap();
+    assertEquals(sessionId, sessionInfo().getSessionId(), "within its grace period, a client may reconnect");
+    ticker.advance(2001, TimeUnit.MILLISECONDS);
+    registry.reap();
+    assertTrue(admin.listSessions(ListSessionsRequest.getDefaultInstance()).getSessionsList().stream()
+        .noneMatch(s -> s.getSessionId().equals(sessionId)), "the session ended after its grace period");
+  }
+
+  @Test
+  void aClientThatReadsLate_getsEveryReply_andTheStreamCarriesOn() throws Exception {
+    sessionId = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("slow").build()).getSessionId();
+    Unread slow = new Unread();
+    assertEquals(1, slow.flood(bogusReleases(1000), 10));
+    slow.call.request(Integer.MAX_VALUE);
+    assertEquals(1000, slow.releaseFailures(), "every release answered once the client reads");
+    assertEquals(0, watchdog.blockedStreams());
+    assertEquals(null, slow.closed.get());
+    assertTrue(slow.call.isReady(), "the server reads the next message again");
+    slow.call.sendMessage(KeepAliveRequest.newBuilder().addLeases(lease(5, 4096)).build());
+    runBackendTasks();
+    assertTrue(slow.received.stream().anyMatch(e -> e.getLeaseReply().getRequestId() == 5 && e.getLeaseReply().hasLease()));
+    slow.call.halfClose();
+  }
+
+  @Test
+  void aMessageOfTooManyEntries_endsTheStream_andChangesNothing() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4096)).build());
+    runBackendTasks();
+    String id = next().getLeaseReply().getLease().getLeaseId();
+    KeepAliveRequest.Builder big = bogusReleases(SessionStream.MAX_ENTRIES).toBuilder()
+        .addReleases(StreamRelease.newBuilder().setLeaseId(id));
+    Unread client = new Unread();
+    client.call.request(Integer.MAX_VALUE);
+    client.call.sendMessage(big.build());
+    Status status = client.closed.get();
+    assertEquals(Status.Code.INVALID_ARGUMENT, status.getCode(), String.valueOf(status));
+    assertEquals("KeepAlive: a message of 8193 entries (expected: at most 8192 leases, releases, cache notices, "
+        + "unmapped segment ids and counters together)", status.getDescription());
+    assertEquals(4096, stats().getLeasedBytes(), "its release was not applied");
+  }
+
+  @Test
+  void cacheNotices_areHeldToTheAllowance_andEvictionsInTheSameMessageMakeRoom() throws Exception {
+    open(OpenSessionRequest.newBuilder().setClientCacheBytes(MIB));
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, MIB)).addLeases(lease(2, MIB)).build());
+    runBackendTasks();
+    String a = next().getLeaseReply().getLease().getLeaseId();
+    String b = next().getLeaseReply().getLease().getLeaseId();
+    stream.onNext(KeepAliveRequest.newBuilder().addCacheNotices(CacheNotice.newBuilder().setLeaseId(a))
+        .addCacheNotices(CacheNotice.newBuilder().setLeaseId(b)).build());
+    SessionEvent refused = next();
+    assertEquals(b, refused.getReleaseFailed().getLeaseId());
+    assertEquals(Status.Code.RESOURCE_EXHAUSTED.value(), refused.getReleaseFailed().getError().getCode());
+    assertTrue(refused.getReleaseFailed().getError().getMessage().contains(
+        "would exceed the client cache allowance of 1048576 bytes (granted at OpenSession; flag --client-cache-bytes)"),
+        refused.getReleaseFailed().getError().getMessage());
+    assertEquals(MIB, stats().getClientCachedBytes(), "only what fits the allowance");
+    assertEquals(MIB, stats().getLeasedBytes(), "the refused one is still a lease in use");
+
+    // A client that evicts a to cache b sends both in one message: the release makes room first.
+    stream.onNext(KeepAliveRequest.newBuilder().addCacheNotices(CacheNotice.newBuilder().setLeaseId(b))
+        .addReleases(StreamRelease.newBuilder().setLeaseId(a)).build());
+    assertEquals(MIB, stats().getClientCachedBytes());
+    assertEquals(0, stats().getLeasedBytes());
+    assertTrue(events.isEmpty(), "nothing refused: " + events);
+  }
+
+  @Test
+  void aSessionWithoutAllowance_cachesNothing() throws Exception {
+    open(OpenSessionRequest.newBuilder().setClientCacheBytes(0));
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4096)).build());
+    runBackendTasks();
+    String id = next().getLeaseReply().getLease().getLeaseId();
+    stream.onNext(KeepAliveRequest.newBuilder().addCacheNotices(CacheNotice.newBuilder().setLeaseId(id)).build());
+    SessionEvent refused = next();
+    assertEquals(Status.Code.RESOURCE_EXHAUSTED.value(), refused.getReleaseFailed().getError().getCode());
+    assertEquals(0, stats().getClientCachedBytes());
+    assertEquals(4096, stats().getLeasedBytes());
   }
 }

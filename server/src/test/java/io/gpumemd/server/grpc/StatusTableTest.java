@@ -72,6 +72,7 @@ class StatusTableTest {
   Path dir;
 
   private final FakeTicker ticker = new FakeTicker();
+  private final StreamWatchdog watchdog = new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker);
   private HostShmBackend backend;
   private DevicePools pools;
   private SessionRegistry registry;
@@ -92,7 +93,7 @@ class StatusTableTest {
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount)))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
         .addService(new AdminService(pools, registry, Runnable::run))
         // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
         .intercept(Callers.fixed(Caller.DAEMON))

@@ -271,7 +271,7 @@ class SharingTest {
   @Test
   void clientCachedLease_cannotBeShared_andASharedLeaseCannotBeCached() {
     start();
-    Session s = open(ALICE, "s");
+    Session s = registry.open(ALICE, "s", 30, MIB); // a client cache allowance: caching is allowed at all
     LeaseRecord cached = lease(ALICE, s, 4096);
     LeaseRecord shared = lease(ALICE, s, 4096);
     assertTrue(registry.cached(s, List.of(cached.id())).isEmpty());

@@ -86,7 +86,8 @@ public final class DaemonProcess implements AutoCloseable {
   public static List<String> javaCommand(String mainClass) {
     String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
     String heap = "-Xmx" + System.getProperty("gpumemd.test.xmx", "256m");
-    return new ArrayList<>(List.of(java, heap, "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+    // As the image and the README run it: an OutOfMemoryError ends the process.
+    return new ArrayList<>(List.of(java, heap, "-XX:+ExitOnOutOfMemoryError", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
         "-cp", System.getProperty("java.class.path"), mainClass));
   }
 

@@ -46,6 +46,13 @@ public final class LogCapture implements AutoCloseable {
     }
   }
 
+  /** Whether any captured event carries an exception (a stack trace in the log). */
+  public boolean anyStackTrace() {
+    synchronized (appender.list) {
+      return appender.list.stream().anyMatch(e -> e.getThrowableProxy() != null);
+    }
+  }
+
   @Override
   public void close() {
     logger.detachAppender(appender);
