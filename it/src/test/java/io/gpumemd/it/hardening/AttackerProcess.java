@@ -10,7 +10,7 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
 /**
- * An attacker main run as uid 65534 ({@link OtherUser#NOBODY}) in its own JVM, its output read
+ * An attacker main run as another uid (65534, {@link OtherUser#NOBODY}, unless told) in its own JVM, its output read
  * as it comes (so that a chatty attacker never blocks on a full pipe) and parsed by {@link
  * ResultProcess} once it ends. Thread-safe.
  */
@@ -34,10 +34,14 @@ final class AttackerProcess implements AutoCloseable {
   }
 
   static AttackerProcess start(Class<?> main, String... args) throws Exception {
-    List<String> command = new ArrayList<>(OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
-        main.getName()));
+    return start(OtherUser.NOBODY, main, args);
+  }
+
+  /** Runs {@code main} as {@code uid} (group the same number, no supplementary groups). */
+  static AttackerProcess start(int uid, Class<?> main, String... args) throws Exception {
+    List<String> command = new ArrayList<>(OtherUser.javaCommand(uid, uid, List.of(), main.getName()));
     command.addAll(List.of(args));
-    String name = main.getSimpleName() + " " + String.join(" ", args);
+    String name = "uid " + uid + " " + main.getSimpleName() + " " + String.join(" ", args);
     return new AttackerProcess(name, new ProcessBuilder(command).redirectErrorStream(true).start());
   }
 

@@ -35,8 +35,8 @@ import java.util.concurrent.TimeUnit;
  *       stream's status, for at most {@value #READ_MILLIS} ms, and cancel it if still open.</li>
  *   <li>{@code huge}: one message of {@value #HUGE_ENTRIES} empty StreamReleases (about 800 KB,
  *       under the default --max-message-bytes) after the binding message; then reads.</li>
- *   <li>{@code counters}: ClientCacheCounters of Long.MAX_VALUE hits and returns for devices 0
- *       and 1, every 20 ms for {@code seconds}.</li>
+ *   <li>{@code counters}: from two sessions, ClientCacheCounters of Long.MAX_VALUE hits and
+ *       returns for devices 0 and 1, every 20 ms for {@code seconds}.</li>
  * </ul>
  *
  * <p>Prints {@code RESULT} with: rounds, sent (messages), sentPerRound, sessions, statuses (per
@@ -174,33 +174,47 @@ public final class KeepAliveFloodMain {
     finish(stream);
   }
 
+  /** Two sessions, so that the daemon's sums overflow even where one session's figure alone would not. */
   private void counters(long deadline) throws InterruptedException {
-    String session = openSession(allocator, "counters", 0, null, deadline);
-    if (session == null) {
-      statuses.add("NONE");
-      return;
+    List<RawKeepAlive> streams = new ArrayList<>();
+    List<KeepAliveRequest> messages = new ArrayList<>();
+    for (int i = 0; i < 2; i++) {
+      String session = openSession(allocator, "counters", 0, null, deadline);
+      if (session == null) {
+        statuses.add("NONE");
+        continue;
+      }
+      sessions.add(session);
+      KeepAliveRequest.Builder m = KeepAliveRequest.newBuilder().setSessionId(session);
+      for (int device = 0; device < 2; device++) {
+        m.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(Long.MAX_VALUE)
+            .setReturns(Long.MAX_VALUE));
+      }
+      messages.add(m.build());
+      streams.add(new RawKeepAlive(connection.channel()));
     }
-    sessions.add(session);
-    KeepAliveRequest.Builder m = KeepAliveRequest.newBuilder().setSessionId(session);
-    for (int device = 0; device < 2; device++) {
-      m.addClientCounters(ClientCacheCounters.newBuilder().setDevice(device).setHits(Long.MAX_VALUE)
-          .setReturns(Long.MAX_VALUE));
-    }
-    RawKeepAlive stream = new RawKeepAlive(connection.channel());
     long sent = 0;
-    while (System.nanoTime() < deadline && stream.closedWith() == null) {
-      stream.send(m.build());
-      sent++;
+    while (System.nanoTime() < deadline && streams.stream().allMatch(s -> s.closedWith() == null)) {
+      for (int i = 0; i < streams.size(); i++) {
+        streams.get(i).send(messages.get(i));
+        sent++;
+      }
       Thread.sleep(20);
     }
     sentPerRound.add(sent);
-    finish(stream);
+    for (RawKeepAlive stream : streams) {
+      finish(stream, 500); // nothing is queued: its only reply is the binding's
+    }
   }
 
   /** Reads what the daemon queued, to the stream's status (or gives up and cancels), and records it. */
   private void finish(RawKeepAlive stream) throws InterruptedException {
+    finish(stream, READ_MILLIS);
+  }
+
+  private void finish(RawKeepAlive stream, long readMillis) throws InterruptedException {
     readBeforeAsked += stream.readBeforeAsked();
-    Status status = stream.readToEnd(READ_MILLIS);
+    Status status = stream.readToEnd(readMillis);
     if (status == null) {
       stream.cancel("the attacker is done");
     }
