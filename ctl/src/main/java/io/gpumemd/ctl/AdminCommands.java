@@ -21,6 +21,11 @@ import io.gpumemd.proto.v1.ListObjectsRequest;
 import io.gpumemd.proto.v1.ListObjectsResponse;
 import io.gpumemd.proto.v1.ObjectInfo;
 import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.ListSharesRequest;
+import io.gpumemd.proto.v1.ListSharesResponse;
+import io.gpumemd.proto.v1.RemoveShareRequest;
+import io.gpumemd.proto.v1.RevokeShareResponse;
+import io.gpumemd.proto.v1.ShareInfo;
 import io.gpumemd.proto.v1.UnpublishResponse;
 import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
@@ -47,7 +52,8 @@ import picocli.CommandLine.Parameters;
  * 64-bit integers as strings, zero values included so that scripts find every field).
  *
  * <p>Each command is a picocli {@code @Command} nested here ({@link Devices}, {@link Stats},
- * {@link Leases}, {@link Sessions}, {@link Objects} with {@link RemoveObject}, {@link Trim},
+ * {@link Leases}, {@link Sessions}, {@link Objects} with {@link RemoveObject}, {@link Shares}, {@link
+ * RevokeShare}, {@link Trim},
  * {@link SetCap}, {@link Health}); it opens an
  * {@code AdminCommands} (one connection), makes its call and closes it. Not thread-safe (one
  * command per instance).
@@ -198,6 +204,48 @@ final class AdminCommands implements AutoCloseable {
     public Integer call() {
       try (AdminCommands admin = new AdminCommands(ctl)) {
         return admin.removeObject(tenant, name);
+      }
+    }
+  }
+
+  @Command(name = "shares", description = "live share tokens (by id, never the token) with tenant, maker, uses and "
+      + "expiry; every tenant's for an admin")
+  static final class Shares implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Option(names = "--tenant", paramLabel = "T",
+        description = "only this tenant's tokens (another tenant's needs an admin identity)")
+    String tenant = "";
+
+    Shares(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.shares(tenant);
+      }
+    }
+  }
+
+  @Command(name = "revoke-share", description = "revoke a share token by its id from 'shares' (its own hold ends; "
+      + "holds taken with it stay)")
+  static final class RevokeShare implements Callable<Integer> {
+    private final GpuMemCtl ctl;
+    @Parameters(index = "0", paramLabel = "SHARE_ID", description = "the token's id, as 'shares' lists it")
+    String shareId;
+    @Option(names = "--tenant", paramLabel = "T",
+        description = "the token's tenant (default: the caller's own; another's needs an admin identity)")
+    String tenant = "";
+
+    RevokeShare(GpuMemCtl ctl) {
+      this.ctl = ctl;
+    }
+
+    @Override
+    public Integer call() {
+      try (AdminCommands admin = new AdminCommands(ctl)) {
+        return admin.revokeShare(tenant, shareId);
       }
     }
   }
@@ -461,6 +509,51 @@ final class AdminCommands implements AutoCloseable {
       return printJson(response);
     }
     out.println("removed object '" + name + "'" + (tenant.isEmpty() ? "" : " of tenant " + tenant)
+        + (response.getBlockReturned() ? "; its block went back to the pool"
+            : "; its block stays leased until its other holders release it"));
+    return 0;
+  }
+
+  /** Every share token the caller may see (of {@code tenant}, when named), following the daemon's pages. */
+  private int shares(String tenant) {
+    ListSharesResponse.Builder all = ListSharesResponse.newBuilder();
+    String token = "";
+    do {
+      ListSharesResponse page = admin().listShares(ListSharesRequest.newBuilder().setTenant(tenant)
+          .setPageSize(PAGE_SIZE).setPageToken(token).build());
+      if (token.isEmpty()) {
+        all.setTotal(page.getTotal());
+      }
+      all.addAllShares(page.getSharesList());
+      token = page.getNextPageToken();
+    } while (!token.isEmpty());
+    ListSharesResponse response = all.build();
+    if (json) {
+      return printJson(response);
+    }
+    if (response.getSharesCount() == 0) {
+      out.println("no live share tokens");
+      return 0;
+    }
+    Table table = new Table("SHARE ID", "TENANT", "SESSION", "CLIENT", "LEASE", ">DEVICE", ">SIZE", ">HOLDS",
+        ">ATTACHES", ">EXPIRES IN", "RO");
+    for (ShareInfo h : response.getSharesList()) {
+      table.row(h.getShareId(), h.getTenant(), h.getSessionId(), h.getClientName(), h.getLeaseId(), h.getDevice(),
+          Sizes.format(h.getSizeBytes()), h.getHolds(), h.getAttaches() + "/" + (h.getMaxAttaches() == 0 ? "any"
+              : Integer.toUnsignedString(h.getMaxAttaches())), Sizes.formatMillis(h.getExpiresInMs()),
+          h.getReadOnly() ? "yes" : "no");
+    }
+    table.print(out);
+    return 0;
+  }
+
+  private int revokeShare(String tenant, String shareId) {
+    RevokeShareResponse response = admin().removeShare(RemoveShareRequest.newBuilder().setTenant(tenant)
+        .setShareId(shareId).build());
+    if (json) {
+      return printJson(response);
+    }
+    out.println("revoked share token " + shareId + (tenant.isEmpty() ? "" : " of tenant " + tenant)
         + (response.getBlockReturned() ? "; its block went back to the pool"
             : "; its block stays leased until its other holders release it"));
     return 0;

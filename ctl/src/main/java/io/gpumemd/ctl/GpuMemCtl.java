@@ -29,7 +29,7 @@ import picocli.CommandLine.Spec;
 
 /**
  * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases,
- * sessions and published objects (and removes objects), trims the cache, sets the retention cap, checks health, and runs an example
+ * sessions, published objects and share tokens (and removes objects, revokes tokens), trims the cache, sets the retention cap, checks health, and runs an example
  * worker and the load generator. Admin commands open no session.
  *
  * <p>The command line is declared with picocli: this class is the top command and owns the
@@ -48,7 +48,7 @@ import picocli.CommandLine.Spec;
 @Command(name = "gpumemctl",
     synopsisSubcommandLabel = "<command>",
     description = "The operator's command line for gpumemd: devices, pools, leases, sessions, published objects, "
-        + "cache control, health; an example worker and a load generator.",
+        + "share tokens, cache control, health; an example worker and a load generator.",
     footerHeading = "%n",
     footer = {
         "Sizes: 4096, 512KiB, 64MiB, 1GiB (binary suffixes).",
@@ -183,6 +183,8 @@ public final class GpuMemCtl implements Callable<Integer> {
         .addSubcommand(new AdminCommands.Sessions(top))
         .addSubcommand(new CommandLine(new AdminCommands.Objects(top))
             .addSubcommand(new AdminCommands.RemoveObject(top)))
+        .addSubcommand(new AdminCommands.Shares(top))
+        .addSubcommand(new AdminCommands.RevokeShare(top))
         .addSubcommand(new AdminCommands.Trim(top))
         .addSubcommand(new AdminCommands.SetCap(top))
         .addSubcommand(new AdminCommands.Health(top))

@@ -479,8 +479,8 @@ class GpuMemCtlTest {
   void completion_printsBashScript_namingEveryCommand_thatBashAccepts() throws Exception {
     CtlRun r = ctlRaw("completion");
     assertOk(r);
-    List<String> commands = List.of("devices", "stats", "leases", "sessions", "objects", "trim", "set-cap", "health",
-        "worker", "loadgen", "completion");
+    List<String> commands = List.of("devices", "stats", "leases", "sessions", "objects", "shares", "revoke-share",
+        "trim", "set-cap", "health", "worker", "loadgen", "completion");
     String commandList = r.out().lines().map(String::trim).filter(l -> l.startsWith("local commands=\"devices"))
         .findFirst().orElseThrow(() -> new AssertionError("no top-level command list:\n" + r.out()));
     assertEquals("local commands=\"" + String.join(" ", commands) + "\"", commandList);

@@ -120,6 +120,7 @@ public record ServerConfig(
     values.put("max-published-bytes", maxPublishedBytes < 0 ? "(device budget)" : maxPublishedBytes);
     values.put("share-max-seconds", sharing.maxShareSeconds());
     values.put("max-holds-per-session", sharing.maxHoldsPerSession());
+    values.put("max-holds-per-tenant", sharing.maxHoldsPerTenant());
     values.put("max-shares-per-tenant", sharing.maxSharesPerTenant());
     values.put("max-message-bytes", transport.maxMessageBytes());
     values.put("max-calls-per-connection", transport.maxCallsPerConnection());

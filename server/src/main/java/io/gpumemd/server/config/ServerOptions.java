@@ -249,6 +249,12 @@ public final class ServerOptions {
       description = "holds one session may take on shared blocks by Attach and Lookup (0 = no limit)")
   String maxHoldsPerSession;
 
+  @Option(names = "--max-holds-per-tenant", paramLabel = "N", defaultValue = "16384",
+      description = "holds all sessions of one tenant may take on shared blocks (0 = no limit); the default, four "
+          + "sessions' worth, keeps a tenant's holds to about 8 MiB of heap (~0.5 KB each), where "
+          + "--max-holds-per-session times --max-sessions-per-tenant would allow 2 GB")
+  String maxHoldsPerTenant;
+
   @Option(names = "--max-shares-per-tenant", paramLabel = "N", defaultValue = "4096",
       description = "live share tokens plus published names of one tenant (0 = no limit)")
   String maxSharesPerTenant;
@@ -618,7 +624,8 @@ public final class ServerOptions {
     return new SharingSettings(Math.min(SharingSettings.DEFAULTS.defaultShareSeconds(), Math.max(1, maxSeconds)),
         Math.max(1, maxSeconds),
         (int) s.integer("max-holds-per-session", 0, 10_000_000),
-        (int) s.integer("max-shares-per-tenant", 0, 10_000_000));
+        (int) s.integer("max-shares-per-tenant", 0, 10_000_000),
+        (int) s.integer("max-holds-per-tenant", 0, 10_000_000));
   }
 
   /** At least 64 KiB (room for any single lease or release), at most 64 MiB. */

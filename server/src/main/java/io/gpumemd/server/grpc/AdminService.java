@@ -14,6 +14,12 @@ import io.gpumemd.proto.v1.ListSessionsResponse;
 import io.gpumemd.proto.v1.ListObjectsRequest;
 import io.gpumemd.proto.v1.ListObjectsResponse;
 import io.gpumemd.proto.v1.RemoveObjectRequest;
+import io.gpumemd.proto.v1.ListSharesRequest;
+import io.gpumemd.proto.v1.ListSharesResponse;
+import io.gpumemd.proto.v1.RemoveShareRequest;
+import io.gpumemd.proto.v1.RevokeShareResponse;
+import io.gpumemd.server.session.ShareToken;
+import io.gpumemd.server.session.SharedObjects.ShareCursor;
 import io.gpumemd.proto.v1.UnpublishResponse;
 import io.gpumemd.server.session.PublishedObject;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
@@ -47,7 +53,9 @@ import org.slf4j.LoggerFactory;
  * figures, nothing that names a session). ListSessions and ListLeases show an admin everything
  * and anyone else their own tenant only, a page at a time ({@link PageTokens}). Trim and SetRetentionCap change the daemon for
  * everyone: admins only (PERMISSION_DENIED otherwise), and each is logged at INFO with who
- * asked.
+ * asked. ListObjects and ListShares, RemoveObject and RemoveShare reach the caller's own
+ * tenant, and any tenant for an admin ({@link io.gpumemd.server.session.SharedObjects} decides
+ * and logs); a share token is listed by its public id, never by the token.
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
   private static final Logger log = LoggerFactory.getLogger(AdminService.class);
@@ -194,6 +202,32 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   public void removeObject(RemoveObjectRequest request, StreamObserver<UnpublishResponse> response) {
     answer("RemoveObject", response, () -> UnpublishResponse.newBuilder()
         .setBlockReturned(registry.sharing().remove(Callers.current(), request.getTenant(), request.getName()))
+        .build());
+  }
+
+  @Override
+  public void listShares(ListSharesRequest request, StreamObserver<ListSharesResponse> response) {
+    answer("ListShares", response, () -> {
+      int size = PageTokens.pageSize("page_size", request.getPageSize());
+      ShareCursor after = PageTokens.shareCursor(request.getPageToken());
+      Page<ShareToken> page = registry.sharing().shares(Callers.current(), request.getTenant(), after, size);
+      ListSharesResponse.Builder out = ListSharesResponse.newBuilder().setTotal(page.total());
+      for (ShareToken token : page.items()) {
+        // The "age" of the expiry, a moment still to come, is the time left with its sign flipped.
+        out.addShares(ProtoMapping.shareInfo(token, registry.ageMillis(token.createdNanos()),
+            -registry.ageMillis(token.expiresNanos())));
+      }
+      if (page.more()) {
+        out.setNextPageToken(PageTokens.shareToken(page.items().get(page.items().size() - 1)));
+      }
+      return out.build();
+    });
+  }
+
+  @Override
+  public void removeShare(RemoveShareRequest request, StreamObserver<RevokeShareResponse> response) {
+    answer("RemoveShare", response, () -> RevokeShareResponse.newBuilder()
+        .setBlockReturned(registry.sharing().removeShare(Callers.current(), request.getTenant(), request.getShareId()))
         .build());
   }
 

@@ -180,7 +180,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
           request.getLeaseId(), unsigned(request.getExpiresAfterSeconds()), request.getReadOnly(),
           unsigned(request.getMaxAttaches()));
       return ShareResponse.newBuilder().setToken(share.token()).setExpiresAfterSeconds(share.expiresAfterSeconds())
-          .build();
+          .setShareId(share.id()).build();
     });
   }
 

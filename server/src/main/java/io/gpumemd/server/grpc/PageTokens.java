@@ -4,12 +4,15 @@ import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.PublishedObject;
 import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.ShareToken;
+import io.gpumemd.server.session.SharedObjects.ShareCursor;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 
 /**
- * Page sizes and page tokens of ListSessions, ListLeases and ListObjects. A token is the last item's sort
- * key (a lease's grant sequence; a session's open time and id), base64url-encoded with a kind
+ * Page sizes and page tokens of ListSessions, ListLeases, ListObjects and ListShares. A token is the last
+ * item's sort key (a lease's grant sequence; a session's open time and id; a share token's tenant, age
+ * and public id, never the token itself), base64url-encoded with a kind
  * prefix so that one listing's token is refused by the other. It carries no secret: a caller
  * who forges one only skips ahead in a listing that shows it nothing it may not see anyway.
  * Stateless.
@@ -91,6 +94,30 @@ final class PageTokens {
     int newline = key.indexOf('\n');
     if (key.startsWith("o:") && newline > 2) {
       return new String[] {key.substring(2, newline), key.substring(newline + 1)};
+    }
+    throw invalid(token);
+  }
+
+  static String shareToken(ShareToken last) {
+    return encode("h:" + last.tenant() + "\n" + last.createdNanos() + "\n" + last.id());
+  }
+
+  /** The share token after which the page starts; null for the first page. */
+  static ShareCursor shareCursor(String token) {
+    if (token.isEmpty()) {
+      return null;
+    }
+    String key = decode(token);
+    // From the end: a tenant's name is the one part that could hold anything.
+    int idAt = key.lastIndexOf('\n');
+    int nanosAt = idAt > 0 ? key.lastIndexOf('\n', idAt - 1) : -1;
+    if (key.startsWith("h:") && nanosAt >= 2) {
+      try {
+        return new ShareCursor(key.substring(2, nanosAt), Long.parseLong(key.substring(nanosAt + 1, idAt)),
+            key.substring(idAt + 1));
+      } catch (NumberFormatException e) {
+        // refused below
+      }
     }
     throw invalid(token);
   }

@@ -11,6 +11,7 @@ import io.gpumemd.proto.v1.ObjectInfo;
 import io.gpumemd.server.session.PublishedObject;
 import io.gpumemd.server.session.SharedBlock;
 import io.gpumemd.proto.v1.SessionInfo;
+import io.gpumemd.proto.v1.ShareInfo;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
@@ -18,6 +19,7 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolStats;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.ShareToken;
 import java.util.EnumMap;
 import java.util.Map;
 
@@ -127,6 +129,21 @@ final class ProtoMapping {
         .setClientCacheReturns(counters[1])
         .setTenant(session.tenant()).setPeer(session.owner().principal())
         .setAttachedHolds(holdings[3]).setAttachedBytes(holdings[4])
+        .build();
+  }
+
+  static ShareInfo shareInfo(ShareToken token, long ageMillis, long expiresInMillis) {
+    SharedBlock shared = token.shared();
+    Block block = shared.block();
+    int attaches = token.attaches();
+    return ShareInfo.newBuilder()
+        .setShareId(token.id()).setTenant(token.tenant()).setSessionId(token.sessionId())
+        .setClientName(token.clientName()).setLeaseId(token.leaseId())
+        .setDevice(block.device()).setSegmentId(block.segmentId()).setOffset(block.offset())
+        .setSizeBytes(shared.sizeBytes()).setBlockBytes(block.size()).setReadOnly(token.readOnly())
+        .setMaxAttaches(token.maxAttaches()).setAttaches(attaches)
+        .setAttachesLeft(token.maxAttaches() == 0 ? -1 : Math.max(0, token.maxAttaches() - attaches))
+        .setExpiresInMs(Math.max(0, expiresInMillis)).setAgeMs(ageMillis).setHolds(shared.holds())
         .build();
   }
 }

@@ -411,7 +411,8 @@ public final class SessionRegistry {
    * session becomes a mapper of the block's segment before it learns the handle.
    *
    * @throws NotFoundException when the session ended or the block went back meanwhile
-   * @throws ExhaustedException at the session's bound on holds
+   * @throws ExhaustedException at the session's or the tenant's bound on holds, having taken
+   *     nothing
    */
   LeaseRecord hold(Caller caller, String sessionId, SharedBlock shared, boolean readOnly, String tag) {
     checkNotDraining();
@@ -426,10 +427,20 @@ public final class SessionRegistry {
     if (refused != null) {
       throw new ExhaustedException(session + ": " + refused);
     }
+    // Per tenant too, or a tenant's many sessions multiply the session bound. The daemon's own
+    // caller is no peer: it takes the session bound only (as in SessionLimits). The count is
+    // returned by returnBlock, the one way every hold ends.
+    Tenant tenant = session.tenantUsage();
+    refused = tenant.reserveHold(caller == Caller.DAEMON ? 0 : settings.sharing().maxHoldsPerTenant());
+    if (refused != null) {
+      session.unreserveHold();
+      throw new ExhaustedException(session + ": " + refused);
+    }
     LeaseRecord hold = new LeaseRecord(SecureIds.next(), session, shared, readOnly, tag, ticker.nanos(),
         leaseSequence.incrementAndGet());
     if (!shared.addRecord(hold)) {
       session.unreserveHold();
+      tenant.unreserveHold();
       throw new NotFoundException("the shared block was released by all its holders");
     }
     DevicePool pool = pools.get(shared.block().device());
@@ -583,13 +594,16 @@ public final class SessionRegistry {
 
   /**
    * Gives a lease's block back to its pool and its bytes back to the tenant's quota; for a
-   * shared block, drops the record's hold and gives the block back only with the last one.
+   * shared block, drops the record's hold and gives the block back only with the last one. A
+   * hold's place among its tenant's holds comes back here, whatever ended it (Release, the
+   * session ending, an attach undone).
    */
   private void returnBlock(LeaseRecord lease, CompletionEvent event) {
     Block block = lease.block();
     SharedBlock shared = lease.markReleased();
     if (lease.attached()) {
       pools.get(block.device()).holdReleased();
+      lease.session().tenantUsage().unreserveHold();
     }
     if (shared == null) {
       pools.get(block.device()).release(block, event);

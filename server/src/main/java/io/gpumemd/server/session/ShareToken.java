@@ -5,25 +5,43 @@ package io.gpumemd.server.session;
  * it expires, is revoked, or has served {@code maxAttaches} attaches. While valid it is itself
  * a hold on the block. Created by {@link SharedObjects}.
  *
+ * <p>Two names: the token itself, a bearer secret that only its maker learns and that nothing
+ * else shows, and a public {@link #id()} by which listings and {@code Admin.RemoveShare} name
+ * it. Knowing the id grants nothing: it attaches nobody, and revoking by id is allowed to the
+ * token's tenant and to admins only.
+ *
  * <p>Thread-safety: identity fields are immutable; the use count and the dead flag are guarded
  * by this object's monitor, so that exactly one caller kills a token (and drops its hold).
  */
-final class ShareToken {
+public final class ShareToken {
+  /** The secret; package-private so that no listing can reach it. */
   final String token;
+  final String id;
   final String tenant;
   final SharedBlock shared;
   final boolean readOnly;
   final int maxAttaches;
+  final long createdNanos;
   final long expiresNanos;
+  /** The session that made it and the lease it shared, as they were then (either may be gone). */
+  private final String sessionId;
+  private final String leaseId;
+  private final String clientName;
   private int attaches;
   private boolean dead;
 
-  ShareToken(String token, String tenant, SharedBlock shared, boolean readOnly, int maxAttaches, long expiresNanos) {
+  ShareToken(String token, String id, Session maker, LeaseRecord lease, SharedBlock shared, boolean readOnly,
+      int maxAttaches, long createdNanos, long expiresNanos) {
     this.token = token;
-    this.tenant = tenant;
+    this.id = id;
+    this.tenant = maker.tenant();
+    this.sessionId = maker.id();
+    this.clientName = maker.clientName();
+    this.leaseId = lease.id();
     this.shared = shared;
     this.readOnly = readOnly;
     this.maxAttaches = maxAttaches;
+    this.createdNanos = createdNanos;
     this.expiresNanos = expiresNanos;
   }
 
@@ -56,5 +74,56 @@ final class ShareToken {
     }
     dead = true;
     return true;
+  }
+
+  // ------------------------------------------------------------------------------ for listings
+
+  /** The public id (32 hex characters, not the token). */
+  public String id() {
+    return id;
+  }
+
+  public String tenant() {
+    return tenant;
+  }
+
+  /** The session that made the token (it may have ended since). */
+  public String sessionId() {
+    return sessionId;
+  }
+
+  public String clientName() {
+    return clientName;
+  }
+
+  /** The lease or hold that was shared (it may have been released since: the token holds the block). */
+  public String leaseId() {
+    return leaseId;
+  }
+
+  public SharedBlock shared() {
+    return shared;
+  }
+
+  public boolean readOnly() {
+    return readOnly;
+  }
+
+  /** Attaches the token serves in all; 0 = any number until it expires. */
+  public int maxAttaches() {
+    return maxAttaches;
+  }
+
+  /** Attaches served so far. */
+  public synchronized int attaches() {
+    return attaches;
+  }
+
+  public long createdNanos() {
+    return createdNanos;
+  }
+
+  public long expiresNanos() {
+    return expiresNanos;
   }
 }

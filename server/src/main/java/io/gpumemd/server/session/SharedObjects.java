@@ -31,6 +31,11 @@ import org.slf4j.LoggerFactory;
  * {@code --max-shares-per-tenant} live tokens plus names; published bytes are bounded per
  * device by the pool. Token lives are bounded by {@code --share-max-seconds}.
  *
+ * <p>Operators: an admin lists every tenant's tokens ({@link #shares}: metadata and the public
+ * id, never the token) and objects, and revokes or removes any of them ({@link #removeShare},
+ * {@link #remove}), logged at INFO with who asked; anyone else reaches its own tenant's only,
+ * and naming another tenant is PERMISSION_DENIED whether or not the id exists.
+ *
  * <p>Thread-safety: tokens and names live in concurrent maps; which caller kills a token or
  * removes a name (and drops its hold) is decided by an atomic remove, so each hold is dropped
  * exactly once. {@link #expire} runs on the housekeeping thread.
@@ -46,6 +51,8 @@ public final class SharedObjects {
   private final SharingSettings settings;
   private final Ticker ticker;
   private final ConcurrentHashMap<String, ShareToken> tokens = new ConcurrentHashMap<>();
+  /** The same tokens by public id; added after and removed with {@link #tokens}. */
+  private final ConcurrentHashMap<String, ShareToken> tokensById = new ConcurrentHashMap<>();
   private final ConcurrentHashMap<String, PublishedObject> objects = new ConcurrentHashMap<>();
   /** Written by the housekeeping thread only. */
   private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
@@ -61,8 +68,8 @@ public final class SharedObjects {
     return settings;
   }
 
-  /** What {@link #share} made: the token and the seconds it is valid. */
-  public record Share(String token, int expiresAfterSeconds) {}
+  /** What {@link #share} made: the token, the seconds it is valid, and its public id. */
+  public record Share(String token, int expiresAfterSeconds, String id) {}
 
   /**
    * Makes a share token for a lease or hold of a session of the caller's tenant. A token of a
@@ -92,14 +99,16 @@ public final class SharedObjects {
       tenant.removeShare();
       throw e;
     }
-    ShareToken token = new ShareToken(SecureIds.next(), session.tenant(), shared, readOnly || lease.readOnly(),
-        maxAttaches, ticker.nanos() + TimeUnit.SECONDS.toNanos(seconds));
+    long now = ticker.nanos();
+    ShareToken token = new ShareToken(SecureIds.next(), SecureIds.next(), session, lease, shared,
+        readOnly || lease.readOnly(), maxAttaches, now, now + TimeUnit.SECONDS.toNanos(seconds));
     tokens.put(token.token, token);
+    tokensById.put(token.id, token);
     pools.get(shared.block().device()).shareMade();
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
         .log("{}: lease {} shared for {} s ({} attaches{})", session, lease.id(), seconds,
         maxAttaches == 0 ? "any number of" : "at most " + maxAttaches, token.readOnly ? ", read-only" : "");
-    return new Share(token.token, seconds);
+    return new Share(token.token, seconds, token.id);
   }
 
   /**
@@ -242,8 +251,7 @@ public final class SharedObjects {
     String owner = tenant.isEmpty() ? caller.tenant() : tenant;
     objectName(name);
     if (!caller.owns(owner) && !caller.admin()) {
-      throw new PermissionDeniedException("removing another tenant's object needs an admin identity (root, the "
-          + "daemon's uid, a member of --admin-group, or an admin token); " + caller.principal() + " is not one");
+      throw notAdmin("removing another tenant's object", caller);
     }
     PublishedObject object = objects.remove(PublishedObject.key(owner, name));
     if (object == null) {
@@ -266,6 +274,77 @@ public final class SharedObjects {
 
   private static PublishedObject probe(String tenant, String name) {
     return new PublishedObject(tenant, name, null, false, 0, "", null);
+  }
+
+  /**
+   * Live share tokens the caller may see, by tenant, then age, then id, a page at a time: every
+   * tenant's for an admin, else the caller's own tenant's.
+   *
+   * @param tenant only this tenant's (empty: all the caller may see); another tenant's needs
+   *     an admin
+   * @param after the last token of the previous page; null for the first page
+   * @throws PermissionDeniedException for a non-admin naming another tenant
+   */
+  public Page<ShareToken> shares(Caller caller, String tenant, ShareCursor after, int size) {
+    if (!tenant.isEmpty() && !caller.owns(tenant) && !caller.admin()) {
+      throw notAdmin("listing another tenant's share tokens", caller);
+    }
+    long now = ticker.nanos();
+    return Page.select(tokens.values(),
+        t -> (caller.admin() || caller.owns(t.tenant)) && (tenant.isEmpty() || t.tenant.equals(tenant))
+            && !t.expired(now),
+        t -> after == null || after.isBefore(t), TOKEN_ORDER, size);
+  }
+
+  /** Tokens by tenant, then age, then id: the order of {@link #shares}. */
+  public static final Comparator<ShareToken> TOKEN_ORDER = Comparator.comparing(ShareToken::tenant)
+      .thenComparingLong(ShareToken::createdNanos).thenComparing(ShareToken::id);
+
+  /** Where a page of {@link #shares} ends: the last token's sort key. */
+  public record ShareCursor(String tenant, long createdNanos, String id) {
+    /** True when {@code token} comes after this cursor in {@link #TOKEN_ORDER}. */
+    boolean isBefore(ShareToken token) {
+      int c = token.tenant.compareTo(tenant);
+      if (c == 0) {
+        c = Long.compare(token.createdNanos, createdNanos);
+      }
+      return c > 0 || (c == 0 && token.id.compareTo(id) > 0);
+    }
+  }
+
+  /**
+   * Revokes a share token by its public id, without a session: the caller's own tenant's, or
+   * any tenant's for an admin. As {@link #revoke}, its own hold ends and holds taken with it
+   * stay. Logged at INFO with who asked.
+   *
+   * @param tenant the token's tenant; empty for the caller's own
+   * @return true when that was the block's last hold and it went back to the pool
+   * @throws PermissionDeniedException for a non-admin naming another tenant, whether or not
+   *     the id exists there
+   */
+  public boolean removeShare(Caller caller, String tenant, String shareId) {
+    String owner = tenant.isEmpty() ? caller.tenant() : tenant;
+    // Not echoed: a token pasted here by mistake is a secret.
+    SecureIds.checkSecret("share_id", shareId);
+    if (!caller.owns(owner) && !caller.admin()) {
+      throw notAdmin("revoking another tenant's share token", caller);
+    }
+    ShareToken found = tokensById.get(shareId);
+    if (found == null || !found.tenant.equals(owner) || !found.kill()) {
+      // The id is not echoed either: a well-formed one may still be a token pasted by mistake.
+      throw new NotFoundException("share token of tenant " + owner + " not found by that share_id (unknown, "
+          + "expired, revoked or used up)");
+    }
+    boolean returned = retire(found);
+    log.atInfo().addKeyValue("share", shareId).addKeyValue("admin", caller.principal())
+        .log("Share token {} of tenant {} (made by session {} for lease {}) revoked by {}{}", shareId, owner,
+        found.sessionId().substring(0, 8), found.leaseId(), caller, returned ? "; its block went back" : "");
+    return returned;
+  }
+
+  private static PermissionDeniedException notAdmin(String what, Caller caller) {
+    return new PermissionDeniedException(what + " needs an admin identity (root, the daemon's uid, a member of "
+        + "--admin-group, or an admin token); " + caller.principal() + " is not one");
   }
 
   /** Live share tokens (all tenants). */
@@ -335,6 +414,7 @@ public final class SharedObjects {
   /** Drops a dead token's hold (the caller killed it). */
   private boolean retire(ShareToken token) {
     tokens.remove(token.token, token);
+    tokensById.remove(token.id, token);
     registry.tenant(token.tenant).removeShare();
     if (token.shared.dropToken()) {
       registry.giveBack(token.shared);

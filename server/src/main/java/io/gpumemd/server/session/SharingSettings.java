@@ -11,15 +11,22 @@ package io.gpumemd.server.session;
  * @param maxSharesPerTenant live share tokens plus published names of one tenant ({@code
  *     --max-shares-per-tenant}; 0 = no bound): they outlive sessions, so the session bounds do
  *     not reach them
+ * @param maxHoldsPerTenant holds all sessions of one tenant may take by Attach and Lookup
+ *     ({@code --max-holds-per-tenant}; 0 = no bound): without it, a tenant's many sessions
+ *     multiply the per-session bound (1,000 sessions of 4,096 holds are about 2 GB of heap)
  */
 public record SharingSettings(int defaultShareSeconds, int maxShareSeconds, int maxHoldsPerSession,
-    int maxSharesPerTenant) {
-  public static final SharingSettings DEFAULTS = new SharingSettings(300, 86_400, 4096, 4096);
+    int maxSharesPerTenant, int maxHoldsPerTenant) {
+  /** Four sessions' worth of holds: about 8 MiB of heap per tenant at ~0.5 KB a hold. */
+  public static final int DEFAULT_MAX_HOLDS_PER_TENANT = 16_384;
+  public static final SharingSettings DEFAULTS =
+      new SharingSettings(300, 86_400, 4096, 4096, DEFAULT_MAX_HOLDS_PER_TENANT);
 
   public SharingSettings {
-    if (defaultShareSeconds <= 0 || maxShareSeconds <= 0 || maxHoldsPerSession < 0 || maxSharesPerTenant < 0) {
+    if (defaultShareSeconds <= 0 || maxShareSeconds <= 0 || maxHoldsPerSession < 0 || maxSharesPerTenant < 0
+        || maxHoldsPerTenant < 0) {
       throw new IllegalArgumentException("sharing settings: " + defaultShareSeconds + ", " + maxShareSeconds
-          + ", " + maxHoldsPerSession + ", " + maxSharesPerTenant
+          + ", " + maxHoldsPerSession + ", " + maxSharesPerTenant + ", " + maxHoldsPerTenant
           + " (expected: lives > 0, bounds >= 0)");
     }
   }

@@ -3,7 +3,8 @@ package io.gpumemd.server.session;
 /**
  * One tenant's holdings across all its sessions, checked against the per-tenant quota: without
  * it, a per-session quota is no limit at all for a peer that opens many sessions. Also the
- * tenant's live session count and its session-open token bucket ({@link SessionLimits}).
+ * tenant's live session count and its session-open token bucket ({@link SessionLimits}), its
+ * live share tokens and names, and the holds its sessions took by Attach and Lookup.
  *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short.
  */
@@ -14,6 +15,8 @@ final class Tenant {
   private int sessions;
   /** Live share tokens and published names: they outlive sessions, so they are counted here. */
   private int shares;
+  /** Holds of its sessions on shared blocks, taken or being taken (see {@link #reserveHold}). */
+  private int holds;
   /** Session-open tokens left, and when they were last topped up (ticker nanos). */
   private double openTokens = Double.NaN;
   private long tokensAtNanos;
@@ -101,6 +104,30 @@ final class Tenant {
   /** A token or name counted by {@link #addShare} is gone. */
   synchronized void removeShare() {
     shares--;
+  }
+
+  /**
+   * Counts a hold about to be taken by one of the tenant's sessions against {@code max} (0 = no
+   * bound). The registry returns it when the hold ends, however it ends.
+   *
+   * @return null when counted, else the bound reached, as a message (nothing counted)
+   */
+  synchronized String reserveHold(int max) {
+    if (max > 0 && holds >= max) {
+      return "tenant " + key + " has " + holds + " holds on shared blocks over all its sessions, the bound of "
+          + max + " (flag --max-holds-per-tenant); release holds it no longer needs";
+    }
+    holds++;
+    return null;
+  }
+
+  /** A hold counted by {@link #reserveHold} ended, or was never taken after all. */
+  synchronized void unreserveHold() {
+    holds--;
+  }
+
+  synchronized int holds() {
+    return holds;
   }
 
   synchronized int shares() {

@@ -265,4 +265,19 @@ class ServerOptionsTest {
     assertEquals(100L << 20, load(Map.of(), "--device-limit-bytes", "100MiB").deviceLimit(1L << 30));
     assertEquals(1L << 30, load(Map.of(), "--device-limit-bytes", "100GiB").deviceLimit(1L << 30));
   }
+
+  @Test
+  void maxHoldsPerTenant_hasADefault_flagEnvAndFile_andIsChecked() throws Exception {
+    assertEquals(16_384, load(Map.of()).sessionSettings().sharing().maxHoldsPerTenant());
+    Path file = dir.resolve("holds.properties");
+    Files.writeString(file, "max-holds-per-tenant=300\n");
+    assertEquals(300, load(Map.of("GPUMEMD_CONFIG", file.toString())).sessionSettings().sharing().maxHoldsPerTenant());
+    ServerConfig env = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_MAX_HOLDS_PER_TENANT", "200"));
+    assertEquals(200, env.sessionSettings().sharing().maxHoldsPerTenant());
+    assertTrue(env.describe().contains("max-holds-per-tenant = 200  [env GPUMEMD_MAX_HOLDS_PER_TENANT]"), env.describe());
+    assertEquals(0, load(Map.of("GPUMEMD_MAX_HOLDS_PER_TENANT", "200"), "--max-holds-per-tenant", "0")
+        .sessionSettings().sharing().maxHoldsPerTenant(), "0 = no bound, and the flag wins");
+    rejects("max-holds-per-tenant: '-1' (expected: an integer in [0, 10000000])", Map.of(),
+        "--max-holds-per-tenant", "-1");
+  }
 }

@@ -106,6 +106,7 @@ class SharingConcurrencyTest {
     assertEquals(0, stats.get(PoolMetric.ACTIVE_LEASES));
     assertEquals(0, stats.get(PoolMetric.SHARED_BLOCKS));
     assertEquals(0, stats.get(PoolMetric.LIVE_HOLDS));
+    assertEquals(0, registry.tenant(TENANT.tenant()).holds(), "every hold gave its tenant's place back");
     assertEquals(0, stats.get(PoolMetric.PUBLISHED_OBJECTS));
     assertEquals(0, stats.get(PoolMetric.PUBLISHED_BYTES));
     // A hold taken and at once undone (its token used up by another thread meanwhile, its
@@ -218,5 +219,7 @@ class SharingConcurrencyTest {
     assertEquals(blocks.size(), stats.get(PoolMetric.ACTIVE_LEASES));
     long attachedRecords = registry.leases(null, "").stream().filter(LeaseRecord::attached).count();
     assertEquals(attachedRecords, stats.get(PoolMetric.LIVE_HOLDS));
+    assertEquals(attachedRecords, registry.tenant(TENANT.tenant()).holds(),
+        "the tenant's count of holds (--max-holds-per-tenant) agrees with its sessions' holds");
   }
 }

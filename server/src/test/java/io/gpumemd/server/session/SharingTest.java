@@ -180,7 +180,7 @@ class SharingTest {
 
   @Test
   void tokenLife_isCappedBySettings() {
-    start(new SharingSettings(300, 600, 4096, 4096), 64 * MIB);
+    start(new SharingSettings(300, 600, 4096, 4096, 16_384), 64 * MIB);
     Session owner = open(ALICE, "owner");
     LeaseRecord lease = lease(ALICE, owner, 4096);
     assertEquals(600, sharing.share(ALICE, owner.id(), lease.id(), 100_000, false, 0).expiresAfterSeconds());
@@ -285,7 +285,7 @@ class SharingTest {
 
   @Test
   void holdsToken_andPublishedBytes_areBounded() {
-    start(new SharingSettings(300, 3600, 2, 3), 4 * MIB);
+    start(new SharingSettings(300, 3600, 2, 3, 16_384), 4 * MIB);
     Session s = open(ALICE, "s");
     Session r = open(ALICE2, "r");
     LeaseRecord small = lease(ALICE, s, 4096);
