@@ -2,8 +2,11 @@ package io.gpumemd.it.hardening;
 
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.ListSessionsRequest;
+import io.gpumemd.proto.v1.ListSharesRequest;
+import io.gpumemd.proto.v1.ListSharesResponse;
 import io.gpumemd.proto.v1.ListSessionsResponse;
 import io.gpumemd.proto.v1.SessionInfo;
+import io.gpumemd.proto.v1.ShareInfo;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashSet;
@@ -23,6 +26,19 @@ final class AdminQueries {
       ListSessionsResponse page = admin.withDeadlineAfter(10, TimeUnit.SECONDS)
           .listSessions(ListSessionsRequest.newBuilder().setPageSize(5000).setPageToken(token).build());
       all.addAll(page.getSessionsList());
+      token = page.getNextPageToken();
+    } while (!token.isEmpty());
+    return all;
+  }
+
+  /** Every live share token the caller may see (all tenants' for an admin), page by page. */
+  static List<ShareInfo> shares(AdminGrpc.AdminBlockingStub admin) {
+    List<ShareInfo> all = new ArrayList<>();
+    String token = "";
+    do {
+      ListSharesResponse page = admin.withDeadlineAfter(10, TimeUnit.SECONDS)
+          .listShares(ListSharesRequest.newBuilder().setPageSize(5000).setPageToken(token).build());
+      all.addAll(page.getSharesList());
       token = page.getNextPageToken();
     } while (!token.isEmpty());
     return all;

@@ -48,7 +48,7 @@ class ReplyFloodTest {
   static final long PATIENCE_MS = STALL_MS + 3000;
   static final double HEALTH_P99_MS = 500;
   static final double HEALTH_MAX_MS = 2000;
-  static final long RSS_MIB = 640;
+  static final long RSS_MIB = 384;
   static final long TTL_EXPIRY_MS = 3000;
   static final List<String> FLOODS = List.of("release", "notice", "lease");
 
