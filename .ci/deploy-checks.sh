@@ -12,15 +12,18 @@
 # 3. deploy/k8s/*.yaml: validated against the Kubernetes API schemas (kubernetes-models, offline;
 #    catches wrong types and missing required fields, not unknown field names).
 # 4. /metrics of a live daemon (host backend) through `promtool check metrics`, then SIGTERM
-#    and exit status 0.
+#    and exit status 0. Before the scrape, .ci/counter_overflow.py (python3-grpcio) reports
+#    client cache counters of 2^63-1 from two sessions (issue 22), so promtool checks the text
+#    a hostile tenant leaves behind.
 # 5. deploy/grafana/*.json: JSON syntax (python3 -m json.tool, or Node where python3 is missing).
 #    GrafanaDashboardTest checks the dashboard's structure and its metrics against a live daemon.
 #
 # What no check here can do: build the image or start the containers (no container engine in
 # CI). The Java tests in it/src/test/java/io/gpumemd/it/deploy/ check what the files say.
 #
-# Installs what it needs (apt: docker-compose, curl, and promtool unpacked from the prometheus
-# package without installing its service; npm: pinned linters in a cache directory). Idempotent:
+# Installs what it needs (apt: docker-compose, curl, python3-grpcio, python3-protobuf, protoc and
+# grpc_python_plugin for the Python stubs, and promtool unpacked from the prometheus package
+# without installing its service; npm: pinned linters in a cache directory). Idempotent:
 # a second run installs nothing. Runs as root on CI; elsewhere it uses sudo for apt.
 set -euo pipefail
 
@@ -66,6 +69,9 @@ install_tools() {
   command -v curl >/dev/null || missing+=(curl)
   command -v node >/dev/null || missing+=(nodejs)
   command -v npm >/dev/null || missing+=(npm)
+  "${GPUMEMD_PYTHON:-/usr/bin/python3}" -c 'import grpc, google.protobuf' 2>/dev/null || missing+=(python3-grpcio python3-protobuf)
+  command -v protoc >/dev/null || missing+=(protobuf-compiler)
+  command -v grpc_python_plugin >/dev/null || missing+=(protobuf-compiler-grpc)
   if [ ${#missing[@]} -gt 0 ]; then
     log "apt: installing ${missing[*]}"
     apt_install "${missing[@]}"
@@ -169,6 +175,9 @@ check_metrics() {
   if [ -z "$pid" ]; then
     return 1
   fi
+  local target
+  target=$(grep -o 'Listening on tcp://[0-9.]*:[0-9]*' "$tmp/daemon.log" | head -n 1 | sed 's|.*tcp://||')
+  "${GPUMEMD_PYTHON:-/usr/bin/python3}" .ci/counter_overflow.py "$target"
   curl -fsS "http://127.0.0.1:$port/metrics" >"$tmp/metrics.txt"
   echo "scraped $(grep -c '^gpumemd_' "$tmp/metrics.txt") samples of $(grep -c '^# TYPE' "$tmp/metrics.txt") metrics"
   local promtool_status=0

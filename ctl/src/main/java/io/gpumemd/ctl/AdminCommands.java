@@ -387,8 +387,9 @@ final class AdminCommands implements AutoCloseable {
     hitRate[0] = "hit rate";
     for (int i = 0; i < devices.size(); i++) {
       DeviceStats d = devices.get(i);
-      long hits = d.getHits() + d.getClientCacheHits();
-      long leases = hits + d.getMisses();
+      // in double: clients' reported hits may be saturated at Long.MAX_VALUE, and a long sum would wrap
+      double hits = (double) d.getHits() + d.getClientCacheHits();
+      double leases = hits + d.getMisses();
       hitRate[i + 1] = leases == 0 ? "-" : String.format(Locale.ROOT, "%.1f%%", 100.0 * hits / leases);
     }
     table.row(hitRate);

@@ -126,6 +126,20 @@ class GpuMemCtlTest {
   }
 
   @Test
+  void stats_hitRate_staysAPercentage_whenClientCountersAreSaturated() {
+    // Clients' reported hits saturate at Long.MAX_VALUE (issue 22); the hit rate's sums must not wrap.
+    daemon.server().pools().get(0).addClientCounters(Long.MAX_VALUE, 0);
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+      client.lease(0, 4096).close(); // a miss as well
+    }
+    CtlRun table = ctl("stats");
+    assertOk(table);
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("hit rate\\s+100\\.0%\\s+-")), table.out());
+    assertTrue(table.out().lines().anyMatch(l -> l.matches("client cache hits\\s+" + Long.MAX_VALUE + "\\s+0")),
+        table.out());
+  }
+
+  @Test
   void leases_listsLeaseIdAndTag_andFilters() throws IOException {
     try (GpuMemClient client = GpuMemClient.builder(daemon.tcpTarget()).clientName("ctl-leases").connect();
          Lease lease = client.lease(1, 3 << 20, false, "kv-cache")) {

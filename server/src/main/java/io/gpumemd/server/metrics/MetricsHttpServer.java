@@ -27,6 +27,7 @@ import java.net.URI;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -39,7 +40,9 @@ import org.slf4j.LoggerFactory;
  * the one that has waited longest, so idle or trickling connections can delay a scrape by
  * nothing but a reconnect.
  * (The JDK's built-in server reads a request on its worker thread, so one half-sent request
- * stalled every scrape until the client gave up.)
+ * stalled every scrape until the client gave up.) A scrape that fails is answered 500, its cause
+ * logged at WARN once; a single failing meter does not fail it (see {@link
+ * IsolatingPrometheusRegistry}).
  *
  * <p>Thread-safety: started and closed by one thread; connections are served on the event loop.
  */
@@ -57,6 +60,8 @@ public final class MetricsHttpServer implements AutoCloseable {
   private final Channel channel;
   /** Connections that have not sent a whole request yet, oldest first; event-loop thread only. */
   private final ArrayDeque<Channel> waiting = new ArrayDeque<>();
+  /** Whether a failed scrape was logged at WARN yet: once per server, later ones at DEBUG. */
+  private final AtomicBoolean scrapeFailureLogged = new AtomicBoolean();
 
   /**
    * @param beforeScrape runs on the metrics thread before each scrape (takes the snapshot the
@@ -80,7 +85,8 @@ public final class MetricsHttpServer implements AutoCloseable {
             // it trickles bytes in: a read timeout alone would not stop a slowloris.
             ch.eventLoop().schedule(() -> ch.close(), REQUEST_DEADLINE_SECONDS, TimeUnit.SECONDS);
             ch.pipeline().addLast(new HttpServerCodec(4096, MAX_REQUEST_BYTES, MAX_REQUEST_BYTES),
-                new HttpObjectAggregator(MAX_REQUEST_BYTES), new Scrape(registry, beforeScrape, waiting));
+                new HttpObjectAggregator(MAX_REQUEST_BYTES),
+                new Scrape(registry, beforeScrape, waiting, scrapeFailureLogged));
           }
         });
     try {
@@ -110,11 +116,14 @@ public final class MetricsHttpServer implements AutoCloseable {
     private final PrometheusMeterRegistry registry;
     private final Runnable beforeScrape;
     private final ArrayDeque<Channel> waiting;
+    private final AtomicBoolean scrapeFailureLogged;
 
-    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape, ArrayDeque<Channel> waiting) {
+    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape, ArrayDeque<Channel> waiting,
+        AtomicBoolean scrapeFailureLogged) {
       this.registry = registry;
       this.beforeScrape = beforeScrape;
       this.waiting = waiting;
+      this.scrapeFailureLogged = scrapeFailureLogged;
     }
 
     @Override
@@ -130,9 +139,28 @@ public final class MetricsHttpServer implements AutoCloseable {
       } else if (!"/metrics".equals(path)) {
         respond(ctx, HttpResponseStatus.NOT_FOUND, "not found: try /metrics\n", "text/plain; charset=utf-8");
       } else {
-        beforeScrape.run();
-        respond(ctx, HttpResponseStatus.OK, registry.scrape(), "text/plain; version=0.0.4; charset=utf-8");
+        scrape(ctx);
       }
+    }
+
+    private void scrape(ChannelHandlerContext ctx) {
+      String text;
+      try {
+        beforeScrape.run();
+        text = registry.scrape();
+      } catch (RuntimeException e) {
+        // A failing meter is left out by IsolatingPrometheusRegistry; this is anything else.
+        // Prometheus is told (500, not a closed connection), the cause is logged once.
+        if (scrapeFailureLogged.compareAndSet(false, true)) {
+          log.warn("Metrics scrape failed; answering 500 while it fails", e);
+        } else {
+          log.debug("Metrics scrape failed again: {}", e.toString());
+        }
+        respond(ctx, HttpResponseStatus.INTERNAL_SERVER_ERROR, "scrape failed: see the daemon's log\n",
+            "text/plain; charset=utf-8");
+        return;
+      }
+      respond(ctx, HttpResponseStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8");
     }
 
     @Override

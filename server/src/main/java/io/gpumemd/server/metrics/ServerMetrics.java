@@ -23,6 +23,8 @@ import java.util.function.IntSupplier;
  * DevicePool#stats()} per pool, not one per meter), so every figure of a scrape comes from the
  * same instant and the pool hot path pays nothing for them; only {@link #recordLease} runs per
  * lease. Meter names: see {@link #meterName}; Prometheus-style {@code gpumemd_pool_hits_total}.
+ * A counter never reads negative (the pool's counters saturate, clients' reports included), and
+ * a meter that fails anyway is left out of the scrape by {@link IsolatingPrometheusRegistry}.
  *
  * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field.
  */

@@ -569,8 +569,13 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
-  /** Adds what a client reports its own cache did (deltas of its cumulative counters). */
+  /**
+   * Adds what a client reports its own cache did: deltas of its cumulative counters, which the
+   * session layer has validated (never negative). The pool's figures saturate at {@link
+   * Long#MAX_VALUE}: clients' reports are summed, and every tenant reads the sum.
+   */
   public void addClientCounters(long hits, long returns) {
+    assert hits >= 0 && returns >= 0 : hits + ", " + returns;
     lock.lock();
     try {
       counters.add(PoolMetric.CLIENT_CACHE_HITS, hits);

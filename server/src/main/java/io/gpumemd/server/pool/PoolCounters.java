@@ -3,7 +3,9 @@ package io.gpumemd.server.pool;
 /**
  * The event counters of one pool ({@link PoolMetric.Kind#COUNTER}: hits, misses, returns, …),
  * indexed by metric. Guarded by the owning {@link DevicePool}'s lock; {@link #snapshot} copies
- * them into the values of a {@link PoolStats}.
+ * them into the values of a {@link PoolStats}. A counter never goes negative: {@link #add}
+ * saturates at {@link Long#MAX_VALUE}, since some counters sum what clients report (their own
+ * cache's hits and returns), and a client may report as much as a long holds.
  */
 final class PoolCounters {
   private final long[] counts = new long[PoolMetric.values().length];
@@ -13,9 +15,12 @@ final class PoolCounters {
     counts[counter.ordinal()]++;
   }
 
+  /** Adds {@code n >= 0}; the sum saturates at {@link Long#MAX_VALUE} instead of wrapping. */
   void add(PoolMetric counter, long n) {
-    assert counter.kind() == PoolMetric.Kind.COUNTER : counter;
-    counts[counter.ordinal()] += n;
+    assert counter.kind() == PoolMetric.Kind.COUNTER && n >= 0 : counter + " += " + n;
+    long sum = counts[counter.ordinal()] + n;
+    // Both operands are non-negative, so a wrapped sum is exactly a negative one.
+    counts[counter.ordinal()] = sum < 0 ? Long.MAX_VALUE : sum;
   }
 
   long get(PoolMetric counter) {

@@ -126,14 +126,23 @@ public final class Session {
     return cacheAllowance;
   }
 
-  /** The client's cache counters as last reported, summed over devices: {hits, returns}. */
+  /**
+   * The client's cache counters as last reported, summed over devices: {hits, returns}, each
+   * saturating at {@link Long#MAX_VALUE} (every device's value may be as large as a long).
+   */
   public synchronized long[] clientCounters() {
     long[] sum = new long[2];
     for (long[] c : reportedCounters.values()) {
-      sum[0] += c[0];
-      sum[1] += c[1];
+      sum[0] = saturatedSum(sum[0], c[0]);
+      sum[1] = saturatedSum(sum[1], c[1]);
     }
     return sum;
+  }
+
+  /** {@code a + b} for non-negative operands, {@link Long#MAX_VALUE} where that would wrap. */
+  private static long saturatedSum(long a, long b) {
+    long sum = a + b;
+    return sum < 0 ? Long.MAX_VALUE : sum;
   }
 
   // ------------------------------------------------------------------------ client cache
@@ -181,13 +190,22 @@ public final class Session {
 
   /**
    * Takes a client's cumulative counters for a device and returns what is new since the last
-   * report: {hits, returns}. Counters that go backwards (a confused client) add nothing.
+   * report: {hits, returns}, never negative. A counter that goes backwards (a confused client)
+   * adds nothing, and a negative one is no count at all: it is ignored, the last valid value
+   * stands, and the caller says so. The values kept are the highest valid ones reported, never
+   * negative, so a delta (a valid report less a kept value) never overflows.
    */
   synchronized long[] counterDeltas(int device, long hits, long returns) {
     long[] last = reportedCounters.computeIfAbsent(device, d -> new long[2]);
-    long[] delta = {Math.max(0, hits - last[0]), Math.max(0, returns - last[1])};
-    last[0] = Math.max(last[0], hits);
-    last[1] = Math.max(last[1], returns);
+    return new long[] {advance(last, 0, hits), advance(last, 1, returns)};
+  }
+
+  private static long advance(long[] last, int i, long reported) {
+    if (reported <= last[i]) { // backwards, repeated, or negative (last[i] >= 0)
+      return 0;
+    }
+    long delta = reported - last[i]; // both non-negative: cannot overflow
+    last[i] = reported;
     return delta;
   }
 

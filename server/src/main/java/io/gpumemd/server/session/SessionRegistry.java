@@ -575,9 +575,16 @@ public final class SessionRegistry {
     return refused;
   }
 
-  /** The client's cumulative cache counters for a device; what is new goes to the pool's. */
+  /**
+   * The client's cumulative cache counters for a device; what is new goes to the pool's. A
+   * negative value is not a count: it is ignored (with one DEBUG line), the other still counts.
+   */
   public void clientCounters(Session session, int device, long hits, long returns) {
     DevicePool pool = pools.get(device);
+    if (hits < 0 || returns < 0) {
+      log.debug("{}: ignored negative client cache counters for device {}: hits={}, returns={} (expected: >= 0)",
+          session, device, hits, returns);
+    }
     long[] delta = session.counterDeltas(device, hits, returns);
     if (delta[0] > 0 || delta[1] > 0) {
       pool.addClientCounters(delta[0], delta[1]);

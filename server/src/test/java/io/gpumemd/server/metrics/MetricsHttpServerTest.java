@@ -1,9 +1,12 @@
 package io.gpumemd.server.metrics;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.server.testing.LogCapture;
+import io.micrometer.core.instrument.FunctionCounter;
 import io.micrometer.prometheusmetrics.PrometheusConfig;
 import io.micrometer.prometheusmetrics.PrometheusMeterRegistry;
 import java.io.IOException;
@@ -126,6 +129,35 @@ class MetricsHttpServerTest {
       // the server may drop it mid-send: also a refusal
     }
     assertEquals(200, get("/metrics").statusCode());
+  }
+
+  @Test
+  void aMeterThatThrows_isLeftOut_andTheScrapeStillAnswers() throws Exception {
+    PrometheusMeterRegistry isolating = IsolatingPrometheusRegistry.newMeterRegistry();
+    isolating.counter("gpumemd.test").increment();
+    FunctionCounter.builder("gpumemd.broken", this, x -> -2).register(isolating);
+    try (MetricsHttpServer other = new MetricsHttpServer("127.0.0.1", 0, isolating, () -> { })) {
+      HttpResponse<String> ok = http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + other.port() + "/metrics"))
+          .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofString());
+      assertEquals(200, ok.statusCode());
+      assertTrue(ok.body().contains("gpumemd_test_total 1.0"), ok.body());
+      assertFalse(ok.body().contains("gpumemd_broken"), ok.body());
+    }
+  }
+
+  @Test
+  void aScrapeThatFailsAnyway_isA500_loggedAtWarnOnce() throws Exception {
+    // Micrometer's own registry fails whole on one bad meter: the server still answers.
+    FunctionCounter.builder("gpumemd.broken", this, x -> -2).register(registry);
+    try (LogCapture log = new LogCapture(MetricsHttpServer.class)) {
+      for (int i = 0; i < 2; i++) {
+        HttpResponse<String> failed = get("/metrics");
+        assertEquals(500, failed.statusCode(), failed.body());
+        assertEquals("scrape failed: see the daemon's log\n", failed.body());
+      }
+      assertEquals(1, log.messages("WARN").size(), log.messages("WARN").toString());
+    }
+    assertEquals(404, get("/other").statusCode(), "the server carries on");
   }
 
   @Test

@@ -73,6 +73,15 @@ class DevicePoolClientCacheTest extends PoolTestBase {
   }
 
   @Test
+  void clientCounters_saturateAtLongMax_insteadOfWrappingNegative() {
+    pool.addClientCounters(Long.MAX_VALUE, Long.MAX_VALUE - 1);
+    pool.addClientCounters(Long.MAX_VALUE, 1);
+    pool.addClientCounters(1, 1);
+    assertEquals(Long.MAX_VALUE, stats().get(PoolMetric.CLIENT_CACHE_HITS));
+    assertEquals(Long.MAX_VALUE, stats().get(PoolMetric.CLIENT_CACHE_RETURNS));
+  }
+
+  @Test
   void retentionCap_countsClientCachedBytes_evictingThePoolsOwnFirst_thenAskingTheClient() {
     usePool(64 * MiB, 8 * MiB, 0);
     Block idle = lease(4 * MiB, false, "other");
