@@ -141,8 +141,12 @@ public final class KeepAliveFloodMain {
     long sent = 0;
     long lastSend = System.nanoTime();
     boolean stalled = false;
+    // A round that began just before the deadline floods on until its first stall (or 10 s more), so
+    // that every round's stream has had replies left unread.
+    long hardStop = deadline + TimeUnit.SECONDS.toNanos(10);
     while (System.nanoTime() - lastSend < TimeUnit.MILLISECONDS.toNanos(patienceMs) && stream.closedWith() == null) {
-      if (System.nanoTime() >= deadline) {
+      long now = System.nanoTime();
+      if (now >= deadline && (stalled || now >= hardStop)) {
         Thread.sleep(50); // time is up: no more sends, but the round waits out its patience
       } else if (stream.ready()) {
         stream.send(flood);
