@@ -127,7 +127,7 @@ class MixedWorkloadSoakTest {
             }
             for (DeviceStats d : admin.withDeadlineAfter(10, TimeUnit.SECONDS)
                 .getStats(GetStatsRequest.getDefaultInstance()).getDevicesList()) {
-              RestartSoakTest.assertBalanced(d);
+              DeviceBooks.assertBalanced(d);
             }
             daemon.verifyInvariants();
             polls.incrementAndGet();

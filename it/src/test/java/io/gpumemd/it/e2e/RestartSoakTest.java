@@ -172,7 +172,7 @@ class RestartSoakTest {
         await(() -> admin.listSessions(ListSessionsRequest.getDefaultInstance()).getSessionsCount() == 0,
             "sessions left on the final daemon", null, output);
         for (DeviceStats d : admin.getStats(GetStatsRequest.getDefaultInstance()).getDevicesList()) {
-          assertBalanced(d);
+          DeviceBooks.assertBalanced(d);
           assertEquals(0, d.getLeasedBytes(), "device " + d.getDevice());
           assertEquals(0, d.getActiveLeases(), "device " + d.getDevice());
           assertEquals(0, d.getClientCachedBytes(), "device " + d.getDevice());
@@ -191,23 +191,6 @@ class RestartSoakTest {
         walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
       }
     }
-  }
-
-  /**
-   * The pool's books as GetStats reports them: reserved bytes are exactly the leased,
-   * client-cached, cached, remainder, awaiting-event and awaiting-unmap bytes, within the limit.
-   * (The daemon reports the remainder as what is left of reserved after the others, so the sum
-   * holds by construction; what this catches is a negative part, i.e. more bytes accounted for
-   * than reserved, or reserved over the limit.)
-   */
-  static void assertBalanced(DeviceStats d) {
-    long parts = d.getLeasedBytes() + d.getClientCachedBytes() + d.getCachedBytes() + d.getRemainderBytes()
-        + d.getAwaitingEventBytes() + d.getAwaitingUnmapBytes();
-    assertEquals(d.getReservedBytes(), parts, "device " + d.getDevice() + ": reserved != its parts: " + d);
-    assertTrue(d.getReservedBytes() <= d.getLimitBytes(), "device " + d.getDevice() + ": over its limit: " + d);
-    assertTrue(d.getLeasedBytes() >= 0 && d.getClientCachedBytes() >= 0 && d.getCachedBytes() >= 0
-        && d.getRemainderBytes() >= 0 && d.getAwaitingEventBytes() >= 0 && d.getAwaitingUnmapBytes() >= 0,
-        "device " + d.getDevice() + ": a negative part: " + d);
   }
 
   private static Set<String> workerSessions(AdminGrpc.AdminBlockingStub admin) {
