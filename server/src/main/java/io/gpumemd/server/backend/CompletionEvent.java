@@ -1,9 +1,9 @@
 package io.gpumemd.server.backend;
 
 /**
- * A client's CUDA IPC event opened by the daemon (rule 3: a released block is reused only
- * once the event recorded after the client's last use has completed). Not thread-safe: the
- * pool polls each one from one thread at a time.
+ * A client's CUDA IPC event opened by the daemon: a released block is reused only once the
+ * event recorded after the client's last use has completed (README, "The rules that keep
+ * memory safe", rule 3). Not thread-safe: the pool polls each one from one thread at a time.
  */
 public interface CompletionEvent extends AutoCloseable {
   /** True once the event has completed (or can never complete, e.g. its context is gone). */

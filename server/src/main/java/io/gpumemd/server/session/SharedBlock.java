@@ -15,7 +15,8 @@ import java.util.TreeSet;
  * answer) and gives the block back, exactly once. After that, no hold can be added.
  *
  * <p>Completion events of holders that released before the last one are kept, so the block is
- * reused only once every holder's GPU work on it has completed (rule 3 for several holders).
+ * reused only once every holder's GPU work on it has completed (README, "The rules that keep
+ * memory safe", rule 3, for several holders).
  *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short and
  * calls nothing outside.
