@@ -11,10 +11,11 @@ import java.util.function.Supplier;
 
 /**
  * Checks what a configuration names on this host, after it was built from the options: the TLS
- * files and the tokens file are readable and well-formed, and a TCP address without TLS is
- * loopback. A wrong file is so a configuration error at start, reported with the other
+ * files and the tokens file are readable and well-formed, the admin group exists, and a TCP
+ * address without TLS is loopback. A wrong file is so a configuration error at start, reported with the other
  * problems of the options, never a failure at the first handshake or call. The listeners read
- * the files again when they start ({@code GpumemdServer}).
+ * the files again, and the daemon looks the admin group up again, when they start
+ * ({@code GpumemdServer}).
  *
  * <p>This is the configuration's only I/O besides the {@code --config} file: the option
  * records ({@link ServerConfig#from}) read nothing but the options. Stateless; thread-safe.
@@ -22,9 +23,23 @@ import java.util.function.Supplier;
 final class HostChecks {
   private HostChecks() {}
 
-  /** Records each problem in {@code s}, named after the option that gave the file or address. */
+  /** Records each problem in {@code s}, named after the option that gave the file, group or address. */
   static void check(ServerConfig config, Settings s) {
-    TcpSecurityConfig security = config.security();
+    tlsAndTokenFiles(config.security(), s);
+    if (!config.tenancy().adminGroup().isEmpty() && config.tenancy().adminGid() < 0) {
+      s.problem(s.get("admin-group"), "a group name from /etc/group or a numeric gid");
+    }
+    ListenerConfig listeners = config.listeners();
+    boolean tcp = listeners.tcpEnabled() && s.valid("listen");
+    if (tcp && !config.security().tls() && !config.security().insecureTcp() && !isLoopback(listeners.listenHost())) {
+      Setting listen = s.get("listen");
+      s.problem("listen: '" + listen.value() + "' is not a loopback address and has no TLS (expected: "
+          + "--tls-cert and --tls-key for TLS, or --insecure-tcp to accept unidentified remote peers in "
+          + "plaintext, or a loopback address such as 127.0.0.1) [" + listen.where() + "]");
+    }
+  }
+
+  private static void tlsAndTokenFiles(TcpSecurityConfig security, Settings s) {
     Path cert = security.tlsCert();
     Path key = security.tlsKey();
     if (cert != null && key != null) {
@@ -45,14 +60,6 @@ final class HostChecks {
         BearerTokens.check(security.tokensFile());
         return null;
       });
-    }
-    ListenerConfig listeners = config.listeners();
-    boolean tcp = listeners.tcpEnabled() && s.valid("listen");
-    if (tcp && cert == null && !security.insecureTcp() && !isLoopback(listeners.listenHost())) {
-      Setting listen = s.get("listen");
-      s.problem("listen: '" + listen.value() + "' is not a loopback address and has no TLS (expected: "
-          + "--tls-cert and --tls-key for TLS, or --insecure-tcp to accept unidentified remote peers in "
-          + "plaintext, or a loopback address such as 127.0.0.1) [" + listen.where() + "]");
     }
   }
 

@@ -11,8 +11,8 @@ import java.util.Map;
  * Who the daemon's callers are and what keeps them apart; part of {@link ServerConfig}.
  *
  * @param tenantBy what makes a local peer's tenant
- * @param adminGroup the admin group as configured (name or number), empty for none
- * @param adminGid its gid, or -1 for none
+ * @param adminGroup the admin group as configured (name or number), empty for none; resolved
+ *     to its gid when the daemon starts (checked by {@link HostChecks})
  * @param isolateSessions every session gets segments of its own
  * @param tenantQuota limits over all sessions of one tenant (0 = unlimited)
  * @param socketMode permissions of the Unix socket as {@code rwxrwxrwx} text: who may connect
@@ -23,7 +23,6 @@ import java.util.Map;
 public record TenancyConfig(
     IdentityPolicy.TenantBy tenantBy,
     String adminGroup,
-    int adminGid,
     boolean isolateSessions,
     Quota tenantQuota,
     String socketMode,
@@ -34,7 +33,6 @@ public record TenancyConfig(
     return new TenancyConfig(
         IdentityPolicy.TenantBy.valueOf(s.choice("tenant-by", List.of("uid", "gid")).toUpperCase(Locale.ROOT)),
         s.text("admin-group"),
-        adminGid(s),
         s.choice("isolate", List.of("tenant", "session")).equals("session"),
         new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
         socketMode(s),
@@ -60,22 +58,14 @@ public record TenancyConfig(
     return rwx.toString();
   }
 
-  /** The admin group's gid; a name the group database does not know is a problem. */
-  private static int adminGid(Settings s) {
-    String group = s.text("admin-group");
-    if (group.isEmpty()) {
-      return -1;
-    }
-    int gid = UnixAccounts.gidOf(group);
-    if (gid < 0) {
-      s.problem(s.get("admin-group"), "a group name from /etc/group or a numeric gid");
-    }
-    return gid;
+  /** The admin group's gid, looked up now; -1 for none, or for a group this host does not know. */
+  public int adminGid() {
+    return adminGroup.isEmpty() ? -1 : UnixAccounts.gidOf(adminGroup);
   }
 
-  /** The identity policy of this daemon, running as {@code daemonUid}. */
+  /** The identity policy of this daemon, running as {@code daemonUid}; looks up the admin group. */
   public IdentityPolicy identityPolicy(int daemonUid) {
-    return new IdentityPolicy(tenantBy, daemonUid, adminGid);
+    return new IdentityPolicy(tenantBy, daemonUid, adminGid());
   }
 
   /** Each value by option name, as the start log shows it. */
