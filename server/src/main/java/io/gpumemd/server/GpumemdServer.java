@@ -9,6 +9,9 @@ import io.gpumemd.server.backend.BackendSelector;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.config.BackendConfig;
+import io.gpumemd.server.config.ListenerConfig;
+import io.gpumemd.server.config.PoolConfig;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.grpc.AdminService;
 import io.gpumemd.server.grpc.AllocatorService;
@@ -76,16 +79,16 @@ public final class GpumemdServer {
     // Sessions first: the pools send unmap requests to them, the registry owns them.
     LiveSessions sessions = new LiveSessions();
     List<DevicePool> list = new ArrayList<>();
+    PoolConfig pool = config.pool();
     for (DeviceInfo device : backend.devices()) {
-      long limit = config.deviceLimit(device.capacityBytes());
-      long cap = config.retentionCapBytes() < 0 ? limit : Math.min(config.retentionCapBytes(), limit);
-      if (config.retentionCapBytes() > limit) {
+      long limit = pool.deviceLimit(device.capacityBytes());
+      long cap = pool.retentionCapBytes() < 0 ? limit : Math.min(pool.retentionCapBytes(), limit);
+      if (pool.retentionCapBytes() > limit) {
         log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
-            config.retentionCapBytes(), device.ordinal(), limit);
+            pool.retentionCapBytes(), device.ordinal(), limit);
       }
       list.add(new DevicePool(device, backend,
-          new PoolSettings(limit, cap, config.maxOversizeBytes(), config.unmapWaitMillis(),
-              config.publishedLimit(limit)),
+          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit)),
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     this.pools = new DevicePools(list);
@@ -144,8 +147,9 @@ public final class GpumemdServer {
     }
     JulBridge.install();
     BearerTokens tokens = loadTokens(config, ticker);
-    BackendSelector.Selection selection = BackendSelector.select(config.backend(),
-        () -> new HostShmBackend(config.shmDir(), config.hostDevices(), config.hostDeviceBytes(), config.shmGroup()));
+    BackendConfig wanted = config.backend();
+    BackendSelector.Selection selection = BackendSelector.select(wanted.kind(),
+        () -> new HostShmBackend(wanted.shmDir(), wanted.hostDevices(), wanted.hostDeviceBytes(), wanted.shmGroup()));
     GpumemdServer server;
     try {
       server = new GpumemdServer(config, selection.backend(), ticker, tokens);
@@ -175,14 +179,15 @@ public final class GpumemdServer {
     }
     log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
         ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
-    if (config.socket() != null) {
-      listeners.startUnix(config.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
+    ListenerConfig addresses = config.listeners();
+    if (addresses.socket() != null) {
+      listeners.startUnix(addresses.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
     }
-    if (config.tcpEnabled()) {
-      listeners.startTcp(config.listenHost(), config.listenPort(), config.security());
+    if (addresses.tcpEnabled()) {
+      listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
     }
-    if (config.metricsPort() > 0) {
-      listeners.startMetrics(config.metricsHost(), config.metricsPort(), meterRegistry, metrics::refresh);
+    if (addresses.metricsPort() > 0) {
+      listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh);
     }
     housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents());
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());

@@ -36,8 +36,8 @@ public final class Main {
       return;
     }
     // Logging is configured before the first logger exists.
-    System.setProperty("gpumemd.log.level", config.logLevel());
-    if (config.logFormat().equals("json")) {
+    System.setProperty("gpumemd.log.level", config.logging().level());
+    if (config.logging().format().equals("json")) {
       System.setProperty("logback.configurationFile", "logback-json.xml");
     }
     Logger log = LoggerFactory.getLogger(Main.class);

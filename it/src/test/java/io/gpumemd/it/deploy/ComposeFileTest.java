@@ -40,7 +40,7 @@ class ComposeFileTest {
 
   @Test
   void gpu_daemonAndWorkerReserveNvidiaGpus() {
-    assertEquals("cuda", daemonConfig("gpumemd").backend());
+    assertEquals("cuda", daemonConfig("gpumemd").backend().kind());
     for (String service : List.of("gpumemd", "worker")) {
       List<Object> devices = listOrEmpty(service(service), "deploy", "resources", "reservations", "devices");
       assertFalse(devices.isEmpty(), service + " reserves a GPU");
@@ -58,7 +58,7 @@ class ComposeFileTest {
   @Test
   void nogpu_selectsTheHostBackendAndRequestsNoGpu() {
     ServerConfig config = daemonConfig("gpumemd-nogpu");
-    assertEquals("host", config.backend());
+    assertEquals("host", config.backend().kind());
     for (String service : List.of("gpumemd-nogpu", "worker-nogpu")) {
       Map<String, Object> s = service(service);
       assertNull(find(s, "deploy", "resources", "reservations", "devices"), service + " reserves no device");
@@ -74,7 +74,7 @@ class ComposeFileTest {
 
   @Test
   void shmVolume_isTmpfsOwnedByTheImageUser() {
-    Map<String, Object> shm = map(compose, "volumes", volumeAt(mounts("gpumemd"), daemonConfig("gpumemd").shmDir().toString()));
+    Map<String, Object> shm = map(compose, "volumes", volumeAt(mounts("gpumemd"), daemonConfig("gpumemd").backend().shmDir().toString()));
     assertEquals("tmpfs", string(shm, "driver_opts", "type"));
     String options = string(shm, "driver_opts", "o");
     assertTrue(options.contains("uid=" + image.uid()) && options.contains("gid=" + image.gid()),
@@ -84,9 +84,9 @@ class ComposeFileTest {
   @Test
   void daemon_publishesOnlyMetrics_onLoopback() {
     ServerConfig config = daemonConfig("gpumemd");
-    assertFalse(config.tcpEnabled(), "gRPC on the shared socket only");
+    assertFalse(config.listeners().tcpEnabled(), "gRPC on the shared socket only");
     List<String> ports = strings(get(service("gpumemd"), "ports"), "ports");
-    assertEquals(List.of("127.0.0.1:" + config.metricsPort() + ":" + config.metricsPort()), ports);
+    assertEquals(List.of("127.0.0.1:" + config.listeners().metricsPort() + ":" + config.listeners().metricsPort()), ports);
   }
 
   @Test
@@ -104,13 +104,13 @@ class ComposeFileTest {
     ServerConfig config = daemonConfig(daemon);
     Map<String, String> daemonMounts = mounts(daemon);
     Map<String, String> workerMounts = mounts(worker);
-    for (String dir : List.of(config.socket().getParent().toString(), config.shmDir().toString())) {
+    for (String dir : List.of(config.listeners().socket().getParent().toString(), config.backend().shmDir().toString())) {
       String volume = volumeAt(daemonMounts, dir);
       assertTrue(map(compose, "volumes").containsKey(volume), volume + " is a named volume");
       assertEquals(dir, workerMounts.get(volume), worker + " mounts " + volume + " at " + dir + " like " + daemon);
     }
     List<String> command = strings(get(service(worker), "command"), "command");
-    assertEquals(List.of("--target", "unix://" + config.socket(), "worker"), command);
+    assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"), command);
     List<String> entrypoint = strings(get(service(worker), "entrypoint"), "entrypoint");
     assertEquals("/opt/gpumemd/gpumemctl.jar", entrypoint.get(entrypoint.indexOf("-jar") + 1));
     assertEquals("service_healthy", string(service(worker), "depends_on", daemon, "condition"));

@@ -95,11 +95,11 @@ class DockerfileTest {
     assertTrue(copied.contains(image.daemonJar()), "ENTRYPOINT runs a copied jar: " + image.daemonJar());
 
     ServerConfig config = image.config(List.of());
-    assertEquals(Path.of("/run/gpumemd/gpumemd.sock"), config.socket());
-    assertFalse(config.tcpEnabled(), "no TCP listener: gRPC on the socket only, health checks included");
-    assertTrue(image.volumes().contains(config.socket().getParent().toString()), "the socket's directory is a VOLUME");
-    assertTrue(image.volumes().contains(config.shmDir().toString()), "the shm directory is a VOLUME: " + config.shmDir());
-    assertEquals(List.of(config.metricsPort()), image.exposedPorts(), "EXPOSE metrics only");
+    assertEquals(Path.of("/run/gpumemd/gpumemd.sock"), config.listeners().socket());
+    assertFalse(config.listeners().tcpEnabled(), "no TCP listener: gRPC on the socket only, health checks included");
+    assertTrue(image.volumes().contains(config.listeners().socket().getParent().toString()), "the socket's directory is a VOLUME");
+    assertTrue(image.volumes().contains(config.backend().shmDir().toString()), "the shm directory is a VOLUME: " + config.backend().shmDir());
+    assertEquals(List.of(config.listeners().metricsPort()), image.exposedPorts(), "EXPOSE metrics only");
     assertEquals(List.of(9464), image.exposedPorts());
   }
 
@@ -114,9 +114,9 @@ class DockerfileTest {
   @Test
   void entrypointFlags_canBeOverriddenByArguments() {
     ServerConfig config = image.config(List.of("--listen", "127.0.0.1:6000", "--backend", "host"));
-    assertEquals("127.0.0.1", config.listenHost());
-    assertEquals(6000, config.listenPort());
-    assertEquals("host", config.backend());
+    assertEquals("127.0.0.1", config.listeners().listenHost());
+    assertEquals(6000, config.listeners().listenPort());
+    assertEquals("host", config.backend().kind());
   }
 
   @Test

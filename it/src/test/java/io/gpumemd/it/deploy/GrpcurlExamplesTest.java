@@ -160,7 +160,7 @@ class GrpcurlExamplesTest {
     ServerConfig image = new GpumemdImage().config(List.of());
     // The root README addresses a daemon started with the defaults; deploy/README.md the image.
     String defaultSocket = io.gpumemd.server.config.ServerOptions.parse(new String[0], java.util.Map.of())
-        .socket().toString();
+        .listeners().socket().toString();
     assertTrue(RepoFiles.read("deploy/README.md").contains("--listen 127.0.0.1:50051")
         && RepoFiles.read("README.md").contains("--listen 127.0.0.1:50051"), "the READMEs say how TCP is turned on");
     List<List<String>> examples = readmeGrpcurlCommands("deploy/README.md");
@@ -175,7 +175,7 @@ class GrpcurlExamplesTest {
       for (List<String> words : examples) {
         String address = address(words);
         if (words.contains("-unix")) {
-          String expected = rootExamples.contains(words) ? defaultSocket : image.socket().toString();
+          String expected = rootExamples.contains(words) ? defaultSocket : image.listeners().socket().toString();
           assertEquals(expected, address, "README's socket: " + words);
         } else {
           // the images have no TCP listener: both READMEs show TCP for a daemon started with

@@ -53,8 +53,8 @@ class KubernetesManifestsTest {
   void sidecar_bothContainersMountTheSocketAndShmVolumesAtTheDaemonsPaths() {
     Workload w = sidecar();
     ServerConfig config = w.daemonConfig();
-    String socketDir = config.socket().getParent().toString();
-    String shmDir = config.shmDir().toString();
+    String socketDir = config.listeners().socket().getParent().toString();
+    String shmDir = config.backend().shmDir().toString();
     Map<String, String> daemonMounts = w.mounts("gpumemd");
     Map<String, String> workerMounts = w.mounts("worker");
     String socketVolume = volumeAt(daemonMounts, socketDir);
@@ -63,7 +63,7 @@ class KubernetesManifestsTest {
     assertEquals(shmDir, workerMounts.get(shmVolume), "worker mounts " + shmVolume + " where gpumemd does");
     assertTrue(find(w.volume(socketVolume), "emptyDir") != null, "socket volume is an emptyDir");
     assertEquals("Memory", string(w.volume(shmVolume), "emptyDir", "medium"), "shm volume is tmpfs");
-    assertEquals(List.of("--target", "unix://" + config.socket(), "worker"),
+    assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"),
         strings(get(w.container("worker"), "args"), "worker args"), "the worker connects to gpumemd's socket");
   }
 
@@ -79,7 +79,7 @@ class KubernetesManifestsTest {
     assertEquals("1", string(w.container("gpumemd"), "resources", "limits", GPU));
     assertNull(find(w.container("worker"), "resources", "limits", GPU),
         "a second nvidia.com/gpu request would be another GPU (see the manifest's header)");
-    assertEquals("cuda", w.daemonConfig().backend());
+    assertEquals("cuda", w.daemonConfig().backend().kind());
   }
 
   @Test
@@ -117,9 +117,9 @@ class KubernetesManifestsTest {
     assertEquals(Boolean.TRUE, find(w.pod, "hostPID"), "cross-pod CUDA IPC needs the host PID namespace");
     ServerConfig config = w.daemonConfig();
     Map<String, String> mounts = w.mounts("gpumemd");
-    String socketVolume = volumeAt(mounts, config.socket().getParent().toString());
+    String socketVolume = volumeAt(mounts, config.listeners().socket().getParent().toString());
     assertEquals("/run/gpumemd", string(w.volume(socketVolume), "hostPath", "path"));
-    String shmVolume = volumeAt(mounts, config.shmDir().toString());
+    String shmVolume = volumeAt(mounts, config.backend().shmDir().toString());
     assertTrue(find(w.volume(shmVolume), "hostPath", "path") != null, "shm directory on the node");
   }
 
@@ -131,7 +131,7 @@ class KubernetesManifestsTest {
         .anyMatch(t -> GPU.equals(asMap(t, "toleration").get("key"))), "tolerates the nvidia.com/gpu taint");
     assertNull(find(w.container("gpumemd"), "resources", "limits", GPU),
         "no nvidia.com/gpu request: it would take the GPUs from the worker pods");
-    assertEquals("cuda", w.daemonConfig().backend());
+    assertEquals("cuda", w.daemonConfig().backend().kind());
   }
 
   @Test
@@ -158,7 +158,7 @@ class KubernetesManifestsTest {
   @Test
   void metrics_bindThePodAddressExplicitly() {
     for (Workload w : List.of(sidecar(), daemonSet())) {
-      assertEquals("$(POD_IP)", w.daemonConfig().metricsHost());
+      assertEquals("$(POD_IP)", w.daemonConfig().listeners().metricsHost());
       Map<String, Object> podIp = listOrEmpty(w.container("gpumemd"), "env").stream().map(e -> asMap(e, "env"))
           .filter(e -> "POD_IP".equals(e.get("name"))).findFirst().orElseThrow(() -> new AssertionError("no POD_IP"));
       assertEquals("status.podIP", string(podIp, "valueFrom", "fieldRef", "fieldPath"));
@@ -173,7 +173,7 @@ class KubernetesManifestsTest {
     assertEquals(map(w.workload, "spec", "selector", "matchLabels"), map(service, "spec", "selector"));
     assertEquals("None", string(service, "spec", "clusterIP"), "headless: one endpoint per node");
     Map<String, Object> port = asMap(listOrEmpty(service, "spec", "ports").get(0), "port");
-    int metricsPort = w.daemonConfig().metricsPort();
+    int metricsPort = w.daemonConfig().listeners().metricsPort();
     assertEquals(metricsPort, w.containerPort("gpumemd", string(port, "targetPort")));
     assertEquals(String.valueOf(metricsPort), string(port, "port"));
     assertScrapeAnnotations(w, map(service, "metadata", "annotations"));
@@ -188,16 +188,16 @@ class KubernetesManifestsTest {
     Map<String, String> daemonMounts = daemon.mounts("gpumemd");
     Map<String, String> workerMounts = worker.mounts("worker");
     ServerConfig config = daemon.daemonConfig();
-    for (String dir : List.of(config.socket().getParent().toString(), config.shmDir().toString())) {
+    for (String dir : List.of(config.listeners().socket().getParent().toString(), config.backend().shmDir().toString())) {
       String daemonPath = string(daemon.volume(volumeAt(daemonMounts, dir)), "hostPath", "path");
       String workerPath = string(worker.volume(volumeAt(workerMounts, dir)), "hostPath", "path");
       assertEquals(daemonPath, workerPath, "worker mounts the daemon's node directory at " + dir);
     }
-    assertEquals("gpumemd", config.shmGroup(), "socket and segment files are group-accessible");
+    assertEquals("gpumemd", config.backend().shmGroup(), "socket and segment files are group-accessible");
     assertTrue(strings(get(worker.pod, "securityContext", "supplementalGroups"), "groups").contains(String.valueOf(image.gid())),
         "worker joins the gpumemd group");
     assertEquals("1", string(worker.container("worker"), "resources", "limits", GPU));
-    assertEquals(List.of("--target", "unix://" + config.socket(), "worker"),
+    assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"),
         strings(get(worker.container("worker"), "args"), "worker args"));
   }
 
@@ -210,7 +210,7 @@ class KubernetesManifestsTest {
    */
   private void assertHealthProbes(Workload w, Map<String, Object> container) {
     ServerConfig config = w.daemonConfig();
-    assertFalse(config.tcpEnabled(), "no TCP listener: gRPC on the Unix socket only");
+    assertFalse(config.listeners().tcpEnabled(), "no TCP listener: gRPC on the Unix socket only");
     assertTrue(listOrEmpty(container, "ports").stream().map(p -> asMap(p, "port"))
         .noneMatch(p -> "grpc".equals(p.get("name"))), "no gRPC containerPort");
     for (String probe : List.of("startupProbe", "livenessProbe", "readinessProbe")) {
@@ -224,7 +224,7 @@ class KubernetesManifestsTest {
       assertEquals(image.ctlJar(), command.get(jar + 1), probe + " runs the image's gpumemctl");
       List<String> ctlArgs = command.subList(jar + 2, command.size());
       int target = ctlArgs.indexOf("--target");
-      assertEquals("unix://" + config.socket(), ctlArgs.get(target + 1), probe + " asks the daemon's socket");
+      assertEquals("unix://" + config.listeners().socket(), ctlArgs.get(target + 1), probe + " asks the daemon's socket");
       int health = ctlArgs.indexOf("health");
       assertTrue(health > target, probe + " runs gpumemctl health: " + ctlArgs);
       int service = ctlArgs.indexOf("--service");
@@ -239,7 +239,7 @@ class KubernetesManifestsTest {
   }
 
   private void assertScrapeAnnotations(Workload w, Map<String, Object> annotations) {
-    int metricsPort = w.daemonConfig().metricsPort();
+    int metricsPort = w.daemonConfig().listeners().metricsPort();
     assertEquals("true", annotations.get("prometheus.io/scrape"));
     assertEquals(String.valueOf(metricsPort), annotations.get("prometheus.io/port"));
     assertEquals("/metrics", annotations.get("prometheus.io/path"));

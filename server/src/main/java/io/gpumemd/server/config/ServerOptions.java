@@ -1,36 +1,12 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.auth.BearerTokens;
-import io.gpumemd.server.auth.IdentityPolicy;
-import io.gpumemd.server.auth.PemFiles;
-import io.gpumemd.server.auth.UnixAccounts;
-import io.gpumemd.server.session.Quota;
-import io.gpumemd.server.session.SessionLimits;
-import io.gpumemd.server.session.SharingSettings;
-import java.io.IOException;
-import java.io.Reader;
-import java.net.InetAddress;
-import java.net.UnknownHostException;
-import java.nio.file.AccessDeniedException;
-import java.nio.file.Files;
-import java.nio.file.NoSuchFileException;
-import java.nio.file.Path;
-import java.security.PrivateKey;
-import java.security.cert.X509Certificate;
 import java.util.Arrays;
-import java.util.List;
 import java.util.Locale;
 import java.util.Map;
-import java.util.Properties;
-import java.util.Set;
-import java.util.TreeMap;
-import java.util.TreeSet;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 import picocli.CommandLine.Help;
 import picocli.CommandLine.Help.Ansi.Text;
-import picocli.CommandLine.MissingParameterException;
-import picocli.CommandLine.Model.ArgSpec;
 import picocli.CommandLine.Model.CommandSpec;
 import picocli.CommandLine.Model.OptionSpec;
 import picocli.CommandLine.Option;
@@ -44,11 +20,16 @@ import picocli.CommandLine.ParseResult;
  * hold per-client quotas: {@code quota.<client_name>.max-leased-bytes} and
  * {@code quota.<client_name>.max-leases}.
  *
- * <p>{@link #parse} resolves each option through the layers flag &gt; environment &gt; file &gt;
- * default, remembering which layer gave the value, then validates everything and builds the
- * {@link ServerConfig}. It does not stop at the first problem: unknown flags, unknown file keys
- * and every bad value are reported together in one {@link ConfigException}, each as
+ * <p>{@link #parse} runs three steps: {@link OptionLayers} resolves each option through the
+ * layers flag &gt; environment &gt; file &gt; default, remembering which layer gave the value;
+ * {@link ServerConfig#from} builds each record of the configuration from its own options,
+ * validating them; {@link HostChecks} then checks the files and the address they name. It does
+ * not stop at the first problem: unknown flags, unknown file keys, every bad value and every
+ * unreadable file are reported together in one {@link ConfigException}, each as
  * {@code name: 'value' (expected: …) [flag --name | env GPUMEMD_NAME | file /path]}.
+ *
+ * <p>A new option is declared here (its flag, default and help) and read in one record's
+ * {@code from}, beside that record's component and start-log line.
  *
  * <p>The fields hold the raw text of each option once parsed (picocli's binding); the typed,
  * validated values live in {@link ServerConfig}. An instance serves one parse; the static
@@ -319,10 +300,9 @@ public final class ServerOptions {
   public static ServerConfig parse(String[] args, Map<String, String> env) {
     CommandLine cmd = commandLine();
     ParseResult parsed = cmd.parseArgs(args);
-    Settings settings = new Settings();
-    commandLineProblems(parsed, settings);
-    Map<String, Quota> quotas = resolve(cmd.getCommandSpec(), parsed, env, settings);
-    ServerConfig config = build(settings, quotas);
+    Settings settings = OptionLayers.resolve(cmd.getCommandSpec(), parsed, env);
+    ServerConfig config = ServerConfig.from(settings);
+    HostChecks.check(config, settings);
     if (!settings.problems().isEmpty()) {
       throw new ConfigException(settings.problems());
     }
@@ -380,358 +360,5 @@ public final class ServerOptions {
         };
       }
     };
-  }
-
-  /** Unknown flags, stray arguments, flags without a value. */
-  private static void commandLineProblems(ParseResult parsed, Settings settings) {
-    List<String> unmatched = parsed.unmatched();
-    for (int i = 0; i < unmatched.size(); i++) {
-      String arg = unmatched.get(i);
-      if (arg.startsWith("-")) {
-        settings.problem("flag: '" + arg + "' (expected: one of the options listed by --help)");
-        boolean takesNext = !arg.contains("=") && i + 1 < unmatched.size() && !unmatched.get(i + 1).startsWith("-");
-        if (takesNext) {
-          i++; // its value: one mistake, one message
-        }
-      } else {
-        settings.problem("argument: '" + arg + "' (expected: --option value or --option=value)");
-      }
-    }
-    for (Exception e : parsed.errors()) {
-      if (e instanceof MissingParameterException missing) {
-        for (ArgSpec arg : missing.getMissing()) {
-          String flag = arg instanceof OptionSpec o ? o.longestName() : arg.paramLabel();
-          settings.problem(flag + ": no value (expected: " + arg.paramLabel() + " after the flag)");
-        }
-      } else if (!(e instanceof CommandLine.UnmatchedArgumentException)) {
-        settings.problem("command line: " + e.getMessage());
-      }
-    }
-  }
-
-  /**
-   * Resolves every option through flag &gt; environment &gt; file &gt; default into
-   * {@code settings}, reports unknown file keys, and returns the per-client quotas of the file.
-   */
-  private static Map<String, Quota> resolve(CommandSpec spec, ParseResult parsed, Map<String, String> env,
-      Settings settings) {
-    Setting configFile = layer(spec.findOption("--config"), parsed, env, new Properties(), "");
-    settings.put(configFile);
-    Properties file = configFile.value().isEmpty() ? new Properties() : readFile(configFile, settings);
-    String fileOrigin = "file " + configFile.value();
-    for (OptionSpec option : spec.options()) {
-      if (!option.usageHelp() && option != spec.findOption("--config")) {
-        settings.put(layer(option, parsed, env, file, fileOrigin));
-      }
-    }
-    Map<String, Quota> quotas = new TreeMap<>();
-    Map<String, long[]> raw = new TreeMap<>();
-    for (String key : new TreeSet<>(file.stringPropertyNames())) {
-      Setting s = new Setting(key, file.getProperty(key).trim(), fileOrigin);
-      if (key.startsWith("quota.")) {
-        quota(s, raw, settings);
-      } else if (key.equals("config")) {
-        settings.problem("file key: 'config' (expected: the file named by --config or GPUMEMD_CONFIG, "
-            + "which cannot name another) [" + fileOrigin + "]");
-      } else if (spec.findOption("--" + key) == null || spec.findOption("--" + key).usageHelp()) {
-        settings.problem("file key: '" + key + "' (expected: an option listed by --help, without the dashes,"
-            + " or quota.<client_name>.max-leased-bytes|max-leases) [" + fileOrigin + "]");
-      }
-    }
-    raw.forEach((client, q) -> quotas.put(client, new Quota(q[0], q[1])));
-    return quotas;
-  }
-
-  private static Setting layer(OptionSpec option, ParseResult parsed, Map<String, String> env, Properties file,
-      String fileOrigin) {
-    String name = name(option);
-    Setting s;
-    String fromEnv = env.get(envVar(name));
-    String fromFile = file.getProperty(name);
-    if (parsed.hasMatchedOption(option)) {
-      s = new Setting(name, ((String) option.getValue()).trim(), "flag");
-    } else if (fromEnv != null) {
-      s = new Setting(name, fromEnv.trim(), "env " + envVar(name));
-    } else if (fromFile != null) {
-      s = new Setting(name, fromFile.trim(), fileOrigin);
-    } else {
-      s = new Setting(name, option.defaultValue() == null ? "" : option.defaultValue(), "default");
-    }
-    option.setValue(s.value());
-    return s;
-  }
-
-  private static Properties readFile(Setting path, Settings settings) {
-    Properties props = new Properties();
-    try (Reader reader = Files.newBufferedReader(Path.of(path.value()))) {
-      props.load(reader);
-    } catch (NoSuchFileException e) {
-      settings.problem(path, "a readable properties file; there is no such file");
-    } catch (AccessDeniedException e) {
-      settings.problem(path, "a readable properties file; permission denied");
-    } catch (IOException | IllegalArgumentException e) {
-      settings.problem(path, "a readable properties file; " + e);
-    }
-    return props;
-  }
-
-  private static void quota(Setting s, Map<String, long[]> raw, Settings settings) {
-    String key = s.name();
-    int dot = key.lastIndexOf('.');
-    String client = dot > 6 ? key.substring(6, dot) : "";
-    String field = key.substring(dot + 1);
-    if (client.isEmpty() || !(field.equals("max-leased-bytes") || field.equals("max-leases"))) {
-      settings.problem("file key: '" + key + "' (expected: quota.<client_name>.max-leased-bytes or "
-          + "quota.<client_name>.max-leases) [" + s.origin() + "]");
-      return;
-    }
-    long[] quota = raw.computeIfAbsent(client, c -> new long[2]);
-    if (field.equals("max-leased-bytes")) {
-      quota[0] = settings.size(s);
-    } else {
-      quota[1] = settings.integer(s, 0, Long.MAX_VALUE);
-    }
-    settings.put(new Setting("quota." + client, "", s.origin()));
-  }
-
-  /** The socket's mode as rwx text; empty for the default. */
-  private static String socketMode(Settings s) {
-    String mode = s.text("socket-mode");
-    if (mode.isEmpty()) {
-      return s.text("shm-group").isEmpty() ? "rw-------" : "rw-rw----";
-    }
-    if (!mode.matches("0?[0-7]{3}")) {
-      s.problem(s.get("socket-mode"), "an octal mode such as 0600, 0660 or 0666");
-      return "rw-------";
-    }
-    int bits = Integer.parseInt(mode, 8);
-    StringBuilder rwx = new StringBuilder();
-    for (int shift = 6; shift >= 0; shift -= 3) {
-      int b = (bits >> shift) & 7;
-      rwx.append((b & 4) != 0 ? 'r' : '-').append((b & 2) != 0 ? 'w' : '-').append((b & 1) != 0 ? 'x' : '-');
-    }
-    return rwx.toString();
-  }
-
-  /** The admin group's gid; a name the group database does not know is a problem. */
-  private static int adminGid(Settings s) {
-    String group = s.text("admin-group");
-    if (group.isEmpty()) {
-      return -1;
-    }
-    int gid = UnixAccounts.gidOf(group);
-    if (gid < 0) {
-      s.problem(s.get("admin-group"), "a group name from /etc/group or a numeric gid");
-    }
-    return gid;
-  }
-
-  /**
-   * The TLS, token and exposure settings, their files read and checked now: a wrong file is a
-   * configuration error at start, never a failure at the first handshake or call.
-   */
-  private static TcpSecurityConfig security(Settings s, String listenHost, boolean tcp) {
-    boolean insecure = s.choice("insecure-tcp", List.of("false", "true")).equals("true");
-    Path cert = path(s, "tls-cert");
-    Path key = path(s, "tls-key");
-    Path clientCa = path(s, "tls-client-ca");
-    Path tokens = path(s, "tokens-file");
-    Set<String> adminCns = new TreeSet<>();
-    for (String cn : s.text("admin-cert-cn").split(",")) {
-      if (!cn.isBlank()) {
-        adminCns.add(cn.trim());
-      }
-    }
-    if (cert != null && key == null) {
-      s.problem(s.get("tls-cert"), "a certificate with its key; --tls-key is missing");
-    } else if (key != null && cert == null) {
-      s.problem(s.get("tls-key"), "a key with its certificate; --tls-cert is missing");
-    }
-    if (clientCa != null && cert == null) {
-      s.problem(s.get("tls-client-ca"), "client certificates need TLS; --tls-cert and --tls-key are missing");
-    }
-    if (!adminCns.isEmpty() && clientCa == null) {
-      s.problem(s.get("admin-cert-cn"), "names of client certificates; without --tls-client-ca there are none");
-    }
-    if (cert != null && !tcp && s.valid("listen")) {
-      s.problem(s.get("tls-cert"), "TLS for the TCP listener; --listen is 'none'");
-    }
-    if (cert != null && key != null) {
-      List<X509Certificate> chain = readPem(s, "tls-cert", () -> PemFiles.certificates(cert));
-      PrivateKey privateKey = readPem(s, "tls-key", () -> PemFiles.privateKey(key));
-      if (chain != null && privateKey != null) {
-        readPem(s, "tls-key", () -> {
-          PemFiles.checkPair(chain.get(0), privateKey);
-          return null;
-        });
-      }
-    }
-    if (clientCa != null) {
-      readPem(s, "tls-client-ca", () -> PemFiles.certificates(clientCa));
-    }
-    if (tokens != null) {
-      readPem(s, "tokens-file", () -> {
-        BearerTokens.check(tokens);
-        return null;
-      });
-    }
-    if (tcp && cert == null && !insecure && !isLoopback(listenHost)) {
-      Setting listen = s.get("listen");
-      s.problem("listen: '" + listen.value() + "' is not a loopback address and has no TLS (expected: "
-          + "--tls-cert and --tls-key for TLS, or --insecure-tcp to accept unidentified remote peers in "
-          + "plaintext, or a loopback address such as 127.0.0.1) [" + listen.where() + "]");
-    }
-    return new TcpSecurityConfig(cert, key, clientCa, adminCns, tokens, insecure);
-  }
-
-  private static Path path(Settings s, String name) {
-    String value = s.text(name);
-    return value.isEmpty() ? null : Path.of(value);
-  }
-
-  /** Runs a file check; its failure is a problem of the named option. */
-  private static <T> T readPem(Settings s, String name, java.util.function.Supplier<T> check) {
-    try {
-      return check.get();
-    } catch (IllegalArgumentException e) {
-      s.problem(s.get(name), e.getMessage());
-      return null;
-    }
-  }
-
-  /**
-   * True when every address the host names is a loopback address: only processes of this host
-   * (of this network namespace) can connect, and {@link io.gpumemd.server.auth.LoopbackPeers}
-   * identifies them. A name that does not resolve counts as remote.
-   */
-  static boolean isLoopback(String host) {
-    try {
-      InetAddress[] addresses = InetAddress.getAllByName(host);
-      for (InetAddress a : addresses) {
-        if (!a.isLoopbackAddress()) {
-          return false;
-        }
-      }
-      return addresses.length > 0;
-    } catch (UnknownHostException e) {
-      return false;
-    }
-  }
-
-  /** The sharing bounds; token lives from one second to a week. */
-  private static SharingSettings sharing(Settings s) {
-    int maxSeconds = (int) s.integer("share-max-seconds", 1, 86_400 * 7);
-    return new SharingSettings(Math.min(SharingSettings.DEFAULTS.defaultShareSeconds(), Math.max(1, maxSeconds)),
-        Math.max(1, maxSeconds),
-        (int) s.integer("max-holds-per-session", 0, 10_000_000),
-        (int) s.integer("max-shares-per-tenant", 0, 10_000_000),
-        (int) s.integer("max-holds-per-tenant", 0, 10_000_000));
-  }
-
-  /** At least 64 KiB (room for any single lease or release), at most 64 MiB. */
-  private static int maxMessageBytes(Settings s) {
-    long bytes = s.size("max-message-bytes");
-    if (s.valid("max-message-bytes") && (bytes < (64 << 10) || bytes > (64 << 20))) {
-      s.problem(s.get("max-message-bytes"), "a byte size in [64KiB, 64MiB]");
-      return TransportLimits.DEFAULT_MAX_MESSAGE_BYTES;
-    }
-    return (int) bytes;
-  }
-
-  /** Validates the settings (recording every problem) and builds the config from them. */
-  private static ServerConfig build(Settings s, Map<String, Quota> quotas) {
-    Setting socketSetting = s.get("socket");
-    Setting listenSetting = s.get("listen");
-    String socket = socketSetting.value().equals("none") ? "" : socketSetting.value();
-    String listen = listenSetting.value().equals("none") ? "" : listenSetting.value();
-    String listenHost = "";
-    int listenPort = 0;
-    if (!listen.isEmpty()) {
-      int colon = listen.lastIndexOf(':');
-      if (colon <= 0) {
-        s.problem(listenSetting, "HOST:PORT, e.g. 127.0.0.1:50051, or 'none'");
-      } else {
-        listenHost = listen.substring(0, colon);
-        if (listenHost.startsWith("[") && listenHost.endsWith("]")) {
-          listenHost = listenHost.substring(1, listenHost.length() - 1);
-        }
-        try {
-          listenPort = Integer.parseInt(listen.substring(colon + 1));
-        } catch (NumberFormatException e) {
-          listenPort = -1;
-        }
-        if (listenPort < 0 || listenPort > 65535) {
-          s.problem(listenSetting, "HOST:PORT with a port in [0, 65535]");
-          listenPort = 0;
-        }
-      }
-    }
-    TcpSecurityConfig security = security(s, listenHost, !listen.isEmpty() && s.valid("listen"));
-    if (socket.isEmpty() && listen.isEmpty()) {
-      s.problem("socket/listen: both 'none' (expected: at least one listener) [" + socketSetting.where() + ", "
-          + listenSetting.where() + "]");
-    }
-    long hostDeviceBytes = s.size("host-device-bytes");
-    if (s.valid("host-device-bytes") && (hostDeviceBytes < (2L << 20) || hostDeviceBytes % 512 != 0)) {
-      s.problem(s.get("host-device-bytes"), "at least 2MiB, a multiple of 512");
-    }
-    if (s.text("shm-dir").isEmpty()) {
-      s.problem(s.get("shm-dir"), "a directory path");
-    }
-    String cap = s.text("retention-cap-bytes");
-    int ttl = (int) s.integer("session-ttl-seconds", 1, 86_400 * 7);
-    int maxTtl = (int) s.integer("max-session-ttl-seconds", 1, 86_400 * 7);
-    if (s.valid("session-ttl-seconds") && s.valid("max-session-ttl-seconds") && ttl > maxTtl) {
-      s.problem(s.get("session-ttl-seconds"), "at most max-session-ttl-seconds=" + maxTtl);
-    }
-    return new ServerConfig(
-        socket.isEmpty() ? null : Path.of(socket),
-        listenHost,
-        listenPort,
-        s.choice("backend", List.of("auto", "host", "cuda")),
-        (int) s.integer("metrics-port", 0, 65535),
-        s.text("metrics-host"),
-        (int) s.integer("host-devices", 1, 64),
-        hostDeviceBytes,
-        Path.of(s.text("shm-dir")),
-        s.text("shm-group"),
-        s.fraction("device-limit-fraction"),
-        s.size("device-limit-bytes"),
-        cap.isEmpty() ? -1 : s.size("retention-cap-bytes"),
-        s.size("max-oversize-bytes"),
-        s.integer("unmap-wait-ms", 0, 600_000),
-        ttl,
-        maxTtl,
-        s.integer("keepalive-grace-ms", 0, 3_600_000),
-        s.integer("leak-threshold-ms", 0, Long.MAX_VALUE / 1_000_000),
-        new Quota(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
-        Map.copyOf(quotas),
-        s.size("client-cache-bytes"),
-        new TenancyConfig(
-            IdentityPolicy.TenantBy.valueOf(s.choice("tenant-by", List.of("uid", "gid")).toUpperCase(Locale.ROOT)),
-            s.text("admin-group"),
-            adminGid(s),
-            s.choice("isolate", List.of("tenant", "session")).equals("session"),
-            new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
-            socketMode(s),
-            s.text("socket-group").isEmpty() ? s.text("shm-group") : s.text("socket-group")),
-        security,
-        new SessionLimits(
-            (int) s.integer("max-sessions", 0, 10_000_000),
-            (int) s.integer("max-sessions-per-tenant", 0, 10_000_000),
-            (int) s.integer("session-open-rate", 0, 1_000_000)),
-        sharing(s),
-        s.text("max-published-bytes").isEmpty() ? -1 : s.size("max-published-bytes"),
-        new TransportLimits(
-            maxMessageBytes(s),
-            (int) s.integer("max-calls-per-connection", 1, 1_000_000),
-            s.integer("connection-idle-timeout-seconds", 0, 86_400 * 7),
-            (int) s.integer("tcp-max-connections", 0, 1_000_000),
-            (int) s.integer("unix-max-connections", 0, 1_000_000),
-            s.integer("stream-stall-timeout-ms", 100, 3_600_000)),
-        s.integer("drain-timeout-ms", 0, 3_600_000),
-        s.choice("log-format", List.of("plain", "json")),
-        s.choice("log-level", List.of("TRACE", "DEBUG", "INFO", "WARN", "ERROR")),
-        Map.copyOf(s.sources()));
   }
 }

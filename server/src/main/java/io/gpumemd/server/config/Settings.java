@@ -1,6 +1,8 @@
 package io.gpumemd.server.config;
 
 import io.gpumemd.common.Sizes;
+import io.gpumemd.server.session.Quota;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
@@ -18,6 +20,7 @@ final class Settings {
   private final Map<String, Setting> byName = new LinkedHashMap<>();
   private final List<String> problems = new ArrayList<>();
   private final Set<String> bad = new HashSet<>();
+  private Map<String, Quota> quotas = Map.of();
 
   void put(Setting setting) {
     byName.put(setting.name(), setting);
@@ -36,6 +39,15 @@ final class Settings {
     Map<String, String> out = new LinkedHashMap<>();
     byName.forEach((name, s) -> out.put(name, s.origin()));
     return out;
+  }
+
+  /** The {@code --config} file's per-client quotas, by client name. */
+  Map<String, Quota> quotas() {
+    return quotas;
+  }
+
+  void quotas(Map<String, Quota> byClient) {
+    quotas = Map.copyOf(byClient);
   }
 
   void problem(String problem) {
@@ -58,6 +70,12 @@ final class Settings {
 
   String text(String name) {
     return get(name).value();
+  }
+
+  /** A path, or null when the text is empty. */
+  Path path(String name) {
+    String value = text(name);
+    return value.isEmpty() ? null : Path.of(value);
   }
 
   /** A byte size ({@code 4096}, {@code 512MiB}); never negative. */

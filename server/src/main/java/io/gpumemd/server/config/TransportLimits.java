@@ -1,5 +1,7 @@
 package io.gpumemd.server.config;
 
+import java.util.Map;
+
 /**
  * Bounds on what one gRPC peer can make the transport hold, per listener; part of {@link
  * ServerConfig}. The Unix socket and TCP count their connections separately, so a TCP flood
@@ -37,4 +39,35 @@ public record TransportLimits(
   public static final TransportLimits DEFAULTS = new TransportLimits(DEFAULT_MAX_MESSAGE_BYTES,
       DEFAULT_MAX_CALLS_PER_CONNECTION, DEFAULT_CONNECTION_IDLE_SECONDS, DEFAULT_TCP_MAX_CONNECTIONS,
       DEFAULT_UNIX_MAX_CONNECTIONS, DEFAULT_STREAM_STALL_MILLIS);
+
+  /** Reads and checks the transport options; a problem is recorded in {@code s}. */
+  static TransportLimits from(Settings s) {
+    return new TransportLimits(
+        maxMessageBytes(s),
+        (int) s.integer("max-calls-per-connection", 1, 1_000_000),
+        s.integer("connection-idle-timeout-seconds", 0, 86_400 * 7),
+        (int) s.integer("tcp-max-connections", 0, 1_000_000),
+        (int) s.integer("unix-max-connections", 0, 1_000_000),
+        s.integer("stream-stall-timeout-ms", 100, 3_600_000));
+  }
+
+  /** At least 64 KiB (room for any single lease or release), at most 64 MiB. */
+  private static int maxMessageBytes(Settings s) {
+    long bytes = s.size("max-message-bytes");
+    if (s.valid("max-message-bytes") && (bytes < (64 << 10) || bytes > (64 << 20))) {
+      s.problem(s.get("max-message-bytes"), "a byte size in [64KiB, 64MiB]");
+      return DEFAULT_MAX_MESSAGE_BYTES;
+    }
+    return (int) bytes;
+  }
+
+  /** Each value by option name, as the start log shows it. */
+  void describeTo(Map<String, Object> values) {
+    values.put("max-message-bytes", maxMessageBytes);
+    values.put("max-calls-per-connection", maxCallsPerConnection);
+    values.put("connection-idle-timeout-seconds", connectionIdleSeconds);
+    values.put("tcp-max-connections", tcpMaxConnections);
+    values.put("unix-max-connections", unixMaxConnections);
+    values.put("stream-stall-timeout-ms", streamStallMillis);
+  }
 }

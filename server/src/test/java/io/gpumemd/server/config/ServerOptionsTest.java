@@ -42,39 +42,39 @@ class ServerOptionsTest {
   @Test
   void defaults_matchTheDesign() {
     ServerConfig c = load(Map.of());
-    assertEquals(Path.of("/tmp/gpumemd.sock"), c.socket());
-    assertEquals("", c.listenHost(), "TCP is off unless asked for");
-    assertFalse(c.tcpEnabled());
-    assertEquals("auto", c.backend());
-    assertEquals(9464, c.metricsPort());
-    assertEquals(1L << 30, c.hostDeviceBytes());
-    assertEquals(-1, c.retentionCapBytes(), "default cap: the device budget");
-    assertEquals("plain", c.logFormat());
-    assertEquals("INFO", c.logLevel());
-    assertEquals(Path.of("/dev/shm/gpumemd"), c.shmDir());
-    assertEquals("", c.shmGroup());
-    assertEquals(0.9, c.deviceLimitFraction());
-    assertEquals(20L << 20, c.maxOversizeBytes());
-    assertEquals(30, c.sessionTtlSeconds());
-    assertEquals(3600, c.maxSessionTtlSeconds());
+    assertEquals(Path.of("/tmp/gpumemd.sock"), c.listeners().socket());
+    assertEquals("", c.listeners().listenHost(), "TCP is off unless asked for");
+    assertFalse(c.listeners().tcpEnabled());
+    assertEquals("auto", c.backend().kind());
+    assertEquals(9464, c.listeners().metricsPort());
+    assertEquals(1L << 30, c.backend().hostDeviceBytes());
+    assertEquals(-1, c.pool().retentionCapBytes(), "default cap: the device budget");
+    assertEquals("plain", c.logging().format());
+    assertEquals("INFO", c.logging().level());
+    assertEquals(Path.of("/dev/shm/gpumemd"), c.backend().shmDir());
+    assertEquals("", c.backend().shmGroup());
+    assertEquals(0.9, c.pool().deviceLimitFraction());
+    assertEquals(20L << 20, c.pool().maxOversizeBytes());
+    assertEquals(30, c.sessions().ttlSeconds());
+    assertEquals(3600, c.sessions().maxTtlSeconds());
     assertEquals(10_000, c.drainTimeoutMillis());
-    assertEquals(Quota.UNLIMITED, c.defaultQuota());
-    assertTrue(c.quotaOverrides().isEmpty());
+    assertEquals(Quota.UNLIMITED, c.sessions().defaultQuota());
+    assertTrue(c.sessions().quotaOverrides().isEmpty());
     OPTIONS.forEach(name -> assertEquals("default", c.sources().get(name), name));
   }
 
   @Test
   void limits_haveDefaults_flagsEnvAndFile_andAreChecked() throws Exception {
     ServerConfig d = load(Map.of());
-    assertEquals(new io.gpumemd.server.session.SessionLimits(10_000, 1_000, 100), d.sessionLimits());
+    assertEquals(new io.gpumemd.server.session.SessionLimits(10_000, 1_000, 100), d.sessions().limits());
     assertEquals(new TransportLimits(1 << 20, 1000, 300, 1000, 1000, 30_000), d.transport());
-    assertEquals(d.sessionLimits(), d.sessionSettings().limits());
+    assertEquals(d.sessions().limits(), d.sessionSettings().limits());
     Path file = dir.resolve("limits.properties");
     Files.writeString(file, "tcp-max-connections=50\nconnection-idle-timeout-seconds=0\n");
     ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_SESSION_OPEN_RATE", "0",
         "GPUMEMD_MAX_MESSAGE_BYTES", "256KiB"), "--max-sessions", "5", "--max-sessions-per-tenant=2",
         "--max-calls-per-connection", "10", "--unix-max-connections", "7", "--stream-stall-timeout-ms", "2500");
-    assertEquals(new io.gpumemd.server.session.SessionLimits(5, 2, 0), c.sessionLimits());
+    assertEquals(new io.gpumemd.server.session.SessionLimits(5, 2, 0), c.sessions().limits());
     assertEquals(new TransportLimits(256 << 10, 10, 0, 50, 7, 2500), c.transport());
     assertTrue(c.describe().contains("max-message-bytes = 262144  [env GPUMEMD_MAX_MESSAGE_BYTES]"), c.describe());
     rejects("max-message-bytes: '1KiB' (expected: a byte size in [64KiB, 64MiB])", Map.of(),
@@ -90,11 +90,11 @@ class ServerOptionsTest {
 
   @Test
   void sizes_acceptBinarySuffixes() {
-    assertEquals(512L << 20, load(Map.of(), "--retention-cap-bytes", "512MiB").retentionCapBytes());
-    assertEquals(8L << 30, load(Map.of(), "--retention-cap-bytes", "8GiB").retentionCapBytes());
-    assertEquals(2L << 30, load(Map.of(), "--retention-cap-bytes", "2g").retentionCapBytes());
-    assertEquals(4096, load(Map.of(), "--retention-cap-bytes", "4096").retentionCapBytes());
-    assertEquals(1L << 40, load(Map.of(), "--retention-cap-bytes=1 TiB").retentionCapBytes());
+    assertEquals(512L << 20, load(Map.of(), "--retention-cap-bytes", "512MiB").pool().retentionCapBytes());
+    assertEquals(8L << 30, load(Map.of(), "--retention-cap-bytes", "8GiB").pool().retentionCapBytes());
+    assertEquals(2L << 30, load(Map.of(), "--retention-cap-bytes", "2g").pool().retentionCapBytes());
+    assertEquals(4096, load(Map.of(), "--retention-cap-bytes", "4096").pool().retentionCapBytes());
+    assertEquals(1L << 40, load(Map.of(), "--retention-cap-bytes=1 TiB").pool().retentionCapBytes());
     rejects("retention-cap-bytes: '-1' (expected: a byte size", Map.of(), "--retention-cap-bytes=-1");
     rejects("retention-cap-bytes: '99999999999TiB' (expected: a size below 8 EiB)", Map.of(),
         "--retention-cap-bytes", "99999999999TiB");
@@ -108,10 +108,10 @@ class ServerOptionsTest {
     Files.writeString(file, "retention-cap-bytes = 1GiB\nhost-devices = 3\nmetrics-port = 1234\n");
     ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_HOST_DEVICES", "5",
         "GPUMEMD_RETENTION_CAP_BYTES", "256MiB"), "--retention-cap-bytes", "128MiB");
-    assertEquals(128L << 20, c.retentionCapBytes());
-    assertEquals(5, c.hostDevices());
-    assertEquals(1234, c.metricsPort());
-    assertEquals(1L << 30, c.hostDeviceBytes(), "no layer sets it: the default");
+    assertEquals(128L << 20, c.pool().retentionCapBytes());
+    assertEquals(5, c.backend().hostDevices());
+    assertEquals(1234, c.listeners().metricsPort());
+    assertEquals(1L << 30, c.backend().hostDeviceBytes(), "no layer sets it: the default");
     assertEquals("flag", c.sources().get("retention-cap-bytes"));
     assertEquals("env GPUMEMD_HOST_DEVICES", c.sources().get("host-devices"));
     assertEquals("file " + file, c.sources().get("metrics-port"));
@@ -133,14 +133,14 @@ class ServerOptionsTest {
     assertEquals(3000, load(Map.of("GPUMEMD_CONFIG", file.toString())).drainTimeoutMillis());
     assertEquals(2000, load(env).drainTimeoutMillis());
     assertEquals(1000, load(env, "--drain-timeout-ms", "1000").drainTimeoutMillis());
-    assertEquals("WARN", load(env).logLevel(), "values are case-insensitive where they are words");
+    assertEquals("WARN", load(env).logging().level(), "values are case-insensitive where they are words");
     assertEquals(500, load(Map.of(), "--drain-timeout-ms", "1000", "--drain-timeout-ms=500").drainTimeoutMillis(),
         "a later flag wins");
     Path other = dir.resolve("other.properties");
     Files.writeString(other, "drain-timeout-ms=4000\n");
     ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString()), "--config", other.toString());
     assertEquals(4000, c.drainTimeoutMillis(), "--config wins over GPUMEMD_CONFIG");
-    assertEquals("INFO", c.logLevel(), "only the flag's file is read");
+    assertEquals("INFO", c.logging().level(), "only the flag's file is read");
   }
 
   @Test
@@ -149,9 +149,9 @@ class ServerOptionsTest {
     Files.writeString(file, "quota.trainer.max-leased-bytes=8GiB\nquota.trainer.max-leases=10\nquota-max-leases=100\n"
         + "quota.web.front.max-leases = 3\n");
     ServerConfig c = load(Map.of(), "--config=" + file);
-    assertEquals(new Quota(8L << 30, 10), c.quotaOverrides().get("trainer"));
-    assertEquals(new Quota(0, 3), c.quotaOverrides().get("web.front"), "client names may contain dots");
-    assertEquals(new Quota(0, 100), c.defaultQuota());
+    assertEquals(new Quota(8L << 30, 10), c.sessions().quotaOverrides().get("trainer"));
+    assertEquals(new Quota(0, 3), c.sessions().quotaOverrides().get("web.front"), "client names may contain dots");
+    assertEquals(new Quota(0, 100), c.sessions().defaultQuota());
     assertEquals(new Quota(8L << 30, 10), c.sessionSettings().quotaOverrides().get("trainer"));
     assertTrue(c.describe().contains("quota.trainer = 8589934592 bytes, 10 leases  [file " + file + "]"), c.describe());
     Files.writeString(file, "quota.trainer.max-bytes=1\n");
@@ -178,10 +178,10 @@ class ServerOptionsTest {
   @Test
   void listeners_canBeTurnedOffButNotBoth() {
     ServerConfig c = load(Map.of(), "--socket", "none", "--listen", "127.0.0.1:7000");
-    assertNull(c.socket());
-    assertEquals(7000, c.listenPort());
-    assertEquals("", load(Map.of(), "--listen", "none").listenHost());
-    assertEquals("::1", load(Map.of(), "--listen", "[::1]:7001").listenHost());
+    assertNull(c.listeners().socket());
+    assertEquals(7000, c.listeners().listenPort());
+    assertEquals("", load(Map.of(), "--listen", "none").listeners().listenHost());
+    assertEquals("::1", load(Map.of(), "--listen", "[::1]:7001").listeners().listenHost());
     rejects("socket/listen: both 'none' (expected: at least one listener)", Map.of(),
         "--socket", "none", "--listen", "none");
   }
@@ -261,9 +261,9 @@ class ServerOptionsTest {
 
   @Test
   void deviceLimit_isAFractionOfCapacityUnlessGivenInBytes() {
-    assertEquals((long) (0.9 * (1L << 30)) & -512L, load(Map.of()).deviceLimit(1L << 30));
-    assertEquals(100L << 20, load(Map.of(), "--device-limit-bytes", "100MiB").deviceLimit(1L << 30));
-    assertEquals(1L << 30, load(Map.of(), "--device-limit-bytes", "100GiB").deviceLimit(1L << 30));
+    assertEquals((long) (0.9 * (1L << 30)) & -512L, load(Map.of()).pool().deviceLimit(1L << 30));
+    assertEquals(100L << 20, load(Map.of(), "--device-limit-bytes", "100MiB").pool().deviceLimit(1L << 30));
+    assertEquals(1L << 30, load(Map.of(), "--device-limit-bytes", "100GiB").pool().deviceLimit(1L << 30));
   }
 
   @Test

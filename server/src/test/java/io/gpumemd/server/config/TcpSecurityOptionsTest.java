@@ -52,8 +52,8 @@ class TcpSecurityOptionsTest {
   @Test
   void tcp_isOffByDefault_theUnixSocketIsTheListener() {
     ServerConfig c = load();
-    assertFalse(c.tcpEnabled());
-    assertEquals(Path.of("/tmp/gpumemd.sock"), c.socket());
+    assertFalse(c.listeners().tcpEnabled());
+    assertEquals(Path.of("/tmp/gpumemd.sock"), c.listeners().socket());
     assertEquals(TcpSecurityConfig.NONE, c.security());
   }
 
@@ -89,7 +89,7 @@ class TcpSecurityOptionsTest {
   @Test
   void loopbackListen_needsNeitherTlsNorInsecureTcp() {
     for (String listen : List.of("127.0.0.1:0", "127.0.0.2:7000", "[::1]:7000", "localhost:7000")) {
-      assertTrue(load("--listen", listen).tcpEnabled(), listen);
+      assertTrue(load("--listen", listen).listeners().tcpEnabled(), listen);
     }
     assertTrue(load(withTls("--listen", "127.0.0.1:0")).security().tls(), "TLS on loopback is allowed");
   }
