@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.SizeClasses;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.HashMap;
@@ -23,8 +24,9 @@ import java.util.function.BooleanSupplier;
  *       whole allowance is released instead.
  *   <li><b>Take</b> (a lease is asked for): the request is rounded up to 512 B, as the daemon
  *       does; best fit = the smallest cached block of the device at least that large, within the
- *       daemon's size classes: a request up to 1 MiB takes a block of at most 2 MiB (one small
- *       segment), a larger one a block at most 20 MiB larger than the request.
+ *       daemon's size classes ({@link SizeClasses#largestFit}): a request up to 1 MiB takes a
+ *       block of at most 2 MiB (one small segment), a larger one a block at most the daemon's
+ *       {@code --max-oversize-bytes} (told in OpenSessionResponse) larger than the request.
  *   <li><b>Give back</b> (the daemon asks, or the allowance shrinks): least recently cached
  *       first, until enough bytes are out.
  * </ol>
@@ -41,11 +43,6 @@ import java.util.function.BooleanSupplier;
  * critical sections are a tree look-up, a few field updates and the listener's map update.
  */
 final class ClientCache {
-  static final long ALIGNMENT = 512;
-  static final long SMALL_MAX = 1L << 20;
-  static final long SMALL_BLOCK_MAX = 2L << 20;
-  static final long MAX_OVERSIZE = 20L << 20;
-
   /** Hears, under the cache's lock, of every lease that moves in or out of it. */
   interface Listener {
     /** A closed lease was kept ({@code reused} false), or handed out again ({@code reused} true). */
@@ -73,6 +70,7 @@ final class ClientCache {
   /** Every entry, least recently cached first. */
   private final LinkedHashSet<Entry> byAge = new LinkedHashSet<>();
   private final Map<Integer, long[]> counters = new HashMap<>();
+  private final long maxOversizeBytes;
   private long allowance;
   private long cachedBytes;
   private long seq;
@@ -82,12 +80,10 @@ final class ClientCache {
   private boolean drained;
   private static final int ANY_DEVICE = -1;
 
-  ClientCache(long allowanceBytes) {
+  /** @param maxOversizeBytes the daemon's oversize rule, as its OpenSessionResponse says */
+  ClientCache(long allowanceBytes, long maxOversizeBytes) {
     this.allowance = allowanceBytes;
-  }
-
-  static long roundUp(long size) {
-    return (size + ALIGNMENT - 1) & -ALIGNMENT;
+    this.maxOversizeBytes = maxOversizeBytes;
   }
 
   /**
@@ -125,10 +121,9 @@ final class ClientCache {
       if (index == null || index.isEmpty()) {
         return null;
       }
-      long rounded = roundUp(sizeBytes);
+      long rounded = SizeClasses.roundUp(sizeBytes);
       Entry best = index.ceiling(new Entry(null, rounded, Long.MIN_VALUE));
-      long most = rounded <= SMALL_MAX ? SMALL_BLOCK_MAX : rounded + MAX_OVERSIZE;
-      if (best == null || best.bytes > most) {
+      if (best == null || best.bytes > SizeClasses.largestFit(rounded, maxOversizeBytes)) {
         return null;
       }
       index.remove(best);

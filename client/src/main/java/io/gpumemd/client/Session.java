@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseReply;
 import io.gpumemd.proto.v1.LeaseResponse;
@@ -56,9 +57,15 @@ final class Session {
     this.stream = new SessionStream(lost::get);
     this.mappings = new MappingCache(segmentId ->
         stream.sendIfOpen(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build()));
-    this.cache = streamCalls && opened.getClientCacheBytes() > 0 ? new ClientCache(opened.getClientCacheBytes()) : null;
+    this.cache = streamCalls && opened.getClientCacheBytes() > 0
+        ? new ClientCache(opened.getClientCacheBytes(), maxOversizeBytes(opened)) : null;
     this.notices = new Notices(stream, cache, flusher);
     this.owner = owners.apply(this);
+  }
+
+  /** The daemon's oversize rule; the default from a daemon that predates the field. */
+  static long maxOversizeBytes(OpenSessionResponse opened) {
+    return opened.hasMaxOversizeBytes() ? opened.getMaxOversizeBytes() : SizeClasses.DEFAULT_MAX_OVERSIZE;
   }
 
   boolean isLost() {

@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.MemoryHandle;
 import java.util.List;
@@ -28,7 +29,7 @@ class ClientCacheTest {
 
   @Test
   void take_isTheBestFit_ofTheDevice_roundedTo512() {
-    ClientCache cache = new ClientCache(64 * MIB);
+    ClientCache cache = new ClientCache(64 * MIB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     Lease big = lease(0, 64 * KIB);
     Lease small = lease(0, 8 * KIB);
     Lease otherDevice = lease(1, 4 * KIB);
@@ -46,7 +47,7 @@ class ClientCacheTest {
 
   @Test
   void take_keepsTheDaemonsSizeClasses() {
-    ClientCache cache = new ClientCache(256 * MIB);
+    ClientCache cache = new ClientCache(256 * MIB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     Lease huge = lease(0, 64 * MIB);
     cache.offer(huge, NO_NOTICES);
     assertNull(cache.take(0, 4 * KIB, NO_NOTICES), "a small request never takes a block larger than a small segment");
@@ -59,7 +60,7 @@ class ClientCacheTest {
 
   @Test
   void offer_keepsTheAllowance_byGivingBackTheOldest_andRefusesABlockLargerThanIt() {
-    ClientCache cache = new ClientCache(10 * MIB);
+    ClientCache cache = new ClientCache(10 * MIB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     Lease a = lease(0, 4 * MIB);
     Lease b = lease(0, 4 * MIB);
     assertEquals(List.of(), cache.offer(a, NO_NOTICES));
@@ -73,7 +74,7 @@ class ClientCacheTest {
 
   @Test
   void giveBack_andAllowance_takeTheOldestFirst() {
-    ClientCache cache = new ClientCache(64 * MIB);
+    ClientCache cache = new ClientCache(64 * MIB, SizeClasses.DEFAULT_MAX_OVERSIZE);
     Lease a = lease(0, MIB);
     Lease b = lease(1, MIB);
     Lease c = lease(0, 2 * MIB);
