@@ -73,7 +73,7 @@ final class Notices implements ClientCache.Listener {
       if (cacheNotices.remove(leaseId) == null) {
         cacheNotices.put(leaseId, reused);
       }
-      full = pending() >= FLUSH_AT;
+      noteFull();
     }
   }
 
@@ -88,7 +88,7 @@ final class Notices implements ClientCache.Listener {
       }
       cacheNotices.remove(leaseId);
       releases.add(new ReleaseNotice(leaseId, eventHandle));
-      full = pending() >= FLUSH_AT;
+      noteFull();
     }
   }
 
@@ -166,7 +166,7 @@ final class Notices implements ClientCache.Listener {
       }
       cacheNotices.clear();
       releases.clear();
-      full = false;
+      noteFull();
     }
     KeepAliveRequest.Builder last = messages.get(messages.size() - 1).mergeFrom(message.build());
     // Cumulative counters, only after they changed (the daemon takes the difference).
@@ -183,6 +183,14 @@ final class Notices implements ClientCache.Listener {
 
   private boolean countersChanged() {
     return cache != null && cache.countersVersion() != countersVersionSent;
+  }
+
+  /** Sets {@link #full}; a volatile write only when it changes, which is rare (the hot path writes none). */
+  private void noteFull() {
+    boolean now = pending() >= FLUSH_AT;
+    if (now != full) {
+      full = now;
+    }
   }
 
   private int pending() {
