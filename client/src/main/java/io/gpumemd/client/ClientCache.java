@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.SizeClasses;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.HashMap;
@@ -23,8 +24,9 @@ import java.util.function.BooleanSupplier;
  *       whole allowance is released instead.
  *   <li><b>Take</b> (a lease is asked for): the request is rounded up to 512 B, as the daemon
  *       does; best fit = the smallest cached block of the device at least that large, within the
- *       daemon's size classes: a request up to 1 MiB takes a block of at most 2 MiB (one small
- *       segment), a larger one a block at most 20 MiB larger than the request.
+ *       daemon's size classes ({@link SizeClasses#largestFit}): a request up to 1 MiB takes a
+ *       block of at most 2 MiB (one small segment), a larger one a block at most the daemon's
+ *       {@code --max-oversize-bytes} (told in OpenSessionResponse) larger than the request.
  *   <li><b>Give back</b> (the daemon asks, or the allowance shrinks): least recently cached
  *       first, until enough bytes are out.
  * </ol>
@@ -32,14 +34,20 @@ import java.util.function.BooleanSupplier;
  * <p>Counters (local hits and returns) are kept per device, cumulative, as the daemon wants
  * them reported.
  *
- * <p>Thread-safety: every method is {@code synchronized}; the critical sections are a tree
- * look-up and a few field updates.
+ * <p>A take or an offer and its notice to the daemon are one step: the {@link Listener} hears
+ * of the move under this cache's lock, so that a close of the same block on another thread
+ * cannot come between them (the notices would reach the daemon out of order). Once drained,
+ * the cache takes and keeps nothing more: its session is gone.
+ *
+ * <p>Thread-safety: every method takes this cache's own lock, which nothing outside takes; the
+ * critical sections are a tree look-up, a few field updates and the listener's map update.
  */
 final class ClientCache {
-  static final long ALIGNMENT = 512;
-  static final long SMALL_MAX = 1L << 20;
-  static final long SMALL_BLOCK_MAX = 2L << 20;
-  static final long MAX_OVERSIZE = 20L << 20;
+  /** Hears, under the cache's lock, of every lease that moves in or out of it. */
+  interface Listener {
+    /** A closed lease was kept ({@code reused} false), or handed out again ({@code reused} true). */
+    void moved(String leaseId, boolean reused);
+  }
 
   /** A closed lease kept for reuse; {@code seq} orders by age. */
   private static final class Entry {
@@ -57,86 +65,100 @@ final class ClientCache {
   private static final Comparator<Entry> BY_SIZE =
       Comparator.<Entry>comparingLong(e -> e.bytes).thenComparingLong(e -> e.seq);
 
+  private final Object lock = new Object();
   private final Map<Integer, TreeSet<Entry>> bySize = new HashMap<>();
   /** Every entry, least recently cached first. */
   private final LinkedHashSet<Entry> byAge = new LinkedHashSet<>();
   private final Map<Integer, long[]> counters = new HashMap<>();
+  private final long maxOversizeBytes;
   private long allowance;
   private long cachedBytes;
   private long seq;
   private long localHits;
   private long localReturns;
   private long countersVersion;
+  private boolean drained;
   private static final int ANY_DEVICE = -1;
 
-  ClientCache(long allowanceBytes) {
+  /** @param maxOversizeBytes the daemon's oversize rule, as its OpenSessionResponse says */
+  ClientCache(long allowanceBytes, long maxOversizeBytes) {
     this.allowance = allowanceBytes;
-  }
-
-  static long roundUp(long size) {
-    return (size + ALIGNMENT - 1) & -ALIGNMENT;
+    this.maxOversizeBytes = maxOversizeBytes;
   }
 
   /**
    * Keeps a closed lease if it fits the allowance, making room by removing least recently
-   * cached ones.
+   * cached ones; {@code listener} hears of it when kept.
    *
    * @return null when not kept (the caller releases it); else the leases removed to make room
    *     (the caller releases those), usually none
    */
-  synchronized List<Lease> offer(Lease lease) {
-    if (lease.blockBytes() > allowance) {
-      return null;
+  List<Lease> offer(Lease lease, Listener listener) {
+    synchronized (lock) {
+      if (drained || lease.blockBytes() > allowance) {
+        return null;
+      }
+      List<Lease> evicted = removeOldest(ANY_DEVICE, () -> cachedBytes + lease.blockBytes() > allowance);
+      Entry entry = new Entry(lease, lease.blockBytes(), seq++);
+      bySize.computeIfAbsent(lease.device(), d -> new TreeSet<>(BY_SIZE)).add(entry);
+      byAge.add(entry);
+      cachedBytes += lease.blockBytes();
+      localReturns++;
+      counters.computeIfAbsent(lease.device(), d -> new long[2])[1]++;
+      countersVersion++;
+      listener.moved(lease.id(), false);
+      return evicted;
     }
-    List<Lease> evicted = removeOldest(ANY_DEVICE, () -> cachedBytes + lease.blockBytes() > allowance);
-    Entry entry = new Entry(lease, lease.blockBytes(), seq++);
-    bySize.computeIfAbsent(lease.device(), d -> new TreeSet<>(BY_SIZE)).add(entry);
-    byAge.add(entry);
-    cachedBytes += lease.blockBytes();
-    localReturns++;
-    counters.computeIfAbsent(lease.device(), d -> new long[2])[1]++;
-    countersVersion++;
-    return evicted;
   }
 
-  /** The best-fitting cached lease for a request, removed from the cache, or null. */
-  synchronized Lease take(int device, long sizeBytes) {
-    TreeSet<Entry> index = bySize.get(device);
-    if (index == null || index.isEmpty()) {
-      return null;
+  /**
+   * The best-fitting cached lease for a request, removed from the cache, or null;
+   * {@code listener} hears of it when one is taken.
+   */
+  Lease take(int device, long sizeBytes, Listener listener) {
+    synchronized (lock) {
+      TreeSet<Entry> index = bySize.get(device);
+      if (index == null || index.isEmpty()) {
+        return null;
+      }
+      long rounded = SizeClasses.roundUp(sizeBytes);
+      Entry best = index.ceiling(new Entry(null, rounded, Long.MIN_VALUE));
+      if (best == null || best.bytes > SizeClasses.largestFit(rounded, maxOversizeBytes)) {
+        return null;
+      }
+      index.remove(best);
+      byAge.remove(best);
+      cachedBytes -= best.bytes;
+      localHits++;
+      counters.computeIfAbsent(device, d -> new long[2])[0]++;
+      countersVersion++;
+      listener.moved(best.lease.id(), true);
+      return best.lease;
     }
-    long rounded = roundUp(sizeBytes);
-    Entry best = index.ceiling(new Entry(null, rounded, Long.MIN_VALUE));
-    long most = rounded <= SMALL_MAX ? SMALL_BLOCK_MAX : rounded + MAX_OVERSIZE;
-    if (best == null || best.bytes > most) {
-      return null;
-    }
-    index.remove(best);
-    byAge.remove(best);
-    cachedBytes -= best.bytes;
-    localHits++;
-    counters.computeIfAbsent(device, d -> new long[2])[0]++;
-    countersVersion++;
-    return best.lease;
   }
 
   /**
    * Removes least recently cached leases of a device until at least {@code bytes} are out, or
    * all of them when {@code bytes} is 0.
    */
-  synchronized List<Lease> giveBack(int device, long bytes) {
-    long before = cachedBytes;
-    return removeOldest(device, () -> bytes == 0 || before - cachedBytes < bytes);
+  List<Lease> giveBack(int device, long bytes) {
+    synchronized (lock) {
+      long before = cachedBytes;
+      return removeOldest(device, () -> bytes == 0 || before - cachedBytes < bytes);
+    }
   }
 
   /** Sets the allowance and removes least recently cached leases until the cache fits it. */
-  synchronized List<Lease> setAllowance(long bytes) {
-    allowance = bytes;
-    return removeOldest(ANY_DEVICE, () -> cachedBytes > allowance);
+  List<Lease> setAllowance(long bytes) {
+    synchronized (lock) {
+      allowance = bytes;
+      return removeOldest(ANY_DEVICE, () -> cachedBytes > allowance);
+    }
   }
 
   /** Removes least recently cached leases (of one device, or any) while {@code more} holds. */
   private List<Lease> removeOldest(int device, BooleanSupplier more) {
+    assert Thread.holdsLock(lock);
     List<Lease> out = new ArrayList<>(0);
     Iterator<Entry> oldest = byAge.iterator();
     while (more.getAsBoolean() && oldest.hasNext()) {
@@ -152,47 +174,67 @@ final class ClientCache {
     return out;
   }
 
-  /** Empties the cache (the client is closing; the daemon takes everything back). */
-  synchronized List<Lease> drain() {
-    List<Lease> out = new ArrayList<>();
-    for (Entry entry : byAge) {
-      out.add(entry.lease);
+  /**
+   * Empties the cache for good (the session is lost, or the client is closing: the daemon
+   * takes everything back); later offers and takes find nothing and keep nothing.
+   */
+  List<Lease> drain() {
+    synchronized (lock) {
+      drained = true;
+      List<Lease> out = new ArrayList<>(byAge.size());
+      for (Entry entry : byAge) {
+        out.add(entry.lease);
+      }
+      byAge.clear();
+      bySize.clear();
+      cachedBytes = 0;
+      return out;
     }
-    byAge.clear();
-    bySize.clear();
-    cachedBytes = 0;
-    return out;
   }
 
-  synchronized long allowance() {
-    return allowance;
+  long allowance() {
+    synchronized (lock) {
+      return allowance;
+    }
   }
 
-  synchronized long cachedBytes() {
-    return cachedBytes;
+  long cachedBytes() {
+    synchronized (lock) {
+      return cachedBytes;
+    }
   }
 
-  synchronized int cachedBlocks() {
-    return byAge.size();
+  int cachedBlocks() {
+    synchronized (lock) {
+      return byAge.size();
+    }
   }
 
-  synchronized long localHits() {
-    return localHits;
+  long localHits() {
+    synchronized (lock) {
+      return localHits;
+    }
   }
 
-  synchronized long localReturns() {
-    return localReturns;
+  long localReturns() {
+    synchronized (lock) {
+      return localReturns;
+    }
   }
 
   /** Changes whenever a counter does: the client sends counters only after a change. */
-  synchronized long countersVersion() {
-    return countersVersion;
+  long countersVersion() {
+    synchronized (lock) {
+      return countersVersion;
+    }
   }
 
   /** Cumulative {hits, returns} per device, a copy. */
-  synchronized Map<Integer, long[]> counters() {
-    Map<Integer, long[]> copy = new HashMap<>();
-    counters.forEach((device, c) -> copy.put(device, c.clone()));
-    return copy;
+  Map<Integer, long[]> counters() {
+    synchronized (lock) {
+      Map<Integer, long[]> copy = new HashMap<>();
+      counters.forEach((device, c) -> copy.put(device, c.clone()));
+      return copy;
+    }
   }
 }

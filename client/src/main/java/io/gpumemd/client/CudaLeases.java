@@ -14,8 +14,9 @@ import jcuda.driver.CUstream;
 
 /**
  * CUDA helpers for leases of CUDA devices: the device pointer as a JCuda {@link CUdeviceptr},
- * and a release that waits for the GPU (rule 3 of the design: the daemon reuses the block only
- * once an event recorded after the last use on the caller's stream has completed).
+ * and a release that waits for the GPU: the daemon reuses the block only once an event recorded
+ * after the last use on the caller's stream has completed (README, "How the pool works"; the
+ * daemon's {@code PendingEvents}).
  *
  * <p>Only callers that use CUDA leases load this class (and JCuda). Thread-safe.
  */

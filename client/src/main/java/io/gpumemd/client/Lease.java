@@ -28,11 +28,34 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * last hold is gone. A lease that was shared or published, and every hold, is released to the
  * daemon on close, never kept in the client cache: others still use the block.
  *
+ * <p>A lease knows the session that granted it only through {@link Owner}: it never reaches into
+ * the client.
+ *
  * <p>Thread-safe: close may race with itself; exactly one call releases.
  */
 public final class Lease implements AutoCloseable {
-  private final GpuMemClient client;
-  private final GpuMemClient.Session session;
+  /**
+   * What a lease asks of the session that granted it (one object per session), as HikariCP's
+   * pool and bag talk only through a narrow listener.
+   */
+  interface Owner {
+    /** True once the session is lost (the daemon restarted or ended it): its leases are dead. */
+    boolean isLost();
+
+    /** The lease was closed (with a CUDA IPC event handle, or null): cache or release it. */
+    void giveBack(Lease lease, byte[] eventHandle);
+
+    /** As {@link #giveBack}, without waiting for the daemon's answer. */
+    CompletableFuture<Void> giveBackAsync(Lease lease);
+
+    /** Lease#share: a token for the lease. */
+    Share share(Lease lease, ShareOptions options);
+
+    /** GpuMemClient#publish: the lease under a name. */
+    Published publish(Lease lease, String name, boolean readOnly);
+  }
+
+  private final Owner owner;
   private final String id;
   private final int device;
   private final long sizeBytes;
@@ -51,15 +74,9 @@ public final class Lease implements AutoCloseable {
   private volatile boolean shared;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  Lease(GpuMemClient client, GpuMemClient.Session session, LeaseResponse response, SegmentMapping mapping, String tag) {
-    this(client, session, response, mapping, tag, false, false);
-  }
-
   /** A lease, or with {@code attached} a hold on a shared block (Attach, Lookup). */
-  Lease(GpuMemClient client, GpuMemClient.Session session, LeaseResponse response, SegmentMapping mapping, String tag,
-      boolean attached, boolean readOnly) {
-    this.client = client;
-    this.session = session;
+  Lease(Owner owner, LeaseResponse response, SegmentMapping mapping, String tag, boolean attached, boolean readOnly) {
+    this.owner = owner;
     this.id = response.getLeaseId();
     this.device = response.getDevice();
     this.sizeBytes = response.getSizeBytes();
@@ -79,8 +96,7 @@ public final class Lease implements AutoCloseable {
 
   /** The same block, handed out again from the client's own cache for a new request. */
   Lease(Lease cached, long sizeBytes, String tag) {
-    this.client = cached.client;
-    this.session = cached.session;
+    this.owner = cached.owner;
     this.id = cached.id;
     this.device = cached.device;
     this.sizeBytes = sizeBytes;
@@ -194,7 +210,7 @@ public final class Lease implements AutoCloseable {
    */
   public Share share(ShareOptions options) {
     checkOpen();
-    return client.share(this, options);
+    return owner.share(this, options);
   }
 
   public long segmentId() {
@@ -224,9 +240,9 @@ public final class Lease implements AutoCloseable {
     return mapping;
   }
 
-  /** The session that granted this lease. */
-  GpuMemClient.Session session() {
-    return session;
+  /** The session that granted this lease, as the lease sees it. */
+  Owner owner() {
+    return owner;
   }
 
   /**
@@ -234,7 +250,7 @@ public final class Lease implements AutoCloseable {
    * session): the block is gone, and its memory must not be used. Closing it does nothing.
    */
   public boolean isLost() {
-    return session != null && session.isLost(); // null: a test's lease without a client
+    return owner != null && owner.isLost(); // null: a test's lease without a client
   }
 
   /** True for a lease on a host (shared-memory) device. */
@@ -289,14 +305,14 @@ public final class Lease implements AutoCloseable {
   @Override
   public void close() {
     if (closed.compareAndSet(false, true)) {
-      client.closeLease(this, null);
+      owner.giveBack(this, null);
     }
   }
 
   /** Gives the lease back without waiting for the daemon's answer. */
   public CompletableFuture<Void> closeAsync() {
     if (closed.compareAndSet(false, true)) {
-      return client.closeLeaseAsync(this);
+      return owner.giveBackAsync(this);
     }
     return CompletableFuture.completedFuture(null);
   }
@@ -307,7 +323,7 @@ public final class Lease implements AutoCloseable {
    */
   void closeWithEvent(byte[] eventHandle) {
     if (closed.compareAndSet(false, true)) {
-      client.closeLease(this, eventHandle);
+      owner.giveBack(this, eventHandle);
     }
   }
 

@@ -50,11 +50,6 @@ final class MappingCache {
     this.ackUnmapped = ackUnmapped;
   }
 
-  /** The mapping of a lease's segment, opened on first use; counts the lease. */
-  synchronized SegmentMapping acquire(int device, MemoryHandle handle) {
-    return acquire(device, handle, false);
-  }
-
   /**
    * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
    * {@code readOnly}, a host segment's read-only mapping; on CUDA the one mapping (read-only is

@@ -14,13 +14,19 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * <p>Thread-safe: close may race with itself; exactly one call unpublishes.
  */
 public final class Published implements AutoCloseable {
-  private final GpuMemClient client;
+  /** What a published name asks of the client that published it: its one call. */
+  interface Unpublisher {
+    /** Unpublishes a name, unless it or the client is gone already. */
+    void unpublishQuietly(String name);
+  }
+
+  private final Unpublisher unpublisher;
   private final String name;
   private final boolean readOnly;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  Published(GpuMemClient client, String name, boolean readOnly) {
-    this.client = client;
+  Published(Unpublisher unpublisher, String name, boolean readOnly) {
+    this.unpublisher = unpublisher;
     this.name = name;
     this.readOnly = readOnly;
   }
@@ -39,7 +45,7 @@ public final class Published implements AutoCloseable {
   @Override
   public void close() {
     if (closed.compareAndSet(false, true)) {
-      client.unpublishQuietly(name);
+      unpublisher.unpublishQuietly(name);
     }
   }
 

@@ -17,14 +17,23 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * <p>Thread-safe: close may race with itself; exactly one call revokes.
  */
 public final class Share implements AutoCloseable {
-  private final GpuMemClient client;
+  /** What a share asks of the client that made it. */
+  interface Revoker {
+    /** Revokes a token; true when its hold was the block's last. */
+    boolean revoke(String token);
+
+    /** Revokes a token, unless it or the client is gone already. */
+    void revokeQuietly(String token);
+  }
+
+  private final Revoker revoker;
   private final String token;
   private final int expiresAfterSeconds;
   private final ShareOptions options;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  Share(GpuMemClient client, String token, int expiresAfterSeconds, ShareOptions options) {
-    this.client = client;
+  Share(Revoker revoker, String token, int expiresAfterSeconds, ShareOptions options) {
+    this.revoker = revoker;
     this.token = token;
     this.expiresAfterSeconds = expiresAfterSeconds;
     this.options = options;
@@ -58,14 +67,14 @@ public final class Share implements AutoCloseable {
    */
   public boolean revoke() {
     closed.set(true);
-    return client.revoke(token);
+    return revoker.revoke(token);
   }
 
   /** Revokes the token, unless it is gone already; later calls do nothing. */
   @Override
   public void close() {
     if (closed.compareAndSet(false, true)) {
-      client.revokeQuietly(token);
+      revoker.revokeQuietly(token);
     }
   }
 

@@ -2,6 +2,7 @@ package io.gpumemd.ctl;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.DeviceStats;
@@ -36,7 +37,8 @@ import org.HdrHistogram.Histogram;
  * the target is one round trip plus 10 ms. Needs a device no one else is using.
  */
 final class Pressure {
-  private static final long GRANULE = 2L << 20;
+  /** Hoard and filler are whole segment granules: together they fill the budget exactly. */
+  private static final long GRANULE = SizeClasses.SEGMENT_GRANULE;
 
   private Pressure() {}
 

@@ -79,6 +79,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
           .setMaxLeasedBytes(session.quota().maxLeasedBytes())
           .setMaxLeases(session.quota().maxLeases())
           .setClientCacheBytes(session.cacheAllowance())
+          .setMaxOversizeBytes(registry.maxOversizeBytes())
           .build());
       response.onCompleted();
     } catch (RuntimeException e) {

@@ -1,5 +1,6 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.SizeClasses;
 import java.util.Comparator;
 import java.util.TreeSet;
 
@@ -31,7 +32,7 @@ final class BlockIndex {
     TreeSet<Block> index = isSmall ? small : large;
     probe.size = size;
     Block block = index.ceiling(probe);
-    if (block == null || (!isSmall && block.size > size + maxOversizeBytes)) {
+    if (block == null || block.size > SizeClasses.largestFit(size, maxOversizeBytes)) {
       return null;
     }
     index.remove(block);

@@ -1,5 +1,6 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
@@ -103,6 +104,7 @@ public final class DevicePool implements AutoCloseable {
   private final long limitBytes;
   private final long publishedLimitBytes;
   private final long unmapWaitNanos;
+  private final long maxOversizeBytes;
   final ReentrantLock lock = new ReentrantLock();
   /** Signalled when memory a miss may wait for comes back: an unmapped segment, a client-cached block. */
   private final Condition memoryBack = lock.newCondition();
@@ -156,7 +158,8 @@ public final class DevicePool implements AutoCloseable {
     this.publishedLimitBytes = settings.publishedLimitBytes();
     this.retentionCapBytes = settings.retentionCapBytes();
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
-    this.free = new FreeBlocks(settings.maxOversizeBytes());
+    this.maxOversizeBytes = settings.maxOversizeBytes();
+    this.free = new FreeBlocks(maxOversizeBytes);
     this.nextSegmentId = segmentIdBase;
   }
 
@@ -166,6 +169,11 @@ public final class DevicePool implements AutoCloseable {
 
   public long limitBytes() {
     return limitBytes;
+  }
+
+  /** Most a cached block may exceed a large request and still serve it ({@link SizeClasses#largestFit}). */
+  public long maxOversizeBytes() {
+    return maxOversizeBytes;
   }
 
   // ------------------------------------------------------------------------------ leasing

@@ -1,5 +1,6 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.server.error.InvalidRequestException;
 import java.util.List;
@@ -66,6 +67,11 @@ public final class DevicePools implements AutoCloseable {
       evicted += pool.setRetentionCap(capBytes);
     }
     return evicted;
+  }
+
+  /** The oversize rule of the pools: one flag ({@code --max-oversize-bytes}) for every device. */
+  public long maxOversizeBytes() {
+    return pools.isEmpty() ? SizeClasses.DEFAULT_MAX_OVERSIZE : pools.get(0).maxOversizeBytes();
   }
 
   public List<DevicePool> all() {

@@ -1,5 +1,7 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.SizeClasses;
+
 /**
  * The structural invariants of a {@link DevicePool}, checked by tests after every operation
  * they care about: blocks tile each segment without gaps or overlaps, free neighbours are

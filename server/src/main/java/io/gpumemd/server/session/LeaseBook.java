@@ -9,7 +9,7 @@ import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.LeasedBlock;
-import io.gpumemd.server.pool.SizeClasses;
+import io.gpumemd.common.SizeClasses;
 import java.util.Collection;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;

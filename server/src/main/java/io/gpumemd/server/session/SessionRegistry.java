@@ -1,5 +1,6 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
@@ -12,7 +13,6 @@ import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.LeasedBlock;
-import io.gpumemd.server.pool.SizeClasses;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.Comparator;
@@ -83,6 +83,11 @@ public final class SessionRegistry {
 
   public SessionSettings settings() {
     return settings;
+  }
+
+  /** The pools' oversize rule, told to each client at OpenSession so that its cache agrees. */
+  public long maxOversizeBytes() {
+    return pools.maxOversizeBytes();
   }
 
   // ------------------------------------------------------------------------------ sessions

@@ -3,6 +3,7 @@ package io.gpumemd.server.pool;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentOwner;

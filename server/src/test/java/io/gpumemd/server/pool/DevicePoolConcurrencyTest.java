@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;

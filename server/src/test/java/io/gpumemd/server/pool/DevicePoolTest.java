@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertSame;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.util.List;

@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.pool.CheckedPool.UnmapRequest;

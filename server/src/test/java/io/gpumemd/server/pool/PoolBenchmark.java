@@ -13,6 +13,7 @@ package io.gpumemd.server.pool;
  * generates the harness during test-compile; nothing here runs during `mvn test`.
  */
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.SegmentOwner;

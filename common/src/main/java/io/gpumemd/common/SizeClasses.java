@@ -1,7 +1,8 @@
-package io.gpumemd.server.pool;
+package io.gpumemd.common;
 
 /**
- * The pool's size rounding and classes, after PyTorch's CUDA caching allocator.
+ * The size rounding and classes of gpumemd's pools, after PyTorch's CUDA caching allocator: the
+ * one table that the daemon's pools, the Java client's cache tier and gpumemctl all use.
  *
  * <pre>
  *  request (after rounding up to 512 B)   pool    segment allocated on a miss     split rule on lease
@@ -10,9 +11,14 @@ package io.gpumemd.server.pool;
  *  &gt; 1 MiB                                 large   the request rounded to 2 MiB    split when &gt; 1 MiB remains
  * </pre>
  *
- * A cached block more than {@code maxOversizeBytes} (default 20 MiB) larger than a large
- * request is not used for it, so one huge free segment is not chopped up for small neighbours.
- * All methods are pure functions; the class is thread-safe.
+ * A cached block more than {@code maxOversizeBytes} larger than a large request is not used
+ * for it, so one huge free segment is not chopped up for small neighbours; a small request only
+ * ever takes a block of a small segment. {@code maxOversizeBytes} is the daemon's
+ * {@code --max-oversize-bytes} (default {@link #DEFAULT_MAX_OVERSIZE}), which it tells each
+ * client in {@code OpenSessionResponse.max_oversize_bytes}, so that a client cache picks the
+ * blocks the daemon would.
+ *
+ * <p>All methods are pure functions; the class is thread-safe.
  */
 public final class SizeClasses {
   /** Every block size is a multiple of this. */
@@ -42,8 +48,16 @@ public final class SizeClasses {
   }
 
   /** True when a free block of {@code blockSize} handed out for {@code rounded} is split. */
-  static boolean shouldSplit(long blockSize, long rounded) {
+  public static boolean shouldSplit(long blockSize, long rounded) {
     long remainder = blockSize - rounded;
     return isSmall(rounded) ? remainder >= ALIGNMENT : remainder > SMALL_MAX;
+  }
+
+  /**
+   * The largest cached block that may serve a rounded request: one small segment for a small
+   * request, the request plus {@code maxOversizeBytes} for a large one.
+   */
+  public static long largestFit(long rounded, long maxOversizeBytes) {
+    return isSmall(rounded) ? SEGMENT_GRANULE : rounded + maxOversizeBytes;
   }
 }

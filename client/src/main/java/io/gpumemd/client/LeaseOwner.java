@@ -1,0 +1,45 @@
+package io.gpumemd.client;
+
+import java.util.concurrent.CompletableFuture;
+
+/**
+ * The owner of one session's leases: what a {@link Lease} of that session asks (give me back,
+ * share me, publish me) goes to the client's lease and sharing paths with the session attached.
+ * One per session, made when the session opens. Thread-safe: it holds only final references.
+ */
+final class LeaseOwner implements Lease.Owner {
+  private final Session session;
+  private final LeasePaths leases;
+  private final SharingCalls sharing;
+
+  LeaseOwner(Session session, LeasePaths leases, SharingCalls sharing) {
+    this.session = session;
+    this.leases = leases;
+    this.sharing = sharing;
+  }
+
+  @Override
+  public boolean isLost() {
+    return session.isLost();
+  }
+
+  @Override
+  public void giveBack(Lease lease, byte[] eventHandle) {
+    leases.giveBack(session, lease, eventHandle);
+  }
+
+  @Override
+  public CompletableFuture<Void> giveBackAsync(Lease lease) {
+    return leases.giveBackAsync(session, lease);
+  }
+
+  @Override
+  public Share share(Lease lease, ShareOptions options) {
+    return sharing.share(session, lease, options);
+  }
+
+  @Override
+  public Published publish(Lease lease, String name, boolean readOnly) {
+    return sharing.publish(session, lease, name, readOnly);
+  }
+}

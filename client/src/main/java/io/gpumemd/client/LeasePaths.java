@@ -1,0 +1,286 @@
+package io.gpumemd.client;
+
+import com.google.protobuf.ByteString;
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.LeaseResponse;
+import io.gpumemd.proto.v1.ReleaseRequest;
+import io.gpumemd.proto.v1.ReleaseResponse;
+import io.gpumemd.proto.v1.StreamLease;
+import io.grpc.Channel;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.stub.StreamObserver;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * The three ways a lease is served and given back, each sync and async:
+ *
+ * <ol>
+ *   <li><b>local</b>: from the session's client cache ({@link ClientCache}), no round trip; a
+ *       closed lease goes back into it within the allowance;
+ *   <li><b>stream</b>: a {@code StreamLease} on the session's KeepAlive stream, answered by a
+ *       {@code LeaseReply}; a release is a notice nobody waits for ({@link Notices});
+ *   <li><b>unary</b>: the Lease and Release calls ({@code unaryCalls(true)}, or no stream).
+ * </ol>
+ *
+ * <p>A release that carries a CUDA event is always a call: the caller destroys its event as
+ * soon as the release returns, and the daemon must have opened its own reference by then, which
+ * a notice sent up to a millisecond later would not guarantee. A shared or published lease, or
+ * a hold, is never cached: others still use the block. A lease of a lost session is gone with
+ * it: closing it does nothing.
+ *
+ * <p>Thread-safe: any thread may lease and close concurrently; the state is the sessions'.
+ */
+final class LeasePaths {
+  private final SessionKeeper sessions;
+  private final AllocatorGrpc.AllocatorBlockingStub blocking;
+  private final AllocatorGrpc.AllocatorStub async;
+  private final boolean streamCalls;
+  private final ClientCounters counters;
+  private final AtomicLong nextRequestId = new AtomicLong(1);
+
+  /** @param streamCalls lease on the session's stream (with a client cache), not with unary calls */
+  LeasePaths(SessionKeeper sessions, Channel channel, boolean streamCalls, ClientCounters counters) {
+    this.sessions = sessions;
+    this.blocking = AllocatorGrpc.newBlockingStub(channel);
+    this.async = AllocatorGrpc.newStub(channel);
+    this.streamCalls = streamCalls;
+    this.counters = counters;
+  }
+
+  /** GpuMemClient#lease: local, else on the stream, else unary. */
+  Lease lease(int device, long sizeBytes, boolean zero, String tag) {
+    Session current = sessions.live();
+    Lease local = leaseLocally(current, device, sizeBytes, zero, tag);
+    if (local != null) {
+      return local;
+    }
+    if (streamCalls) {
+      Session s = sessions.awaitStream(current);
+      CompletableFuture<LeaseResponse> reply = leaseOnStream(s, device, sizeBytes, zero, tag);
+      try {
+        return wrap(s, reply.get(), tag, false, false);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        // Nobody will take the lease if the daemon grants it after all: give it straight back.
+        reply.thenAccept(granted -> s.releaseUnwrapped(granted.getLeaseId()));
+        throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for a lease", e);
+      } catch (ExecutionException e) {
+        throw GpuMemException.from(e.getCause());
+      }
+    }
+    LeaseResponse response;
+    try {
+      response = blocking.lease(request(current, device, sizeBytes, zero, tag));
+    } catch (StatusRuntimeException e) {
+      throw sessions.failed(current, e);
+    }
+    counters.daemonLeases.incrementAndGet();
+    return wrap(current, response, tag, false, false);
+  }
+
+  /** GpuMemClient#leaseAsync: as {@link #lease}, the wait for the daemon in the future. */
+  CompletableFuture<Lease> leaseAsync(int device, long sizeBytes, boolean zero, String tag) {
+    Session s;
+    Lease local;
+    try {
+      s = sessions.live();
+      local = leaseLocally(s, device, sizeBytes, zero, tag);
+    } catch (RuntimeException e) {
+      return CompletableFuture.failedFuture(e);
+    }
+    if (local != null) {
+      return CompletableFuture.completedFuture(local);
+    }
+    if (streamCalls) {
+      return leaseOnStream(s, device, sizeBytes, zero, tag).thenApply(response -> wrap(s, response, tag, false, false));
+    }
+    CompletableFuture<Lease> result = new CompletableFuture<>();
+    async.lease(request(s, device, sizeBytes, zero, tag), new StreamObserver<>() {
+      @Override
+      public void onNext(LeaseResponse response) {
+        try {
+          counters.daemonLeases.incrementAndGet();
+          result.complete(wrap(s, response, tag, false, false));
+        } catch (RuntimeException e) {
+          result.completeExceptionally(e);
+        }
+      }
+
+      @Override
+      public void onError(Throwable t) {
+        result.completeExceptionally(sessions.failed(s, t));
+      }
+
+      @Override
+      public void onCompleted() {}
+    });
+    return result;
+  }
+
+  /** A lease from the session's own cache, zeroed when asked, or null. */
+  private Lease leaseLocally(Session s, int device, long sizeBytes, boolean zero, String tag) {
+    ClientCache cache = s.cache;
+    if (cache == null || sessions.isClosing() || sizeBytes <= 0 || s.isLost()) {
+      return null;
+    }
+    Lease cached = cache.take(device, sizeBytes, s.notices); // the take and its notice are one step
+    if (cached == null) {
+      return null;
+    }
+    s.notices.afterRecord(); // may send: outside the cache's lock (sending reads the counters)
+    Lease lease = new Lease(cached, sizeBytes, tag);
+    if (zero) {
+      try {
+        Zeroing.zero(lease);
+      } catch (RuntimeException | LinkageError e) {
+        lease.close();
+        throw e;
+      }
+    }
+    return lease;
+  }
+
+  /** Sends a StreamLease (with the notices queued so far); the future completes with the reply. */
+  private CompletableFuture<LeaseResponse> leaseOnStream(Session s, int device, long sizeBytes, boolean zero, String tag) {
+    long id = nextRequestId.getAndIncrement();
+    CompletableFuture<LeaseResponse> reply = new CompletableFuture<>();
+    s.expectReply(id, reply);
+    KeepAliveRequest.Builder message = KeepAliveRequest.newBuilder().addLeases(StreamLease.newBuilder()
+        .setRequestId(id).setDevice(device).setSizeBytes(sizeBytes).setZero(zero).setTag(tag));
+    if (!s.notices.send(message)) {
+      s.forgetReply(id);
+      reply.completeExceptionally(new GpuMemException(Status.Code.UNAVAILABLE, "the KeepAlive stream to gpumemd is down"
+          + (s.isLost() ? " and the session is lost (the next lease opens a new one)" : "; retry"), null));
+    }
+    return reply;
+  }
+
+  private static LeaseRequest request(Session s, int device, long sizeBytes, boolean zero, String tag) {
+    return LeaseRequest.newBuilder().setSessionId(s.id).setDevice(device)
+        .setSizeBytes(sizeBytes).setZero(zero).setTag(tag).build();
+  }
+
+  /**
+   * Maps a granted lease, or with {@code hold} a hold on a shared block (read-only when the
+   * hold is), and hands it out; one that cannot be mapped is released at once, so that it is
+   * not held until the session ends.
+   */
+  Lease wrap(Session s, LeaseResponse granted, String tag, boolean hold, boolean readOnly) {
+    String what = hold ? "hold" : "lease";
+    SegmentMapping mapping;
+    try {
+      if (s.isLost()) {
+        throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost while the " + what + " was granted; retry", null);
+      }
+      mapping = s.mappings.acquire(granted.getDevice(), granted.getHandle(), readOnly);
+    } catch (RuntimeException | LinkageError e) {
+      releaseQuietly(s, granted.getLeaseId());
+      if (e instanceof LinkageError) {
+        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "a CUDA " + what + " needs JCuda and its "
+            + "natives on the classpath (org.jcuda:jcuda): " + e, e);
+      }
+      throw e;
+    }
+    return new Lease(s.owner, granted, mapping, tag, hold, readOnly);
+  }
+
+  private void releaseQuietly(Session s, String leaseId) {
+    if (s.isLost()) {
+      return;
+    }
+    try {
+      blocking.release(ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(leaseId).build());
+    } catch (StatusRuntimeException ignored) {
+      // the session end will take it back
+    }
+  }
+
+  /** Lease#close of a lease of {@code s}: into the client cache, or released (a notice, or a call). */
+  void giveBack(Session s, Lease lease, byte[] eventHandle) {
+    if (s.isLost()) {
+      return;
+    }
+    if (!streamCalls || eventHandle != null) {
+      release(s, lease, eventHandle);
+      return;
+    }
+    ClientCache cache = lease.uncacheable() ? null : s.cache;
+    if (cache != null && !sessions.isClosing()) {
+      List<Lease> evicted = cache.offer(lease, s.notices); // the offer and its notice are one step
+      if (evicted != null) {
+        s.notices.afterRecord();
+        for (Lease old : evicted) {
+          s.releaseByNotice(old, null);
+        }
+        return;
+      }
+      if (s.isLost()) {
+        return; // the cache was drained meanwhile: the session took the lease with it
+      }
+    }
+    s.releaseByNotice(lease, eventHandle);
+  }
+
+  /** Lease#closeAsync of a lease of {@code s}. */
+  CompletableFuture<Void> giveBackAsync(Session s, Lease lease) {
+    if (s.isLost()) {
+      return CompletableFuture.completedFuture(null);
+    }
+    if (!streamCalls) {
+      return releaseAsync(s, lease);
+    }
+    giveBack(s, lease, null);
+    return CompletableFuture.completedFuture(null);
+  }
+
+  private void release(Session s, Lease lease, byte[] eventHandle) {
+    counters.releases.incrementAndGet();
+    try {
+      blocking.release(releaseRequest(s, lease, eventHandle));
+    } catch (StatusRuntimeException e) {
+      GpuMemException error = GpuMemException.from(e);
+      // After the client or session is gone the daemon already took the lease back.
+      if (!(sessions.isClosing() || s.isLost()) || error.code() != Status.Code.NOT_FOUND) {
+        throw error;
+      }
+    } finally {
+      s.mappings.release(lease.segmentId());
+    }
+  }
+
+  private CompletableFuture<Void> releaseAsync(Session s, Lease lease) {
+    counters.releases.incrementAndGet();
+    CompletableFuture<Void> result = new CompletableFuture<>();
+    async.release(releaseRequest(s, lease, null), new StreamObserver<>() {
+      @Override
+      public void onNext(ReleaseResponse value) {}
+
+      @Override
+      public void onError(Throwable t) {
+        s.mappings.release(lease.segmentId());
+        result.completeExceptionally(GpuMemException.from(t));
+      }
+
+      @Override
+      public void onCompleted() {
+        s.mappings.release(lease.segmentId());
+        result.complete(null);
+      }
+    });
+    return result;
+  }
+
+  private static ReleaseRequest releaseRequest(Session s, Lease lease, byte[] eventHandle) {
+    ReleaseRequest.Builder request = ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id());
+    if (eventHandle != null) {
+      request.setCudaIpcEventHandle(ByteString.copyFrom(eventHandle));
+    }
+    return request.build();
+  }
+}

@@ -1,0 +1,89 @@
+package io.gpumemd.client;
+
+import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.SessionEvent;
+import io.grpc.Status;
+import io.grpc.stub.ClientCallStreamObserver;
+import io.grpc.stub.ClientResponseObserver;
+import java.util.List;
+import java.util.concurrent.CountDownLatch;
+import java.util.function.Consumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * What the daemon says on one KeepAlive stream of a session, applied to that session: the
+ * attach, unmap requests, lease replies, refused notices, cache give-backs and allowance
+ * changes, the shutdown notice. One per stream opened; how the stream ended goes to
+ * {@code ended}, which decides between reattaching and losing the session.
+ *
+ * <p>Events arrive on a transport thread, one at a time.
+ */
+final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, SessionEvent> {
+  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
+
+  private final Session s;
+  private final CountDownLatch done;
+  private final Consumer<Long> onShutdownNotice;
+  private final Consumer<Status> ended;
+
+  /**
+   * @param done counted down when the stream ends
+   * @param onShutdownNotice told the drain timeout when the daemon announces its shutdown
+   * @param ended told how the stream ended (OK when the daemon completed it)
+   */
+  SessionEvents(Session session, CountDownLatch done, Consumer<Long> onShutdownNotice, Consumer<Status> ended) {
+    this.s = session;
+    this.done = done;
+    this.onShutdownNotice = onShutdownNotice;
+    this.ended = ended;
+  }
+
+  @Override
+  public void beforeStart(ClientCallStreamObserver<KeepAliveRequest> requests) {}
+
+  @Override
+  public void onNext(SessionEvent event) {
+    if (s.isLost()) {
+      return; // nothing of a lost session's stream concerns the client any more
+    }
+    ClientCache cache = s.cache;
+    switch (event.getEventCase()) {
+      case ATTACHED -> {
+        s.stream.attached();
+        s.firstAttach.countDown();
+        s.notices.flush(); // what queued up while the stream was away
+      }
+      case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
+      case LEASE_REPLY -> s.leaseReplied(event.getLeaseReply());
+      case RELEASE_FAILED -> log.warn("gpumemd refused a notice about lease {}: {} {}",
+          event.getReleaseFailed().getLeaseId(), Status.fromCodeValue(event.getReleaseFailed().getError().getCode()).getCode(),
+          event.getReleaseFailed().getError().getMessage());
+      case RETURN_CACHE -> s.giveBack(cache == null ? List.of()
+          : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
+      case CACHE_ALLOWANCE -> s.giveBack(cache == null ? List.of()
+          : cache.setAllowance(event.getCacheAllowance().getBytes()));
+      case SHUTDOWN -> {
+        log.info("gpumemd is shutting down; drain timeout {} ms", event.getShutdown().getDrainTimeoutMs());
+        // The daemon drains leases: cached ones go back now, closed ones from now on.
+        if (cache != null) {
+          s.giveBack(cache.setAllowance(0));
+        }
+        onShutdownNotice.accept(event.getShutdown().getDrainTimeoutMs());
+      }
+      default -> { }
+    }
+  }
+
+  @Override
+  public void onError(Throwable t) {
+    done.countDown();
+    ended.accept(Status.fromThrowable(t));
+  }
+
+  @Override
+  public void onCompleted() {
+    done.countDown();
+    ended.accept(Status.OK);
+  }
+}
