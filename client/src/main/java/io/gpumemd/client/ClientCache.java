@@ -47,6 +47,13 @@ final class ClientCache {
   interface Listener {
     /** A closed lease was kept ({@code reused} false), or handed out again ({@code reused} true). */
     void moved(String leaseId, boolean reused);
+
+    /**
+     * A cached lease was removed to make room for another and is to be released: heard before
+     * the other's {@link #moved}, so that the daemon, which holds cached bytes to the allowance,
+     * never sees the newcomer before the room made for it.
+     */
+    void evicted(String leaseId);
   }
 
   /** A closed lease kept for reuse; {@code seq} orders by age. */
@@ -90,8 +97,8 @@ final class ClientCache {
    * Keeps a closed lease if it fits the allowance, making room by removing least recently
    * cached ones; {@code listener} hears of it when kept.
    *
-   * @return null when not kept (the caller releases it); else the leases removed to make room
-   *     (the caller releases those), usually none
+   * @return null when not kept (the caller releases it); else the leases removed to make room,
+   *     usually none, whose release notices the listener has recorded (the caller unmaps them)
    */
   List<Lease> offer(Lease lease, Listener listener) {
     synchronized (lock) {
@@ -99,6 +106,9 @@ final class ClientCache {
         return null;
       }
       List<Lease> evicted = removeOldest(ANY_DEVICE, () -> cachedBytes + lease.blockBytes() > allowance);
+      for (Lease old : evicted) {
+        listener.evicted(old.id());
+      }
       Entry entry = new Entry(lease, lease.blockBytes(), seq++);
       bySize.computeIfAbsent(lease.device(), d -> new TreeSet<>(BY_SIZE)).add(entry);
       byAge.add(entry);

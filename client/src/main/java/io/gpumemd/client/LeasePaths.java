@@ -216,7 +216,7 @@ final class LeasePaths {
       if (evicted != null) {
         s.notices.afterRecord();
         for (Lease old : evicted) {
-          s.releaseByNotice(old, null);
+          s.releasedByEviction(old); // its release notice went in before the offer's
         }
         return;
       }

@@ -77,6 +77,12 @@ final class Notices implements ClientCache.Listener {
     }
   }
 
+  /** Queues the release of a lease the cache removed to make room (called under the cache's lock). */
+  @Override
+  public void evicted(String leaseId) {
+    release(leaseId, null);
+  }
+
   /**
    * Queues a release notice (none once the session is lost: the daemon that granted the lease
    * is gone); the caller then calls {@link #afterRecord()}.

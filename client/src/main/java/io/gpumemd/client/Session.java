@@ -140,6 +140,12 @@ final class Session {
     notices.afterRecord();
   }
 
+  /** A lease the client cache evicted, its release notice already queued: counted and unmapped. */
+  void releasedByEviction(Lease lease) {
+    counters.releases.incrementAndGet();
+    mappings.release(lease.segmentId());
+  }
+
   /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
   void releaseUnwrapped(String leaseId) {
     counters.releases.incrementAndGet();

@@ -244,7 +244,7 @@ final class SessionKeeper {
     if (!keepAlive) {
       return;
     }
-    openStream(s, ticker.nanos());
+    openStream(s);
     try {
       if (!s.firstAttach.await(10, TimeUnit.SECONDS)) {
         log.warn("gpumemd session {}: KeepAlive stream not attached after 10 s", s.id);
@@ -254,19 +254,19 @@ final class SessionKeeper {
     }
   }
 
-  /** Opens a stream for {@code s}; {@code firstTryNanos} is when the first stream of the session opened. */
-  private void openStream(Session s, long firstTryNanos) {
+  /** Opens a stream for {@code s}. */
+  private void openStream(Session s) {
     if (closing) {
       return;
     }
     CountDownLatch done = new CountDownLatch(1);
-    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status, firstTryNanos));
+    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status));
     s.stream.open(async::keepAlive, events, done, KeepAliveRequest.newBuilder().setSessionId(s.id).build());
   }
 
   /** The stream of {@code s} ended: the session is lost, or the stream is reattached within the grace period. */
-  private void streamEnded(Session s, Status status, long firstTryNanos) {
-    s.stream.broken();
+  private void streamEnded(Session s, Status status) {
+    long brokenSince = s.stream.broken(ticker.nanos());
     s.failPending(status);
     if (closing || s.isLost()) {
       return;
@@ -275,7 +275,7 @@ final class SessionKeeper {
       lose(s, "ended by the daemon: " + (status.isOk() ? "stream completed" : status.getDescription()));
       return;
     }
-    long elapsedMs = TimeUnit.NANOSECONDS.toMillis(ticker.nanos() - firstTryNanos);
+    long elapsedMs = TimeUnit.NANOSECONDS.toMillis(ticker.nanos() - brokenSince);
     if (elapsedMs > s.graceMillis) {
       lose(s, "KeepAlive stream lost for " + elapsedMs + " ms, past the grace period: " + status);
       return;
@@ -283,7 +283,7 @@ final class SessionKeeper {
     // Within the grace period the daemon keeps the session: reattach.
     long delay = Math.max(20, Math.min(200, s.graceMillis / 10));
     try {
-      scheduler.schedule(() -> openStream(s, firstTryNanos), delay, TimeUnit.MILLISECONDS);
+      scheduler.schedule(() -> openStream(s), delay, TimeUnit.MILLISECONDS);
     } catch (RejectedExecutionException e) {
       // closing
     }

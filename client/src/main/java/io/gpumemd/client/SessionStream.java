@@ -27,6 +27,9 @@ final class SessionStream {
   private StreamObserver<KeepAliveRequest> requests; // null while no stream is open
   /** The daemon confirmed the current stream (ATTACHED) and it has not ended. */
   private boolean attached;
+  /** When the stream broke after its last confirmation; meaningful while {@code broken}. */
+  private long brokenSinceNanos;
+  private boolean broken;
   private CountDownLatch done; // the current stream's end
   private boolean closing;
 
@@ -55,15 +58,26 @@ final class SessionStream {
   void attached() {
     synchronized (lock) {
       attached = true;
+      broken = false;
       lock.notifyAll();
     }
   }
 
-  /** The stream ended or broke; the session may still open another. */
-  void broken() {
+  /**
+   * The stream ended or broke; the session may still open another.
+   *
+   * @return since when the session has had no confirmed stream: now, unless it already broke
+   *     and no stream was confirmed since (the daemon's grace period runs from that moment)
+   */
+  long broken(long nowNanos) {
     synchronized (lock) {
       requests = null;
       attached = false;
+      if (!broken) {
+        broken = true;
+        brokenSinceNanos = nowNanos;
+      }
+      return brokenSinceNanos;
     }
   }
 

@@ -16,7 +16,13 @@ class ClientCacheTest {
   private static final long KIB = 1024;
   private static final long MIB = 1024 * KIB;
   /** The notices to the daemon are not this test's subject. */
-  private static final ClientCache.Listener NO_NOTICES = (leaseId, reused) -> { };
+  private static final ClientCache.Listener NO_NOTICES = new ClientCache.Listener() {
+    @Override
+    public void moved(String leaseId, boolean reused) {}
+
+    @Override
+    public void evicted(String leaseId) {}
+  };
   private int next;
 
   /** A closed lease of {@code blockBytes} on {@code device} (no mapping: the cache never touches it). */
@@ -89,5 +95,29 @@ class ClientCacheTest {
     assertEquals(List.of(d), cache.giveBack(0, 0), "0 = all of the device");
     assertEquals(0, cache.cachedBlocks());
     assertTrue(cache.counters().get(0)[1] == 3 && cache.counters().get(1)[1] == 1, "returns counted per device");
+  }
+
+  @Test
+  void offer_thatEvicts_recordsTheEvictionsReleaseBeforeTheNewcomer() {
+    ClientCache cache = new ClientCache(64 * KIB, SizeClasses.DEFAULT_MAX_OVERSIZE);
+    Lease old = lease(0, 48 * KIB);
+    Lease newcomer = lease(0, 32 * KIB);
+    List<String> heard = new java.util.ArrayList<>();
+    ClientCache.Listener recorder = new ClientCache.Listener() {
+      @Override
+      public void moved(String leaseId, boolean reused) {
+        heard.add((reused ? "reused " : "cached ") + leaseId);
+      }
+
+      @Override
+      public void evicted(String leaseId) {
+        heard.add("released " + leaseId);
+      }
+    };
+    cache.offer(old, recorder);
+    assertEquals(List.of(old), cache.offer(newcomer, recorder));
+    // The daemon holds client-cached bytes to the allowance: the room is made before it hears of
+    // the newcomer, whichever flush carries the notices.
+    assertEquals(List.of("cached " + old.id(), "released " + old.id(), "cached " + newcomer.id()), heard);
   }
 }
