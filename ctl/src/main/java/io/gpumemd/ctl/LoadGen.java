@@ -26,7 +26,8 @@ import picocli.CommandLine.TypeConversionException;
 
 /**
  * {@code gpumemctl loadgen}: drives a live daemon and reports latency percentiles (p50, p90,
- * p99, p99.9) and throughput per scenario, plus the ratios the design's targets are stated in.
+ * p99, p99.9) and throughput per scenario, plus the ratios the README's performance targets
+ * are stated in.
  *
  * <p>Scenarios, in the order they run. Three clients take part: the default one (session
  * stream and client cache tier), a stream-only one (client cache off: every lease is served by
@@ -59,7 +60,7 @@ import picocli.CommandLine.TypeConversionException;
  */
 @Command(name = "loadgen",
     description = {"latency and throughput report of a live daemon",
-        "Measures latency percentiles and throughput per scenario, and the ratios the design's "
+        "Measures latency percentiles and throughput per scenario, and the ratios the performance "
             + "targets are stated in. Progress goes to stderr; the report to stdout."})
 final class LoadGen implements Callable<Integer>, GpuMemCtl.Validated {
   static final List<String> SCENARIOS = List.of("floor", "local", "stream", "close", "pairs", "stream-async", "async",

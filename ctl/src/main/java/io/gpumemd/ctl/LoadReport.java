@@ -8,11 +8,11 @@ import java.util.Locale;
 import java.util.Map;
 
 /**
- * The load generator's report: the measured cases, the ratios that the design's targets are
+ * The load generator's report: the measured cases, the ratios that the performance targets are
  * stated in, and the machine they were measured on; printed as a table or as JSON. Immutable.
  */
 final class LoadReport {
-  /** A derived figure and, where the design sets one, its target. */
+  /** A derived figure and, where the README's performance table sets one, its target. */
   record Ratio(String name, String label, double value, String comparison, Double target) {
     /** null where there is no target. */
     Boolean met() {

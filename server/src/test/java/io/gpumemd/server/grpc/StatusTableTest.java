@@ -62,7 +62,7 @@ import org.junit.jupiter.api.function.Executable;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * Every row of the design's status table through the real services on an in-process
+ * Every row of the README's status table ("The API and its status codes") through the real services on an in-process
  * transport: the precise code, a message a person understands, and nothing changed.
  */
 class StatusTableTest {
