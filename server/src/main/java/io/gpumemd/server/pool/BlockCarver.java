@@ -47,10 +47,16 @@ final class BlockCarver {
     this.nextSegmentId = segmentIdBase;
   }
 
-  /** Removes and returns the owner's best-fitting free block for a rounded size, or null. */
-  Block takeBestFit(long size, String owner) {
+  /**
+   * A hit: leases the owner's best-fitting free block for a rounded size, split as {@link
+   * #carve} does.
+   *
+   * @return the leased block, or null when the owner has no free block that fits
+   */
+  Block leaseBestFit(long size, String owner) {
     assert lock.isHeldByCurrentThread();
-    return free.takeBestFit(size, owner);
+    Block block = free.takeBestFit(size, owner);
+    return block == null ? null : carve(block, size);
   }
 
   /**

@@ -28,6 +28,8 @@ import java.util.concurrent.locks.ReentrantLock;
  */
 final class ClientCacheBooks {
   private final ReentrantLock lock;
+  /** Keeps the lease figures, which a client-cached block leaves and rejoins. */
+  private final BlockCarver carver;
   /** Client-cached bytes by holder. */
   private final Map<String, Long> byHolder = new HashMap<>();
   /** Holders asked to give theirs back that have not done so yet. */
@@ -36,17 +38,40 @@ final class ClientCacheBooks {
   private final AtomicLong reportedHits = new AtomicLong();
   private final AtomicLong reportedReturns = new AtomicLong();
 
-  ClientCacheBooks(ReentrantLock lock) {
+  ClientCacheBooks(ReentrantLock lock, BlockCarver carver) {
     this.lock = lock;
+    this.carver = carver;
   }
 
-  /** A holder keeps a leased block (no longer counted as leased) in its cache. */
+  /**
+   * A holder keeps a leased block in its cache: it no longer counts as leased.
+   *
+   * @throws IllegalStateException when the block is not leased
+   */
   void cached(Block block, String holder) {
     assert lock.isHeldByCurrentThread();
+    if (block.state != Block.State.LEASED) {
+      throw new IllegalStateException("client-caching a block that is not leased: " + block);
+    }
+    carver.unleased(block);
     block.state = Block.State.CLIENT_CACHED;
     block.cachedBy = holder;
     bytes += block.size;
     byHolder.merge(holder, block.size, Long::sum);
+  }
+
+  /**
+   * A holder hands a block from its cache out again: it counts as leased again.
+   *
+   * @throws IllegalStateException when the block is not client-cached
+   */
+  void reused(Block block) {
+    assert lock.isHeldByCurrentThread();
+    if (block.state != Block.State.CLIENT_CACHED) {
+      throw new IllegalStateException("reusing a block that is not client-cached: " + block);
+    }
+    uncached(block);
+    carver.leasedAgain(block);
   }
 
   /**

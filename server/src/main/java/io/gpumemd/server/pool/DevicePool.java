@@ -6,15 +6,14 @@ import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * The memory pool of one device: caches released blocks for reuse, caps what it keeps, and
- * counts hits, misses and returns. The public face of the pool; its work is done by the rooms
- * below, each of which says its part.
+ * counts hits, misses and returns. This class is the pool's public face and holds its lock; the
+ * work is done by package-private rooms named below, whose class javadoc says each part.
  *
  * <h2>Algorithm</h2>
  *
@@ -35,11 +34,9 @@ import java.util.concurrent.locks.ReentrantLock;
  *       pool, above the large pool.
  *   <li><b>Hit:</b> the best-fitting free block of the owner, split when enough remains; the
  *       rest stays free ({@link BlockCarver}).
- *   <li><b>Miss:</b> a new segment for the owner, within the budget: idle segments are evicted
- *       to make room, memory on its way back (unmaps, clients' cached blocks, frees) is waited
- *       for up to {@code unmapWaitMillis} on the thread that asked, and a segment that may hold
- *       another owner's bytes is zeroed before use; else {@link ExhaustedException} stating the
- *       pool ({@link Miss}).
+ *   <li><b>Miss:</b> a new segment for the owner within the budget, evicting idle segments and
+ *       waiting for memory on its way back up to {@code unmapWaitMillis}, on the thread that
+ *       asked; else {@link ExhaustedException} stating the pool ({@link Miss}, {@link Budget}).
  *   <li><b>Release:</b> the block becomes free and coalesces with free neighbours; a segment
  *       whose blocks are all free is <i>cached</i> (idle) ({@link BlockCarver}). A release that
  *       carries a completion event waits, block still in use, until the event completes ({@link
@@ -55,18 +52,19 @@ import java.util.concurrent.locks.ReentrantLock;
  * closed in their own cache tier ({@link ClientCacheBooks}), cached the wholly free segments and
  * remainder the free blocks of segments that also hold leases. The retention cap bounds cached +
  * client_cached; when clients hold more, or a miss or a trim needs their memory, they are asked
- * to give blocks back. The budget bounds {@code reserved} plus allocations in flight ({@link
- * Budget}). {@link PoolInvariants} checks all of it.
+ * to give blocks back. The budget bounds {@code reserved} plus allocations in flight. {@link
+ * PoolInvariants} checks all of it.
  *
  * <h2>Thread-safety</h2>
  *
  * One {@link ReentrantLock} guards this object and its rooms; the critical sections are index
  * look-ups and list surgery. Backend calls (allocate, free, zero, event queries) and unmap
  * requests always run after the lock is released: work found under the lock is collected in an
- * {@link AfterUnlock} and run by the calling thread once it has unlocked. Calls of the session
- * layer that only count (a share token made, a hold released, a shared block returned, a name
- * more or less, a client's cache report) take no lock ({@link SharingCounters}, {@link
- * ClientCacheBooks#reported}); {@link PoolStats} says what that means for a snapshot.
+ * {@link AfterUnlock} and run by the calling thread once it has unlocked; waits for memory go
+ * through {@link MemoryWaiters}. Calls of the session layer that only count (a share token
+ * made, a hold released, a shared block returned, a name more or less, a client's cache
+ * report) take no lock ({@link SharingCounters}, {@link ClientCacheBooks#reported}); {@link
+ * PoolStats} says what that means for a snapshot.
  */
 public final class DevicePool implements AutoCloseable {
   private final DeviceInfo device;
@@ -106,7 +104,7 @@ public final class DevicePool implements AutoCloseable {
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
     this.carver = new BlockCarver(lock, settings.maxOversizeBytes(), segmentIdBase);
     this.budget = new Budget(settings.limitBytes());
-    this.clientCache = new ClientCacheBooks(lock);
+    this.clientCache = new ClientCacheBooks(lock, carver);
     this.eviction = new Eviction(this, settings.retentionCapBytes());
     this.waiters = new MemoryWaiters(lock, ticker);
     this.sharing = new SharingCounters(lock, holders, counters, settings.publishedLimitBytes());
@@ -150,10 +148,16 @@ public final class DevicePool implements AutoCloseable {
    * @throws io.gpumemd.server.backend.BackendException when the backend fails for another reason
    */
   public LeasedBlock lease(long requested, boolean zero, String holder, SegmentOwner owner) {
-    LeasedBlock leased = tryLeaseCached(requested, holder, owner);
-    if (leased == null) {
-      leased = new Miss(this, SizeClasses.roundUp(requested), holder, owner).run();
+    long size = SizeClasses.roundUp(requested);
+    Block block;
+    lock.lock();
+    try {
+      checkOpen();
+      block = takeCached(size, holder, owner.key());
+    } finally {
+      lock.unlock();
     }
+    LeasedBlock leased = block != null ? new LeasedBlock(block, true) : new Miss(this, size, holder, owner).run();
     // A block carved from a segment allocated for this very lease already reads as zeros: the
     // backend guarantees it, or the miss scrubbed the segment.
     if (zero && leased.poolHit()) {
@@ -172,19 +176,13 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
-  /** Takes the owner's best-fitting cached block and leases it (a hit), or returns null. */
+  /** Leases the owner's best-fitting cached block to a holder (a hit), or returns null. */
   Block takeCached(long size, String holder, String owner) {
-    Block block = carver.takeBestFit(size, owner);
+    Block block = carver.leaseBestFit(size, owner);
     if (block == null) {
       return null;
     }
     counters.increment(PoolMetric.HITS);
-    return handOut(block, size, holder);
-  }
-
-  /** Leases a free block (out of the index) to a holder, which may map its segment from now on. */
-  Block handOut(Block free, long size, String holder) {
-    Block block = carver.carve(free, size);
     holders.mapped(block.segment, holder);
     return block;
   }
@@ -200,7 +198,8 @@ public final class DevicePool implements AutoCloseable {
     lock.lock();
     try {
       if (block.state == Block.State.CLIENT_CACHED) {
-        uncache(block);
+        clientCache.uncached(block);
+        waiters.memoryCameBack();
       } else if (block.state == Block.State.LEASED) {
         carver.unleased(block);
       } else {
@@ -282,10 +281,6 @@ public final class DevicePool implements AutoCloseable {
     AfterUnlock after = new AfterUnlock(this);
     lock.lock();
     try {
-      if (block.state != Block.State.LEASED) {
-        throw new IllegalStateException("client-caching a block that is not leased: " + block);
-      }
-      carver.unleased(block);
       clientCache.cached(block, holder);
       eviction.enforceCap(after);
     } finally {
@@ -302,19 +297,11 @@ public final class DevicePool implements AutoCloseable {
   public void clientReused(Block block) {
     lock.lock();
     try {
-      if (block.state != Block.State.CLIENT_CACHED) {
-        throw new IllegalStateException("reusing a block that is not client-cached: " + block);
-      }
-      uncache(block);
-      carver.leasedAgain(block);
+      clientCache.reused(block);
+      waiters.memoryCameBack();
     } finally {
       lock.unlock();
     }
-  }
-
-  private void uncache(Block block) {
-    clientCache.uncached(block);
-    waiters.memoryCameBack();
   }
 
   /**
@@ -484,7 +471,7 @@ public final class DevicePool implements AutoCloseable {
    */
   @Override
   public void close() {
-    List<Segment> all = new ArrayList<>();
+    List<Segment> all;
     List<PendingEvents.Pending> pending;
     lock.lock();
     try {
@@ -492,16 +479,8 @@ public final class DevicePool implements AutoCloseable {
         return;
       }
       closed = true;
-      all.addAll(carver.clear());
-      all.addAll(holders.awaitingUnmap());
-      holders.clear();
-      clientCache.clear();
+      all = eviction.giveUpAll();
       pending = events.drain();
-      for (Segment s : all) {
-        s.state = Segment.State.FREED;
-      }
-      counters.add(PoolMetric.BACKEND_FREES, all.size());
-      budget.closed();
       waiters.closed();
     } finally {
       lock.unlock();

@@ -1,5 +1,6 @@
 package io.gpumemd.server.pool;
 
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.locks.ReentrantLock;
 
@@ -20,6 +21,7 @@ import java.util.concurrent.locks.ReentrantLock;
  *       or ended. The backend free itself runs once the lock is released ({@link AfterUnlock}).
  *   <li>A trim evicts down to what it keeps, asks clients for their cached blocks and waits
  *       (up to the unmap wait) to evict what comes back.
+ *   <li>Closing gives up every segment at once, mapped or not ({@link #giveUpAll}).
  * </ul>
  *
  * <p>Thread-safety: the methods that the pool's public calls delegate to ({@link
@@ -183,6 +185,26 @@ final class Eviction {
       }
     }
     return segment.bytes;
+  }
+
+  /**
+   * Gives up every segment, leased or not, mapped or not, and forgets the blocks: the pool is
+   * closing and frees them itself, once unlocked.
+   *
+   * @return the segments to free
+   */
+  List<Segment> giveUpAll() {
+    assert lock.isHeldByCurrentThread();
+    List<Segment> all = new ArrayList<>(carver.clear());
+    all.addAll(holders.awaitingUnmap());
+    holders.clear();
+    clientCache.clear();
+    for (Segment s : all) {
+      s.state = Segment.State.FREED;
+    }
+    counters.add(PoolMetric.BACKEND_FREES, all.size());
+    budget.closed();
+    return all;
   }
 
   /** Gives up a segment nobody maps any more: the backend frees it once the lock is released. */

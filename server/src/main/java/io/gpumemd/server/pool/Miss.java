@@ -17,14 +17,16 @@ import org.slf4j.LoggerFactory;
  * it may wait); it holds the miss's deadlines and runs its loop:
  *
  * <pre>
- *          +--------------------------------------------------------------+
- *          v                                                              |
- *   1 budget (locked) --hit--> leased: a fitting block came back meanwhile  |
- *      | fits (after evicting)         | over budget: memory on its way     |
- *      v                               +-- back? wait (a slice) ------------+
- *   2 backend allocate (unlocked) --out of memory: evict all, wait, retry --+
- *      v
- *   3 scrub and install (locked) --> leased, not a hit
+ *   +--------------------------------------------------------------------+
+ *   v                                                                    |
+ *   1 budget (locked) ------ a block came back meanwhile ------> leased, a hit
+ *   |  over budget: evict; memory on its way back? wait a slice ---------+
+ *   |  nothing coming back: ExhaustedException                           |
+ *   v                                                                    |
+ *   2 allocate (unlocked)                                                |
+ *   |  device out of memory: evict everything once, or wait a slice -----+
+ *   v
+ *   3 scrub, install (locked) ------------------------------> leased, a miss
  * </pre>
  *
  * <ol>
@@ -259,7 +261,9 @@ final class Miss {
         log.debug("device {}: new segment {} of {} bytes for a {}-byte block",
             pool.device().ordinal(), whole.segment.id, segmentBytes, size);
         // Reads as zeros: the backend guarantees it, or it was just scrubbed.
-        return new LeasedBlock(pool.handOut(whole, size, holder), false);
+        Block block = pool.carver.carve(whole, size);
+        pool.holders.mapped(block.segment, holder);
+        return new LeasedBlock(block, false);
       }
       pool.counters.increment(PoolMetric.BACKEND_FREES);
     } finally {

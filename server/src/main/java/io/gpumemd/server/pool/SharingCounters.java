@@ -7,24 +7,24 @@ import java.util.concurrent.locks.ReentrantLock;
 /**
  * The sharing figures of one pool: share tokens made, live holds, shared blocks, published
  * objects and their bytes. The tokens, holds and names themselves are the session layer's; it
- * tells the pool what changed.
+ * tells the pool what changed, through {@link DevicePool}'s sharing calls.
  *
- * <p>Thread-safety. Only what the pool must check against its blocks takes the pool lock: a
- * block becoming shared or held ({@link #blockShared}, {@link #holdTaken}: the pool checks the
- * block is leased), a first name ({@link #publish}: checked against the published-bytes limit
- * and added in one step) and a last name ({@link #unpublished}); {@code publishedBytes} is
- * guarded by that lock. This class takes the lock itself where it needs it, except in {@link
- * #holdTaken}, which the pool calls under its lock. The other updates need no lock: a token made, a hold released, a shared
- * block returned, a name more or less on an already-published block.
+ * <p>Thread-safety: only what must be checked against the pool's blocks takes the pool's lock,
+ * which this class takes itself: a block becoming shared or held ({@link #blockShared}, {@link
+ * #attached}: the block must be leased, and a holder may map its segment from then on), a first
+ * name ({@link #publish}: checked against the published-bytes limit and added in one step) and
+ * a last name ({@link #unpublished}); {@code publishedBytes} is guarded by that lock. The other
+ * calls take no lock: a token made, a hold released, a shared block returned, a name more or
+ * less on a block that keeps one.
  *
- * <p>Read in a {@link PoolStats} snapshot (under the lock), so exact where the pool's
- * invariants need it: every increment of shared blocks and live holds is made under the lock,
- * and each decrement precedes the release it belongs to, so they read between 0 and the live
- * leases; published objects is one atomic count whose first and last names change with the
- * bytes under the lock, so it reads 0 exactly when published bytes do (the session layer orders
- * the names of one block, so a name is dropped only after it was counted). Beyond that, a snapshot
- * taken while tokens are made or holds and names dropped on other threads may or may not
- * include those calls.
+ * <p>What a {@link PoolStats} snapshot (taken under the lock) reads: every increment of shared
+ * blocks and live holds is made under the lock, and each decrement happens before the release
+ * it belongs to, so shared blocks read between 0 and the live leases, and live holds never
+ * below 0. Published objects is one atomic count (not an adder, whose sum is no value it ever
+ * had), whose first and last name of a block change with its bytes under the lock; as the
+ * session layer orders the names of one block, it reads 0 exactly when published bytes do.
+ * Beyond those bounds a snapshot may or may not include the calls that run without the lock
+ * on other threads at that moment.
  */
 final class SharingCounters {
   private final ReentrantLock lock;
