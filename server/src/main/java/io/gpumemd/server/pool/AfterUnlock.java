@@ -2,6 +2,7 @@ package io.gpumemd.server.pool;
 
 import java.util.ArrayList;
 import java.util.List;
+import java.util.function.Function;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -28,6 +29,21 @@ final class AfterUnlock {
 
   AfterUnlock(DevicePool pool) {
     this.pool = pool;
+  }
+
+  /**
+   * Runs {@code work} under the pool's lock, then, once unlocked, the work it left here. For
+   * the pool's cold paths; the hot ones spell it out and spare the lambda.
+   */
+  static <T> T locked(DevicePool pool, Function<AfterUnlock, T> work) {
+    AfterUnlock after = new AfterUnlock(pool);
+    pool.lock.lock();
+    try {
+      return work.apply(after);
+    } finally {
+      pool.lock.unlock();
+      after.run();
+    }
   }
 
   void free(Segment segment) {
@@ -66,7 +82,7 @@ final class AfterUnlock {
         try {
           pool.backend.free(segment.memory);
         } finally {
-          pool.freed(segment);
+          pool.eviction.freed(segment);
         }
         log.debug("device {}: freed segment {} ({} bytes)", device, segment.id, segment.bytes);
       }

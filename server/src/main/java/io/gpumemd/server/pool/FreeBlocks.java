@@ -21,6 +21,10 @@ final class FreeBlocks {
   private final long maxOversizeBytes;
   private int size;
 
+  long maxOversizeBytes() {
+    return maxOversizeBytes;
+  }
+
   /** @param maxOversizeBytes the large-pool oversize rule of every owner's index */
   FreeBlocks(long maxOversizeBytes) {
     this.maxOversizeBytes = maxOversizeBytes;

@@ -125,6 +125,12 @@ final class HolderMappings {
     return awaitingUnmapBytes;
   }
 
+  /** Fills in the figures this class keeps. */
+  void report(long[] v) {
+    v[PoolMetric.AWAITING_UNMAP_BYTES.ordinal()] = awaitingUnmapBytes;
+    v[PoolMetric.SEGMENTS_AWAITING_UNMAP.ordinal()] = awaitingUnmap.size();
+  }
+
   /** Forgets everything: the pool is closing and frees every segment itself. */
   void clear() {
     byHolder.clear();

@@ -5,6 +5,8 @@ import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Set;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Released blocks that carry a completion event (a CUDA IPC event the client recorded after
@@ -12,9 +14,11 @@ import java.util.Set;
  * The pool owns each event from the release on and closes it once it is done with it.
  *
  * <p>Guarded by the owning {@link DevicePool}'s lock; the events themselves are queried
- * outside it.
+ * outside it ({@link #completed}).
  */
 final class PendingEvents {
+  private static final Logger log = LoggerFactory.getLogger(PendingEvents.class);
+
   /** A released block and the event it waits for. */
   record Pending(Block block, CompletionEvent event) {}
 
@@ -29,6 +33,29 @@ final class PendingEvents {
   /** A copy to query outside the lock. */
   List<Pending> snapshot() {
     return new ArrayList<>(pending);
+  }
+
+  /**
+   * Queries the events of a {@link #snapshot}, outside the lock: a query that fails counts as
+   * complete (logged), since nothing else would ever release the block.
+   *
+   * @return the entries whose event completed
+   */
+  static List<Pending> completed(List<Pending> pending, int device) {
+    List<Pending> done = new ArrayList<>();
+    for (Pending p : pending) {
+      boolean complete;
+      try {
+        complete = p.event().isComplete();
+      } catch (RuntimeException e) {
+        log.warn("device {}: completion event query failed, treating it as complete: {}", device, e.toString());
+        complete = true;
+      }
+      if (complete) {
+        done.add(p);
+      }
+    }
+    return done;
   }
 
   /**
@@ -69,5 +96,11 @@ final class PendingEvents {
 
   long bytes() {
     return bytes;
+  }
+
+  /** Fills in the figures this class keeps. */
+  void report(long[] v) {
+    v[PoolMetric.AWAITING_EVENT_BYTES.ordinal()] = bytes;
+    v[PoolMetric.BLOCKS_AWAITING_EVENT.ordinal()] = pending.size();
   }
 }

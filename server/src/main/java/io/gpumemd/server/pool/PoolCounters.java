@@ -1,11 +1,11 @@
 package io.gpumemd.server.pool;
 
 /**
- * The event counters of one pool ({@link PoolMetric.Kind#COUNTER}: hits, misses, returns, …),
- * indexed by metric. Guarded by the owning {@link DevicePool}'s lock; {@link #snapshot} copies
- * them into the values of a {@link PoolStats}. A counter never goes negative: {@link #add}
- * saturates at {@link Long#MAX_VALUE}, since some counters sum what clients report (their own
- * cache's hits and returns), and a client may report as much as a long holds.
+ * The event counters of one pool that change under its lock ({@link PoolMetric.Kind#COUNTER}:
+ * hits, misses, returns, evictions, …), indexed by metric; the counters that change without it
+ * are kept apart ({@link SharingCounters}, {@link ClientCacheBooks#reported}). Guarded by the
+ * owning {@link DevicePool}'s lock; {@link #snapshot} copies them into the values of a {@link
+ * PoolStats}. A counter never goes negative: {@link #add} saturates at {@link Long#MAX_VALUE}.
  */
 final class PoolCounters {
   private final long[] counts = new long[PoolMetric.values().length];

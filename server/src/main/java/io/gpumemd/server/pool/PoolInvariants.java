@@ -1,6 +1,8 @@
 package io.gpumemd.server.pool;
 
 import io.gpumemd.common.SizeClasses;
+import java.util.HashMap;
+import java.util.Map;
 
 /**
  * The structural invariants of a {@link DevicePool}, checked by tests after every operation
@@ -13,72 +15,92 @@ import io.gpumemd.common.SizeClasses;
  * <p>Called with the pool's lock held.
  */
 final class PoolInvariants {
+  /** What the walk over the blocks of the live segments found. */
+  private static final class Found {
+    long segmentBytes;
+    long leased;
+    long leasedCount;
+    long cached;
+    long awaitingEvent;
+    long clientCached;
+    long freeBlocks;
+    final Map<String, Long> clientCachedByHolder = new HashMap<>();
+  }
+
   private PoolInvariants() {}
 
   /** Throws {@link AssertionError} describing the first violation. */
   static void verify(DevicePool pool) {
     assert pool.lock.isHeldByCurrentThread();
-    long segBytes = 0;
-    long leased = 0;
-    long cached = 0;
-    long awaitingEvent = 0;
-    long clientCached = 0;
-    java.util.Map<String, Long> cachedByHolder = new java.util.HashMap<>();
-    long freeBlocks = 0;
-    long leasedCount = 0;
-    for (Segment s : pool.liveSegments.values()) {
-      check(s.state == Segment.State.LIVE, "live segment in state " + s.state);
-      segBytes += s.bytes;
-      long expectOffset = 0;
-      long used = 0;
-      Block prev = null;
-      for (Block b = s.head; b != null; b = b.next) {
-        check(b.prev == prev, "broken prev link at " + b);
-        check(b.offset == expectOffset, "gap or overlap at " + b + " (expected offset " + expectOffset + ")");
-        check(b.size > 0 && b.size % SizeClasses.ALIGNMENT == 0, "bad size " + b);
-        expectOffset += b.size;
-        switch (b.state) {
-          case FREE -> {
-            check(pool.free.contains(b), "free block not indexed: " + b);
-            check(prev == null || prev.state != Block.State.FREE, "uncoalesced free neighbours at " + b);
-            freeBlocks++;
-          }
-          case LEASED -> {
-            leased += b.size;
-            leasedCount++;
-            used += b.size;
-          }
-          case CLIENT_CACHED -> {
-            clientCached += b.size;
-            used += b.size;
-            check(b.cachedBy != null, "client-cached block without its holder: " + b);
-            cachedByHolder.merge(b.cachedBy, b.size, Long::sum);
-          }
-          case AWAITING_EVENT -> {
-            awaitingEvent += b.size;
-            used += b.size;
-          }
-        }
-        prev = b;
-      }
-      check(expectOffset == s.bytes, "blocks do not cover " + s);
-      check(used == s.usedBytes, "used bytes " + s.usedBytes + " != " + used + " in " + s);
-      check(s.idle() == pool.idle.contains(s), "idle list disagrees for " + s);
-      if (s.idle()) {
-        cached += s.bytes;
-      }
+    Found found = new Found();
+    for (Segment s : pool.carver.live.values()) {
+      verifySegment(pool, s, found);
     }
-    check(pool.idle.size() <= pool.liveSegments.size(), "idle list holds dead segments");
+    check(pool.carver.idle.size() <= pool.carver.live.size(), "idle list holds dead segments");
     long awaitingUnmap = 0;
     for (Segment s : pool.holders.awaitingUnmap()) {
-      segBytes += s.bytes;
+      found.segmentBytes += s.bytes;
       awaitingUnmap += s.bytes;
       check(s.state == Segment.State.AWAITING_UNMAP, "segment awaiting unmap in state " + s.state);
       check(!s.mappers.isEmpty(), "awaiting-unmap segment without mappers: " + s);
     }
-    check(freeBlocks == pool.free.size(), "index holds blocks that are not free");
+    check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
+        "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
+    verifyFreeIndex(pool, found.freeBlocks);
+    verifyBooks(pool, found);
+    verifySharing(pool);
+  }
+
+  /** The blocks of one live segment, added to what was found. */
+  private static void verifySegment(DevicePool pool, Segment s, Found found) {
+    check(s.state == Segment.State.LIVE, "live segment in state " + s.state);
+    found.segmentBytes += s.bytes;
+    long expectOffset = 0;
+    long used = 0;
+    Block prev = null;
+    for (Block b = s.head; b != null; b = b.next) {
+      check(b.prev == prev, "broken prev link at " + b);
+      check(b.offset == expectOffset, "gap or overlap at " + b + " (expected offset " + expectOffset + ")");
+      check(b.size > 0 && b.size % SizeClasses.ALIGNMENT == 0, "bad size " + b);
+      expectOffset += b.size;
+      switch (b.state) {
+        case FREE -> {
+          check(pool.carver.free.contains(b), "free block not indexed: " + b);
+          check(prev == null || prev.state != Block.State.FREE, "uncoalesced free neighbours at " + b);
+          found.freeBlocks++;
+        }
+        case LEASED -> {
+          found.leased += b.size;
+          found.leasedCount++;
+          used += b.size;
+        }
+        case CLIENT_CACHED -> {
+          found.clientCached += b.size;
+          used += b.size;
+          check(b.cachedBy != null, "client-cached block without its holder: " + b);
+          found.clientCachedByHolder.merge(b.cachedBy, b.size, Long::sum);
+        }
+        case AWAITING_EVENT -> {
+          found.awaitingEvent += b.size;
+          used += b.size;
+        }
+      }
+      prev = b;
+    }
+    check(expectOffset == s.bytes, "blocks do not cover " + s);
+    check(used == s.usedBytes, "used bytes " + s.usedBytes + " != " + used + " in " + s);
+    check(s.idle() == pool.carver.idle.contains(s), "idle list disagrees for " + s);
+    if (s.idle()) {
+      found.cached += s.bytes;
+    }
+  }
+
+  /** Every owner's index holds only free blocks of that owner's live segments, and all of them. */
+  private static void verifyFreeIndex(DevicePool pool, long freeBlocks) {
+    FreeBlocks free = pool.carver.free;
+    check(freeBlocks == free.size(), "index holds blocks that are not free");
     int indexed = 0;
-    for (var entry : pool.free.byOwner().entrySet()) {
+    for (var entry : free.byOwner().entrySet()) {
       String owner = entry.getKey();
       BlockIndex index = entry.getValue();
       check(!index.isEmpty(), "empty free index kept for owner '" + owner + "'");
@@ -87,30 +109,48 @@ final class PoolInvariants {
         // A block in another owner's index could be leased to that owner: the isolation rule.
         check(b.segment.owner.equals(owner), "free " + b + " of " + b.segment + " in the index of owner '" + owner + "'");
         check(b.state == Block.State.FREE, "indexed block is not free: " + b);
-        check(b.segment.state == Segment.State.LIVE && pool.liveSegments.get(b.segment.id) == b.segment,
+        check(b.segment.state == Segment.State.LIVE && pool.carver.live.get(b.segment.id) == b.segment,
             "indexed block of a segment that is not live: " + b);
       });
     }
-    check(indexed == pool.free.size(), "free index count " + pool.free.size() + " != indexed blocks " + indexed);
-    check(segBytes == pool.reservedBytes, "reserved " + pool.reservedBytes + " != segments " + segBytes);
-    check(leased == pool.leasedBytes, "leased " + pool.leasedBytes + " != blocks " + leased);
-    check(leasedCount == pool.activeLeases, "active leases " + pool.activeLeases + " != " + leasedCount);
-    check(cached == pool.idle.bytes(), "cached " + pool.idle.bytes() + " != idle segments " + cached);
-    check(clientCached == pool.clientCachedBytes, "client-cached bytes " + pool.clientCachedBytes + " != " + clientCached);
-    check(cachedByHolder.equals(pool.clientCachedByHolder),
-        "client-cached bytes by holder " + pool.clientCachedByHolder + " != " + cachedByHolder);
-    check(awaitingEvent == pool.events.bytes(), "awaiting-event bytes " + pool.events.bytes() + " != " + awaitingEvent);
-    check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
-        "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
-    check(pool.reservedBytes <= pool.limitBytes(), "reserved " + pool.reservedBytes + " over limit " + pool.limitBytes());
-    check(pool.sharedBlocks >= 0 && pool.sharedBlocks <= pool.activeLeases,
-        "shared blocks " + pool.sharedBlocks + " outside 0.." + pool.activeLeases + " leased blocks");
-    check(pool.liveHolds >= 0, "live holds " + pool.liveHolds);
-    check(pool.publishedBytes >= 0 && pool.publishedBytes <= pool.leasedBytes
-        && pool.publishedBytes <= pool.publishedLimitBytes(), "published bytes " + pool.publishedBytes
-        + " outside 0..min(leased " + pool.leasedBytes + ", limit " + pool.publishedLimitBytes() + ")");
-    check((pool.publishedObjects == 0) == (pool.publishedBytes == 0),
-        "published objects " + pool.publishedObjects + " with " + pool.publishedBytes + " published bytes");
+    check(indexed == free.size(), "free index count " + free.size() + " != indexed blocks " + indexed);
+  }
+
+  /** The byte figures of the rooms agree with the blocks. */
+  private static void verifyBooks(DevicePool pool, Found found) {
+    long reserved = pool.budget.reservedBytes();
+    long leased = pool.carver.leasedBytes();
+    check(found.segmentBytes == reserved, "reserved " + reserved + " != segments " + found.segmentBytes);
+    check(found.leased == leased, "leased " + leased + " != blocks " + found.leased);
+    check(found.leasedCount == pool.carver.activeLeases(), "active leases " + pool.carver.activeLeases() + " != "
+        + found.leasedCount);
+    check(found.cached == pool.carver.cachedBytes(), "cached " + pool.carver.cachedBytes() + " != idle segments "
+        + found.cached);
+    check(found.clientCached == pool.clientCache.bytes(), "client-cached bytes " + pool.clientCache.bytes() + " != "
+        + found.clientCached);
+    check(found.clientCachedByHolder.equals(pool.clientCache.byHolder()),
+        "client-cached bytes by holder " + pool.clientCache.byHolder() + " != " + found.clientCachedByHolder);
+    check(found.awaitingEvent == pool.events.bytes(), "awaiting-event bytes " + pool.events.bytes() + " != "
+        + found.awaitingEvent);
+    check(reserved <= pool.limitBytes(), "reserved " + reserved + " over limit " + pool.limitBytes());
+  }
+
+  /** The sharing figures are within their bounds (exact under the lock: see {@link SharingCounters}). */
+  private static void verifySharing(DevicePool pool) {
+    SharingCounters sharing = pool.sharing;
+    long sharedBlocks = sharing.sharedBlocks();
+    long activeLeases = pool.carver.activeLeases();
+    long publishedBytes = sharing.publishedBytes();
+    long publishedObjects = sharing.publishedObjects();
+    long leased = pool.carver.leasedBytes();
+    check(sharedBlocks >= 0 && sharedBlocks <= activeLeases,
+        "shared blocks " + sharedBlocks + " outside 0.." + activeLeases + " leased blocks");
+    check(sharing.liveHolds() >= 0, "live holds " + sharing.liveHolds());
+    check(publishedBytes >= 0 && publishedBytes <= leased && publishedBytes <= sharing.publishedLimitBytes(),
+        "published bytes " + publishedBytes + " outside 0..min(leased " + leased + ", limit "
+        + sharing.publishedLimitBytes() + ")");
+    check((publishedObjects == 0) == (publishedBytes == 0),
+        "published objects " + publishedObjects + " with " + publishedBytes + " published bytes");
   }
 
   private static void check(boolean condition, String message) {

@@ -4,8 +4,20 @@ import java.util.Arrays;
 import java.util.StringJoiner;
 
 /**
- * Immutable snapshot of one device pool's figures, taken under the pool lock so that they
- * agree with each other: one value per {@link PoolMetric}. Thread-safe.
+ * Immutable snapshot of one device pool's figures, one value per {@link PoolMetric}, taken under
+ * the pool lock. Thread-safe.
+ *
+ * <p>Exact at the snapshot, and in agreement with each other: every byte figure and gauge of
+ * blocks and segments ({@code reserved = leased + client_cached + cached + remainder +
+ * awaiting_event + awaiting_unmap}, active leases, segments, …), every counter that changes
+ * under the lock (hits, misses, returns, evictions, alloc_retries, ooms, backend allocations and
+ * frees, scrubbed bytes, attaches), and published bytes. Not exact: the figures that change
+ * without the lock ({@link SharingCounters}, {@link ClientCacheBooks#reported}): {@code shares},
+ * {@code client_cache_hits} and {@code client_cache_returns} may miss calls made during the
+ * snapshot (and a client's report of hits may be in while its returns are not yet); {@code
+ * live_holds}, {@code shared_blocks} and {@code published_objects} may too, but stay within the
+ * bounds {@link PoolInvariants} checks (see {@link SharingCounters}). A snapshot of a pool at
+ * rest is exact throughout.
  */
 public final class PoolStats {
   private final int device;
@@ -15,6 +27,22 @@ public final class PoolStats {
     assert values.length == PoolMetric.values().length;
     this.device = device;
     this.values = values;
+  }
+
+  /** Takes the figures of a pool, whose lock the caller holds. */
+  static PoolStats snapshot(DevicePool pool) {
+    assert pool.lock.isHeldByCurrentThread();
+    long[] v = pool.counters.snapshot();
+    pool.carver.report(v);
+    pool.budget.report(v);
+    pool.clientCache.report(v);
+    pool.holders.report(v);
+    pool.events.report(v);
+    pool.sharing.report(v);
+    v[PoolMetric.REMAINDER_BYTES.ordinal()] = pool.remainderBytes();
+    v[PoolMetric.RETENTION_CAP_BYTES.ordinal()] = pool.eviction.retentionCapBytes();
+    v[PoolMetric.CAPACITY_BYTES.ordinal()] = pool.device().capacityBytes();
+    return new PoolStats(pool.device().ordinal(), v);
   }
 
   public int device() {

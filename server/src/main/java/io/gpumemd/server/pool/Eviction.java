@@ -1,0 +1,218 @@
+package io.gpumemd.server.pool;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.locks.ReentrantLock;
+
+/**
+ * How one pool gives memory back to its backend: the retention cap, eviction, trimming, and
+ * the last step of the unmap handshake.
+ *
+ * <ul>
+ *   <li>The retention cap bounds the pool's cached bytes (its idle segments, {@link
+ *       BlockCarver}) and its clients' cached bytes ({@link ClientCacheBooks}) together. While
+ *       they exceed it, the least recently used idle segment is evicted; when the clients'
+ *       caches alone exceed it, their holders are asked for the excess.
+ *   <li>A miss over budget evicts idle segments of any owner, least recently used first, until
+ *       its segment fits ({@link #evictUntilFits}).
+ *   <li>Eviction frees a whole idle segment. A segment that a holder may have mapped is not
+ *       freed at once: the holder is asked to unmap it ({@link HolderMappings}, {@link
+ *       HolderRequests}) and it is freed ({@link #free}) when every such holder has confirmed
+ *       or ended. The backend free itself runs once the lock is released ({@link AfterUnlock}).
+ *   <li>A trim evicts down to what it keeps, asks clients for their cached blocks and waits
+ *       (up to the unmap wait) to evict what comes back.
+ *   <li>Closing gives up every segment at once, mapped or not ({@link #giveUpAll}).
+ * </ul>
+ *
+ * <p>Thread-safety: the methods that the pool's public calls delegate to ({@link
+ * #setRetentionCap}, {@link #trim}, {@link #unmapped}, {@link #holderEnded}, {@link #freed})
+ * take the owning {@link DevicePool}'s lock; the others are called with it held.
+ */
+final class Eviction {
+  private final DevicePool pool;
+  private final ReentrantLock lock;
+  private final BlockCarver carver;
+  private final ClientCacheBooks clientCache;
+  private final HolderMappings holders;
+  private final Budget budget;
+  private final PoolCounters counters;
+  private long retentionCapBytes;
+
+  /** Made by the pool's constructor once the rooms it uses exist. */
+  Eviction(DevicePool pool, long retentionCapBytes) {
+    this.pool = pool;
+    this.lock = pool.lock;
+    this.carver = pool.carver;
+    this.clientCache = pool.clientCache;
+    this.holders = pool.holders;
+    this.budget = pool.budget;
+    this.counters = pool.counters;
+    this.retentionCapBytes = retentionCapBytes;
+  }
+
+  long retentionCapBytes() {
+    return retentionCapBytes;
+  }
+
+  // ----------------------------------------------------------------------- taking the lock
+
+  /** Sets the retention cap and evicts at once down to it; returns the bytes evicted. */
+  long setRetentionCap(long capBytes) {
+    return AfterUnlock.locked(pool, after -> {
+      retentionCapBytes = capBytes;
+      return enforceCap(capBytes, after);
+    });
+  }
+
+  /** See {@link DevicePool#trim}. */
+  long trim(long keepBytes) {
+    long evicted = 0;
+    long deadline = pool.ticker.nanos() + pool.unmapWaitNanos;
+    while (true) {
+      AfterUnlock after = new AfterUnlock(pool);
+      boolean waitForClients;
+      long epoch;
+      lock.lock();
+      try {
+        epoch = pool.waiters.epoch();
+        evicted += enforceCap(keepBytes, after);
+        waitForClients = carver.cachedBytes() + clientCache.bytes() > keepBytes && clientCache.bytes() > 0;
+        if (waitForClients && pool.ticker.nanos() >= deadline) {
+          clientCache.overdueReturns(after);
+          waitForClients = false;
+        }
+      } finally {
+        lock.unlock();
+        after.run();
+      }
+      if (!waitForClients) {
+        return evicted;
+      }
+      pool.waiters.await(deadline, epoch);
+    }
+  }
+
+  /** A holder confirmed an unmap: the segment is freed when that was its last mapper. */
+  void unmapped(String holder, long segmentId) {
+    AfterUnlock.locked(pool, after -> {
+      Segment segment = holders.unmapped(holder, segmentId);
+      if (segment != null) {
+        free(segment, after);
+        pool.waiters.memoryCameBack();
+      }
+      return null;
+    });
+  }
+
+  /** A holder ended: the segments it was the last mapper of are freed. */
+  void holderEnded(String holder) {
+    AfterUnlock.locked(pool, after -> {
+      List<Segment> freed = holders.holderEnded(holder);
+      for (Segment segment : freed) {
+        free(segment, after);
+      }
+      if (!freed.isEmpty()) {
+        pool.waiters.memoryCameBack();
+      }
+      return null;
+    });
+  }
+
+  /** The backend has freed a segment the pool gave up: the device has that memory again. */
+  void freed(Segment segment) {
+    lock.lock();
+    try {
+      budget.freed(segment.bytes);
+      pool.waiters.memoryCameBack();
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  // ---------------------------------------------------------------------- with the lock held
+
+  /** Applies the retention cap; returns the bytes of segments evicted. */
+  long enforceCap(AfterUnlock after) {
+    return enforceCap(retentionCapBytes, after);
+  }
+
+  /**
+   * Evicts idle segments, least recently used first, until the pool's cache and the clients'
+   * caches together hold at most {@code cap}; if the clients' caches alone exceed it, asks
+   * their holders for the excess.
+   *
+   * @return bytes of segments evicted
+   */
+  long enforceCap(long cap, AfterUnlock after) {
+    assert lock.isHeldByCurrentThread();
+    long evicted = 0;
+    Segment segment;
+    while (carver.cachedBytes() + clientCache.bytes() > cap && (segment = carver.pollIdle()) != null) {
+      evicted += evict(segment, after);
+    }
+    if (clientCache.bytes() > cap) {
+      clientCache.askReturns(clientCache.bytes() - cap, after);
+    }
+    return evicted;
+  }
+
+  /** Evicts idle segments until a segment of {@code segmentBytes} fits; true if any was evicted. */
+  boolean evictUntilFits(long segmentBytes, AfterUnlock after) {
+    assert lock.isHeldByCurrentThread();
+    // Evicting only helps if what can be freed at once would make room.
+    if (!budget.fitsWithout(carver.cachedBytes(), segmentBytes)) {
+      return false;
+    }
+    boolean any = false;
+    Segment segment;
+    while (!budget.fits(segmentBytes) && (segment = carver.pollIdle()) != null) {
+      evict(segment, after);
+      any = true;
+    }
+    return any;
+  }
+
+  /** Evicts one idle segment (already out of the idle list); returns its bytes. */
+  private long evict(Segment segment, AfterUnlock after) {
+    carver.retire(segment);
+    counters.increment(PoolMetric.EVICTIONS);
+    var mappers = holders.awaitUnmaps(segment);
+    if (mappers.isEmpty()) {
+      free(segment, after);
+    } else {
+      for (String holder : mappers) {
+        after.askUnmap(holder, segment.id);
+      }
+    }
+    return segment.bytes;
+  }
+
+  /**
+   * Gives up every segment, leased or not, mapped or not, and forgets the blocks: the pool is
+   * closing and frees them itself, once unlocked.
+   *
+   * @return the segments to free
+   */
+  List<Segment> giveUpAll() {
+    assert lock.isHeldByCurrentThread();
+    List<Segment> all = new ArrayList<>(carver.clear());
+    all.addAll(holders.awaitingUnmap());
+    holders.clear();
+    clientCache.clear();
+    for (Segment s : all) {
+      s.state = Segment.State.FREED;
+    }
+    counters.add(PoolMetric.BACKEND_FREES, all.size());
+    budget.closed();
+    return all;
+  }
+
+  /** Gives up a segment nobody maps any more: the backend frees it once the lock is released. */
+  private void free(Segment segment, AfterUnlock after) {
+    assert lock.isHeldByCurrentThread();
+    segment.state = Segment.State.FREED;
+    budget.freeing(segment.bytes); // until the backend has freed it (AfterUnlock, then freed())
+    counters.increment(PoolMetric.BACKEND_FREES);
+    after.free(segment);
+  }
+}
