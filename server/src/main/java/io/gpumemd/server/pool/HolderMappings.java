@@ -11,7 +11,8 @@ import java.util.Set;
 /**
  * Which holders (sessions) may have mapped which segments of one pool, and the evicted
  * segments that wait for their holders to unmap them before they are freed (rule 2 of the
- * design: freeing memory a live client still maps is undefined behaviour in CUDA).
+ * README's "The rules that keep memory safe": freeing memory a live client still maps is
+ * undefined behaviour in CUDA).
  *
  * <p>A holder becomes a mapper of a segment when it is handed a block of it, and stops being
  * one when it confirms an unmap the pool asked for, or when it ends. An evicted segment

@@ -2,8 +2,8 @@ package io.gpumemd.server.pool;
 
 /**
  * What a pool asks of the holders (sessions) of its memory, over their KeepAlive streams:
- * unmap a segment it wants to free (rule 2: a segment is freed only once no live client has it
- * mapped), or give back blocks the client keeps in its own cache tier because the pool needs
+ * unmap a segment it wants to free (the README's rule 2: a segment is freed only once no live
+ * client has it mapped), or give back blocks the client keeps in its own cache tier because the pool needs
  * the memory. The holder answers later through {@link DevicePool#unmapped} or by releasing the
  * blocks, or, if it ends first, through {@link DevicePool#holderEnded}.
  *

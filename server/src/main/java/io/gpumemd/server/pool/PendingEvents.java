@@ -10,7 +10,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * Released blocks that carry a completion event (a CUDA IPC event the client recorded after
- * its last use) and stay out of the cache until the event completes (rule 3 of the design).
+ * its last use) and stay out of the cache until the event completes (rule 3 of the README's
+ * "The rules that keep memory safe").
  * The pool owns each event from the release on and closes it once it is done with it.
  *
  * <p>Guarded by the owning {@link DevicePool}'s lock; the events themselves are queried

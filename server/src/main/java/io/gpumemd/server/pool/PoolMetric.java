@@ -6,7 +6,8 @@ import java.util.Locale;
  * Every figure a pool reports, once: its kind and what it means. {@link PoolStats} holds one
  * value per constant; the gRPC layer maps each to the {@code DeviceStats} field of the same
  * name ({@link #protoField()}) and the metrics layer to a meter, so adding a figure here is
- * adding it everywhere. Definitions follow the design's {@code DeviceStats}.
+ * adding it everywhere. Each constant's description is its definition; /metrics shows it as
+ * the meter's HELP line.
  */
 public enum PoolMetric {
   HITS(Kind.COUNTER, "leases served from cached memory"),

@@ -30,7 +30,7 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.Timeout;
 
 /**
- * Rules 1–3 under contention: worker threads, one holder each, two owners with two workers each
+ * Rules 1–3 of the README's "The rules that keep memory safe" under contention: worker threads, one holder each, two owners with two workers each
  * (a segment must only ever serve the workers of one owner), lease and release random sizes
  * (some zeroed, some released with completion events), trim and change the cap, while a poller
  * completes events. A shadow map, one owner slot per 512-byte granule of every segment, proves

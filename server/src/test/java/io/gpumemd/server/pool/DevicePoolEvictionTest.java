@@ -17,7 +17,8 @@ import org.junit.jupiter.api.Test;
 /**
  * What the pool gives back and when: the retention cap, trims, the device budget and the
  * backend running out of memory or failing. Holders here are anonymous (they unmap on
- * release), so evicted segments are freed at once; rule 2 has its own test class.
+ * release), so evicted segments are freed at once; the README's rule 2 (unmap before free) has
+ * its own test class, DevicePoolUnmapTest.
  */
 class DevicePoolEvictionTest extends PoolTestBase {
 
