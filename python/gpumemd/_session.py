@@ -28,6 +28,7 @@ import grpc
 
 from . import _cuda
 from ._errors import GpumemdError
+from ._fdchannel import FdChannel, socket_path
 from ._mapping import MappingCache
 from ._sharing import closed_client
 from ._stubs import pb
@@ -142,7 +143,8 @@ class SessionState:
         self.pending = {}
         self.queue = notices
         self.attached = attached
-        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
+        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id),
+                                     lambda handle, read_only: client._fetch_descriptor(self, handle, read_only))
         self.call = None
 
 
@@ -174,6 +176,8 @@ class ClientCore:
         self._release_failures = 0
         self._holds = 0
         self._earlier_maps_opened = 0
+        self._fd_channel = None  # to the daemon's fd channel, made on the first segment passed by descriptor
+        self._fd_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
 
@@ -225,19 +229,38 @@ class ClientCore:
         if self._closing:
             raise closed_client()
 
-    def _granted(self, s, response):
+    def _granted(self, s, response, descriptor=None):
         """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when
-        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back."""
+        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back.
+        ``descriptor``: its segment's, fetched beforehand (the asyncio client)."""
         if s.lost:
+            if descriptor is not None:
+                descriptor.close()
             raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
         self._leases += 1
         if response.pool_hit:
             self._pool_hits += 1
         try:
-            return s.mappings.acquire(response.device, response.handle)
+            return s.mappings.acquire(response.device, response.handle, descriptor=descriptor)
         except BaseException:
             self._give_back(s, response.lease_id)  # unusable here: do not hold it until session end
             raise
+
+    def _fetch_descriptor(self, s, handle, read_only):
+        """A segment's descriptor from the daemon's fd channel (blocking), for session ``s``."""
+        with self._fd_lock:
+            path = socket_path(self.target, handle.fd_segment.fd_socket)
+            channel = self._fd_channel
+            if channel is None or channel.path != path:
+                if channel is not None:
+                    channel.close()
+                channel = self._fd_channel = FdChannel(path, self._timeout)
+        return channel.fetch(s.id, handle.segment_id, read_only)
+
+    def _close_fd_channel(self):
+        with self._fd_lock:
+            if self._fd_channel is not None:
+                self._fd_channel.close()
 
     def _lease_error(self, s, rpc_error):
         """The error of a unary Lease call; NOT_FOUND for the session means it is lost."""

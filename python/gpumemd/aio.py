@@ -142,7 +142,20 @@ class AsyncClient(ClientCore):
             except GpumemdError:
                 if not (s.lost and attempt == 1):
                     raise  # else lost while this lease waited: once more, on a new session
-        return AsyncLease(self, response, self._granted(s, response), tag, stream, session=s)
+        descriptor = await self._descriptor(s, response.handle, False, response.lease_id)
+        return AsyncLease(self, response, self._granted(s, response, descriptor), tag, stream, session=s)
+
+    async def _descriptor(self, s, handle, read_only, lease_id):
+        """The descriptor of a segment passed by descriptor and not mapped here yet, fetched on
+        an executor thread (the fd channel's socket blocks); None for any other handle. A lease
+        whose descriptor cannot be had is given back."""
+        if not s.mappings.needs_descriptor(handle, read_only):
+            return None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self._fetch_descriptor, s, handle, read_only)
+        except BaseException:
+            self._give_back(s, lease_id)
+            raise
 
     async def _lease_once(self, s, device, size, zero, tag, timeout):
         if self._stream_calls:
@@ -171,13 +184,15 @@ class AsyncClient(ClientCore):
         """As :meth:`gpumemd.Client.attach`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
-        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id))
+        descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
+        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 
     async def lookup(self, name, tag=""):
         """As :meth:`gpumemd.Client.lookup`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
-        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id))
+        descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
+        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 
     async def publish(self, lease, name, read_only=False):
         """As :meth:`gpumemd.Client.publish`; an :class:`gpumemd.AsyncPublished`."""
@@ -365,6 +380,7 @@ class AsyncClient(ClientCore):
                 except (asyncio.CancelledError, Exception):
                     pass
             s.mappings.close_all()
+            self._close_fd_channel()
             await self._channel.close()
             self._closed = True
 

@@ -421,6 +421,7 @@ class Client(ClientCore):
                 s.queue.put(END)
                 s.thread.join(5)
                 s.mappings.close_all()
+                self._close_fd_channel()
                 self._channel.close()
                 self._closed = True
 
