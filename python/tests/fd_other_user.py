@@ -4,7 +4,8 @@
 
 SESSION_ID and SEGMENT_ID are another tenant's (the test's). Prints one JSON object: the
 refusal for that session and segment, the refusal for this user's own session and that segment,
-and whether this user's own lease maps, writes and reads through the descriptor it gets.
+whether this user's own lease maps, writes and reads through the descriptor it gets, and
+whether a read-only descriptor of it reopens read-write through /proc/self/fd.
 """
 import json
 import os
@@ -25,6 +26,19 @@ def refusal(channel, session_id, segment_id):
     return {"code": "OK", "message": "a descriptor was granted"}
 
 
+def reopen(channel, session_id, segment_id):
+    """Whether a read-only descriptor of the segment reopens read-write through /proc/self/fd."""
+    descriptor = channel.fetch(session_id, segment_id, True)
+    try:
+        fd = os.open("/proc/self/fd/%d" % descriptor.fd, os.O_RDWR)
+    except PermissionError:
+        return "refused"
+    finally:
+        descriptor.close()
+    os.close(fd)
+    return "reopened read-write"
+
+
 def main(target, fd_socket, session_id, segment_id):
     segment_id = int(segment_id)
     result = {"uid": os.getuid()}
@@ -35,7 +49,8 @@ def main(target, fd_socket, session_id, segment_id):
         with gm.lease(0, 4096) as lease:
             lease.buffer()[:5] = b"mine!"
             result["own_lease"] = {"segment": lease.segment_id, "bytes": bytes(lease.buffer()[:5]).decode(),
-                                   "maps_opened": gm.stats().maps_opened}
+                                   "maps_opened": gm.stats().maps_opened,
+                                   "reopen_read_only_descriptor": reopen(channel, gm.session_id, lease.segment_id)}
     channel.close()
     print(json.dumps(result))
 

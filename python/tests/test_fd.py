@@ -128,6 +128,8 @@ def test_another_uid_presenting_our_session_and_segment_gets_no_descriptor(fd_da
     assert seen["own_lease"]["bytes"] == "mine!"
     assert seen["own_lease"]["segment"] != lease.segment_id, "tenants never share a segment"
     assert seen["own_lease"]["maps_opened"] == 1
+    # the file is the daemon's: a read-only descriptor cannot be reopened read-write
+    assert seen["own_lease"]["reopen_read_only_descriptor"] == "refused"
 
 
 def test_killed_client_holding_descriptors_is_reclaimed(fd_daemon):
