@@ -18,7 +18,6 @@ The first-lease figures are per lease call (the caller's view); pages are not to
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -11,7 +11,8 @@ that no plain read takes that byte (the kernel would close its descriptor).
 
 The framing and the meaning of replies are functions without I/O (:func:`request_frame`,
 :func:`granted`), shared by the sync and asyncio clients; :class:`FdChannel` is the blocking
-connection both use (the asyncio client calls it from an executor thread).
+connection both use (the asyncio client calls it from an executor thread), and
+:class:`FdChannels` the client's one connection to whichever fd channel its handles name.
 
 Thread-safe: one request at a time per :class:`FdChannel` (a lock); the daemon answers in order.
 """
@@ -169,3 +170,36 @@ class FdChannel:
     def close(self):
         with self._lock:
             self._drop()
+
+
+class FdChannels:
+    """A client's connection to the fd channel its handles name (``FdSegment.fd_socket``, seen
+    from ``target``: :func:`socket_path`): one at a time, made on the first segment passed by
+    descriptor, replaced when a handle names another socket, closed with the client."""
+
+    def __init__(self, target, timeout):
+        self._target = target
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._channel = None
+
+    def fetch(self, session_id, handle, read_only):
+        """A :class:`Descriptor` of the handle's segment for ``session_id`` (blocking)."""
+        path = socket_path(self._target, handle.fd_segment.fd_socket)
+        with self._lock:
+            channel = self._channel
+            if channel is None or channel.path != path:
+                if channel is not None:
+                    channel.close()
+                channel = self._channel = FdChannel(path, self._timeout)
+        return channel.fetch(session_id, handle.segment_id, read_only)
+
+    @property
+    def fetched(self):
+        """Descriptors received on the current connection's channel (for tests)."""
+        return 0 if self._channel is None else self._channel.fetched
+
+    def close(self):
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()

@@ -28,7 +28,6 @@ import grpc
 
 from . import _cuda
 from ._errors import GpumemdError
-from ._fdchannel import FdChannel, socket_path
 from ._mapping import MappingCache
 from ._sharing import closed_client
 from ._stubs import pb
@@ -144,17 +143,18 @@ class SessionState:
         self.queue = notices
         self.attached = attached
         self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id),
-                                     lambda handle, read_only: client._fetch_descriptor(self, handle, read_only))
+                                     lambda handle, read_only: client._fd_channels.fetch(self.id, handle, read_only))
         self.call = None
 
 
 class ClientCore:
     """What :class:`gpumemd.Client` and :class:`gpumemd.aio.AsyncClient` share: their state,
     properties and counters, and the session decisions that need no I/O. A subclass sets
-    ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event`` and
-    ``_s``, and provides ``_give_back(s, lease_id)`` (release a lease that cannot be used
-    here, without raising) and ``_release_call(s, lease, event)`` (the Release call for a
-    closed lease, see :meth:`_close_lease`)."""
+    ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event``,
+    ``_fd_channels`` (a :class:`gpumemd._fdchannel.FdChannels`) and ``_s``, and provides
+    ``_give_back(s, lease_id)`` (release a lease that cannot be used here, without raising) and
+    ``_release_call(s, lease, event)`` (the Release call for a closed lease, see
+    :meth:`_close_lease`)."""
 
     _session_class = None
 
@@ -176,8 +176,6 @@ class ClientCore:
         self._release_failures = 0
         self._holds = 0
         self._earlier_maps_opened = 0
-        self._fd_channel = None  # to the daemon's fd channel, made on the first segment passed by descriptor
-        self._fd_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
 
@@ -246,21 +244,6 @@ class ClientCore:
             self._give_back(s, response.lease_id)  # unusable here: do not hold it until session end
             raise
 
-    def _fetch_descriptor(self, s, handle, read_only):
-        """A segment's descriptor from the daemon's fd channel (blocking), for session ``s``."""
-        with self._fd_lock:
-            path = socket_path(self.target, handle.fd_segment.fd_socket)
-            channel = self._fd_channel
-            if channel is None or channel.path != path:
-                if channel is not None:
-                    channel.close()
-                channel = self._fd_channel = FdChannel(path, self._timeout)
-        return channel.fetch(s.id, handle.segment_id, read_only)
-
-    def _close_fd_channel(self):
-        with self._fd_lock:
-            if self._fd_channel is not None:
-                self._fd_channel.close()
 
     def _lease_error(self, s, rpc_error):
         """The error of a unary Lease call; NOT_FOUND for the session means it is lost."""

@@ -23,6 +23,7 @@ import grpc
 from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
+from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer, open_request
 from ._session import reattach_delay, stream_down
@@ -106,6 +107,7 @@ class AsyncClient(ClientCore):
     async def _open(self, ttl_seconds, timeout):
         self._open_request = open_request(self.client_name, ttl_seconds)
         self._timeout = timeout
+        self._fd_channels = FdChannels(self.target, timeout)
         try:
             opened = await self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -152,7 +154,8 @@ class AsyncClient(ClientCore):
         if not s.mappings.needs_descriptor(handle, read_only):
             return None
         try:
-            return await asyncio.get_running_loop().run_in_executor(None, self._fetch_descriptor, s, handle, read_only)
+            return await asyncio.get_running_loop().run_in_executor(None, self._fd_channels.fetch, s.id, handle,
+                                                                    read_only)
         except BaseException:
             self._give_back(s, lease_id)
             raise
@@ -380,7 +383,7 @@ class AsyncClient(ClientCore):
                 except (asyncio.CancelledError, Exception):
                     pass
             s.mappings.close_all()
-            self._close_fd_channel()
+            self._fd_channels.close()
             await self._channel.close()
             self._closed = True
 

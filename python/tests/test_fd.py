@@ -5,6 +5,7 @@ killed daemon, read-only holds enforced by the descriptor, the asyncio client, a
 and no descriptor leak over 10,000 leases with trims between."""
 import asyncio
 import fcntl
+import gc
 import json
 import mmap
 import os
@@ -83,7 +84,7 @@ def test_leases_map_descriptors_fetched_once_per_segment_and_nothing_is_on_a_pat
             numpy.asarray(first)[:3] = (7, 8, 9)
             assert bytes(first.buffer()[:4]) == b"\x07\x08\x09\x00"
             assert gm.stats().maps_opened == 1
-            assert gm._fd_channel.fetched == 1, "one descriptor per segment and process"
+            assert gm._fd_channels.fetched == 1, "one descriptor per segment and process"
             assert deleted_mappings(), "the mapping is of a file that has no path"
             assert shm_files(fd_daemon) == []
 
@@ -231,6 +232,7 @@ def test_no_descriptor_leak_in_the_daemon_or_the_client_over_10000_leases_with_t
         gm.lease(0, 4096).close()
         trim(fd_daemon, client=gm)
         wait_until(lambda: gm.stats().mapped_segments == 0, 5, "the client's unmap")
+        gc.collect()  # descriptors of earlier tests' objects in this process go now, not midway
         daemon_before, client_before = descriptors(pid), len(os.listdir("/proc/self/fd"))
         for i in range(10_000):
             with gm.lease(0, 4096 if i % 2 else 100_000) as lease:
@@ -241,7 +243,9 @@ def test_no_descriptor_leak_in_the_daemon_or_the_client_over_10000_leases_with_t
         trim(fd_daemon, client=gm)
         wait_until(lambda: gm.stats().mapped_segments == 0, 5, "the client's unmap")
         wait_until(lambda: descriptors(pid) <= daemon_before, 5, "the daemon's descriptors back")
-        assert len(os.listdir("/proc/self/fd")) == client_before
+        gc.collect()
+        # a leak would be one descriptor per segment (~100); nothing of this test's may stay
+        assert len(os.listdir("/proc/self/fd")) <= client_before
     assert opened >= 50, "trims made new segments: %d mappings" % opened
     assert shm_files(fd_daemon) == []
 

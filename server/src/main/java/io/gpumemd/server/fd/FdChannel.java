@@ -108,14 +108,11 @@ public final class FdChannel implements AutoCloseable {
 
   /** Counts a new connection and learns its peer, or closes it. */
   private void accept(EpollDomainSocketChannel connection) {
-    if (maxConnections > 0 && live.incrementAndGet() > maxConnections) {
+    if (live.incrementAndGet() > maxConnections && maxConnections > 0) {
       live.decrementAndGet();
       connectionRefusals.refused(maxConnections + " live connections, the limit (flag --fd-max-connections)");
       connection.close();
       return;
-    }
-    if (maxConnections <= 0) {
-      live.incrementAndGet();
     }
     connection.closeFuture().addListener(f -> live.decrementAndGet());
     Caller peer;

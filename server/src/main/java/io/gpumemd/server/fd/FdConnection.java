@@ -27,10 +27,15 @@ import org.slf4j.LoggerFactory;
  * per connection (a token bucket, full at first; beyond it RESOURCE_EXHAUSTED); the channel's
  * descriptors in flight ({@code --fd-max-in-flight}; beyond it RESOURCE_EXHAUSTED); and while
  * {@link FdChannel#MAX_UNSENT_PER_CONNECTION} of its descriptors wait unsent, its further
- * requests wait unanswered (holding no descriptor) and the connection is not read. A descriptor is closed as soon as its write is done or has failed, and a failed write
- * closes the connection: Netty cannot queue a descriptor behind a full socket buffer (its
- * {@code sendFd} fails the write), so a peer that sends requests and never reads the replies
- * loses its connection once its buffer is full.
+ * requests wait unanswered (holding no descriptor) and the connection is not read. A
+ * descriptor is closed as soon as its write is done or has failed, and a failed write closes
+ * the connection: Netty cannot queue a descriptor behind a full socket buffer (its {@code
+ * sendFd} fails the write), so a peer that sends requests and never reads the replies may lose
+ * its connection once its buffer is full.
+ *
+ * <p>Replies go out in request order: a request waits in {@link #waiting} until the ones before
+ * it are answered, and a write's listener (which Netty may run at once, within the write)
+ * answers the next ones from the same queue.
  *
  * <p>Thread-safety: every method runs on the connection's event loop; the channel's in-flight
  * count is shared and atomic.

@@ -8,6 +8,7 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.DescriptorSegment;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.error.ConflictException;
+import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.grpc.StatusMapper;
 import io.gpumemd.server.session.SegmentHolding;
@@ -65,6 +66,11 @@ public final class FdGrants {
     try {
       return segment.open(readOnly);
     } catch (IOException e) {
+      if (String.valueOf(e.getMessage()).contains("Too many open files")) {
+        // The daemon's own limit, not a failure to log with a trace on every request.
+        throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "
+            + "which must exceed its live segments and connections); retry later");
+      }
       throw new UncheckedIOException("cannot open a descriptor of " + segment, e);
     }
   }
