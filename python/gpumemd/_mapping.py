@@ -34,16 +34,20 @@ from ._errors import GpumemdError
 
 
 class HostMapping:
+    """A host segment mapped whole: its file opened by path, or a descriptor the fd channel
+    gave (:meth:`from_descriptor`)."""
+
     kind = "host"
 
-    def __init__(self, device, path, segment_bytes, read_only=False):
+    def __init__(self, device, path, segment_bytes, read_only=False, fd=None):
         self.device = device
         self.path = path
         self.read_only = read_only
-        try:
-            fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
-        except OSError as e:
-            raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
+        if fd is None:
+            try:
+                fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
+            except OSError as e:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
         try:
             prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
             self.mmap = mmap.mmap(fd, segment_bytes, mmap.MAP_SHARED, prot)
@@ -51,6 +55,11 @@ class HostMapping:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot map host segment %s: %s" % (path, e))
         finally:
             os.close(fd)  # mmap keeps its own descriptor until it is closed
+
+    @classmethod
+    def from_descriptor(cls, device, segment_id, fd, segment_bytes, read_only):
+        """Maps a descriptor from the fd channel, and closes it (also when mapping fails)."""
+        return cls(device, "segment %d (by descriptor)" % segment_id, segment_bytes, read_only, fd=fd)
 
     def view(self, offset, size):
         """A memoryview of the block; read-only (``view.readonly``) on a read-only mapping."""
@@ -91,21 +100,45 @@ class _Entry:
 
 
 class MappingCache:
-    def __init__(self, ack_unmapped):
-        """``ack_unmapped(segment_id)`` is called once a requested unmap is done."""
+    def __init__(self, ack_unmapped, fetch_descriptor=None):
+        """``ack_unmapped(segment_id)`` is called once a requested unmap is done;
+        ``fetch_descriptor(handle, read_only)`` gives a :class:`gpumemd._fdchannel.Descriptor`
+        for a segment passed by descriptor (``fd_segment`` handles), blocking."""
         self._ack = ack_unmapped
+        self._fetch = fetch_descriptor
         self._lock = threading.Lock()
         self._entries = {}
         self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused by mmap for now
         self.maps_opened = 0
 
-    def acquire(self, device, handle, read_only=False):
+    def needs_descriptor(self, handle, read_only=False):
+        """True when :meth:`acquire` would fetch a descriptor for this handle (a segment passed
+        by descriptor, not mapped here yet): the asyncio client fetches it first, off its loop."""
+        if handle.WhichOneof("kind") != "fd_segment":
+            return False
+        with self._lock:
+            entry = self._entries.get(handle.segment_id)
+            waiting = self._waiting.get(handle.segment_id)
+            mapped = (entry is not None and bool(read_only) in entry.mappings) or (
+                waiting is not None and any(m.read_only == bool(read_only) for m in waiting[0]))
+            return not mapped
+
+    def acquire(self, device, handle, read_only=False, descriptor=None):
         """The mapping of a lease's or hold's segment (a MemoryHandle), opened on first use;
         counts the lease. ``read_only``: the segment's read-only mapping (host backend; on CUDA
-        its one mapping)."""
+        its one mapping). ``descriptor``: a :class:`gpumemd._fdchannel.Descriptor` fetched
+        beforehand for an ``fd_segment`` handle (see :meth:`needs_descriptor`); closed here if
+        not needed."""
         segment_id = handle.segment_id
         kind = handle.WhichOneof("kind")
-        key = bool(read_only) and kind == "host_shm_path"
+        key = bool(read_only) and kind in ("host_shm_path", "fd_segment")
+        try:
+            return self._acquire(device, handle, segment_id, kind, key, descriptor)
+        finally:
+            if descriptor is not None:
+                descriptor.close()
+
+    def _acquire(self, device, handle, segment_id, kind, key, descriptor):
         with self._lock:
             entry = self._entries.get(segment_id)
             waiting = None
@@ -118,6 +151,8 @@ class MappingCache:
                 try:
                     if kind == "host_shm_path":
                         mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes, key)
+                    elif kind == "fd_segment":
+                        mapping = self._map_descriptor(device, handle, key, descriptor)
                     elif kind == "cuda_ipc_handle":
                         mapping = CudaMapping(device, handle.cuda_ipc_handle)
                     else:
@@ -131,6 +166,23 @@ class MappingCache:
             self._entries[segment_id] = entry
             entry.leases += 1
             return mapping
+
+    def _map_descriptor(self, device, handle, read_only, descriptor):
+        """Maps a segment passed by descriptor: the one fetched beforehand, else one fetched now
+        (under the lock, so that a segment is fetched once however many threads lease on it)."""
+        if descriptor is None:
+            if self._fetch is None:
+                raise GpumemdError(grpc.StatusCode.INTERNAL, "no fd channel for a segment passed by descriptor")
+            descriptor = self._fetch(handle, read_only)
+        grant = descriptor.grant
+        fd = descriptor.take()  # ours now: mapping closes it, also when it fails
+        if grant.read_only != read_only or grant.segment_bytes != handle.segment_bytes:
+            os.close(fd)
+            raise GpumemdError(grpc.StatusCode.INTERNAL, "fd channel: segment %d granted %s of %d bytes, asked %s of %d"
+                               % (handle.segment_id, "read-only" if grant.read_only else "writable",
+                                  grant.segment_bytes, "read-only" if read_only else "writable",
+                                  handle.segment_bytes))
+        return HostMapping.from_descriptor(device, handle.segment_id, fd, handle.segment_bytes, read_only)
 
     def release(self, segment_id):
         """A lease or hold on the segment closed."""

@@ -142,17 +142,19 @@ class SessionState:
         self.pending = {}
         self.queue = notices
         self.attached = attached
-        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id))
+        self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id),
+                                     lambda handle, read_only: client._fd_channels.fetch(self.id, handle, read_only))
         self.call = None
 
 
 class ClientCore:
     """What :class:`gpumemd.Client` and :class:`gpumemd.aio.AsyncClient` share: their state,
     properties and counters, and the session decisions that need no I/O. A subclass sets
-    ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event`` and
-    ``_s``, and provides ``_give_back(s, lease_id)`` (release a lease that cannot be used
-    here, without raising) and ``_release_call(s, lease, event)`` (the Release call for a
-    closed lease, see :meth:`_close_lease`)."""
+    ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event``,
+    ``_fd_channels`` (a :class:`gpumemd._fdchannel.FdChannels`) and ``_s``, and provides
+    ``_give_back(s, lease_id)`` (release a lease that cannot be used here, without raising) and
+    ``_release_call(s, lease, event)`` (the Release call for a closed lease, see
+    :meth:`_close_lease`)."""
 
     _session_class = None
 
@@ -225,19 +227,23 @@ class ClientCore:
         if self._closing:
             raise closed_client()
 
-    def _granted(self, s, response):
+    def _granted(self, s, response, descriptor=None):
         """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when
-        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back."""
+        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back.
+        ``descriptor``: its segment's, fetched beforehand (the asyncio client)."""
         if s.lost:
+            if descriptor is not None:
+                descriptor.close()
             raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "session lost while the lease was granted; retry")
         self._leases += 1
         if response.pool_hit:
             self._pool_hits += 1
         try:
-            return s.mappings.acquire(response.device, response.handle)
+            return s.mappings.acquire(response.device, response.handle, descriptor=descriptor)
         except BaseException:
             self._give_back(s, response.lease_id)  # unusable here: do not hold it until session end
             raise
+
 
     def _lease_error(self, s, rpc_error):
         """The error of a unary Lease call; NOT_FOUND for the session means it is lost."""

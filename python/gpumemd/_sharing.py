@@ -51,13 +51,14 @@ def publish_request(client, lease, name, read_only):
                              read_only=bool(read_only or lease.read_only))
 
 
-def make_hold(client, s, response, tag, lease_class, give_back):
+def make_hold(client, s, response, tag, lease_class, give_back, descriptor=None):
     """The Lease for an AttachResponse: the block mapped in this process (read-only for a
     read-only hold on the host backend). ``give_back()`` releases the hold when it cannot be
-    mapped here, so that it is not held until the session ends."""
+    mapped here, so that it is not held until the session ends. ``descriptor``: its segment's,
+    fetched beforehand (the asyncio client)."""
     granted = response.lease
     try:
-        mapping = s.mappings.acquire(granted.device, granted.handle, response.read_only)
+        mapping = s.mappings.acquire(granted.device, granted.handle, response.read_only, descriptor=descriptor)
     except BaseException:
         give_back(granted.lease_id)
         raise

@@ -23,6 +23,7 @@ import grpc
 from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
+from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer, open_request
 from ._session import reattach_delay, stream_down
@@ -106,6 +107,7 @@ class AsyncClient(ClientCore):
     async def _open(self, ttl_seconds, timeout):
         self._open_request = open_request(self.client_name, ttl_seconds)
         self._timeout = timeout
+        self._fd_channels = FdChannels(self.target, timeout)
         try:
             opened = await self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -142,7 +144,21 @@ class AsyncClient(ClientCore):
             except GpumemdError:
                 if not (s.lost and attempt == 1):
                     raise  # else lost while this lease waited: once more, on a new session
-        return AsyncLease(self, response, self._granted(s, response), tag, stream, session=s)
+        descriptor = await self._descriptor(s, response.handle, False, response.lease_id)
+        return AsyncLease(self, response, self._granted(s, response, descriptor), tag, stream, session=s)
+
+    async def _descriptor(self, s, handle, read_only, lease_id):
+        """The descriptor of a segment passed by descriptor and not mapped here yet, fetched on
+        an executor thread (the fd channel's socket blocks); None for any other handle. A lease
+        whose descriptor cannot be had is given back."""
+        if not s.mappings.needs_descriptor(handle, read_only):
+            return None
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, self._fd_channels.fetch, s.id, handle,
+                                                                    read_only)
+        except BaseException:
+            self._give_back(s, lease_id)
+            raise
 
     async def _lease_once(self, s, device, size, zero, tag, timeout):
         if self._stream_calls:
@@ -171,13 +187,15 @@ class AsyncClient(ClientCore):
         """As :meth:`gpumemd.Client.attach`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
-        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id))
+        descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
+        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 
     async def lookup(self, name, tag=""):
         """As :meth:`gpumemd.Client.lookup`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
-        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id))
+        descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
+        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 
     async def publish(self, lease, name, read_only=False):
         """As :meth:`gpumemd.Client.publish`; an :class:`gpumemd.AsyncPublished`."""
@@ -365,6 +383,7 @@ class AsyncClient(ClientCore):
                 except (asyncio.CancelledError, Exception):
                     pass
             s.mappings.close_all()
+            self._fd_channels.close()
             await self._channel.close()
             self._closed = True
 

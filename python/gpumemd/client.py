@@ -16,6 +16,7 @@ import grpc
 from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
+from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._session import ClientStats  # noqa: F401 (gpumemd.client.ClientStats, as before)
 from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer
@@ -111,6 +112,7 @@ class Client(ClientCore):
         self._stub = pb_grpc.AllocatorStub(self._channel)
         self._open_request = open_request(self.client_name, ttl_seconds)
         self._timeout = timeout
+        self._fd_channels = FdChannels(target, timeout)
         try:
             opened = self._stub.OpenSession(self._open_request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
@@ -421,6 +423,7 @@ class Client(ClientCore):
                 s.queue.put(END)
                 s.thread.join(5)
                 s.mappings.close_all()
+                self._fd_channels.close()
                 self._channel.close()
                 self._closed = True
 

@@ -13,6 +13,8 @@ import io.gpumemd.server.config.BackendConfig;
 import io.gpumemd.server.config.ListenerConfig;
 import io.gpumemd.server.config.PoolConfig;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.fd.FdChannel;
+import io.gpumemd.server.fd.FdGrants;
 import io.gpumemd.server.grpc.AdminService;
 import io.gpumemd.server.grpc.AllocatorService;
 import io.gpumemd.server.grpc.StreamWatchdog;
@@ -68,6 +70,7 @@ public final class GpumemdServer {
   private final IdentityPolicy identities;
   private final Listeners listeners;
   private final StreamWatchdog streams;
+  private final Ticker ticker;
   private Housekeeping housekeeping;
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
@@ -76,6 +79,7 @@ public final class GpumemdServer {
   private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
     this.backend = backend;
+    this.ticker = ticker;
     // Sessions first: the pools send unmap requests to them, the registry owns them.
     LiveSessions sessions = new LiveSessions();
     List<DevicePool> list = new ArrayList<>();
@@ -148,8 +152,11 @@ public final class GpumemdServer {
     JulBridge.install();
     BearerTokens tokens = loadTokens(config, ticker);
     BackendConfig wanted = config.backend();
+    Path fdSocket = config.fdChannel().socket();
+    String descriptorsAt = wanted.hostSegmentsByFd() ? fdSocket.toAbsolutePath().toString() : null;
     BackendSelector.Selection selection = BackendSelector.select(wanted.kind(),
-        () -> new HostShmBackend(wanted.shmDir(), wanted.hostDevices(), wanted.hostDeviceBytes(), wanted.shmGroup()));
+        () -> new HostShmBackend(wanted.shmDir(), wanted.hostDevices(), wanted.hostDeviceBytes(), wanted.shmGroup(),
+            descriptorsAt));
     GpumemdServer server;
     try {
       server = new GpumemdServer(config, selection.backend(), ticker, tokens);
@@ -182,6 +189,10 @@ public final class GpumemdServer {
     ListenerConfig addresses = config.listeners();
     if (addresses.socket() != null) {
       listeners.startUnix(addresses.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
+    }
+    if (backend.passesDescriptors()) {
+      listeners.startFd(config.fdChannel().socket(), config.tenancy().socketMode(), config.tenancy().socketGroup(),
+          new FdChannel(identities, new FdGrants(registry), config.fdChannel(), ticker));
     }
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
@@ -227,6 +238,11 @@ public final class GpumemdServer {
 
   public Path socketPath() {
     return listeners.socketPath();
+  }
+
+  /** The fd channel's socket, or null when the backend passes no descriptors. */
+  public Path fdSocketPath() {
+    return listeners.fdSocketPath();
   }
 
   /**

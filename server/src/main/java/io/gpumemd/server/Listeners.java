@@ -8,6 +8,7 @@ import io.gpumemd.server.auth.UnixAccounts;
 import io.gpumemd.server.auth.UnixPeerNegotiator;
 import io.gpumemd.server.config.TcpSecurityConfig;
 import io.gpumemd.server.config.TransportLimits;
+import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.metrics.MetricsHttpServer;
 import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
@@ -41,10 +42,10 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The daemon's listeners: gRPC on a Unix domain socket and/or TCP (sharing one pair of epoll
- * event-loop groups), and the Prometheus endpoint. Owns the socket file from the moment it
- * binds it, and removes it at {@link #close}. A listener that cannot bind fails the start with
- * a message naming the listener and the address ({@code tcp listener: 127.0.0.1:50051 already
- * in use}).
+ * event-loop groups), the fd channel's socket ({@link FdChannel}) and the Prometheus endpoint.
+ * Owns each socket file from the moment it binds it, and removes it at {@link #close}. A
+ * listener that cannot bind fails the start with a message naming the listener and the address
+ * ({@code tcp listener: 127.0.0.1:50051 already in use}).
  *
  * <p>Trust: the Unix socket is plaintext and identifies peers by SO_PEERCRED, never TLS. TCP is
  * TLS when configured (with client certificates under mutual TLS, {@link CertificatePeers}),
@@ -71,6 +72,8 @@ final class Listeners implements AutoCloseable {
   private final List<Server> servers = new ArrayList<>();
   private MetricsHttpServer metrics;
   private Path socketPath;
+  private FdChannel fdChannel;
+  private Path fdSocketPath;
   private int tcpPort = -1;
 
   /**
@@ -102,24 +105,50 @@ final class Listeners implements AutoCloseable {
    * @param group its group (name or gid), or empty to leave the daemon's
    */
   void startUnix(Path path, String mode, String group) throws IOException {
-    int gid = group.isEmpty() ? -1 : UnixAccounts.gidOf(group);
-    if (!group.isEmpty() && gid < 0) {
-      throw new IOException("unix listener: socket group '" + group + "' is not a group on this host "
-          + "(expected: a name from /etc/group or a numeric gid)");
-    }
+    int gid = socketGid("unix listener", group);
     Path absolute = path.toAbsolutePath();
-    prepareSocketPath(absolute);
+    prepareSocketPath(absolute, "unix listener", "--socket");
     Server uds = bind("unix listener", "unix://" + absolute,
         NettyServerBuilder.forAddress(new DomainSocketAddress(absolute.toString()),
                 ConnectionLimit.wrap(UnixPeerNegotiator.credentials(identities), "unix listener",
                     "--unix-max-connections", limits.unixMaxConnections()))
             .channelType(EpollServerDomainSocketChannel.class), "unix");
     socketPath = absolute; // ours from now on: removed at close
-    Files.setPosixFilePermissions(socketPath, PosixFilePermissions.fromString(mode));
-    if (gid >= 0) {
-      Files.setAttribute(socketPath, "unix:gid", gid);
-    }
+    restrictSocket(socketPath, mode, gid);
     log.info("Listening on unix://{} (mode {}{})", socketPath, mode, gid >= 0 ? ", group " + gid : "");
+  }
+
+  /**
+   * Serves the fd channel on its own socket, with the gRPC socket's mode and group: who may
+   * connect at all. Who gets a descriptor is decided per request ({@link FdChannel}).
+   */
+  void startFd(Path path, String mode, String group, FdChannel channel) throws IOException {
+    int gid = socketGid("fd listener", group);
+    Path absolute = path.toAbsolutePath();
+    prepareSocketPath(absolute, "fd listener", "--fd-socket");
+    fdChannel = channel;
+    channel.bind(absolute);
+    fdSocketPath = absolute; // ours from now on: removed at close
+    restrictSocket(fdSocketPath, mode, gid);
+    log.info("fd channel on unix://{} (mode {}{}): segments are passed as file descriptors", fdSocketPath, mode,
+        gid >= 0 ? ", group " + gid : "");
+  }
+
+  /** A socket's group as a gid, or -1 to leave the daemon's. */
+  private static int socketGid(String listener, String group) throws IOException {
+    int gid = group.isEmpty() ? -1 : UnixAccounts.gidOf(group);
+    if (!group.isEmpty() && gid < 0) {
+      throw new IOException(listener + ": socket group '" + group + "' is not a group on this host "
+          + "(expected: a name from /etc/group or a numeric gid)");
+    }
+    return gid;
+  }
+
+  private static void restrictSocket(Path socket, String mode, int gid) throws IOException {
+    Files.setPosixFilePermissions(socket, PosixFilePermissions.fromString(mode));
+    if (gid >= 0) {
+      Files.setAttribute(socket, "unix:gid", gid);
+    }
   }
 
   /**
@@ -227,7 +256,7 @@ final class Listeners implements AutoCloseable {
    * Removes a stale socket file, refusing if a live daemon still answers on it, and refusing
    * anything that is not a socket: a mistyped {@code --socket} must never delete a file.
    */
-  private static void prepareSocketPath(Path path) throws IOException {
+  private static void prepareSocketPath(Path path, String listener, String flag) throws IOException {
     Files.createDirectories(path.getParent());
     if (!Files.exists(path, LinkOption.NOFOLLOW_LINKS)) {
       return;
@@ -236,8 +265,8 @@ final class Listeners implements AutoCloseable {
     if (type != 0140000) {
       String what = Files.isSymbolicLink(path) ? "a symbolic link" : Files.isDirectory(path, LinkOption.NOFOLLOW_LINKS)
           ? "a directory" : Files.isRegularFile(path, LinkOption.NOFOLLOW_LINKS) ? "a regular file" : "not a socket";
-      throw new IOException("unix listener: " + path + " exists and is " + what
-          + "; gpumemd replaces only a stale socket (expected: a free path for --socket)");
+      throw new IOException(listener + ": " + path + " exists and is " + what
+          + "; gpumemd replaces only a stale socket (expected: a free path for " + flag + ")");
     }
     boolean live;
     try (SocketChannel probe = SocketChannel.open(StandardProtocolFamily.UNIX)) {
@@ -246,13 +275,17 @@ final class Listeners implements AutoCloseable {
       live = false; // nobody listens: left by a daemon that died
     }
     if (live) {
-      throw new IOException("unix listener: " + path + " is in use by a running process (expected: a free path)");
+      throw new IOException(listener + ": " + path + " is in use by a running process (expected: a free path)");
     }
     Files.delete(path);
   }
 
   Path socketPath() {
     return socketPath;
+  }
+
+  Path fdSocketPath() {
+    return fdSocketPath;
   }
 
   int tcpPort() {
@@ -282,12 +315,20 @@ final class Listeners implements AutoCloseable {
     if (metrics != null) {
       metrics.close();
     }
+    if (fdChannel != null) {
+      fdChannel.close();
+    }
     eventLoopGroups.forEach(g -> g.shutdownGracefully(0, 1, TimeUnit.SECONDS));
-    if (socketPath != null) {
+    removeSocket(socketPath);
+    removeSocket(fdSocketPath);
+  }
+
+  private static void removeSocket(Path socket) {
+    if (socket != null) {
       try {
-        Files.deleteIfExists(socketPath);
+        Files.deleteIfExists(socket);
       } catch (IOException e) {
-        log.warn("Cannot remove socket {}: {}", socketPath, e.toString());
+        log.warn("Cannot remove socket {}: {}", socket, e.toString());
       }
     }
   }

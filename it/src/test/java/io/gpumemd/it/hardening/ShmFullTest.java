@@ -7,14 +7,23 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.GpuMemException;
 import io.gpumemd.client.Lease;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.error.ExhaustedException;
+import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
 import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeEach;
@@ -86,6 +95,63 @@ class ShmFullTest {
         }
       }
       granted.forEach(Lease::close);
+      daemon.verifyInvariants();
+    }
+  }
+
+  /**
+   * The same with segments passed as descriptors ({@code --host-segments fd}), through the
+   * registry (the Java client maps by path only): the lease that does not fit is refused naming
+   * the file system, the failed allocation leaves no file behind (nor does any other), and a
+   * cached block is zeroed on the full file system.
+   */
+  @Test
+  void fullFileSystem_withDescriptors_refusesLeases_leavesNoFile_andZeroes() throws Exception {
+    try (TestDaemon daemon = TestDaemon.start("--shm-dir", mount.resolve("shm").toString(), "--host-devices", "1",
+        "--host-device-bytes", "64MiB", "--unmap-wait-ms", "100", "--host-segments", "fd")) {
+      SessionRegistry registry = daemon.server().registry();
+      String session = registry.open(Caller.DAEMON, "shm-full", 0, -1).id();
+      List<LeaseRecord> granted = new ArrayList<>();
+      ExhaustedException refused = null;
+      for (int i = 0; i < 64 && refused == null; i++) {
+        try {
+          granted.add(registry.lease(Caller.DAEMON, session, 0, MIB, false, "", false));
+        } catch (ExhaustedException e) {
+          refused = e;
+        }
+      }
+      assertNotNull(refused, "an 8 MiB file system cannot hold 64 leases of 1 MiB");
+      assertTrue(refused.getMessage().contains("no room"), refused.getMessage());
+      assertTrue(granted.size() >= 4, "granted before the file system filled: " + granted.size());
+      try (Stream<Path> files = Files.walk(mount)) {
+        assertEquals(List.of(), files.filter(Files::isRegularFile)
+            .filter(f -> !f.getFileName().toString().equals(".gpumemd.lock")).toList(), "no segment file on a path");
+      }
+      LeaseRecord last = granted.remove(granted.size() - 1);
+      try (SegmentDescriptor d = ((DescriptorSegment) last.block().memory()).open(false);
+           FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.WRITE)) {
+        ByteBuffer ones = ByteBuffer.allocate(MIB);
+        while (ones.hasRemaining()) {
+          ones.put((byte) 0x7e);
+        }
+        channel.write(ones.flip(), last.block().offset()); // its pages exist: this cannot fail
+      }
+      registry.release(Caller.DAEMON, session, last.id(), new byte[0]);
+      LeaseRecord zeroed = registry.lease(Caller.DAEMON, session, 0, MIB, true, "zeroed", false);
+      assertEquals(List.of(last.block().segmentId(), last.block().offset()),
+          List.of(zeroed.block().segmentId(), zeroed.block().offset()), "the written block, reused");
+      try (SegmentDescriptor d = ((DescriptorSegment) zeroed.block().memory()).open(true);
+           FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.READ)) {
+        // Read, not mapped: a mapping would keep the deleted file, and so the tmpfs, busy.
+        ByteBuffer bytes = ByteBuffer.allocate(MIB);
+        while (bytes.hasRemaining() && channel.read(bytes, zeroed.block().offset() + bytes.position()) > 0) {
+          // reads until the block is in
+        }
+        assertEquals(MIB, bytes.position());
+        for (int off = 0; off < MIB; off++) {
+          assertEquals(0, bytes.get(off), "offset " + off);
+        }
+      }
       daemon.verifyInvariants();
     }
   }

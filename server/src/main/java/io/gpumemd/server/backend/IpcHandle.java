@@ -1,9 +1,10 @@
 package io.gpumemd.server.backend;
 
 /**
- * What a client needs to map a segment into its own process: a CUDA IPC memory handle, or the
- * path of a shared-memory file. Sealed, so that code handing it out covers both kinds (a
- * {@code switch} without default) and never asks a backend for its name. Immutable.
+ * What a client needs to map a segment into its own process: a CUDA IPC memory handle, the
+ * path of a shared-memory file, or where to fetch the segment's file descriptor. Sealed, so
+ * that code handing it out covers every kind (a {@code switch} without default) and never asks
+ * a backend for its name. Immutable.
  */
 public sealed interface IpcHandle {
   /** The 64 bytes of {@code cuIpcGetMemHandle}, opened with {@code cuIpcOpenMemHandle}. */
@@ -20,4 +21,10 @@ public sealed interface IpcHandle {
 
   /** A shared-memory file the client maps with {@code mmap}. */
   record HostShm(String path) implements IpcHandle {}
+
+  /**
+   * A segment passed as a file descriptor ({@link DescriptorSegment}): the client fetches it
+   * from the fd channel listening at {@code fdSocket} and maps it with {@code mmap}.
+   */
+  record HostFd(String fdSocket) implements IpcHandle {}
 }

@@ -54,6 +54,14 @@ public interface MemoryBackend extends AutoCloseable {
    */
   CompletionEvent openEvent(int device, byte[] ipcEventHandle);
 
+  /**
+   * True when clients map this backend's segments through file descriptors that the daemon's fd
+   * channel hands them ({@link DescriptorSegment}), so that the daemon must serve that channel.
+   */
+  default boolean passesDescriptors() {
+    return false;
+  }
+
   /** Frees whatever the backend still holds (segments, files, contexts). Idempotent. */
   @Override
   void close();

@@ -13,8 +13,11 @@ import java.util.Map;
  * @param hostDeviceBytes capacity of each ({@code --host-device-bytes})
  * @param shmDir directory of the shared-memory segment files ({@code --shm-dir})
  * @param shmGroup group that may also open them, or empty for the owner only ({@code --shm-group})
+ * @param hostSegmentsByFd clients get host segments as file descriptors from the fd channel, not
+ *     as paths ({@code --host-segments fd})
  */
-public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, Path shmDir, String shmGroup) {
+public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, Path shmDir, String shmGroup,
+    boolean hostSegmentsByFd) {
 
   /** Reads and checks the backend options; a problem is recorded in {@code s}. */
   static BackendConfig from(Settings s) {
@@ -30,7 +33,8 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
         (int) s.integer("host-devices", 1, 64),
         hostDeviceBytes,
         Path.of(s.text("shm-dir")),
-        s.text("shm-group"));
+        s.text("shm-group"),
+        s.choice("host-segments", List.of("path", "fd")).equals("fd"));
   }
 
   /** Each value by option name, as the start log shows it. */
@@ -40,5 +44,6 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
     values.put("host-device-bytes", hostDeviceBytes);
     values.put("shm-dir", shmDir);
     values.put("shm-group", shmGroup.isEmpty() ? "(owner only)" : shmGroup);
+    values.put("host-segments", hostSegmentsByFd ? "fd" : "path");
   }
 }

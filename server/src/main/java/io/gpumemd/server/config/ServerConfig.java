@@ -15,6 +15,7 @@ import java.util.TreeMap;
  * @param backend which memory backend, and the host backend's simulated devices
  * @param pool each device pool's budget and caching policy
  * @param listeners the Unix socket, the TCP address and the metrics endpoint
+ * @param fdChannel the socket where clients fetch segments as file descriptors, and its bounds
  * @param security how TCP callers prove who they are (TLS, client certificates, tokens)
  * @param tenancy who the callers are, what keeps them apart, who may connect to the socket
  * @param sessions session lives, quotas, bounds on sessions and on sharing
@@ -29,6 +30,7 @@ public record ServerConfig(
     BackendConfig backend,
     PoolConfig pool,
     ListenerConfig listeners,
+    FdChannelConfig fdChannel,
     TcpSecurityConfig security,
     TenancyConfig tenancy,
     SessionConfig sessions,
@@ -49,12 +51,13 @@ public record ServerConfig(
     BackendConfig backend = BackendConfig.from(s);
     PoolConfig pool = PoolConfig.from(s);
     ListenerConfig listeners = ListenerConfig.from(s);
+    FdChannelConfig fdChannel = FdChannelConfig.from(s, backend, listeners);
     TcpSecurityConfig security = TcpSecurityConfig.from(s, listeners);
     TenancyConfig tenancy = TenancyConfig.from(s);
     SessionConfig sessions = SessionConfig.from(s);
     TransportLimits transport = TransportLimits.from(s);
     long drainTimeoutMillis = s.integer("drain-timeout-ms", 0, 3_600_000);
-    return new ServerConfig(backend, pool, listeners, security, tenancy, sessions, transport, LoggingConfig.from(s),
+    return new ServerConfig(backend, pool, listeners, fdChannel, security, tenancy, sessions, transport, LoggingConfig.from(s),
         drainTimeoutMillis, s.sources());
   }
 
@@ -69,6 +72,7 @@ public record ServerConfig(
     backend.describeTo(values);
     pool.describeTo(values);
     listeners.describeTo(values);
+    fdChannel.describeTo(values);
     security.describeTo(values);
     tenancy.describeTo(values);
     sessions.describeTo(values);

@@ -123,6 +123,27 @@ public final class ServerOptions {
       description = "group that may also open the segment files (default: owner only)")
   String shmGroup;
 
+  @Option(names = "--host-segments", paramLabel = "path|fd", defaultValue = "path",
+      description = "how clients reach host segments: by the path of their file, or (fd) as file descriptors "
+          + "passed over the fd channel (--fd-socket), with no file left on a path; the Java client maps by path "
+          + "only, for now")
+  String hostSegments;
+
+  @Option(names = "--fd-socket", paramLabel = "PATH",
+      description = "Unix socket of the fd channel, where clients fetch segments as file descriptors with "
+          + "--host-segments fd; same mode and group as --socket ('none' = off; default: the --socket path "
+          + "with '.fd' appended)")
+  String fdSocket;
+
+  @Option(names = "--fd-max-connections", paramLabel = "N", defaultValue = "1000",
+      description = "live connections on the fd channel; more are closed at once (0 = no limit)")
+  String fdMaxConnections;
+
+  @Option(names = "--fd-max-in-flight", paramLabel = "N", defaultValue = "1024",
+      description = "descriptors the fd channel has opened for replies and not yet sent, over all its "
+          + "connections; beyond it requests are refused (RESOURCE_EXHAUSTED)")
+  String fdMaxInFlight;
+
   @Option(names = "--device-limit-fraction", paramLabel = "F", defaultValue = "0.9",
       description = "device budget as a fraction of device memory")
   String deviceLimitFraction;

@@ -4,6 +4,7 @@ import com.google.protobuf.ByteString;
 import com.google.protobuf.Descriptors.FieldDescriptor;
 import io.gpumemd.proto.v1.DeviceInfo;
 import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.FdSegment;
 import io.gpumemd.proto.v1.LeaseInfo;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.MemoryHandle;
@@ -67,10 +68,12 @@ final class ProtoMapping {
         .setSegmentId(block.segmentId())
         .setSegmentBytes(block.segmentBytes())
         .setOffset(block.offset());
-    // The two kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
+    // The kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
     IpcHandle ipc = block.memory().handle();
     if (ipc instanceof IpcHandle.CudaIpc cuda) {
       handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
+    } else if (ipc instanceof IpcHandle.HostFd fd) {
+      handle.setFdSegment(FdSegment.newBuilder().setFdSocket(fd.fdSocket()));
     } else {
       handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
     }

@@ -414,6 +414,23 @@ public final class Session {
     }
   }
 
+  /**
+   * What the session holds in a segment (leases and holds alike, client-cached leases
+   * included), or null when it holds nothing there.
+   */
+  synchronized SegmentHolding holding(long segmentId) {
+    SegmentHolding found = null;
+    for (LeaseRecord record : leases.values()) {
+      if (record.block().segmentId() == segmentId) {
+        found = new SegmentHolding(segmentId, record.block().memory(), !record.readOnly());
+        if (found.writable()) {
+          break;
+        }
+      }
+    }
+    return found;
+  }
+
   /** What {@link #end} hands over: the leases it held and the stream to close (or null). */
   record Ending(List<LeaseRecord> leases, SessionChannel channel) {}
 

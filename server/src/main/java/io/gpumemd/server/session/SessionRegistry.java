@@ -339,6 +339,23 @@ public final class SessionRegistry {
     book.release(session(caller, sessionId), leaseId, eventHandle);
   }
 
+  /**
+   * What a session of the caller's tenant holds in a segment: the fd channel hands a segment's
+   * descriptor only to a process of the session's tenant whose session holds a lease or hold
+   * in it. Refreshes the session's TTL, like any call naming it.
+   *
+   * @throws NotFoundException for an unknown session or another tenant's (the same answer), or
+   *     a segment the session holds nothing in
+   */
+  public SegmentHolding holding(Caller caller, String sessionId, long segmentId) {
+    Session session = session(caller, sessionId);
+    SegmentHolding holding = session.holding(segmentId);
+    if (holding == null) {
+      throw new NotFoundException("segment " + segmentId + ": " + session + " holds no lease or hold in it");
+    }
+    return holding;
+  }
+
   /** The client cache tier's notices and counters of every session. */
   public ClientTier clientTier() {
     return clientTier;

@@ -117,6 +117,9 @@ public abstract class MemoryBackendContractTest {
     IpcHandle handle = segment.handle();
     if (handle instanceof IpcHandle.CudaIpc cuda) {
       assertEquals(64, cuda.bytes().length);
+    } else if (handle instanceof IpcHandle.HostFd fd) {
+      assertFalse(fd.fdSocket().isEmpty(), "a descriptor handle names the fd channel");
+      assertTrue(segment instanceof DescriptorSegment, "a descriptor handle's segment opens descriptors");
     } else {
       assertFalse(((IpcHandle.HostShm) handle).path().isEmpty(), "a host handle names its file");
     }
@@ -130,14 +133,22 @@ public abstract class MemoryBackendContractTest {
     }
   }
 
+  /**
+   * What a client maps the segment by, as text: the handle's bytes or path. A backend whose
+   * handles only say where to fetch a descriptor names what the descriptor opens instead.
+   */
+  protected String mappedBy(SegmentMemory segment) throws Exception {
+    return segment.handle() instanceof IpcHandle.CudaIpc cuda
+        ? java.util.HexFormat.of().formatHex(cuda.bytes())
+        : ((IpcHandle.HostShm) segment.handle()).path();
+  }
+
   @Test
-  protected void allocate_givesEverySegmentItsOwnHandle() {
+  protected void allocate_givesEverySegmentItsOwnHandle() throws Exception {
     Set<String> handles = new HashSet<>();
     for (int i = 0; i < 4; i++) {
       SegmentMemory segment = allocate(0, 2 * MiB);
-      String handle = segment.handle() instanceof IpcHandle.CudaIpc cuda
-          ? java.util.HexFormat.of().formatHex(cuda.bytes())
-          : ((IpcHandle.HostShm) segment.handle()).path();
+      String handle = mappedBy(segment);
       assertTrue(handles.add(handle), "handle repeated: " + handle);
     }
   }

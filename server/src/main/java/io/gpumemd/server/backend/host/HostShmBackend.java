@@ -5,10 +5,12 @@ import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
+import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
@@ -28,6 +30,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
@@ -61,11 +64,20 @@ import org.slf4j.LoggerFactory;
  * two daemons from sharing a directory; files left by a daemon that crashed are removed at
  * start.
  *
+ * <p>With descriptors ({@code --host-segments fd}, {@link #HostShmBackend(Path, int, long, String,
+ * String)}) no segment lives on a path: its file is created (the daemon's, mode 0600), opened and
+ * removed at once, then backed; the daemon keeps the open file ({@link HostFdSegment}) and the
+ * fd channel hands clients descriptors of it. A daemon killed with SIGKILL leaves no segment
+ * file (only if killed in the microseconds between create and remove, which the next start
+ * cleans up), a client's mapping outlives the daemon, and nobody without a descriptor can map a
+ * segment: file owners and modes, and {@code --shm-group}, play no part.
+ *
  * <p>Each device has a configured capacity enforced here: an allocation beyond it fails with
  * {@link BackendOutOfMemoryException}, as {@code cuMemAlloc} would on a full GPU.
  *
  * <p>Thread-safe: per-device usage is an atomic counter; files are independent; whether files
- * can be given away is a flag that only ever goes from true to false.
+ * can be given away is a flag that only ever goes from true to false; the open segments of the
+ * descriptor mode are a concurrent set.
  */
 public final class HostShmBackend implements MemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
@@ -87,6 +99,10 @@ public final class HostShmBackend implements MemoryBackend {
   private final FileLock lock;
   /** False once a chown was refused: the daemon may not give files away; it stops trying. */
   private final AtomicBoolean canChown = new AtomicBoolean(true);
+  /** The fd channel's socket when segments are passed as descriptors, else null (paths). */
+  private final String fdSocket;
+  /** The descriptor mode's segments not yet freed, closed at {@link #close}. */
+  private final Set<HostFdSegment> openSegments = ConcurrentHashMap.newKeySet();
   private volatile boolean closed;
 
   /**
@@ -99,6 +115,22 @@ public final class HostShmBackend implements MemoryBackend {
    * @throws BackendException when the directory cannot be used or another daemon holds it
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName) {
+    this(shmDir, deviceCount, capacityBytes, groupName, null);
+  }
+
+  /**
+   * Creates the device directories and takes the directory lock.
+   *
+   * @param fdSocket null for segments that clients map by path; else segments are passed as
+   *     descriptors by the fd channel listening there (named in each handle)
+   * @throws BackendException when the directory cannot be used or another daemon holds it, or
+   *     (descriptors) when this JVM does not show descriptor numbers
+   */
+  public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName, String fdSocket) {
+    if (fdSocket != null) {
+      DescriptorNumbers.check();
+    }
+    this.fdSocket = fdSocket;
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
@@ -144,6 +176,11 @@ public final class HostShmBackend implements MemoryBackend {
       }
       this.devices = List.copyOf(infos);
       warnIfFileSystemTooSmall(deviceCount);
+      if (fdSocket != null) {
+        log.info("Host segments are passed as file descriptors over {}; their files in {} are removed as soon as "
+            + "they are open{}", fdSocket, root, group == null ? "" : " (--shm-group plays no part: a descriptor is "
+            + "the only way to a segment)");
+      }
     } catch (IOException e) {
       throw new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
     }
@@ -240,6 +277,9 @@ public final class HostShmBackend implements MemoryBackend {
     }
     Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
     try {
+      if (fdSocket != null) {
+        return allocateUnlinked(device, bytes, path);
+      }
       Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
       if (!giveToOwner(path, owner)) {
         // createFile honours the umask; set the mode (and group) explicitly.
@@ -255,6 +295,38 @@ public final class HostShmBackend implements MemoryBackend {
             + " has no room for " + bytes + " more bytes (ENOSPC; its size, not --host-device-bytes, is the limit)");
       }
       throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
+    }
+  }
+
+  /**
+   * A segment with no path (descriptor mode): its file is created, opened and removed before
+   * it is backed, so that a daemon killed while backing a large segment leaves nothing behind.
+   * The descriptor number read from the JVM is checked against {@code /proc/self/fd} while the
+   * file still has its path: a wrong number would hand clients some other file.
+   */
+  private HostFdSegment allocateUnlinked(int device, long bytes, Path path) throws IOException {
+    Files.createFile(path, PosixFilePermissions.asFileAttribute(OWNED_FILE_MODE));
+    RandomAccessFile file = null;
+    try {
+      file = new RandomAccessFile(path.toFile(), "rw");
+      int number = DescriptorNumbers.of(file.getFD());
+      Path named = Files.readSymbolicLink(Path.of("/proc/self/fd/" + number));
+      if (!named.equals(path)) {
+        throw new BackendException("descriptor number " + number + " read from the JVM names " + named
+            + ", not the new segment file " + path);
+      }
+      Files.delete(path);
+      writeZeros(file.getChannel(), 0, bytes);
+      HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
+      openSegments.add(segment);
+      return segment;
+    } catch (IOException | RuntimeException e) {
+      if (file != null) {
+        file.close();
+      }
+      throw e;
+    } finally {
+      Files.deleteIfExists(path); // gone already, unless something failed before its removal
     }
   }
 
@@ -317,11 +389,29 @@ public final class HostShmBackend implements MemoryBackend {
 
   @Override
   public void free(SegmentMemory segment) {
+    if (segment instanceof HostFdSegment unlinked) {
+      freeUnlinked(unlinked);
+      return;
+    }
     HostSegment host = (HostSegment) segment;
     if (deleteQuietly(host.path())) {
       usedBytes.addAndGet(host.device(), -host.bytes());
     } else {
       log.warn("Segment file {} was gone before its free; its {} bytes stay counted as in use", host.path(), host.bytes());
+    }
+  }
+
+  /** Closes the daemon's descriptor: the memory goes once no client maps it any more. */
+  private void freeUnlinked(HostFdSegment segment) {
+    openSegments.remove(segment);
+    try {
+      if (segment.close()) {
+        usedBytes.addAndGet(segment.device(), -segment.bytes());
+      }
+    } catch (IOException e) {
+      // close(2) releases the descriptor even when it reports an error: the bytes are free.
+      usedBytes.addAndGet(segment.device(), -segment.bytes());
+      log.error("Closing {} reported: {}", segment, e.toString());
     }
   }
 
@@ -336,6 +426,14 @@ public final class HostShmBackend implements MemoryBackend {
 
   @Override
   public void zero(SegmentMemory segment, long offset, long length) {
+    if (segment instanceof HostFdSegment unlinked) {
+      try {
+        writeZeros(unlinked.channel(), offset, length);
+      } catch (IOException e) {
+        throw new BackendException("host zero " + unlinked + " [" + offset + ", +" + length + "): " + e, e);
+      }
+      return;
+    }
     HostSegment host = (HostSegment) segment;
     try (FileChannel channel = FileChannel.open(host.path(), StandardOpenOption.WRITE)) {
       // The pages exist since allocate: zeroing cannot run out of space.
@@ -362,12 +460,21 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
+  public boolean passesDescriptors() {
+    return fdSocket != null;
+  }
+
+  @Override
   public synchronized void close() {
     if (closed) {
       return;
     }
     closed = true;
     int removed = 0;
+    for (HostFdSegment segment : List.copyOf(openSegments)) {
+      freeUnlinked(segment);
+      removed++;
+    }
     for (DeviceInfo device : devices) {
       Path dir = deviceDir(device.ordinal());
       try {
@@ -389,7 +496,7 @@ public final class HostShmBackend implements MemoryBackend {
       log.error("Cannot release the lock of {} or remove it: {}", root, e.toString());
     }
     if (removed > 0) {
-      log.info("Host backend removed {} segment files still present at close", removed);
+      log.info("Host backend freed {} segments still present at close", removed);
     }
   }
 

@@ -1,0 +1,205 @@
+"""The fd channel: segments fetched from the daemon as file descriptors (``--host-segments fd``).
+
+A lease on such a segment carries ``MemoryHandle.fd_segment`` instead of a path: the client asks
+the daemon's fd channel, a Unix socket of its own next to the gRPC socket, for the segment's
+descriptor once per segment and process, maps it and closes it (the mapping stays valid, also
+after the daemon is gone). The protocol is documented with its messages in ``gpumemd.proto``
+(FdRequest): frames of a 4-byte big-endian length and a message; after a reply that grants a
+descriptor, one byte carries it (``SCM_RIGHTS``), received with ``recvmsg`` and room for one
+descriptor (:func:`socket.recv_fds`). Frames are read with reads of exactly their length, so
+that no plain read takes that byte (the kernel would close its descriptor).
+
+The framing and the meaning of replies are functions without I/O (:func:`request_frame`,
+:func:`granted`), shared by the sync and asyncio clients; :class:`FdChannel` is the blocking
+connection both use (the asyncio client calls it from an executor thread), and
+:class:`FdChannels` the client's one connection to whichever fd channel its handles name.
+
+Thread-safe: one request at a time per :class:`FdChannel` (a lock); the daemon answers in order.
+"""
+import itertools
+import os
+import socket
+import struct
+import threading
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ._errors import GpumemdError, _CODES
+from ._stubs import pb
+
+_LENGTH = struct.Struct(">I")
+MAX_REPLY_BYTES = 1 << 16  # an FdReply is under 300 bytes; anything longer is not the daemon
+
+
+def socket_path(target, fd_socket):
+    """Where to reach the fd channel the daemon names (``FdSegment.fd_socket``), seen from a
+    client of ``target``: that path where it exists; else, for a ``unix:`` target (a container
+    that mounts the socket directory elsewhere), the same file name next to the gRPC socket."""
+    if os.path.exists(fd_socket) or not target.startswith("unix:"):
+        return fd_socket
+    own = target[len("unix://"):] if target.startswith("unix://") else target[len("unix:"):]
+    return os.path.join(os.path.dirname(own), os.path.basename(fd_socket))
+
+
+def request_frame(request_id, session_id, segment_id, read_only):
+    """The bytes of one FdRequest frame."""
+    body = pb.FdRequest(request_id=request_id, session_id=session_id, segment_id=segment_id,
+                        read_only=bool(read_only)).SerializeToString()
+    return _LENGTH.pack(len(body)) + body
+
+
+def granted(reply, request_id, segment_id, fds):
+    """The FdGrant of a reply that came with ``fds`` (the descriptors received after it);
+    raises :class:`GpumemdError` for a refusal (the daemon's code and message) or a reply
+    that does not answer the request. Closes ``fds`` whenever it raises."""
+    try:
+        if reply.request_id != request_id:
+            raise GpumemdError(grpc.StatusCode.INTERNAL, "fd channel: a reply to request %d came for request %d"
+                               % (reply.request_id, request_id))
+        if reply.WhichOneof("result") == "refused":
+            raise GpumemdError(_CODES.get(reply.refused.code, grpc.StatusCode.UNKNOWN), reply.refused.message)
+        if reply.WhichOneof("result") != "granted" or len(fds) != 1 or reply.granted.segment_id != segment_id:
+            raise GpumemdError(grpc.StatusCode.INTERNAL, "fd channel: the daemon's reply for segment %d carried %d "
+                               "descriptor(s) and %s" % (segment_id, len(fds), reply.WhichOneof("result")))
+        return reply.granted
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+class Descriptor:
+    """A descriptor fetched from the fd channel and its FdGrant; closed by :meth:`close` unless
+    taken (:meth:`take`) by whoever maps it."""
+
+    __slots__ = ("fd", "grant")
+
+    def __init__(self, fd, grant):
+        self.fd = fd
+        self.grant = grant
+
+    def take(self):
+        fd, self.fd = self.fd, None
+        return fd
+
+    def close(self):
+        fd = self.take()
+        if fd is not None:
+            os.close(fd)
+
+
+class FdChannel:
+    """A connection to the daemon's fd channel at ``path``, opened on first use and again after
+    it broke (a daemon restart, or the daemon closing it)."""
+
+    def __init__(self, path, timeout):
+        self.path = path
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._sock = None
+        self._ids = itertools.count(1)
+        self.fetched = 0  # descriptors received
+
+    def fetch(self, session_id, segment_id, read_only):
+        """A :class:`Descriptor` of the segment, the caller's to close. Raises
+        :class:`GpumemdError`: the daemon's refusal, or UNAVAILABLE when the channel cannot be
+        reached."""
+        with self._lock:
+            for attempt in (1, 2):
+                request_id = next(self._ids)
+                try:
+                    if self._sock is None:
+                        self._sock = self._connect()
+                    self._sock.sendall(request_frame(request_id, session_id, segment_id, read_only))
+                    reply, fds = self._receive()
+                except OSError as e:
+                    self._drop()
+                    if attempt == 2:
+                        raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "cannot fetch segment %d from the fd channel "
+                                           "%s: %s" % (segment_id, self.path, e)) from None
+                    continue  # a connection the daemon closed (restart, idle): once more on a new one
+                grant = granted(reply, request_id, segment_id, fds)
+                self.fetched += 1
+                return Descriptor(fds[0], grant)
+
+    def _connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.settimeout(self._timeout)
+            sock.connect(self.path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    def _receive(self):
+        """One reply, and the descriptors that came with it: its frame (read exactly: the byte
+        after a granted one carries the descriptor), then that byte."""
+        (length,) = _LENGTH.unpack(self._exactly(4))
+        if length > MAX_REPLY_BYTES:
+            raise OSError("a reply frame of %d bytes" % length)
+        try:
+            reply = pb.FdReply.FromString(self._exactly(length))
+        except DecodeError as e:
+            raise OSError("a reply that is not an FdReply: %s" % e) from None
+        if reply.WhichOneof("result") != "granted":
+            return reply, []
+        data, fds, flags, _ = socket.recv_fds(self._sock, 1, 1)
+        if not data or flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionResetError("the daemon's granted reply came without its descriptor")
+        return reply, fds
+
+    def _exactly(self, n):
+        chunks = []
+        while n > 0:
+            chunk = self._sock.recv(n)
+            if not chunk:
+                raise ConnectionResetError("the daemon closed the fd channel in the middle of a reply")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def _drop(self):
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self):
+        with self._lock:
+            self._drop()
+
+
+class FdChannels:
+    """A client's connection to the fd channel its handles name (``FdSegment.fd_socket``, seen
+    from ``target``: :func:`socket_path`): one at a time, made on the first segment passed by
+    descriptor, replaced when a handle names another socket, closed with the client."""
+
+    def __init__(self, target, timeout):
+        self._target = target
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._channel = None
+
+    def fetch(self, session_id, handle, read_only):
+        """A :class:`Descriptor` of the handle's segment for ``session_id`` (blocking)."""
+        path = socket_path(self._target, handle.fd_segment.fd_socket)
+        with self._lock:
+            channel = self._channel
+            if channel is None or channel.path != path:
+                if channel is not None:
+                    channel.close()
+                channel = self._channel = FdChannel(path, self._timeout)
+        return channel.fetch(session_id, handle.segment_id, read_only)
+
+    @property
+    def fetched(self):
+        """Descriptors received on the current connection's channel (for tests)."""
+        return 0 if self._channel is None else self._channel.fetched
+
+    def close(self):
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()

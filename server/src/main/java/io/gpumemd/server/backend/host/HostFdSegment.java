@@ -1,0 +1,102 @@
+package io.gpumemd.server.backend.host;
+
+import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.IpcHandle;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import java.io.IOException;
+import java.io.RandomAccessFile;
+import java.nio.channels.FileChannel;
+
+/**
+ * A host segment held only as an open file whose path was removed at once ({@code
+ * --host-segments fd}): the daemon writes it through {@link #channel}, and clients get
+ * descriptors of it ({@link #open}) over the fd channel. Its memory lives as long as the
+ * daemon's descriptor or any client's mapping, so nothing of it is left on a path, and a client
+ * keeps what it mapped when the daemon dies.
+ *
+ * <p>Thread-safety: {@link #open} and {@link #close} are ordered by this object's monitor, so
+ * a descriptor is opened only through the segment's own number while that number is still
+ * the segment's.
+ */
+final class HostFdSegment implements DescriptorSegment {
+  private final int device;
+  private final long bytes;
+  private final RandomAccessFile file;
+  /** The number of {@link #file}'s descriptor; descriptors for clients are opened through it. */
+  private final int number;
+  private final IpcHandle.HostFd handle;
+  private boolean closed; // guarded by this
+
+  HostFdSegment(int device, long bytes, RandomAccessFile file, int number, IpcHandle.HostFd handle) {
+    this.device = device;
+    this.bytes = bytes;
+    this.file = file;
+    this.number = number;
+    this.handle = handle;
+  }
+
+  @Override
+  public int device() {
+    return device;
+  }
+
+  @Override
+  public long bytes() {
+    return bytes;
+  }
+
+  @Override
+  public IpcHandle handle() {
+    return handle;
+  }
+
+  /** The number of the daemon's own descriptor (for tests: it is closed on free). */
+  int number() {
+    return number;
+  }
+
+  /** The segment's file, for the backend's writes (backing, zeroing). */
+  FileChannel channel() {
+    return file.getChannel();
+  }
+
+  /**
+   * A new open file description of the segment, through {@code /proc/self/fd}: unlike a {@code
+   * dup}, it has an access mode of its own, so a read-only one cannot be mapped writable. The
+   * file is the daemon's, mode 0600, so a client of another user cannot reopen its read-only
+   * descriptor read-write through its own {@code /proc/self/fd} either.
+   */
+  @Override
+  public synchronized SegmentDescriptor open(boolean readOnly) throws IOException {
+    if (closed) {
+      return null;
+    }
+    RandomAccessFile opened = new RandomAccessFile("/proc/self/fd/" + number, readOnly ? "r" : "rw");
+    try {
+      return new SegmentDescriptor(opened, DescriptorNumbers.of(opened.getFD()), readOnly);
+    } catch (RuntimeException e) {
+      opened.close();
+      throw e;
+    }
+  }
+
+  /**
+   * Closes the daemon's descriptor; the memory goes once no client maps it. Descriptors handed
+   * out by {@link #open} are their holders' to close.
+   *
+   * @return false when it was already closed
+   */
+  synchronized boolean close() throws IOException {
+    if (closed) {
+      return false;
+    }
+    closed = true;
+    file.close();
+    return true;
+  }
+
+  @Override
+  public String toString() {
+    return "host segment of " + bytes + " bytes on device " + device + " (fd " + number + ", no path)";
+  }
+}

@@ -1,0 +1,85 @@
+package io.gpumemd.server.fd;
+
+import io.gpumemd.proto.v1.FdGrant;
+import io.gpumemd.proto.v1.FdRefusal;
+import io.gpumemd.proto.v1.FdReply;
+import io.gpumemd.proto.v1.FdRequest;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.error.ConflictException;
+import io.gpumemd.server.error.ExhaustedException;
+import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.grpc.StatusMapper;
+import io.gpumemd.server.session.SegmentHolding;
+import io.gpumemd.server.session.SessionRegistry;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+
+/**
+ * Who gets a segment's descriptor: the fd channel's rules, apart from its transport. A peer gets
+ * one only for a session of its own tenant (the kernel's word on the connection, through the
+ * daemon's {@link io.gpumemd.server.auth.IdentityPolicy}) that holds a lease or hold in the
+ * segment, and only read-only when the request asks so or all the session holds there are
+ * read-only holds. Everything else is refused with the status and message the gRPC services
+ * would give ({@link StatusMapper}, the one place from exceptions to statuses).
+ *
+ * <p>Stateless; thread-safe as the {@link SessionRegistry} is.
+ */
+public final class FdGrants {
+  private final SessionRegistry registry;
+
+  public FdGrants(SessionRegistry registry) {
+    this.registry = registry;
+  }
+
+  /** A reply, and the descriptor to send with it (null for a refusal); the sender closes it. */
+  record Answer(FdReply reply, SegmentDescriptor descriptor) {}
+
+  /** The answer to one request of {@code peer}. Never throws. */
+  Answer answer(Caller peer, FdRequest request) {
+    try {
+      SegmentHolding holding = registry.holding(peer, request.getSessionId(), request.getSegmentId());
+      if (!(holding.memory() instanceof DescriptorSegment segment)) {
+        throw new ConflictException("segment " + request.getSegmentId() + " is not passed by descriptor: map it by "
+            + "the MemoryHandle of its lease (host_shm_path or cuda_ipc_handle)");
+      }
+      boolean readOnly = request.getReadOnly() || !holding.writable();
+      SegmentDescriptor descriptor = open(segment, readOnly);
+      if (descriptor == null) {
+        throw new NotFoundException("segment " + request.getSegmentId() + " was freed");
+      }
+      FdReply reply = FdReply.newBuilder().setRequestId(request.getRequestId())
+          .setGranted(FdGrant.newBuilder().setSegmentId(request.getSegmentId())
+              .setSegmentBytes(segment.bytes()).setReadOnly(readOnly))
+          .build();
+      return new Answer(reply, descriptor);
+    } catch (RuntimeException e) {
+      StatusRuntimeException status = StatusMapper.toStatus("fd channel", e);
+      return new Answer(refusal(request.getRequestId(), status.getStatus()), null);
+    }
+  }
+
+  private static SegmentDescriptor open(DescriptorSegment segment, boolean readOnly) {
+    try {
+      return segment.open(readOnly);
+    } catch (IOException e) {
+      if (String.valueOf(e.getMessage()).contains("Too many open files")) {
+        // The daemon's own limit, not a failure to log with a trace on every request.
+        throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "
+            + "which must exceed its live segments and connections); retry later");
+      }
+      throw new UncheckedIOException("cannot open a descriptor of " + segment, e);
+    }
+  }
+
+  /** A refusal with a status's code and description. */
+  static FdReply refusal(long requestId, Status status) {
+    return FdReply.newBuilder().setRequestId(requestId)
+        .setRefused(FdRefusal.newBuilder().setCode(status.getCode().value())
+            .setMessage(status.getDescription() == null ? status.getCode().name() : status.getDescription()))
+        .build();
+  }
+}
