@@ -128,7 +128,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
       ListSessionsResponse.Builder out = ListSessionsResponse.newBuilder().setTotal(page.total());
       for (Session session : page.items()) {
         out.addSessions(ProtoMapping.sessionInfo(session, registry.ageMillis(session.openedNanos()),
-            registry.mappedSegments(session)));
+            pools.mappedSegments(session.id())));
       }
       if (page.more()) {
         out.setNextPageToken(PageTokens.sessionToken(page.items().get(page.items().size() - 1)));

@@ -86,4 +86,13 @@ public final class DevicePools implements AutoCloseable {
   public void close() {
     pools.forEach(DevicePool::close);
   }
+
+  /** Segments a holder may have mapped, over all devices. */
+  public int mappedSegments(String holder) {
+    int total = 0;
+    for (DevicePool pool : all()) {
+      total += pool.mappedSegments(holder);
+    }
+    return total;
+  }
 }

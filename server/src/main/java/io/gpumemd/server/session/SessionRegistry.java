@@ -493,15 +493,6 @@ public final class SessionRegistry {
     return out;
   }
 
-  /** Segments a session may have mapped, over all devices. */
-  public int mappedSegments(Session session) {
-    int total = 0;
-    for (DevicePool pool : pools.all()) {
-      total += pool.mappedSegments(session.id());
-    }
-    return total;
-  }
-
   public long ageMillis(long sinceNanos) {
     return (ticker.nanos() - sinceNanos) / 1_000_000;
   }

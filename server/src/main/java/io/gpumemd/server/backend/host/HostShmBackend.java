@@ -5,12 +5,10 @@ import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
-import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
-import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.channels.FileLock;
@@ -30,7 +28,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Set;
 import java.util.UUID;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
@@ -83,7 +80,7 @@ public final class HostShmBackend implements MemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
   private static final int ZERO_CHUNK = 1 << 20;
   private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(ZERO_CHUNK).asReadOnlyBuffer();
-  private static final Set<PosixFilePermission> OWNED_FILE_MODE = PosixFilePermissions.fromString("rw-------");
+  static final Set<PosixFilePermission> OWNED_FILE_MODE = PosixFilePermissions.fromString("rw-------");
   private static final Set<PosixFilePermission> OWNED_GROUP_FILE_MODE = PosixFilePermissions.fromString("rw-rw----");
 
   private final Path root;
@@ -101,8 +98,8 @@ public final class HostShmBackend implements MemoryBackend {
   private final AtomicBoolean canChown = new AtomicBoolean(true);
   /** The fd channel's socket when segments are passed as descriptors, else null (paths). */
   private final String fdSocket;
-  /** The descriptor mode's segments not yet freed, closed at {@link #close}. */
-  private final Set<HostFdSegment> openSegments = ConcurrentHashMap.newKeySet();
+  /** Descriptor mode's segments, or null (paths). */
+  private final UnlinkedSegments unlinked;
   private volatile boolean closed;
 
   /**
@@ -131,6 +128,7 @@ public final class HostShmBackend implements MemoryBackend {
       DescriptorNumbers.check();
     }
     this.fdSocket = fdSocket;
+    this.unlinked = fdSocket == null ? null : new UnlinkedSegments(fdSocket);
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
@@ -278,7 +276,7 @@ public final class HostShmBackend implements MemoryBackend {
     Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
     try {
       if (fdSocket != null) {
-        return allocateUnlinked(device, bytes, path);
+        return unlinked.allocate(device, bytes, path);
       }
       Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
       if (!giveToOwner(path, owner)) {
@@ -299,38 +297,6 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   /**
-   * A segment with no path (descriptor mode): its file is created, opened and removed before
-   * it is backed, so that a daemon killed while backing a large segment leaves nothing behind.
-   * The descriptor number read from the JVM is checked against {@code /proc/self/fd} while the
-   * file still has its path: a wrong number would hand clients some other file.
-   */
-  private HostFdSegment allocateUnlinked(int device, long bytes, Path path) throws IOException {
-    Files.createFile(path, PosixFilePermissions.asFileAttribute(OWNED_FILE_MODE));
-    RandomAccessFile file = null;
-    try {
-      file = new RandomAccessFile(path.toFile(), "rw");
-      int number = DescriptorNumbers.of(file.getFD());
-      Path named = Files.readSymbolicLink(Path.of("/proc/self/fd/" + number));
-      if (!named.equals(path)) {
-        throw new BackendException("descriptor number " + number + " read from the JVM names " + named
-            + ", not the new segment file " + path);
-      }
-      Files.delete(path);
-      writeZeros(file.getChannel(), 0, bytes);
-      HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
-      openSegments.add(segment);
-      return segment;
-    } catch (IOException | RuntimeException e) {
-      if (file != null) {
-        file.close();
-      }
-      throw e;
-    } finally {
-      Files.deleteIfExists(path); // gone already, unless something failed before its removal
-    }
-  }
-
-  /**
    * Gives the file its pages now, by writing zeros over all of it. A sparse file would take
    * them when a client first touches each page, and on a full tmpfs that touch is a SIGBUS that
    * kills the client; here a full file system is an allocation failure, which the pool answers
@@ -342,7 +308,7 @@ public final class HostShmBackend implements MemoryBackend {
     }
   }
 
-  private static void writeZeros(FileChannel channel, long offset, long length) throws IOException {
+  static void writeZeros(FileChannel channel, long offset, long length) throws IOException {
     long position = offset;
     long end = offset + length;
     while (position < end) {
@@ -389,8 +355,10 @@ public final class HostShmBackend implements MemoryBackend {
 
   @Override
   public void free(SegmentMemory segment) {
-    if (segment instanceof HostFdSegment unlinked) {
-      freeUnlinked(unlinked);
+    if (segment instanceof HostFdSegment fd) {
+      if (unlinked.free(fd)) {
+        usedBytes.addAndGet(fd.device(), -fd.bytes());
+      }
       return;
     }
     HostSegment host = (HostSegment) segment;
@@ -398,20 +366,6 @@ public final class HostShmBackend implements MemoryBackend {
       usedBytes.addAndGet(host.device(), -host.bytes());
     } else {
       log.warn("Segment file {} was gone before its free; its {} bytes stay counted as in use", host.path(), host.bytes());
-    }
-  }
-
-  /** Closes the daemon's descriptor: the memory goes once no client maps it any more. */
-  private void freeUnlinked(HostFdSegment segment) {
-    openSegments.remove(segment);
-    try {
-      if (segment.close()) {
-        usedBytes.addAndGet(segment.device(), -segment.bytes());
-      }
-    } catch (IOException e) {
-      // close(2) releases the descriptor even when it reports an error: the bytes are free.
-      usedBytes.addAndGet(segment.device(), -segment.bytes());
-      log.error("Closing {} reported: {}", segment, e.toString());
     }
   }
 
@@ -471,9 +425,11 @@ public final class HostShmBackend implements MemoryBackend {
     }
     closed = true;
     int removed = 0;
-    for (HostFdSegment segment : List.copyOf(openSegments)) {
-      freeUnlinked(segment);
-      removed++;
+    if (unlinked != null) {
+      for (HostFdSegment segment : unlinked.open()) {
+        free(segment);
+        removed++;
+      }
     }
     for (DeviceInfo device : devices) {
       Path dir = deviceDir(device.ordinal());
