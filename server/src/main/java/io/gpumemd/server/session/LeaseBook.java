@@ -103,6 +103,11 @@ final class LeaseBook {
    */
   LeaseRecord find(Session session, String leaseId) {
     SecureIds.check("lease_id", leaseId);
+    return lookup(session, leaseId);
+  }
+
+  /** {@link #find} of an id already checked well-formed. */
+  private LeaseRecord lookup(Session session, String leaseId) {
     LeaseRecord lease = records.get(leaseId);
     if (lease == null || lease.session() != session) {
       throw new NotFoundException("lease " + leaseId + " not found in this session (unknown, already released, "
@@ -129,7 +134,7 @@ final class LeaseBook {
   void release(Session session, String leaseId, byte[] eventHandle) {
     SecureIds.check("lease_id", leaseId);
     Validation.eventHandle(eventHandle);
-    LeaseRecord lease = find(session, leaseId);
+    LeaseRecord lease = lookup(session, leaseId);
     CompletionEvent event = eventHandle.length == 0 ? null : backend.openEvent(lease.block().device(), eventHandle);
     if (!records.remove(leaseId, lease)) {
       if (event != null) {

@@ -81,11 +81,6 @@ public final class Reservation implements AutoCloseable {
     return bytes < 0;
   }
 
-  /** The request's bytes rounded, as counted against the quotas. */
-  long bytes() {
-    return bytes;
-  }
-
   /**
    * Hands the places to {@code record}, now the session's: the session's own turn into what it
    * holds, the tenant's stay until the record is returned ({@link LeaseBook#returnBlock}).
