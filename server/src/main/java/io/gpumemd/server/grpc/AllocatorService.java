@@ -72,7 +72,9 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       int ttl = (int) Math.min(Integer.toUnsignedLong(request.getTtlSeconds()), Integer.MAX_VALUE);
       Session session = registry.open(Callers.current(), request.getClientName(), ttl,
           request.hasClientCacheBytes() ? Validation.byteCount("client_cache_bytes", request.getClientCacheBytes()) : -1);
-      response.onNext(OpenSessionResponse.newBuilder()
+      OpenSessionResponse.Builder out = OpenSessionResponse.newBuilder();
+      registry.pools().all().forEach(pool -> out.addDevices(ProtoMapping.deviceInfo(pool)));
+      response.onNext(out
           .setSessionId(session.id())
           .setTtlSeconds(session.ttlSeconds())
           .setKeepaliveGraceMs((int) registry.settings().graceMillis())

@@ -85,6 +85,11 @@ public final class SessionRegistry {
     return settings;
   }
 
+  /** The device pools, whose devices each client is told of at OpenSession. */
+  public DevicePools pools() {
+    return pools;
+  }
+
   /** The pools' oversize rule, told to each client at OpenSession so that its cache agrees. */
   public long maxOversizeBytes() {
     return pools.maxOversizeBytes();
