@@ -33,7 +33,7 @@ def produce(target, device, size, seed, max_attaches, read_only="0", cuda=False)
         lease = gm.lease(device, size)
         if cuda:
             _cuda.copy_to_device(device, lease.device_ptr, pattern(size, seed).tobytes())
-            _cuda.make_current(device).cuCtxSynchronize()
+            _cuda.synchronize(device)
         else:
             numpy.asarray(lease)[:] = pattern(size, seed)
         share = lease.share(max_attaches=int(max_attaches), read_only=read_only == "1")

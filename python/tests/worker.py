@@ -34,7 +34,7 @@ def main(mode, target, device, size, seed=0):
                 sys.exit("pattern mismatch in %r" % lease)
         elif mode == "cuda-write":
             _cuda.copy_to_device(device, lease.device_ptr, pattern(size, seed).tobytes())
-            _cuda.make_current(device).cuCtxSynchronize()
+            _cuda.synchronize(device)
         elif mode == "cuda-read":
             if _cuda.copy_from_device(device, lease.device_ptr, size) != pattern(size, seed).tobytes():
                 sys.exit("pattern mismatch in %r" % lease)
