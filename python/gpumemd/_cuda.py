@@ -1,13 +1,23 @@
 """The few CUDA driver calls the client needs, through ctypes on libcuda.so.1.
 
 No CUDA Python package is needed: the NVIDIA driver's library is enough. It is loaded only
-when a lease carries a CUDA IPC handle (or a CUDA helper is called), so host-only clients
-never touch it. Every call runs in the device's primary context, the one that PyTorch and
-CuPy use, so that pointers from here are valid there.
+when a lease carries a CUDA handle (or a CUDA helper is called), so host-only clients never
+touch it. Every call runs in the device's primary context, the one that PyTorch and CuPy use,
+so that pointers from here are valid there; the context is pushed for the call and popped after
+it (:func:`context`), so that the caller's current context (a PyTorch thread's device) is the
+same after a lease as before.
 
-Thread-safe: contexts are retained once per device under a lock; each call makes the device's
-primary context current on the calling thread.
+Devices are this process's ordinals here. The daemon numbers its devices its own way (it may
+see every GPU of the node, a container only its own): :func:`local_device` finds a daemon
+device among this process's by UUID.
+
+The ctypes structures and the VMM import sequence follow ``shared/gpu/vmm_reference.py``,
+checked on an H100 (driver 580); read-only access (PROT_READ) was not checked there.
+
+Thread-safe: contexts are retained once per device and the UUID table is read once, under a
+lock; each thread pushes and pops its own context.
 """
+import contextlib
 import ctypes
 import threading
 
@@ -17,16 +27,36 @@ from ._errors import GpumemdError
 
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1
 CU_EVENT_DISABLE_TIMING = 0x2
-CU_EVENT_INTERPROCESS = 0x4
+CUDA_ERROR_NOT_READY = 600
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_ACCESS_FLAGS_PROT_READ = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 
 _lock = threading.Lock()
 _lib = None
 _contexts = {}
+_uuids = None  # this process's device UUIDs, by ordinal
 
 
 class IpcHandle(ctypes.Structure):
-    """CUipcMemHandle / CUipcEventHandle: 64 opaque bytes, passed by value."""
+    """CUipcMemHandle: 64 opaque bytes, passed by value."""
     _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
+class MemLocation(ctypes.Structure):
+    """CUmemLocation."""
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class MemAccessDesc(ctypes.Structure):
+    """CUmemAccessDesc."""
+    _fields_ = [("location", MemLocation), ("flags", ctypes.c_int)]
+
+
+class Uuid(ctypes.Structure):
+    """CUuuid: 16 bytes."""
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 
 def _load():
@@ -38,28 +68,39 @@ def _load():
     except OSError as e:
         raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
                            "a CUDA lease needs the NVIDIA driver (libcuda.so.1): %s" % e)
-    u64, p = ctypes.c_uint64, ctypes.c_void_p
+    u64, p, size = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t
+    flags = ctypes.c_ulonglong
     sigs = {
         "cuInit": [ctypes.c_uint],
         "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
         "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
         "cuDeviceGetCount": [ctypes.POINTER(ctypes.c_int)],
+        "cuDeviceGetUuid": [ctypes.POINTER(Uuid), ctypes.c_int],
         "cuDevicePrimaryCtxRetain": [ctypes.POINTER(p), ctypes.c_int],
-        "cuCtxSetCurrent": [p],
+        "cuCtxPushCurrent_v2": [p],
+        "cuCtxPopCurrent_v2": [ctypes.POINTER(p)],
+        "cuCtxGetCurrent": [ctypes.POINTER(p)],
         "cuCtxSynchronize": [],
         "cuIpcOpenMemHandle_v2": [ctypes.POINTER(u64), IpcHandle, ctypes.c_uint],
         "cuIpcCloseMemHandle": [u64],
-        "cuMemsetD8_v2": [u64, ctypes.c_ubyte, ctypes.c_size_t],
-        "cuMemcpyHtoD_v2": [u64, p, ctypes.c_size_t],
-        "cuMemcpyDtoH_v2": [p, u64, ctypes.c_size_t],
+        "cuMemImportFromShareableHandle": [ctypes.POINTER(u64), p, ctypes.c_int],
+        "cuMemAddressReserve": [ctypes.POINTER(u64), size, size, u64, flags],
+        "cuMemMap": [u64, size, size, u64, flags],
+        "cuMemSetAccess": [u64, size, ctypes.POINTER(MemAccessDesc), size],
+        "cuMemUnmap": [u64, size],
+        "cuMemAddressFree": [u64, size],
+        "cuMemRelease": [u64],
+        "cuMemsetD8_v2": [u64, ctypes.c_ubyte, size],
+        "cuMemcpyHtoD_v2": [u64, p, size],
+        "cuMemcpyDtoH_v2": [p, u64, size],
         "cuEventCreate": [ctypes.POINTER(p), ctypes.c_uint],
         "cuEventRecord": [p, p],
+        "cuEventQuery": [p],
         "cuEventDestroy_v2": [p],
-        "cuIpcGetEventHandle": [ctypes.POINTER(IpcHandle), p],
         "cuStreamSynchronize": [p],
         "cuStreamCreate": [ctypes.POINTER(p), ctypes.c_uint],
         "cuStreamDestroy_v2": [p],
-        "cuMemsetD8Async": [u64, ctypes.c_ubyte, ctypes.c_size_t, p],
+        "cuMemsetD8Async": [u64, ctypes.c_ubyte, size, p],
     }
     for name, args in sigs.items():
         fn = getattr(lib, name)
@@ -69,12 +110,17 @@ def _load():
     return lib
 
 
+def error_text(result):
+    text = ctypes.c_char_p()
+    if _lib is None or _lib.cuGetErrorString(result, ctypes.byref(text)) != 0:
+        return "?"
+    return (text.value or b"?").decode(errors="replace")
+
+
 def check(result, call):
     if result != 0:
-        text = ctypes.c_char_p()
-        _lib.cuGetErrorString(result, ctypes.byref(text))
         raise GpumemdError(grpc.StatusCode.INTERNAL, "%s failed: CUDA error %d (%s)"
-                           % (call, result, (text.value or b"?").decode(errors="replace")))
+                           % (call, result, error_text(result)))
 
 
 def available():
@@ -87,9 +133,68 @@ def available():
         return False
 
 
-def make_current(device):
-    """Makes the primary context of ``device`` current on this thread, retaining it once."""
+# ---------------------------------------------------------------------------- devices
+
+def format_uuid(raw):
+    """``GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`` for a CUuuid's 16 bytes, as nvidia-smi and
+    the daemon print it."""
+    raw = bytes(raw)
+    if len(raw) != 16:
+        raise ValueError("a CUDA UUID has 16 bytes, not %d" % len(raw))
+    h = raw.hex()
+    return "GPU-%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])
+
+
+def _normal(uuid):
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
+
+
+def match_device(daemon_device, uuid, local_uuids):
+    """This process's ordinal of the daemon's device ``daemon_device`` whose UUID is ``uuid``,
+    among ``local_uuids`` (this process's, by ordinal). A daemon that reports no UUID (one that
+    predates ``OpenSessionResponse.devices``) is trusted to number devices as this process does.
+    Raises FAILED_PRECONDITION, naming the UUID, when no visible device has it."""
+    if not uuid:
+        return daemon_device
+    wanted = _normal(uuid)
+    for ordinal, local in enumerate(local_uuids):
+        if _normal(local) == wanted:
+            return ordinal
+    raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                       "the lease is on the daemon's device %d (%s), which this process cannot see (it sees %s): "
+                       "give this process that GPU (CUDA_VISIBLE_DEVICES, the pod's GPU allocation) or lease on one "
+                       "it has" % (daemon_device, uuid, ", ".join(local_uuids) or "no GPU"))
+
+
+def visible_uuids():
+    """The UUIDs of this process's devices, by ordinal (read once)."""
+    global _uuids
     lib = _load()
+    with _lock:
+        if _uuids is None:
+            check(lib.cuInit(0), "cuInit")
+            count = ctypes.c_int()
+            check(lib.cuDeviceGetCount(ctypes.byref(count)), "cuDeviceGetCount")
+            uuids = []
+            for ordinal in range(count.value):
+                dev = ctypes.c_int()
+                check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)" % ordinal)
+                raw = Uuid()
+                check(lib.cuDeviceGetUuid(ctypes.byref(raw), dev), "cuDeviceGetUuid(%d)" % ordinal)
+                uuids.append(format_uuid(raw.bytes))
+            _uuids = uuids
+        return _uuids
+
+
+def local_device(daemon_device, uuid):
+    """This process's ordinal of a daemon device (see :func:`match_device`)."""
+    return match_device(daemon_device, uuid, visible_uuids() if uuid else [])
+
+
+# ---------------------------------------------------------------------------- contexts
+
+def _primary_context(lib, device):
     with _lock:
         context = _contexts.get(device)
         if context is None:
@@ -99,78 +204,197 @@ def make_current(device):
             context = ctypes.c_void_p()
             check(lib.cuDevicePrimaryCtxRetain(ctypes.byref(context), dev), "cuDevicePrimaryCtxRetain(%d)" % device)
             _contexts[device] = context
-    check(lib.cuCtxSetCurrent(context), "cuCtxSetCurrent(%d)" % device)
-    return lib
+        return context
 
+
+@contextlib.contextmanager
+def context(device):
+    """The driver library, with the primary context of ``device`` (this process's ordinal)
+    pushed on this thread for the block and popped after it: the caller's current context is
+    left as it was."""
+    lib = _load()
+    ctx = _primary_context(lib, device)
+    check(lib.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent(%d)" % device)
+    try:
+        yield lib
+    finally:
+        popped = ctypes.c_void_p()
+        lib.cuCtxPopCurrent_v2(ctypes.byref(popped))
+
+
+def current_context():
+    """This thread's current CUcontext (an int, 0 for none): for tests of push and pop."""
+    lib = _load()
+    ctx = ctypes.c_void_p()
+    check(lib.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    return ctx.value or 0
+
+
+def synchronize(device):
+    """Waits for all work of this process on ``device``'s primary context."""
+    with context(device) as lib:
+        check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+# ---------------------------------------------------------------------------- legacy IPC
 
 def open_mem_handle(device, handle_bytes):
     """cuIpcOpenMemHandle: the segment's base address in this process."""
     if len(handle_bytes) != 64:
         raise GpumemdError(grpc.StatusCode.INTERNAL, "CUDA IPC handle of %d bytes (expected: 64)" % len(handle_bytes))
-    lib = make_current(device)
-    base = ctypes.c_uint64()
-    check(lib.cuIpcOpenMemHandle_v2(ctypes.byref(base), IpcHandle.from_buffer_copy(handle_bytes), CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-          "cuIpcOpenMemHandle on device %d" % device)
-    return base.value
+    with context(device) as lib:
+        base = ctypes.c_uint64()
+        check(lib.cuIpcOpenMemHandle_v2(ctypes.byref(base), IpcHandle.from_buffer_copy(handle_bytes),
+                                        CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+              "cuIpcOpenMemHandle on device %d" % device)
+        return base.value
 
 
 def close_mem_handle(device, base):
-    check(make_current(device).cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle")
+    """Synchronizes the context (work still queued on the memory), then cuIpcCloseMemHandle.
+    A list of the calls that failed (empty when all went well): closing goes on regardless."""
+    failed = []
+    with context(device) as lib:
+        _call(lib.cuCtxSynchronize(), "cuCtxSynchronize", failed)
+        _call(lib.cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle", failed)
+    return failed
 
+
+def _call(result, what, failed):
+    if result != 0:
+        failed.append("%s: CUDA error %d (%s)" % (what, result, error_text(result)))
+
+
+# ---------------------------------------------------------------------------- VMM
+
+def import_and_map(device, fd, segment_bytes, read_only):
+    """Imports a VMM allocation passed as a POSIX descriptor (the caller closes ``fd``),
+    reserves ``segment_bytes`` of address space, maps it and sets access for ``device``
+    (read-only when asked: the driver then faults writes through this mapping).
+    ``(base, handle)``; on failure, whatever was done is undone."""
+    with context(device) as lib:
+        handle = ctypes.c_uint64()
+        check(lib.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd),
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+              "cuMemImportFromShareableHandle on device %d" % device)
+        base = ctypes.c_uint64()
+        mapped = False
+        try:
+            check(lib.cuMemAddressReserve(ctypes.byref(base), segment_bytes, 0, 0, 0),
+                  "cuMemAddressReserve(%d bytes)" % segment_bytes)
+            check(lib.cuMemMap(base, segment_bytes, 0, handle, 0), "cuMemMap")
+            mapped = True
+            access = MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device),
+                                   CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            check(lib.cuMemSetAccess(base, segment_bytes, ctypes.byref(access), 1),
+                  "cuMemSetAccess(%s)" % ("read-only" if read_only else "read-write"))
+        except GpumemdError:
+            if mapped:
+                lib.cuMemUnmap(base, segment_bytes)
+            if base.value:
+                lib.cuMemAddressFree(base, segment_bytes)
+            lib.cuMemRelease(handle)
+            raise
+        return base.value, handle.value
+
+
+def unmap(device, base, handle, segment_bytes):
+    """Synchronizes the context (work still queued on the memory), then cuMemUnmap,
+    cuMemAddressFree and cuMemRelease of the imported handle, each tried whatever the one
+    before did. A list of the calls that failed (empty when all went well)."""
+    failed = []
+    with context(device) as lib:
+        _call(lib.cuCtxSynchronize(), "cuCtxSynchronize", failed)
+        _call(lib.cuMemUnmap(base, segment_bytes), "cuMemUnmap", failed)
+        _call(lib.cuMemAddressFree(base, segment_bytes), "cuMemAddressFree", failed)
+        _call(lib.cuMemRelease(handle), "cuMemRelease", failed)
+    return failed
+
+
+# ---------------------------------------------------------------------------- streams, events
 
 def stream_handle(stream):
-    """A CUstream pointer from None/0, an int, or a PyTorch / CuPy / Numba stream object."""
+    """A CUstream pointer (int) from None/0, an int, a ctypes ``c_void_p``, or a stream object:
+    PyTorch (``cuda_stream``), CuPy (``ptr``), Numba (``handle``, a ``c_void_p``), or one with
+    the CUDA stream protocol (``__cuda_stream__()`` giving ``(version, handle)``)."""
     if stream is None:
         return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream: %r (expected: a CUstream or a stream object)" % (stream,))
     if isinstance(stream, int):
         return stream
+    if isinstance(stream, ctypes.c_void_p):
+        return stream.value or 0
+    protocol = getattr(stream, "__cuda_stream__", None)
+    if callable(protocol):
+        value = protocol()
+        if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+            return value[1]
     for attribute in ("cuda_stream", "ptr", "handle"):  # torch.cuda.Stream, cupy Stream, numba stream
         value = getattr(stream, attribute, None)
+        if isinstance(value, bool):
+            continue
         if isinstance(value, int):
             return value
-    raise TypeError("stream: %r (expected: an int CUstream, or a torch/cupy/numba stream)" % (stream,))
+        if isinstance(value, ctypes.c_void_p):
+            return value.value or 0
+    raise TypeError("stream: %r (expected: an int CUstream, a ctypes.c_void_p, or a torch/cupy/numba stream)"
+                    % (stream,))
 
 
-def record_ipc_event(device, stream):
-    """Records an interprocess event on ``stream``: (its 64-byte IPC handle, the event).
+class Event:
+    """A plain event (no timing, not interprocess) recorded on a stream of ``device``'s primary
+    context: the client polls it (:meth:`query`) and releases the lease once it completed.
+    Destroy it (:meth:`destroy`) once done with it; destroying is idempotent."""
 
-    The caller destroys the event with :func:`destroy_event` once the daemon has opened its own
-    reference (the unary Release has returned): an IPC event freed before its importer opened
-    it is undefined behaviour.
-    """
-    lib = make_current(device)
-    event = ctypes.c_void_p()
-    check(lib.cuEventCreate(ctypes.byref(event), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING), "cuEventCreate")
-    try:
-        check(lib.cuEventRecord(event, ctypes.c_void_p(stream_handle(stream))), "cuEventRecord")
-        handle = IpcHandle()
-        check(lib.cuIpcGetEventHandle(ctypes.byref(handle), event), "cuIpcGetEventHandle")
-    except GpumemdError:
-        lib.cuEventDestroy_v2(event)
-        raise
-    # Not handle.reserved: a c_char array reads as bytes cut at the first NUL.
-    return ctypes.string_at(ctypes.addressof(handle), 64), event
+    def __init__(self, device, stream):
+        handle = stream_handle(stream)  # TypeError before anything is created
+        self.device = device
+        self._event = None
+        with context(device) as lib:
+            event = ctypes.c_void_p()
+            check(lib.cuEventCreate(ctypes.byref(event), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+            result = lib.cuEventRecord(event, ctypes.c_void_p(handle))
+            if result != 0:
+                lib.cuEventDestroy_v2(event)
+                check(result, "cuEventRecord")
+        self._event = event
+
+    def query(self):
+        """True once the work recorded before the event completed, False while it runs;
+        GpumemdError when the driver reports an error (the work failed, or the context is
+        broken)."""
+        with context(self.device) as lib:
+            result = lib.cuEventQuery(self._event)
+        if result == CUDA_ERROR_NOT_READY:
+            return False
+        check(result, "cuEventQuery")
+        return True
+
+    def destroy(self):
+        event, self._event = self._event, None
+        if event is not None:
+            with context(self.device) as lib:
+                lib.cuEventDestroy_v2(event)
 
 
-def destroy_event(device, event):
-    make_current(device).cuEventDestroy_v2(event)
-
+# ---------------------------------------------------------------------------- helpers
 
 def memset(device, pointer, value, size):
     """cuMemsetD8 then a context synchronize (tests and zeroing)."""
-    lib = make_current(device)
-    check(lib.cuMemsetD8_v2(pointer, value, size), "cuMemsetD8")
-    check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
+    with context(device) as lib:
+        check(lib.cuMemsetD8_v2(pointer, value, size), "cuMemsetD8")
+        check(lib.cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def copy_to_device(device, pointer, data):
-    lib = make_current(device)
-    buf = ctypes.create_string_buffer(bytes(data), len(data))
-    check(lib.cuMemcpyHtoD_v2(pointer, buf, len(data)), "cuMemcpyHtoD")
+    with context(device) as lib:
+        buf = ctypes.create_string_buffer(bytes(data), len(data))
+        check(lib.cuMemcpyHtoD_v2(pointer, buf, len(data)), "cuMemcpyHtoD")
 
 
 def copy_from_device(device, pointer, size):
-    lib = make_current(device)
-    buf = ctypes.create_string_buffer(size)
-    check(lib.cuMemcpyDtoH_v2(buf, pointer, size), "cuMemcpyDtoH")
-    return buf.raw
+    with context(device) as lib:
+        buf = ctypes.create_string_buffer(size)
+        check(lib.cuMemcpyDtoH_v2(buf, pointer, size), "cuMemcpyDtoH")
+        return buf.raw

@@ -1,6 +1,8 @@
-"""The fd channel: segments fetched from the daemon as file descriptors (``--host-segments fd``).
+"""The fd channel: segments fetched from the daemon as file descriptors (``--host-segments fd``,
+and CUDA VMM segments, ``--cuda-handles vmm``).
 
-A lease on such a segment carries ``MemoryHandle.fd_segment`` instead of a path: the client asks
+A lease on such a segment carries ``MemoryHandle.fd_segment`` (host) or ``cuda_vmm`` (a CUDA VMM
+allocation, imported by :mod:`gpumemd._cuda`) instead of a path or IPC handle: the client asks
 the daemon's fd channel, a Unix socket of its own next to the gRPC socket, for the segment's
 descriptor once per segment and process, maps it and closes it (the mapping stays valid, also
 after the daemon is gone). The protocol is documented with its messages in ``gpumemd.proto``
@@ -185,7 +187,8 @@ class FdChannels:
 
     def fetch(self, session_id, handle, read_only):
         """A :class:`Descriptor` of the handle's segment for ``session_id`` (blocking)."""
-        path = socket_path(self._target, handle.fd_segment.fd_socket)
+        segment = getattr(handle, handle.WhichOneof("kind"))  # fd_segment or cuda_vmm: an FdSegment
+        path = socket_path(self._target, segment.fd_socket)
         with self._lock:
             channel = self._channel
             if channel is None or channel.path != path:

@@ -29,9 +29,11 @@ class Lease:
     too, with :attr:`attached` True: the same block, mapped the same way, and ``close()`` drops
     this process's hold (the block returns to the pool once its last hold is gone). A read-only
     hold (:attr:`read_only`) has a read-only :meth:`buffer` on the host backend (writes raise
-    ``TypeError``, and numpy arrays over it are not writeable); on CUDA the flag is advisory:
-    a legacy IPC handle cannot be opened read-only, so nothing enforces it (and
-    ``__cuda_array_interface__`` says writable, since PyTorch refuses read-only arrays).
+    ``TypeError``, and numpy arrays over it are not writeable); on a CUDA VMM segment it has a
+    mapping of its own with read-only access, so the driver faults writes through it; with a
+    legacy CUDA IPC handle the flag is advisory: such a handle cannot be opened read-only, so
+    nothing enforces it. ``__cuda_array_interface__`` says writable either way, since PyTorch
+    refuses read-only arrays.
 
     If the session that granted it is lost (the daemon restarted), the lease is dead:
     :attr:`lost` is True, :meth:`close` does nothing, and the accessors raise
@@ -132,6 +134,17 @@ class Lease:
             return self._mapping.base + self.offset
 
     @property
+    def cuda_device(self):
+        """This process's ordinal of the lease's GPU (CUDA devices): :attr:`device` is the
+        daemon's, which a container may number differently; the client finds its own by UUID."""
+        with self._lock:
+            self._check_open()
+            if self.is_host:
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "lease %s is on host device %d" % (self.id, self.device))
+            return self._mapping.device
+
+    @property
     def __cuda_array_interface__(self):
         if self.is_host:
             # AttributeError, so that hasattr() says no and libraries fall back to the buffer
@@ -173,11 +186,16 @@ class Lease:
     def close(self, after=None):
         """Gives the block back; harmless when already closed.
 
-        ``after`` (CUDA devices): a stream (int CUstream, torch/cupy stream): the daemon reuses
-        the block only once the work queued on that stream so far has completed (an IPC event
-        recorded on it travels with the release); the call does not wait for the GPU. On a
-        host device there is no GPU work to wait for, and ``after`` raises ``FAILED_PRECONDITION``
-        (the lease stays open), so that a CUDA-ordering mistake does not pass silently.
+        ``after`` (CUDA devices): a stream (int CUstream, ``ctypes.c_void_p``, torch/cupy/numba
+        stream): the daemon reuses the block only once the work queued on that stream so far has
+        completed. An event recorded on it stays in this process; a client thread (a task in
+        :mod:`gpumemd.aio`) polls it and sends the release once it has completed, so the call
+        does not wait for the GPU. If that work fails (the event reports an error), the lease is
+        not released: the session's end gives it back. If the client closes first, it waits a
+        bounded time (its ``timeout``) for the event, then gives the lease up with the session.
+        On a host device there is no GPU work to wait for, and ``after`` raises
+        ``FAILED_PRECONDITION`` (the lease stays open), so that a CUDA-ordering mistake does not
+        pass silently.
         """
         with self._lock:
             if self._closed:
@@ -192,7 +210,7 @@ class Lease:
                                    % (self.id, self.device))
             event = None
             if after is not None:
-                event = _cuda.record_ipc_event(self.device, after)
+                event = _cuda.Event(self._mapping.device, after)  # this process's ordinal
             self._closed = True
             view, self._view = self._view, None
         if view is not None:

@@ -1,28 +1,41 @@
 """This process's segment mappings: one per segment id, shared by every lease on it.
 
 A host segment is its shared-memory file mapped whole with ``mmap`` (a lease is a slice of
-it); a CUDA segment is opened once with ``cuIpcOpenMemHandle`` (CUDA allows one open per
-context). A mapping outlives its last lease, since the next lease is likely to land on the same
-segment; it is closed when the daemon asks (``UnmapSegment``: it wants to free the segment) and
-no live lease uses it, or when the client closes.
+it); a legacy CUDA segment is opened once with ``cuIpcOpenMemHandle`` (CUDA allows one open per
+context); a CUDA VMM segment (``cuda_vmm``) is a descriptor from the fd channel, imported,
+mapped into an address range of its own and made accessible once. A mapping outlives its last
+lease, since the next lease is likely to land on the same segment; it is closed when the daemon
+asks (``UnmapSegment``: it wants to free the segment) and no live lease uses it, or when the
+client closes or its session is lost.
 
 A host mapping cannot be closed while Python objects still export its memory (a numpy array
 made from a closed lease's buffer, say): ``mmap.close`` refuses, so nothing can touch unmapped
 memory. Such a mapping waits, unacknowledged, and is tried again on the client's next
-operations; the daemon frees the segment only after the acknowledgement.
+operations; the daemon frees the segment only after the acknowledgement. A CUDA mapping is
+closed after a synchronize of its context (work still queued on the memory completes first);
+a CUDA call that fails while closing is logged, the other mappings are closed all the same and
+the unmap is acknowledged (the driver's state after a failed unmap is not ours to repair, and
+the daemon must not wait forever for a segment).
 
 Read-only holds (a share or a published name made read-only) get a mapping of their own on the
-host backend: the segment file opened ``O_RDONLY`` and mapped ``PROT_READ``, so that writes
-through their buffers fail. A segment may then have two mappings in this process, the writable
-one (for its leases and writable holds) and the read-only one; a read-only hold is never handed
-the writable one. Both are closed before the unmap is acknowledged. On CUDA read-only is
-advisory (a legacy IPC handle cannot be opened read-only, and CUDA allows one open per
-context), so every lease and hold on a segment shares its one mapping.
+host backend and on CUDA VMM: the segment's descriptor opened ``O_RDONLY`` and mapped
+``PROT_READ`` on the host, or the VMM allocation mapped again with read-only access
+(``cuMemSetAccess`` PROT_READ), so that writes through their memory fail. A segment may then
+have two mappings in this process, the writable one (for its leases and writable holds) and the
+read-only one; a read-only hold is never handed the writable one. Both are closed before the
+unmap is acknowledged. With legacy CUDA IPC handles read-only is advisory (a legacy handle
+cannot be opened read-only, and CUDA allows one open per context), so every lease and hold on a
+segment shares its one mapping.
+
+CUDA mappings live on this process's ordinal of the daemon's device, found by UUID (the
+daemon's devices come with OpenSession); a lease on a GPU this process cannot see fails with
+FAILED_PRECONDITION naming its UUID.
 
 Thread-safe: the table is guarded by one lock; mappings are closed and acknowledged outside it
 (except retries of waiting mappings, closed under it so that acquire cannot take one back
 half-closed).
 """
+import logging
 import mmap
 import os
 import threading
@@ -31,6 +44,11 @@ import grpc
 
 from . import _cuda
 from ._errors import GpumemdError
+
+log = logging.getLogger("gpumemd")
+
+_DESCRIPTOR_KINDS = ("fd_segment", "cuda_vmm")
+_READ_ONLY_KINDS = ("host_shm_path", "fd_segment", "cuda_vmm")  # with a read-only mapping of their own
 
 
 class HostMapping:
@@ -75,18 +93,66 @@ class HostMapping:
 
 
 class CudaMapping:
-    kind = "cuda"
-    read_only = False  # one mapping per segment and context: read-only is advisory on CUDA
+    """A legacy CUDA segment opened with ``cuIpcOpenMemHandle`` on this process's ``device``."""
 
-    def __init__(self, device, handle_bytes):
+    kind = "cuda"
+    read_only = False  # one mapping per segment and context: read-only is advisory with legacy handles
+
+    def __init__(self, device, segment_id, handle_bytes):
         self.device = device
+        self.segment_id = segment_id
         self.base = _cuda.open_mem_handle(device, handle_bytes)
         self._closed = False
 
     def try_close(self):
+        """Synchronizes, closes the handle; True (a failure is logged: see the module notes)."""
         if not self._closed:
             self._closed = True
-            _cuda.close_mem_handle(self.device, self.base)
+            _log_failures(self, _cuda.close_mem_handle(self.device, self.base))
+        return True
+
+
+class VmmMapping:
+    """A CUDA VMM segment (``cuda_vmm``): the descriptor imported, ``segment_bytes`` of address
+    space reserved and mapped on this process's ``device``, with read-write or read-only access."""
+
+    kind = "cuda"
+
+    def __init__(self, device, segment_id, fd, segment_bytes, read_only):
+        """Closes ``fd`` (also when mapping fails): the imported handle holds the allocation."""
+        self.device = device
+        self.segment_id = segment_id
+        self.segment_bytes = segment_bytes
+        self.read_only = read_only
+        try:
+            self.base, self._handle = _cuda.import_and_map(device, fd, segment_bytes, read_only)
+        finally:
+            os.close(fd)
+        self._closed = False
+
+    def try_close(self):
+        """Synchronizes, unmaps, frees the range, releases the handle; True (a failure is
+        logged: see the module notes)."""
+        if not self._closed:
+            self._closed = True
+            _log_failures(self, _cuda.unmap(self.device, self.base, self._handle, self.segment_bytes))
+        return True
+
+
+def _log_failures(mapping, failed):
+    if failed:
+        log.warning("gpumemd: closing the mapping of segment %d on CUDA device %d failed (%s); "
+                    "acknowledged all the same", mapping.segment_id, mapping.device, "; ".join(failed))
+
+
+def _close_quietly(mapping):
+    """try_close, with anything it raises logged: one mapping's failure never keeps the others
+    open or the acknowledgement unsent. True when it is closed (or cannot be closed by trying
+    again)."""
+    try:
+        return mapping.try_close()
+    except Exception as e:  # noqa: BLE001 (a driver or OS failure: logged, not fatal to the others)
+        log.warning("gpumemd: closing a mapping of segment %s failed: %s", getattr(mapping, "segment_id", "?"), e)
         return True
 
 
@@ -100,12 +166,14 @@ class _Entry:
 
 
 class MappingCache:
-    def __init__(self, ack_unmapped, fetch_descriptor=None):
+    def __init__(self, ack_unmapped, fetch_descriptor=None, device_uuid=None):
         """``ack_unmapped(segment_id)`` is called once a requested unmap is done;
         ``fetch_descriptor(handle, read_only)`` gives a :class:`gpumemd._fdchannel.Descriptor`
-        for a segment passed by descriptor (``fd_segment`` handles), blocking."""
+        for a segment passed by descriptor (``fd_segment`` and ``cuda_vmm`` handles), blocking;
+        ``device_uuid(device)`` the UUID of a daemon device ("" when unknown)."""
         self._ack = ack_unmapped
         self._fetch = fetch_descriptor
+        self._device_uuid = device_uuid or (lambda device: "")
         self._lock = threading.Lock()
         self._entries = {}
         self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused by mmap for now
@@ -114,7 +182,7 @@ class MappingCache:
     def needs_descriptor(self, handle, read_only=False):
         """True when :meth:`acquire` would fetch a descriptor for this handle (a segment passed
         by descriptor, not mapped here yet): the asyncio client fetches it first, off its loop."""
-        if handle.WhichOneof("kind") != "fd_segment":
+        if handle.WhichOneof("kind") not in _DESCRIPTOR_KINDS:
             return False
         with self._lock:
             entry = self._entries.get(handle.segment_id)
@@ -131,7 +199,7 @@ class MappingCache:
         not needed."""
         segment_id = handle.segment_id
         kind = handle.WhichOneof("kind")
-        key = bool(read_only) and kind in ("host_shm_path", "fd_segment")
+        key = bool(read_only) and kind in _READ_ONLY_KINDS
         try:
             return self._acquire(device, handle, segment_id, kind, key, descriptor)
         finally:
@@ -151,10 +219,10 @@ class MappingCache:
                 try:
                     if kind == "host_shm_path":
                         mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes, key)
-                    elif kind == "fd_segment":
-                        mapping = self._map_descriptor(device, handle, key, descriptor)
+                    elif kind in _DESCRIPTOR_KINDS:
+                        mapping = self._map_descriptor(device, handle, kind, key, descriptor)
                     elif kind == "cuda_ipc_handle":
-                        mapping = CudaMapping(device, handle.cuda_ipc_handle)
+                        mapping = CudaMapping(self._cuda_device(device), segment_id, handle.cuda_ipc_handle)
                     else:
                         raise GpumemdError(grpc.StatusCode.INTERNAL, "lease response carries no memory handle")
                 except BaseException:
@@ -167,9 +235,14 @@ class MappingCache:
             entry.leases += 1
             return mapping
 
-    def _map_descriptor(self, device, handle, read_only, descriptor):
+    def _cuda_device(self, device):
+        """This process's ordinal of the daemon's CUDA ``device``, by its UUID."""
+        return _cuda.local_device(device, self._device_uuid(device))
+
+    def _map_descriptor(self, device, handle, kind, read_only, descriptor):
         """Maps a segment passed by descriptor: the one fetched beforehand, else one fetched now
         (under the lock, so that a segment is fetched once however many threads lease on it)."""
+        local = self._cuda_device(device) if kind == "cuda_vmm" else None  # before a descriptor is fetched
         if descriptor is None:
             if self._fetch is None:
                 raise GpumemdError(grpc.StatusCode.INTERNAL, "no fd channel for a segment passed by descriptor")
@@ -182,6 +255,8 @@ class MappingCache:
                                % (handle.segment_id, "read-only" if grant.read_only else "writable",
                                   grant.segment_bytes, "read-only" if read_only else "writable",
                                   handle.segment_bytes))
+        if kind == "cuda_vmm":
+            return VmmMapping(local, handle.segment_id, fd, handle.segment_bytes, read_only)
         return HostMapping.from_descriptor(device, handle.segment_id, fd, handle.segment_bytes, read_only)
 
     def release(self, segment_id):
@@ -214,7 +289,7 @@ class MappingCache:
             self._close(segment_id, list(entry.mappings.values()), True)
 
     def _close(self, segment_id, mappings, ack):
-        remaining = [m for m in mappings if not m.try_close()]
+        remaining = [m for m in mappings if not _close_quietly(m)]
         if not remaining:
             if ack:
                 self._ack(segment_id)
@@ -227,7 +302,7 @@ class MappingCache:
         done = []
         with self._lock:  # under the lock, so that acquire() cannot take back a half-closed one
             for segment_id, (mappings, ack) in list(self._waiting.items()):
-                remaining = [m for m in mappings if not m.try_close()]
+                remaining = [m for m in mappings if not _close_quietly(m)]
                 if remaining:
                     self._waiting[segment_id] = (remaining, ack)
                 else:
@@ -250,7 +325,4 @@ class MappingCache:
             self._entries.clear()
             self._waiting.clear()
         for mapping in mappings:
-            try:
-                mapping.try_close()
-            except GpumemdError:
-                pass
+            _close_quietly(mapping)

@@ -26,7 +26,7 @@ import threading
 
 import grpc
 
-from . import _cuda
+from ._deferred import DeferredReleases
 from ._errors import GpumemdError
 from ._mapping import MappingCache
 from ._sharing import closed_client
@@ -142,9 +142,17 @@ class SessionState:
         self.pending = {}
         self.queue = notices
         self.attached = attached
+        #: The daemon's devices (its ordinal -> DeviceInfo), for their UUIDs.
+        self.devices = {d.device: d for d in opened.devices}
         self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id),
-                                     lambda handle, read_only: client._fd_channels.fetch(self.id, handle, read_only))
+                                     lambda handle, read_only: client._fd_channels.fetch(self.id, handle, read_only),
+                                     self.device_uuid)
         self.call = None
+
+    def device_uuid(self, device):
+        """The UUID of the daemon's ``device``; "" from a daemon that does not report it."""
+        info = self.devices.get(device)
+        return "" if info is None else info.uuid
 
 
 class ClientCore:
@@ -152,9 +160,9 @@ class ClientCore:
     properties and counters, and the session decisions that need no I/O. A subclass sets
     ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event``,
     ``_fd_channels`` (a :class:`gpumemd._fdchannel.FdChannels`) and ``_s``, and provides
-    ``_give_back(s, lease_id)`` (release a lease that cannot be used here, without raising) and
-    ``_release_call(s, lease, event)`` (the Release call for a closed lease, see
-    :meth:`_close_lease`)."""
+    ``_give_back(s, lease_id)`` (release a lease that cannot be used here, without raising),
+    ``_release_call(s, lease)`` (the Release call for a closed lease, see :meth:`_close_lease`)
+    and ``_wake_poller()`` (see that a poller of :attr:`_deferred` runs: a thread, a task)."""
 
     _session_class = None
 
@@ -176,6 +184,7 @@ class ClientCore:
         self._release_failures = 0
         self._holds = 0
         self._earlier_maps_opened = 0
+        self._deferred = DeferredReleases()  # leases closed with after=stream, waiting for their event
 
     # ------------------------------------------------------------------ properties
 
@@ -253,25 +262,54 @@ class ClientCore:
         return error
 
     def _close_lease(self, lease, event):
-        """A lease closed (see Lease.close): a release notice on the stream, or the Release
-        call of the subclass (always for a lease with an IPC event ``(handle, cu_event)``, so
-        that the daemon has opened the event before this process destroys it). What that call
-        returns is returned (None, or the asyncio client's task)."""
+        """A lease closed (see Lease.close). Without ``event``: its release now (a notice on the
+        stream, or the subclass's Release call). With one (a :class:`gpumemd._cuda.Event`
+        recorded on the caller's stream): the release waits in :attr:`_deferred` until the
+        event has completed, and the caller does not wait. What the Release call returns is
+        returned (None, or the asyncio client's task)."""
         s = lease._session
-        if s.lost:
+        if s.lost or self._closing:
             if event is not None:
-                _cuda.destroy_event(lease.device, event[1])
-            return None  # dead with its session: nothing to give back, and its mappings are gone
+                event.destroy()
+            if not s.lost:
+                self._releases += 1
+                s.mappings.release(lease.segment_id)  # CloseSession takes it back
+            return None  # a lost session's: dead with it, and its mappings are gone
+        if event is not None:
+            self._deferred.add(s, lease, event)
+            self._wake_poller()
+            return None
+        return self._send_release(s, lease)
+
+    def _send_release(self, s, lease):
+        """Releases a closed lease: a notice on the stream, or the subclass's Release call
+        (whose result is returned); then its segment has one lease fewer here."""
         self._releases += 1
         try:
-            if self._closing:
-                return None  # CloseSession took it back
-            if event is None and self._stream_calls:
+            if self._stream_calls:
                 s.queue.put_nowait(pb.StreamRelease(lease_id=lease.id))
                 return None
-            return self._release_call(s, lease, event)
+            return self._release_call(s, lease)
         finally:
             s.mappings.release(lease.segment_id)
+
+    def _release_ready(self):
+        """Sends the releases whose events have completed (one poll of :attr:`_deferred`); a
+        refused unary release is logged. Called by the subclass's poller."""
+        for item in self._deferred.poll():
+            try:
+                self._send_release(item.session, item.lease)
+            except GpumemdError as e:
+                log.warning("gpumemd release of lease %s failed: %s", item.lease.id, e)
+
+    def _abandon_deferred(self):
+        """The client closes: releases still waiting for their event are given up (their
+        events destroyed); CloseSession takes the leases back."""
+        leases = self._deferred.abandon()
+        if leases:
+            log.warning("gpumemd client %s closed while the GPU work of %d closed lease(s) was still running "
+                        "(%s): the session's end gives them back now", self.client_name, len(leases),
+                        ", ".join(lease.id for lease in leases[:8]) + (" ..." if len(leases) > 8 else ""))
 
     def _release_error(self, s, rpc_error):
         """The error of a Release call to raise, or None: NOT_FOUND is expected once the client

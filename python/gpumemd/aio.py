@@ -20,7 +20,6 @@ import time
 
 import grpc
 
-from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
@@ -101,6 +100,7 @@ class AsyncClient(ClientCore):
         self._channel = open_channel(target, credentials, aio=True)
         self._stub = pb_grpc.AllocatorStub(self._channel)
         self._tasks = set()
+        self._poll_task = None  # polls the deferred releases while any is pending
         self._s = None
         self._reopen_lock = None
 
@@ -270,27 +270,22 @@ class AsyncClient(ClientCore):
                 await asyncio.sleep(delay)
             raise reopening.error(self._closing)
 
-    def _release_call(self, s, lease, event):
-        """The Release call for a closed lease (see ClientCore._close_lease), as a task."""
-        if event is None:
-            return self._release_later(s, lease.id, b"", None, None)
-        return self._release_later(s, lease.id, event[0], lease.device, event[1])
+    def _release_call(self, s, lease):
+        """The Release call for a closed lease (see ClientCore._send_release), as a task."""
+        return self._release_later(s, lease.id)
 
     def _give_back(self, s, lease_id):
-        self._release_later(s, lease_id, b"", None, None)
+        self._release_later(s, lease_id)
 
-    def _release_later(self, s, lease_id, event_handle, device, cu_event):
+    def _release_later(self, s, lease_id):
         async def release():
             try:
-                await self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id,
-                                                           cuda_ipc_event_handle=event_handle), metadata=self._metadata)
+                await self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id),
+                                         metadata=self._metadata)
             except grpc.RpcError as e:
                 error = self._release_error(s, e)
                 if error is not None:
                     raise error from None
-            finally:
-                if cu_event is not None:
-                    _cuda.destroy_event(device, cu_event)
 
         task = asyncio.get_running_loop().create_task(release())
         self._tasks.add(task)
@@ -301,6 +296,33 @@ class AsyncClient(ClientCore):
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.warning("gpumemd release failed: %s", task.exception())
+
+    def _wake_poller(self):
+        """A release waits for its event: a task polls the deferred releases while any is pending."""
+        if self._poll_task is None or self._poll_task.done():
+            self._poll_task = asyncio.get_running_loop().create_task(self._poll_releases())
+
+    async def _poll_releases(self):
+        """Sends each deferred release once its event has completed (cuEventQuery does not
+        block the loop), sleeping DeferredReleases.delay() between polls; ends when none is left."""
+        while len(self._deferred):
+            self._release_ready()
+            if len(self._deferred):
+                await asyncio.sleep(self._deferred.delay())
+
+    async def _drain_deferred(self, seconds):
+        """At close: as the sync client's (bounded wait, then the rest given up)."""
+        task = self._poll_task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(task), seconds)
+            except asyncio.TimeoutError:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._abandon_deferred()
 
     async def _requests(self, s, requests):
         def take():
@@ -359,6 +381,8 @@ class AsyncClient(ClientCore):
         async with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
             s = self._s
         try:
+            # Releases waiting for GPU work go out first (bounded), before the stream ends.
+            await self._drain_deferred(self._timeout)
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             if not s.lost and s.call is not None:

@@ -13,7 +13,6 @@ import time
 
 import grpc
 
-from . import _cuda
 from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
@@ -119,6 +118,9 @@ class Client(ClientCore):
             self._channel.close()
             raise GpumemdError.from_rpc(e) from None
         self._shutdown_event = threading.Event()
+        self._poll_cond = threading.Condition()  # the release poller's: new releases, its stop
+        self._poller = None
+        self._poll_stop = False
         self._close_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
         self._s = _Session(self, opened, 1)
@@ -302,19 +304,10 @@ class Client(ClientCore):
             raise waiter.result
         return waiter.result
 
-    def _release_call(self, s, lease, event):
-        """The Release call for a closed lease (see ClientCore._close_lease), blocking; then
-        destroys its IPC event, if any."""
+    def _release_call(self, s, lease):
+        """The Release call for a closed lease (see ClientCore._send_release), blocking."""
         try:
-            self._release_unary(s, lease.id, b"" if event is None else event[0])
-        finally:
-            if event is not None:
-                _cuda.destroy_event(lease.device, event[1])
-
-    def _release_unary(self, s, lease_id, event_handle):
-        try:
-            self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease_id,
-                                                 cuda_ipc_event_handle=event_handle), metadata=self._metadata)
+            self._stub.Release(pb.ReleaseRequest(session_id=s.id, lease_id=lease.id), metadata=self._metadata)
         except grpc.RpcError as e:
             error = self._release_error(s, e)
             if error is not None:
@@ -326,6 +319,50 @@ class Client(ClientCore):
                                metadata=self._metadata, timeout=5)
         except grpc.RpcError:
             pass  # the session's end will take it back
+
+    # ------------------------------------------------------------------ stream-ordered releases
+
+    def _wake_poller(self):
+        """A release waits for its event: the poller thread (started on the first) polls it."""
+        with self._poll_cond:
+            if self._poller is None and not self._poll_stop:
+                self._poller = threading.Thread(target=self._poll_releases, daemon=True,
+                                                name="gpumemd-releases-%s" % self.client_name)
+                self._poller.start()
+            self._poll_cond.notify_all()
+
+    def _poll_releases(self):
+        """The poller thread: sends each deferred release once its event has completed,
+        sleeping DeferredReleases.delay() between polls, and waiting for work when none is
+        pending; ends when the client closes."""
+        while True:
+            with self._poll_cond:
+                while not self._poll_stop and len(self._deferred) == 0:
+                    self._poll_cond.notify_all()  # a closing client waits for the table to empty
+                    self._poll_cond.wait()
+                if self._poll_stop:
+                    return
+            self._release_ready()
+            with self._poll_cond:
+                if not self._poll_stop and len(self._deferred):
+                    self._poll_cond.wait(self._deferred.delay())
+
+    def _drain_deferred(self, seconds):
+        """At close: waits up to ``seconds`` for the deferred releases to go out (their events
+        to complete), then stops the poller and gives up the rest (ClientCore._abandon_deferred)."""
+        deadline = time.monotonic() + seconds
+        with self._poll_cond:
+            while len(self._deferred) and self._poller is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._poll_cond.wait(min(left, 0.05))
+            self._poll_stop = True
+            self._poll_cond.notify_all()
+            poller = self._poller
+        if poller is not None:
+            poller.join(5)  # a release call in flight ends first
+        self._abandon_deferred()
 
     # ------------------------------------------------------------------ the KeepAlive stream
 
@@ -405,6 +442,8 @@ class Client(ClientCore):
             with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
                 s = self._s
             try:
+                # Releases waiting for GPU work go out first (bounded), on the stream before it ends.
+                self._drain_deferred(self._timeout)
                 if not s.lost and s.call is not None:
                     # Pending releases go out, then the stream ends; once the daemon has ended
                     # its side it has applied them, before CloseSession (another HTTP/2 stream).

@@ -12,7 +12,8 @@
         read-only hold, that writes fail; print "ok"; then MODE: "wait" (default) checks the
         pattern again once a line comes on stdin and closes the hold, "hold" sleeps until
         killed, "exit" closes at once
-    cuda-produce / cuda-attach ...   the same on a CUDA device (driver copies)
+    cuda-produce / cuda-attach ...   the same on a CUDA device (driver copies); cuda-attach's MODE
+        "write-refused" then checks that a driver copy into a read-only hold fails (VMM)
 """
 import os
 import sys
@@ -32,8 +33,8 @@ def produce(target, device, size, seed, max_attaches, read_only="0", cuda=False)
     with gpumemd.connect(target, client_name="pytest-producer") as gm:
         lease = gm.lease(device, size)
         if cuda:
-            _cuda.copy_to_device(device, lease.device_ptr, pattern(size, seed).tobytes())
-            _cuda.make_current(device).cuCtxSynchronize()
+            _cuda.copy_to_device(lease.cuda_device, lease.device_ptr, pattern(size, seed).tobytes())
+            _cuda.synchronize(lease.cuda_device)
         else:
             numpy.asarray(lease)[:] = pattern(size, seed)
         share = lease.share(max_attaches=int(max_attaches), read_only=read_only == "1")
@@ -67,6 +68,19 @@ def check_read_only(hold):
         sys.exit("a write to the read-only hold's array went through")
 
 
+def check_cuda_write_refused(hold):
+    """A read-only hold on a VMM segment: a driver copy into it must fail (PROT_READ access).
+    Prints the mapping's kind and "refused" with the driver's error; exits non-zero otherwise."""
+    print(type(hold._mapping).__name__, int(hold._mapping.read_only), flush=True)
+    try:
+        _cuda.copy_to_device(hold.cuda_device, hold.device_ptr, b"\xff" * 16)
+        _cuda.synchronize(hold.cuda_device)
+    except gpumemd.GpumemdError as e:
+        print("refused", e.message.replace(" ", "_"), flush=True)
+        os._exit(0)  # the context may be unusable after the fault: no orderly close through it
+    sys.exit("a write through the read-only hold went through")
+
+
 def take(how, target, key, size, seed, mode="wait", cuda=False):
     size, seed = int(size), int(seed)
     with gpumemd.connect(target, client_name="pytest-consumer") as gm:
@@ -74,8 +88,10 @@ def take(how, target, key, size, seed, mode="wait", cuda=False):
         assert hold.attached and hold.size == size, hold
         print(hold.segment_id, hold.offset, hold.id, int(hold.read_only), flush=True)
         if cuda:
-            if _cuda.copy_from_device(hold.device, hold.device_ptr, size) != pattern(size, seed).tobytes():
+            if _cuda.copy_from_device(hold.cuda_device, hold.device_ptr, size) != pattern(size, seed).tobytes():
                 sys.exit("pattern mismatch in %r" % hold)
+            if mode == "write-refused":
+                check_cuda_write_refused(hold)
         else:
             if not numpy.array_equal(numpy.asarray(hold), pattern(size, seed)):
                 sys.exit("pattern mismatch in %r" % hold)

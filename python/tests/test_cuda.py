@@ -1,17 +1,25 @@
-"""CUDA leases: a daemon on the cuda backend and real GPU memory. Each test skips itself, with
-the reason, where libcuda.so.1 or a GPU is missing (or PyTorch and CuPy, for the tensor test)."""
+"""CUDA leases: a daemon on the cuda backend and real GPU memory, with legacy IPC handles
+(``cuda_daemon``) and with VMM segments passed as descriptors (``vmm_daemon``, issue 24). Each
+test skips itself, with the reason, where libcuda.so.1 or a GPU is missing (or PyTorch and CuPy,
+for the tensor test). None of them has run on a GPU yet (none was available where they were
+written)."""
 import ctypes
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import numpy
 import pytest
 
 import gpumemd
-from conftest import HERE, run_worker
+from conftest import HERE, PYTHON_DIR, run_worker
 from gpumemd import _cuda
+from gpumemd._stubs import pb, pb_grpc
 
 pytestmark = pytest.mark.skipif(not gpumemd.cuda_available(),
                                 reason="no usable CUDA device (libcuda.so.1 missing or no GPU reported)")
@@ -81,23 +89,27 @@ def test_cross_process_bytes_are_equal(cuda_daemon):
 
 
 def test_stream_ordered_release(cuda_daemon):
-    lib = _cuda.make_current(0)
-    stream = ctypes.c_void_p()
-    _cuda.check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # non-blocking
+    with _cuda.context(0) as lib:
+        stream = ctypes.c_void_p()
+        _cuda.check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # non-blocking
     try:
         with gpumemd.connect(cuda_daemon.target) as gm:
             lease = gm.lease(0, 64 << 20, stream=stream.value)
             assert lease.__cuda_array_interface__["stream"] == stream.value
-            _cuda.check(lib.cuMemsetD8Async(lease.device_ptr, 0x11, 64 << 20, stream), "cuMemsetD8Async")
-            lease.close(after=stream.value)  # returns at once; the daemon waits for the event
+            with _cuda.context(lease.cuda_device) as lib:
+                _cuda.check(lib.cuMemsetD8Async(lease.device_ptr, 0x11, 64 << 20, stream), "cuMemsetD8Async")
+            lease.close(after=stream)  # a ctypes.c_void_p (as Numba's handle); returns at once
             assert lease.closed
-            _cuda.check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            with _cuda.context(0) as lib:
+                _cuda.check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            wait_until(lambda: not listed(cuda_daemon, lease.id), "the release after the event")
             with gm.lease(0, 64 << 20) as again:  # the block is reused only after the memset
                 if (again.segment_id, again.offset) == (lease.segment_id, lease.offset):
                     assert _cuda.copy_from_device(0, again.device_ptr + (63 << 20), 4) == b"\x11" * 4
             assert gm.stats().release_failures == 0
     finally:
-        lib.cuStreamDestroy_v2(stream)
+        with _cuda.context(0) as lib:
+            lib.cuStreamDestroy_v2(stream)
 
 
 def test_producer_and_consumer_see_the_same_device_bytes_through_attach(cuda_daemon):
@@ -121,3 +133,163 @@ def test_producer_and_consumer_see_the_same_device_bytes_through_attach(cuda_dae
     while cuda_daemon.stats(0).leased_bytes != baseline and time.monotonic() < deadline:
         time.sleep(0.02)
     assert cuda_daemon.stats(0).leased_bytes == baseline
+
+
+# ---------------------------------------------------------------------------- VMM (issue 24)
+
+
+def wait_until(predicate, what, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "%s not reached within %.0f s" % (what, timeout)
+        time.sleep(0.01)
+
+
+def listed(daemon, lease_id):
+    return any(entry.lease_id == lease_id for entry in daemon.leases())
+
+
+@pytest.fixture(scope="module")
+def vmm_daemon():
+    """A daemon with VMM segments, in a directory another uid may reach (the other-uid test)."""
+    from conftest import Daemon
+
+    directory = tempfile.mkdtemp(prefix="gpumemd-vmm-", dir="/tmp")
+    os.chmod(directory, 0o711)
+    d = Daemon(directory, "--backend", "cuda", "--cuda-handles", "vmm", "--device-limit-bytes", "1GiB",
+               "--socket-mode", "0666")
+    yield d
+    d.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def raw_lease(gm, size):
+    """A LeaseResponse straight from the daemon (its handle as sent), released by the caller."""
+    return pb_grpc.AllocatorStub(gm.channel).Lease(pb.LeaseRequest(session_id=gm.session_id, device=0,
+                                                                    size_bytes=size), metadata=gm.metadata)
+
+
+def test_vmm_segments_come_as_descriptors_and_devices_match_by_uuid(vmm_daemon):
+    with gpumemd.connect(vmm_daemon.target) as gm:
+        response = raw_lease(gm, 1 << 20)
+        assert response.handle.WhichOneof("kind") == "cuda_vmm" and response.handle.cuda_vmm.fd_socket
+        gm._give_back(gm._s, response.lease_id)
+        with gm.lease(0, 1 << 20, zero=True) as lease:
+            assert type(lease._mapping).__name__ == "VmmMapping" and not lease._mapping.read_only
+            assert _cuda.visible_uuids()[lease.cuda_device] == gm._s.device_uuid(0)
+            assert gm._s.device_uuid(0).startswith("GPU-")
+            assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, 4096) == bytes(4096)
+            _cuda.copy_to_device(lease.cuda_device, lease.device_ptr + 100, b"vmm!")
+            assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr + 100, 4) == b"vmm!"
+        assert gm._fd_channels.fetched == 1 and gm.stats().maps_opened == 1
+
+
+def test_vmm_bytes_cross_two_processes_by_descriptor(vmm_daemon):
+    vmm_daemon.admin.Trim(pb.TrimRequest(device=0, keep_bytes=0))
+    written = run_worker("cuda-write", vmm_daemon.target, 0, SIZE, 5)
+    read = run_worker("cuda-read", vmm_daemon.target, 0, SIZE, 5)
+    assert read.split()[:2] == written.split()[:2]  # the same segment and offset, read back in another process
+
+
+def test_a_write_through_a_read_only_vmm_hold_is_refused(vmm_daemon):
+    from worker import pattern
+
+    worker = [sys.executable, os.path.join(HERE, "sharing_worker.py")]
+    with gpumemd.connect(vmm_daemon.target) as gm, gm.lease(0, SIZE) as lease:
+        expected = pattern(SIZE, 4).tobytes()
+        _cuda.copy_to_device(lease.cuda_device, lease.device_ptr, expected)
+        _cuda.synchronize(lease.cuda_device)
+        share = lease.share(read_only=True, max_attaches=1)
+        consumed = subprocess.run(worker + ["cuda-attach", vmm_daemon.target, share.token, str(SIZE), "4",
+                                            "write-refused"], capture_output=True, text=True, timeout=120)
+        assert consumed.returncode == 0, consumed.stdout + consumed.stderr
+        lines = consumed.stdout.split("\n")
+        assert lines[0].split()[3] == "1" and lines[1] == "ok", consumed.stdout
+        assert lines[2] == "VmmMapping 1", consumed.stdout  # its own read-only mapping
+        assert lines[3].startswith("refused "), consumed.stdout
+        assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, SIZE) == expected  # unchanged
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="another uid needs root and setpriv")
+def test_another_uid_gets_only_its_own_tenants_vmm_descriptors(vmm_daemon):
+    package = tempfile.mkdtemp(prefix="gpumemd-py-", dir="/tmp")  # readable by nobody
+    try:
+        shutil.copytree(os.path.join(PYTHON_DIR, "gpumemd"), os.path.join(package, "gpumemd"))
+        shutil.copy(os.path.join(HERE, "cuda_other_user.py"), package)
+        for directory, dirs, files in os.walk(package):
+            os.chmod(directory, 0o755)
+            for f in files:
+                os.chmod(os.path.join(directory, f), 0o644)
+        with gpumemd.connect(vmm_daemon.target, client_name="victim") as gm, gm.lease(0, 1 << 20) as lease:
+            _cuda.copy_to_device(lease.cuda_device, lease.device_ptr, b"secret")
+            response = raw_lease(gm, 1 << 20)
+            fd_socket = response.handle.cuda_vmm.fd_socket
+            gm._give_back(gm._s, response.lease_id)
+            result = subprocess.run(
+                ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                 os.path.join(package, "cuda_other_user.py"), vmm_daemon.target, fd_socket, gm.session_id,
+                 str(lease.segment_id)],
+                capture_output=True, text=True, timeout=120,
+                env=dict(os.environ, GPUMEMD_PYTHON_DIR=package, HOME="/tmp"))
+            assert result.returncode == 0, result.stdout + result.stderr
+            seen = json.loads(result.stdout.strip().splitlines()[-1])
+            assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, 6) == b"secret"
+    finally:
+        shutil.rmtree(package, ignore_errors=True)
+    assert seen["uid"] == 65534
+    assert seen["foreign_session"]["code"] == "NOT_FOUND" and gm.session_id in seen["foreign_session"]["message"]
+    assert seen["own_session_foreign_segment"]["code"] == "NOT_FOUND"
+    assert seen["own_lease"]["bytes"] == "mine!" and seen["own_lease"]["mapping"] == "VmmMapping"
+    assert seen["own_lease"]["segment"] != lease.segment_id, "tenants never share a segment"
+
+
+def test_release_waits_for_the_recorded_event(vmm_daemon):
+    """The stream is held by a host function until the test opens the gate: the lease closed
+    after it stays with the daemon (a new lease gets another block) until the gate opens."""
+    gate = threading.Event()
+    host_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda data: gate.wait(120) and None)
+    with _cuda.context(0) as lib:
+        lib.cuLaunchHostFunc.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        stream = ctypes.c_void_p()
+        _cuda.check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # non-blocking
+    try:
+        with gpumemd.connect(vmm_daemon.target) as gm:
+            lease = gm.lease(0, 8 << 20)
+            with _cuda.context(lease.cuda_device) as lib:
+                _cuda.check(lib.cuLaunchHostFunc(stream, ctypes.cast(host_fn, ctypes.c_void_p), None),
+                            "cuLaunchHostFunc")
+                _cuda.check(lib.cuMemsetD8Async(lease.device_ptr, 0x22, 8 << 20, stream), "cuMemsetD8Async")
+            lease.close(after=stream.value)
+            assert lease.closed and len(gm._deferred) == 1  # returned with the stream still held
+            with gm.lease(0, 8 << 20) as other:
+                assert (other.segment_id, other.offset) != (lease.segment_id, lease.offset)
+            assert listed(vmm_daemon, lease.id) and len(gm._deferred) == 1  # the memset has not run
+            gate.set()
+            wait_until(lambda: not listed(vmm_daemon, lease.id), "the release after the event")
+            assert len(gm._deferred) == 0 and gm.stats().release_failures == 0
+            with gm.lease(0, 8 << 20) as again:
+                if (again.segment_id, again.offset) == (lease.segment_id, lease.offset):
+                    assert _cuda.copy_from_device(again.cuda_device, again.device_ptr, 4) == b"\x22" * 4
+    finally:
+        gate.set()
+        with _cuda.context(0) as lib:
+            lib.cuStreamSynchronize(stream)
+            lib.cuStreamDestroy_v2(stream)
+
+
+def test_a_lease_leaves_the_callers_current_context_as_it_was(vmm_daemon):
+    """In a fresh thread no context is current; after a lease, its use and its close there still
+    is none (the client pushes the primary context and pops it)."""
+    seen = []
+
+    def run():
+        seen.append(_cuda.current_context())
+        with gpumemd.connect(vmm_daemon.target) as gm, gm.lease(0, 1 << 20, zero=True) as lease:
+            _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, 16)
+            seen.append(_cuda.current_context())
+        seen.append(_cuda.current_context())
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(120)
+    assert seen == [0, 0, 0]

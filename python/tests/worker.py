@@ -32,11 +32,11 @@ def main(mode, target, device, size, seed=0):
         elif mode == "read":
             if not numpy.array_equal(numpy.asarray(lease), pattern(size, seed)):
                 sys.exit("pattern mismatch in %r" % lease)
-        elif mode == "cuda-write":
-            _cuda.copy_to_device(device, lease.device_ptr, pattern(size, seed).tobytes())
-            _cuda.make_current(device).cuCtxSynchronize()
+        elif mode == "cuda-write":  # lease.cuda_device: this process's ordinal of the daemon's device
+            _cuda.copy_to_device(lease.cuda_device, lease.device_ptr, pattern(size, seed).tobytes())
+            _cuda.synchronize(lease.cuda_device)
         elif mode == "cuda-read":
-            if _cuda.copy_from_device(device, lease.device_ptr, size) != pattern(size, seed).tobytes():
+            if _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, size) != pattern(size, seed).tobytes():
                 sys.exit("pattern mismatch in %r" % lease)
         elif mode == "hold":
             print(lease.id, flush=True)

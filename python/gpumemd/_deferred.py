@@ -1,0 +1,109 @@
+"""Stream-ordered releases: leases closed with ``close(after=stream)``, waiting for the event
+recorded on that stream before their release goes to the daemon.
+
+The daemon is sent no event handle (an IPC event opens only within the daemon's PID namespace,
+and its exporter could not know when to destroy it): the client records a plain event in its
+own process, polls it, and releases the lease once the event has completed, so the daemon
+reuses the block only after the work queued before it. The caller of ``close(after=...)`` never
+waits. Both clients poll the same table, each in its own way: the sync client on a thread of
+its own, the asyncio client in a task on its loop (:meth:`DeferredReleases.poll` never blocks:
+``cuEventQuery`` returns at once). Between polls they sleep :meth:`DeferredReleases.delay`:
+from 0.2 ms, doubling while nothing completes, up to 20 ms.
+
+What becomes of each pending release:
+
+- its event completed: ``poll`` returns it, the client sends its release, its event is destroyed;
+- its event reports an error (the work failed, the context is broken): the lease is not
+  released (the GPU may still touch the block, for all the client knows), a warning names it,
+  its event is destroyed; the session's end gives the block back;
+- its session was lost: dropped with its event (the daemon took the lease back);
+- the client closes: :meth:`DeferredReleases.abandon` after a bounded wait, for those still
+  running: their events are destroyed and CloseSession takes the leases back.
+
+An event is any object with ``query()`` (True once complete, False while not, raises on an
+error) and ``destroy()``; :class:`gpumemd._cuda.Event` on a GPU.
+
+Thread-safe: one lock guards the table; events are queried and destroyed outside it by the one
+poller (and by ``abandon``, once the poller is stopped).
+"""
+import logging
+import threading
+
+log = logging.getLogger("gpumemd")
+
+MIN_DELAY = 0.0002  # seconds between polls while releases are pending, doubling ...
+MAX_DELAY = 0.02    # ... up to this while nothing completes
+
+
+class Pending:
+    """A lease whose release waits for ``event``, on session ``session``."""
+
+    __slots__ = ("session", "lease", "event")
+
+    def __init__(self, session, lease, event):
+        self.session = session
+        self.lease = lease
+        self.event = event
+
+
+class DeferredReleases:
+    """The pending stream-ordered releases of one client (see the module notes)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending = []
+        self._delay = MIN_DELAY
+
+    def add(self, session, lease, event):
+        with self._lock:
+            self._pending.append(Pending(session, lease, event))
+            self._delay = MIN_DELAY
+
+    def __len__(self):
+        with self._lock:
+            return len(self._pending)
+
+    def poll(self):
+        """Queries every pending event once; the :class:`Pending` whose event completed (their
+        events destroyed), in the order they were added, for the caller to release. Drops
+        those of lost sessions and those whose event failed (see the module notes)."""
+        with self._lock:
+            pending = list(self._pending)
+        ready, done = [], set()
+        for item in pending:
+            if item.session.lost:
+                done.add(id(item))
+            else:
+                try:
+                    if not item.event.query():
+                        continue
+                    ready.append(item)
+                except Exception as e:  # noqa: BLE001 (a driver error: the lease stays held)
+                    log.warning("gpumemd: the GPU work that lease %s waited for reports an error (%s); it is not "
+                                "released, the session's end gives it back", item.lease.id, e)
+                done.add(id(item))
+            _destroy(item)
+        with self._lock:
+            self._pending = [item for item in self._pending if id(item) not in done]
+            self._delay = MIN_DELAY if done else min(MAX_DELAY, self._delay * 2)
+        return ready
+
+    def delay(self):
+        """Seconds to sleep before the next poll."""
+        with self._lock:
+            return self._delay
+
+    def abandon(self):
+        """Drops every pending release, destroying its event; the leases, for a warning."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            _destroy(item)
+        return [item.lease for item in pending]
+
+
+def _destroy(item):
+    try:
+        item.event.destroy()
+    except Exception as e:  # noqa: BLE001 (nothing more to do with it)
+        log.warning("gpumemd: destroying the event of lease %s failed: %s", item.lease.id, e)
