@@ -6,6 +6,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.LongConsumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * This process's mappings, one per segment id, shared by the leases on that segment (a pool
@@ -16,10 +18,18 @@ import java.util.function.LongConsumer;
  * <p>A host segment that a read-only hold uses gets a read-only mapping of its own (never the
  * writable one); the segment's one or two mappings count and close together.
  *
+ * <p>CUDA: a lease's device is the daemon's ordinal, found among this process's devices by
+ * uuid ({@link CudaContexts#localDevice}). Closing a CUDA mapping first waits for the work
+ * queued in its context, which may still use the memory. A mapping that fails to close is
+ * logged and the others are closed still; a requested unmap is acknowledged either way (the
+ * process holds nothing more it could let go of).
+ *
  * <p>Thread-safe: all state is guarded by this object's monitor. The unmap acknowledgement is
  * sent after the mapping is closed, outside the monitor.
  */
 final class MappingCache {
+  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
+
   private static final class Entry {
     /** The writable mapping (always the one mapping on CUDA), opened on first use; or null. */
     SegmentMapping mapping;
@@ -43,17 +53,24 @@ final class MappingCache {
 
   private final Map<Long, Entry> entries = new HashMap<>();
   private final LongConsumer ackUnmapped;
+  /** The daemon's CUDA devices by ordinal, with their uuids (OpenSessionResponse.devices). */
+  private final Map<Integer, String> deviceUuids;
   private long mapsOpened;
 
-  /** @param ackUnmapped told the segment id once a requested unmap is done */
-  MappingCache(LongConsumer ackUnmapped) {
+  /**
+   * @param ackUnmapped told the segment id once a requested unmap is done
+   * @param deviceUuids the daemon's devices by ordinal with their uuids; empty from a daemon
+   *     that predates them (ordinals are then taken as they are)
+   */
+  MappingCache(LongConsumer ackUnmapped, Map<Integer, String> deviceUuids) {
     this.ackUnmapped = ackUnmapped;
+    this.deviceUuids = Map.copyOf(deviceUuids);
   }
 
   /**
    * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
    * {@code readOnly}, a host segment's read-only mapping; on CUDA the one mapping (read-only is
-   * advisory there: a legacy IPC handle cannot be opened read-only).
+   * advisory with a legacy IPC handle, which cannot be opened read-only).
    */
   synchronized SegmentMapping acquire(int device, MemoryHandle handle, boolean readOnly) {
     Entry entry = entries.get(handle.getSegmentId());
@@ -81,7 +98,8 @@ final class MappingCache {
       }
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
-          entry.mapping = CudaMappings.open(device, handle.getCudaIpcHandle().toByteArray());
+          entry.mapping = CudaMappings.openLegacy(CudaContexts.localDevice(device, deviceUuids),
+              handle.getCudaIpcHandle().toByteArray());
           mapsOpened++;
         }
         mapping = entry.mapping;
@@ -111,7 +129,7 @@ final class MappingCache {
       }
     }
     if (toClose != null) {
-      toClose.forEach(SegmentMapping::close);
+      closeQuietly(segmentId, toClose);
       ackUnmapped.accept(segmentId);
     }
   }
@@ -131,7 +149,7 @@ final class MappingCache {
         return;
       }
     }
-    toClose.forEach(SegmentMapping::close);
+    closeQuietly(segmentId, toClose);
     ackUnmapped.accept(segmentId);
   }
 
@@ -153,33 +171,39 @@ final class MappingCache {
    * memory (the file behind it is the old daemon's, unlinked or not, never truncated).
    */
   void abandonAll() {
-    List<SegmentMapping> toClose;
+    Map<Long, List<SegmentMapping>> toClose = new HashMap<>();
     synchronized (this) {
-      toClose = new ArrayList<>();
-      entries.values().forEach(e -> {
+      entries.forEach((segmentId, e) -> {
         if (e.mapping != null && !(e.mapping instanceof HostMapping)) {
-          toClose.add(e.mapping);
+          toClose.put(segmentId, List.of(e.mapping));
         }
       });
       entries.clear();
     }
-    for (SegmentMapping mapping : toClose) {
-      try {
-        mapping.close();
-      } catch (RuntimeException e) {
-        // the exporting process is gone: nothing more to do
-      }
-    }
+    toClose.forEach(this::closeQuietly);
   }
 
   /** Closes every mapping (the client is closing). */
   void closeAll() {
-    List<SegmentMapping> all;
+    Map<Long, List<SegmentMapping>> all = new HashMap<>();
     synchronized (this) {
-      all = new ArrayList<>();
-      entries.values().forEach(e -> all.addAll(e.all()));
+      entries.forEach((segmentId, e) -> all.put(segmentId, e.all()));
       entries.clear();
     }
-    all.forEach(SegmentMapping::close);
+    all.forEach(this::closeQuietly);
+  }
+
+  /**
+   * Closes a segment's mappings, each even when another fails; a failure is logged (the
+   * mapping is as closed as it can be: retrying would not help).
+   */
+  private void closeQuietly(long segmentId, List<SegmentMapping> mappings) {
+    for (SegmentMapping mapping : mappings) {
+      try {
+        mapping.close();
+      } catch (RuntimeException | LinkageError e) {
+        log.warn("gpumemd: unmapping segment {} failed: {}", segmentId, e.toString());
+      }
+    }
   }
 }
