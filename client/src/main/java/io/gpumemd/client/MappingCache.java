@@ -14,7 +14,9 @@ import java.util.function.LongConsumer;
  * the daemon asks (it wants to free the segment), or when the client closes.
  *
  * <p>A host segment that a read-only hold uses gets a read-only mapping of its own (never the
- * writable one); the segment's one or two mappings count and close together.
+ * writable one); the segment's one or two mappings count and close together. A segment passed
+ * by descriptor is fetched from the fd channel ({@link FdChannelClient}, once per mapping),
+ * mapped, and its descriptor closed at once.
  *
  * <p>Thread-safe: all state is guarded by this object's monitor. The unmap acknowledgement is
  * sent after the mapping is closed, outside the monitor.
@@ -43,11 +45,21 @@ final class MappingCache {
 
   private final Map<Long, Entry> entries = new HashMap<>();
   private final LongConsumer ackUnmapped;
+  /** Where segments passed by descriptor come from; the client's one connection. */
+  final FdChannelClient fdChannel;
+  /** The session whose holds the fd channel checks. */
+  final String sessionId;
   private long mapsOpened;
 
-  /** @param ackUnmapped told the segment id once a requested unmap is done */
-  MappingCache(LongConsumer ackUnmapped) {
+  /**
+   * @param ackUnmapped told the segment id once a requested unmap is done
+   * @param fdChannel the client's fd channel
+   * @param sessionId the session this cache maps for
+   */
+  MappingCache(LongConsumer ackUnmapped, FdChannelClient fdChannel, String sessionId) {
     this.ackUnmapped = ackUnmapped;
+    this.fdChannel = fdChannel;
+    this.sessionId = sessionId;
   }
 
   /**
@@ -79,6 +91,18 @@ final class MappingCache {
           mapping = entry.mapping;
         }
       }
+      case FD_SEGMENT -> {
+        if (readOnly ? entry.readOnly == null : entry.mapping == null) {
+          HostMapping host = fetchHost(handle, readOnly);
+          if (readOnly) {
+            entry.readOnly = host;
+          } else {
+            entry.mapping = host;
+          }
+          mapsOpened++;
+        }
+        mapping = readOnly ? entry.readOnly : entry.mapping;
+      }
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
           entry.mapping = CudaMappings.open(device, handle.getCudaIpcHandle().toByteArray());
@@ -94,6 +118,21 @@ final class MappingCache {
     }
     entry.leases++;
     return mapping;
+  }
+
+  /**
+   * A host segment's descriptor from the fd channel, mapped (read-only when asked, or when the
+   * daemon grants only that) and closed.
+   */
+  private HostMapping fetchHost(MemoryHandle handle, boolean readOnly) {
+    ReceivedDescriptor descriptor = fdChannel.fetch(handle.getFdSegment().getFdSocket(), sessionId,
+        handle.getSegmentId(), readOnly);
+    if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+      descriptor.close();
+      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
+          + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+    }
+    return descriptor.mapHost();
   }
 
   /** A lease on the segment closed. */
