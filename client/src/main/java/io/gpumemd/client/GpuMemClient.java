@@ -56,6 +56,7 @@ import java.util.function.Consumer;
  */
 public final class GpuMemClient implements AutoCloseable {
   private final Channels.Connection connection;
+  private final FdChannelClient fdChannel;
   private final ClientCounters counters = new ClientCounters();
   private final SessionKeeper sessions;
   private final LeasePaths leases;
@@ -200,13 +201,15 @@ public final class GpuMemClient implements AutoCloseable {
       open.setClientCacheBytes(b.clientCacheBytes);
     }
     boolean streamCalls = b.keepAlive && !b.unaryCalls;
+    this.fdChannel = new FdChannelClient(b.target, FdChannelClient.DEFAULT_TIMEOUT_MS);
     this.sessions = new SessionKeeper(connection.channel(), open.build(), b.keepAlive, streamCalls, b.ticker, b.sleeper,
-        b.onShutdownNotice, counters);
+        b.onShutdownNotice, counters, fdChannel);
     this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters, pendingReleases);
     this.sharing = new SharingCalls(sessions, leases, connection.channel(), streamCalls, b.ticker, b.sleeper);
     try {
       sessions.start(session -> new LeaseOwner(session, leases, sharing));
     } catch (GpuMemException e) {
+      fdChannel.close();
       connection.close();
       throw e;
     }
@@ -224,6 +227,14 @@ public final class GpuMemClient implements AutoCloseable {
   /** The underlying connection, for other services on the same channel (health, Admin). */
   public Channels.Connection connection() {
     return connection;
+  }
+
+  /**
+   * The client's connection to the daemon's fd channel, where segments passed by descriptor are
+   * fetched (host segments under {@code --host-segments fd}, CUDA VMM segments).
+   */
+  public FdChannelClient fdChannel() {
+    return fdChannel;
   }
 
   /** Segments mapped in this process right now. */
@@ -386,6 +397,7 @@ public final class GpuMemClient implements AutoCloseable {
       pendingReleases.close(PENDING_RELEASES_CLOSE_MS);
       sessions.close();
     } finally {
+      fdChannel.close();
       connection.close();
       closed.countDown();
     }

@@ -16,7 +16,9 @@ import org.slf4j.LoggerFactory;
  * the daemon asks (it wants to free the segment), or when the client closes.
  *
  * <p>A host segment that a read-only hold uses gets a read-only mapping of its own (never the
- * writable one); the segment's one or two mappings count and close together.
+ * writable one); the segment's one or two mappings count and close together. A segment passed
+ * by descriptor is fetched from the fd channel ({@link FdChannelClient}, once per mapping),
+ * mapped, and its descriptor closed at once.
  *
  * <p>CUDA: a lease's device is the daemon's ordinal, found among this process's devices by
  * uuid ({@link CudaContexts#localDevice}). Closing a CUDA mapping first waits for the work
@@ -53,17 +55,25 @@ final class MappingCache {
 
   private final Map<Long, Entry> entries = new HashMap<>();
   private final LongConsumer ackUnmapped;
+  /** Where segments passed by descriptor come from; the client's one connection. */
+  final FdChannelClient fdChannel;
+  /** The session whose holds the fd channel checks. */
+  final String sessionId;
   /** The daemon's CUDA devices by ordinal, with their uuids (OpenSessionResponse.devices). */
   private final Map<Integer, String> deviceUuids;
   private long mapsOpened;
 
   /**
    * @param ackUnmapped told the segment id once a requested unmap is done
+   * @param fdChannel the client's fd channel
+   * @param sessionId the session this cache maps for
    * @param deviceUuids the daemon's devices by ordinal with their uuids; empty from a daemon
    *     that predates them (ordinals are then taken as they are)
    */
-  MappingCache(LongConsumer ackUnmapped, Map<Integer, String> deviceUuids) {
+  MappingCache(LongConsumer ackUnmapped, FdChannelClient fdChannel, String sessionId, Map<Integer, String> deviceUuids) {
     this.ackUnmapped = ackUnmapped;
+    this.fdChannel = fdChannel;
+    this.sessionId = sessionId;
     this.deviceUuids = Map.copyOf(deviceUuids);
   }
 
@@ -96,6 +106,18 @@ final class MappingCache {
           mapping = entry.mapping;
         }
       }
+      case FD_SEGMENT -> {
+        if (readOnly ? entry.readOnly == null : entry.mapping == null) {
+          HostMapping host = fetchHost(handle, readOnly);
+          if (readOnly) {
+            entry.readOnly = host;
+          } else {
+            entry.mapping = host;
+          }
+          mapsOpened++;
+        }
+        mapping = readOnly ? entry.readOnly : entry.mapping;
+      }
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
           entry.mapping = CudaMappings.openLegacy(CudaContexts.localDevice(device, deviceUuids),
@@ -112,6 +134,21 @@ final class MappingCache {
     }
     entry.leases++;
     return mapping;
+  }
+
+  /**
+   * A host segment's descriptor from the fd channel, mapped (read-only when asked, or when the
+   * daemon grants only that) and closed.
+   */
+  private HostMapping fetchHost(MemoryHandle handle, boolean readOnly) {
+    ReceivedDescriptor descriptor = fdChannel.fetch(handle.getFdSegment().getFdSocket(), sessionId,
+        handle.getSegmentId(), readOnly);
+    if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+      descriptor.close();
+      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
+          + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+    }
+    return descriptor.mapHost();
   }
 
   /** A lease on the segment closed. */

@@ -48,7 +48,7 @@ final class Session {
   private final ClientCounters counters;
 
   Session(OpenSessionResponse opened, long generation, boolean streamCalls, ScheduledExecutorService flusher,
-      ClientCounters counters, Function<Session, Lease.Owner> owners) {
+      ClientCounters counters, Function<Session, Lease.Owner> owners, FdChannelClient fdChannel) {
     this.id = opened.getSessionId();
     this.generation = generation;
     this.ttlSeconds = opened.getTtlSeconds();
@@ -56,7 +56,8 @@ final class Session {
     this.counters = counters;
     this.stream = new SessionStream(lost::get);
     this.mappings = new MappingCache(segmentId ->
-        stream.sendIfOpen(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build()), deviceUuids(opened));
+        stream.sendIfOpen(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build()), fdChannel, id,
+        deviceUuids(opened));
     this.cache = streamCalls && opened.getClientCacheBytes() > 0
         ? new ClientCache(opened.getClientCacheBytes(), maxOversizeBytes(opened)) : null;
     this.notices = new Notices(stream, cache, flusher);
