@@ -33,9 +33,12 @@ final class MappingCache {
   private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
 
   private static final class Entry {
-    /** The writable mapping (always the one mapping on CUDA), opened on first use; or null. */
+    /** The writable mapping (the one mapping of a legacy CUDA handle), opened on first use; or null. */
     SegmentMapping mapping;
-    /** The read-only mapping of a host segment, opened by the first read-only hold; or null. */
+    /**
+     * The read-only mapping of a host or CUDA VMM segment, opened by the first read-only hold;
+     * or null.
+     */
     SegmentMapping readOnly;
     int leases;
     boolean unmapRequested;
@@ -79,8 +82,9 @@ final class MappingCache {
 
   /**
    * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
-   * {@code readOnly}, a host segment's read-only mapping; on CUDA the one mapping (read-only is
-   * advisory with a legacy IPC handle, which cannot be opened read-only).
+   * {@code readOnly}, a host or CUDA VMM segment's read-only mapping (the driver enforces it on
+   * VMM); with a legacy CUDA handle the one mapping (read-only is advisory there: a legacy IPC
+   * handle cannot be opened read-only).
    */
   synchronized SegmentMapping acquire(int device, MemoryHandle handle, boolean readOnly) {
     Entry entry = entries.get(handle.getSegmentId());
@@ -126,6 +130,18 @@ final class MappingCache {
         }
         mapping = entry.mapping;
       }
+      case CUDA_VMM -> {
+        if (readOnly ? entry.readOnly == null : entry.mapping == null) {
+          SegmentMapping vmm = importVmm(device, handle, readOnly);
+          if (readOnly) {
+            entry.readOnly = vmm;
+          } else {
+            entry.mapping = vmm;
+          }
+          mapsOpened++;
+        }
+        mapping = readOnly ? entry.readOnly : entry.mapping;
+      }
       default -> throw new GpuMemException(io.grpc.Status.Code.INTERNAL,
           "lease response carries no memory handle", null);
     }
@@ -149,6 +165,23 @@ final class MappingCache {
           + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
     }
     return descriptor.mapHost();
+  }
+
+  /**
+   * A CUDA VMM segment: the device matched by uuid (before anything is fetched), the descriptor
+   * from the fd channel, imported and mapped (read-only access when asked or granted), and closed.
+   */
+  private SegmentMapping importVmm(int device, MemoryHandle handle, boolean readOnly) {
+    int localDevice = CudaContexts.localDevice(device, deviceUuids);
+    try (ReceivedDescriptor descriptor = fdChannel.fetch(handle.getCudaVmm().getFdSocket(), sessionId,
+        handle.getSegmentId(), readOnly)) {
+      if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+        throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
+            + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+      }
+      return CudaVmm.importSegment(localDevice, descriptor.number(), descriptor.segmentBytes(),
+          readOnly || descriptor.readOnly());
+    }
   }
 
   /** A lease on the segment closed. */
