@@ -244,8 +244,9 @@ final class MappingCache {
     Map<Long, List<SegmentMapping>> toClose = new HashMap<>();
     synchronized (this) {
       entries.forEach((segmentId, e) -> {
-        if (e.mapping != null && !(e.mapping instanceof HostMapping)) {
-          toClose.put(segmentId, List.of(e.mapping));
+        List<SegmentMapping> cuda = e.all().stream().filter(m -> !(m instanceof HostMapping)).toList();
+        if (!cuda.isEmpty()) {
+          toClose.put(segmentId, cuda);
         }
       });
       entries.clear();
