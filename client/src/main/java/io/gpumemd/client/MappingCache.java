@@ -184,6 +184,16 @@ final class MappingCache {
     }
   }
 
+  /**
+   * Tests: counts a lease on a mapping made elsewhere, as {@link #acquire} does for one it opens
+   * (a mapping that fails to close exists only on a GPU).
+   */
+  synchronized void track(long segmentId, SegmentMapping mapping) {
+    Entry entry = entries.computeIfAbsent(segmentId, id -> new Entry());
+    entry.mapping = mapping;
+    entry.leases++;
+  }
+
   /** A lease on the segment closed. */
   void release(long segmentId) {
     List<SegmentMapping> toClose = null;
