@@ -206,8 +206,8 @@ public final class FdChannelClient implements AutoCloseable {
     }
   }
 
-  /** Descriptors received since the client started (for tests). */
-  long fetched() {
+  /** Descriptors received since the client started, over every connection. */
+  public long fetched() {
     return fetched;
   }
 

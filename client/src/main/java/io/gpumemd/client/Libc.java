@@ -6,6 +6,7 @@ import com.sun.jna.Native;
 import com.sun.jna.Platform;
 import com.sun.jna.Pointer;
 import java.io.IOException;
+import java.lang.ref.Reference;
 import java.nio.charset.StandardCharsets;
 
 /**
@@ -38,6 +39,9 @@ final class Libc {
   static final int EAGAIN = 11;
 
   private static final int SUN_PATH_MAX = 108;
+  /** sizeof(struct msghdr) and sizeof(struct iovec) on LP64. */
+  private static final int MSGHDR = 56;
+  private static final int IOVEC = 16;
   /** CMSG_SPACE(sizeof(int)) on LP64: a 16-byte header, 4 bytes of data padded to 8. */
   private static final int CMSG_SPACE_ONE_FD = 24;
   /** CMSG_LEN(sizeof(int)): the header and one descriptor. */
@@ -111,11 +115,13 @@ final class Libc {
       timeval.setLong(8, (timeoutMillis % 1000) * 1000);
       call(() -> setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, timeval, 16));
       call(() -> setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, timeval, 16));
+      Reference.reachabilityFence(timeval);
       Memory address = new Memory(2 + SUN_PATH_MAX);
       address.clear();
       address.setShort(0, (short) AF_UNIX);
       address.write(2, name, 0, name.length);
       call(() -> connect(fd, address, 2 + name.length + 1));
+      Reference.reachabilityFence(address);
       return fd;
     } catch (IOException | RuntimeException e) {
       closeQuietly(fd);
@@ -132,6 +138,7 @@ final class Libc {
       long at = sent;
       sent += retryOnInterrupt(() -> send(fd, buffer.share(at), bytes.length - at, MSG_NOSIGNAL));
     }
+    Reference.reachabilityFence(buffer); // a shared Pointer does not keep its Memory alive
   }
 
   /** Reads exactly {@code n} bytes (never more: the byte after a granted reply carries a descriptor). */
@@ -156,24 +163,30 @@ final class Libc {
    * @throws IOException when the byte came without exactly one descriptor (any that came is closed)
    */
   static int receiveDescriptor(int fd) throws IOException {
-    Memory data = new Memory(1);
-    Memory iov = new Memory(16);
+    // One block for the msghdr and everything it points to: a separate Memory that only the
+    // native side still refers to could be freed by the GC during the call.
+    Memory block = new Memory(MSGHDR + IOVEC + CMSG_SPACE_ONE_FD + 8);
+    block.clear();
+    Pointer iov = block.share(MSGHDR);
+    Pointer control = block.share(MSGHDR + IOVEC);
+    Pointer data = block.share(MSGHDR + IOVEC + CMSG_SPACE_ONE_FD);
     iov.setPointer(0, data);
     iov.setLong(8, 1);
-    Memory control = new Memory(CMSG_SPACE_ONE_FD);
-    control.clear();
-    Memory message = new Memory(56); // struct msghdr
-    message.clear();
-    message.setPointer(16, iov); // msg_iov
-    message.setLong(24, 1); // msg_iovlen
-    message.setPointer(32, control); // msg_control
-    message.setLong(40, CMSG_SPACE_ONE_FD); // msg_controllen
-    long got = retryOnInterrupt(() -> recvmsg(fd, message, MSG_CMSG_CLOEXEC));
+    block.setPointer(16, iov); // msg_iov
+    block.setLong(24, 1); // msg_iovlen
+    block.setPointer(32, control); // msg_control
+    block.setLong(40, CMSG_SPACE_ONE_FD); // msg_controllen
+    long got;
+    try {
+      got = retryOnInterrupt(() -> recvmsg(fd, block, MSG_CMSG_CLOEXEC));
+    } finally {
+      Reference.reachabilityFence(block);
+    }
     if (got == 0) {
       throw new IOException("the daemon closed the fd channel before the descriptor of a granted reply");
     }
-    long controlLength = message.getLong(40);
-    int flags = message.getInt(48);
+    long controlLength = block.getLong(40);
+    int flags = block.getInt(48);
     int received = -1;
     if (controlLength >= CMSG_LEN_ONE_FD && control.getLong(0) >= CMSG_LEN_ONE_FD
         && control.getInt(8) == SOL_SOCKET && control.getInt(12) == SCM_RIGHTS) {
