@@ -1,102 +1,125 @@
 package io.gpumemd.client;
 
-import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
-import static jcuda.driver.JCudaDriver.cuDeviceGet;
-import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
-import static jcuda.driver.JCudaDriver.cuInit;
 import static jcuda.driver.JCudaDriver.cuIpcCloseMemHandle;
 import static jcuda.driver.JCudaDriver.cuIpcOpenMemHandle;
 import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
 import io.gpumemd.common.cuda.CudaHandles;
-import io.grpc.Status;
-import java.util.HashMap;
-import java.util.Map;
-import jcuda.driver.CUcontext;
-import jcuda.driver.CUdevice;
+import java.util.ArrayList;
+import java.util.List;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUipcMemHandle;
 import jcuda.driver.CUipcMem_flags;
-import jcuda.driver.CUresult;
-import jcuda.driver.JCudaDriver;
 
 /**
- * The CUDA side of the client: opens segment handles with {@code cuIpcOpenMemHandle} in the
- * device's primary context. This class is the only one (with {@link CudaLeases}) that touches
- * JCuda, and it is loaded only when a lease carries a CUDA handle, so a host-only client never
- * needs the CUDA natives.
+ * The CUDA side of the client's mappings: a segment opened in this process, by a legacy IPC
+ * handle ({@code cuIpcOpenMemHandle}) or as an imported VMM allocation ({@link CudaVmm}). This
+ * class, {@link CudaContexts}, {@link CudaVmm} and {@link CudaLeases} are the only ones that
+ * touch JCuda, and they are loaded only when a lease carries a CUDA handle, so a host-only
+ * client never needs the CUDA natives.
  *
- * <p>Thread-safe: contexts are retained once per device under the class lock; each call makes
- * the device's context current on the calling thread.
+ * <p>Every driver call runs with the device's primary context pushed and popped ({@link
+ * CudaContexts#in}): the caller's current context is never changed.
+ *
+ * <p>Thread-safe: a mapping closes once, under its own lock.
  */
 final class CudaMappings {
-  private static final Map<Integer, CUcontext> CONTEXTS = new HashMap<>();
-
   private CudaMappings() {}
 
-  /** A segment opened in this process; {@link #base} is its device address here. */
-  static final class CudaMapping implements SegmentMapping {
+  /**
+   * A segment mapped in this process; {@link #base} is its device address here, valid in the
+   * primary context of {@link #device} (this process's ordinal).
+   */
+  abstract static class CudaMapping implements SegmentMapping {
     final int device;
     final CUdeviceptr base;
+    final boolean readOnly;
     private boolean closed;
 
-    CudaMapping(int device, CUdeviceptr base) {
+    CudaMapping(int device, CUdeviceptr base, boolean readOnly) {
       this.device = device;
       this.base = base;
+      this.readOnly = readOnly;
+    }
+
+    /**
+     * Waits for the work queued in the device's context, which may still use the memory, then
+     * unmaps. Each step is tried even when an earlier one failed, so that nothing is left open
+     * that could be closed; the first failure is thrown after, the others suppressed into it.
+     */
+    @Override
+    public final synchronized void close() {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      List<RuntimeException> failures = new ArrayList<>(1);
+      CudaContexts.run(device, () -> {
+        attempt(failures, () -> CudaContexts.check(() -> cuCtxSynchronize(), "cuCtxSynchronize before unmapping"));
+        unmap(failures);
+      });
+      if (!failures.isEmpty()) {
+        RuntimeException first = failures.get(0);
+        failures.subList(1, failures.size()).forEach(first::addSuppressed);
+        throw first;
+      }
+    }
+
+    synchronized boolean isClosed() {
+      return closed;
+    }
+
+    /** Undoes the mapping, the context pushed; each step through {@link #attempt}. */
+    abstract void unmap(List<RuntimeException> failures);
+  }
+
+  /** Runs a step of an unmap, recording its failure instead of ending the unmap. */
+  static void attempt(List<RuntimeException> failures, Runnable step) {
+    try {
+      step.run();
+    } catch (RuntimeException e) {
+      failures.add(e);
+    }
+  }
+
+  /** A segment opened from its legacy 64-byte IPC handle. */
+  static final class LegacyMapping extends CudaMapping {
+    LegacyMapping(int device, CUdeviceptr base) {
+      super(device, base, false); // a legacy handle cannot be opened read-only
     }
 
     @Override
-    public synchronized void close() {
-      if (!closed) {
-        closed = true;
-        makeCurrent(device);
-        check(cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle");
-      }
+    void unmap(List<RuntimeException> failures) {
+      attempt(failures, () -> CudaContexts.check(() -> cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle"));
     }
   }
 
-  static SegmentMapping open(int device, byte[] handleBytes) {
-    makeCurrent(device);
+  /**
+   * Opens a segment's legacy IPC handle on a device of this process (CUDA allows one open per
+   * context: {@link MappingCache} keeps it per segment).
+   */
+  static SegmentMapping openLegacy(int localDevice, byte[] handleBytes) {
     CUipcMemHandle handle = CudaHandles.memHandle(handleBytes);
-    CUdeviceptr base = new CUdeviceptr();
-    check(cuIpcOpenMemHandle(base, handle, CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
-        "cuIpcOpenMemHandle on device " + device);
-    return new CudaMapping(device, base);
+    return CudaContexts.in(localDevice, () -> {
+      CUdeviceptr base = new CUdeviceptr();
+      CudaContexts.check(() -> cuIpcOpenMemHandle(base, handle, CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+          "cuIpcOpenMemHandle on device " + localDevice);
+      return new LegacyMapping(localDevice, base);
+    });
   }
 
-  /** The device address of a mapping's base in this process. */
   /** Writes zeros over {@code bytes} bytes at {@code offset} of a mapped segment (synchronous). */
   static void zero(SegmentMapping mapping, long offset, long bytes) {
     CudaMapping cuda = (CudaMapping) mapping;
-    makeCurrent(cuda.device);
-    check(cuMemsetD8(pointer(mapping, offset), (byte) 0, bytes), "cuMemsetD8");
-    check(cuCtxSynchronize(), "cuCtxSynchronize");
+    CudaContexts.run(cuda.device, () -> {
+      CudaContexts.check(() -> cuMemsetD8(pointer(mapping, offset), (byte) 0, bytes), "cuMemsetD8");
+      CudaContexts.check(() -> cuCtxSynchronize(), "cuCtxSynchronize");
+    });
   }
 
   /** A device pointer {@code offset} bytes into a mapped segment: the one place of that sum. */
   static CUdeviceptr pointer(SegmentMapping mapping, long offset) {
     return ((CudaMapping) mapping).base.withByteOffset(offset);
-  }
-
-  /** Makes the primary context of a device current on this thread, retaining it once. */
-  static synchronized void makeCurrent(int device) {
-    CUcontext context = CONTEXTS.get(device);
-    if (context == null) {
-      JCudaDriver.setExceptionsEnabled(false);
-      check(cuInit(0), "cuInit");
-      CUdevice dev = new CUdevice();
-      check(cuDeviceGet(dev, device), "cuDeviceGet(" + device + ")");
-      context = new CUcontext();
-      check(cuDevicePrimaryCtxRetain(context, dev), "cuDevicePrimaryCtxRetain(" + device + ")");
-      CONTEXTS.put(device, context);
-    }
-    check(cuCtxSetCurrent(context), "cuCtxSetCurrent(" + device + ")");
-  }
-
-  static void check(int result, String call) {
-    if (result != CUresult.CUDA_SUCCESS) {
-      throw new GpuMemException(Status.Code.INTERNAL, call + " failed: " + CUresult.stringFor(result), null);
-    }
   }
 }

@@ -56,10 +56,12 @@ import java.util.function.Consumer;
  */
 public final class GpuMemClient implements AutoCloseable {
   private final Channels.Connection connection;
+  private final FdChannelClient fdChannel;
   private final ClientCounters counters = new ClientCounters();
   private final SessionKeeper sessions;
   private final LeasePaths leases;
   private final SharingCalls sharing;
+  private final PendingReleases pendingReleases = new PendingReleases();
   private final AtomicBoolean closeStarted = new AtomicBoolean();
   private final CountDownLatch closed = new CountDownLatch(1);
 
@@ -199,13 +201,15 @@ public final class GpuMemClient implements AutoCloseable {
       open.setClientCacheBytes(b.clientCacheBytes);
     }
     boolean streamCalls = b.keepAlive && !b.unaryCalls;
+    this.fdChannel = new FdChannelClient(b.target, FdChannelClient.DEFAULT_TIMEOUT_MS);
     this.sessions = new SessionKeeper(connection.channel(), open.build(), b.keepAlive, streamCalls, b.ticker, b.sleeper,
-        b.onShutdownNotice, counters);
-    this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters);
+        b.onShutdownNotice, counters, fdChannel);
+    this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters, pendingReleases);
     this.sharing = new SharingCalls(sessions, leases, connection.channel(), streamCalls, b.ticker, b.sleeper);
     try {
       sessions.start(session -> new LeaseOwner(session, leases, sharing));
     } catch (GpuMemException e) {
+      fdChannel.close();
       connection.close();
       throw e;
     }
@@ -225,6 +229,14 @@ public final class GpuMemClient implements AutoCloseable {
     return connection;
   }
 
+  /**
+   * The client's connection to the daemon's fd channel, where segments passed by descriptor are
+   * fetched (host segments under {@code --host-segments fd}, CUDA VMM segments).
+   */
+  public FdChannelClient fdChannel() {
+    return fdChannel;
+  }
+
   /** Segments mapped in this process right now. */
   public int mappedSegments() {
     return sessions.current().mappings.size();
@@ -233,6 +245,14 @@ public final class GpuMemClient implements AutoCloseable {
   /** Mappings opened since connect; a pool hit on a mapped segment does not add one. */
   public long mapsOpened() {
     return sessions.mapsOpened();
+  }
+
+  /**
+   * Stream-ordered releases ({@link CudaLeases#closeAfter}) still waiting for their GPU work;
+   * they are sent as it completes.
+   */
+  public int pendingReleases() {
+    return pendingReleases.pending();
   }
 
   /** What the cache tier and the lease path did since connect (cache figures: this session's). */
@@ -357,9 +377,14 @@ public final class GpuMemClient implements AutoCloseable {
 
   // ---------------------------------------------------------------------------- closing
 
+  /** How long {@link #close()} waits for stream-ordered releases whose GPU work is still queued. */
+  static final long PENDING_RELEASES_CLOSE_MS = 5000;
+
   /**
    * Closes the session (the daemon releases whatever it still holds), unmaps every segment and
-   * closes the connection. Idempotent, also under concurrent calls: one caller closes, the
+   * closes the connection. Stream-ordered releases still waiting for their GPU work are waited
+   * for, up to {@value #PENDING_RELEASES_CLOSE_MS} ms, and sent first; the events of any still
+   * pending then are destroyed, and the session's end returns their blocks. Idempotent, also under concurrent calls: one caller closes, the
    * others wait until it has finished, so that every call returns with the client closed.
    */
   @Override
@@ -369,8 +394,10 @@ public final class GpuMemClient implements AutoCloseable {
       return;
     }
     try {
+      pendingReleases.close(PENDING_RELEASES_CLOSE_MS);
       sessions.close();
     } finally {
+      fdChannel.close();
       connection.close();
       closed.countDown();
     }

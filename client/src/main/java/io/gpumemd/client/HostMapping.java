@@ -1,6 +1,8 @@
 package io.gpumemd.client;
 
+import com.sun.jna.Pointer;
 import java.io.IOException;
+import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
@@ -8,16 +10,28 @@ import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 
 /**
- * A host segment's shared-memory file mapped read-write, or read-only for read-only holds on
- * shared blocks (a separate mapping of the same file: a read-only hold never sees the writable
- * one, and writes through its buffers throw {@link java.nio.ReadOnlyBufferException}). The
- * daemon owns the file; this process maps it, so both see the same bytes.
+ * A host segment mapped read-write, or read-only for read-only holds on shared blocks (a
+ * separate mapping: a read-only hold never sees the writable one, and writes through its
+ * buffers throw {@link java.nio.ReadOnlyBufferException}). The daemon owns the segment; this
+ * process maps it, so both see the same bytes. The segment comes as a shared-memory file's path
+ * ({@code --host-segments path}) or as a descriptor from the fd channel ({@code fd}: {@link
+ * #ofDescriptor}, mapped with {@code mmap} since the JDK cannot map a raw descriptor; a
+ * read-only grant's descriptor is O_RDONLY and mapped PROT_READ, so not even this process's
+ * native code could write through it).
  *
- * <p>Unmapping is immediate ({@link Unmapper}) rather than left to the garbage collector.
+ * <p>Unmapping is immediate on {@link #close()} rather than left to the garbage collector. A
+ * mapping never closed (an abandoned session's) is unmapped by the collector once no buffer
+ * derived from it is reachable: a path mapping by the JDK's own cleaner, a descriptor mapping
+ * by {@link #CLEANER} (every slice of a direct buffer keeps its base buffer reachable).
+ *
+ * <p>Thread-safe: {@link #slice} and {@link #close()} are synchronized.
  */
 final class HostMapping implements SegmentMapping {
-  private final MappedByteBuffer buffer;
+  private static final Cleaner CLEANER = Cleaner.create();
+
+  private final ByteBuffer buffer;
   private final boolean readOnly;
+  private final Runnable unmap;
   private boolean closed;
 
   HostMapping(String path, long segmentBytes) {
@@ -26,16 +40,51 @@ final class HostMapping implements SegmentMapping {
 
   HostMapping(String path, long segmentBytes, boolean readOnly) {
     this.readOnly = readOnly;
-    if (segmentBytes > Integer.MAX_VALUE) {
-      throw new GpuMemException(io.grpc.Status.Code.UNIMPLEMENTED, "host segment of " + segmentBytes
-          + " bytes cannot be mapped as one ByteBuffer (limit 2 GiB - 1)", null);
-    }
+    checkSize(segmentBytes);
+    MappedByteBuffer mapped;
     try (FileChannel channel = readOnly ? FileChannel.open(Path.of(path), StandardOpenOption.READ)
         : FileChannel.open(Path.of(path), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
-      buffer = channel.map(readOnly ? FileChannel.MapMode.READ_ONLY : FileChannel.MapMode.READ_WRITE, 0, segmentBytes);
+      mapped = channel.map(readOnly ? FileChannel.MapMode.READ_ONLY : FileChannel.MapMode.READ_WRITE, 0, segmentBytes);
     } catch (IOException e) {
       throw new GpuMemException(io.grpc.Status.Code.FAILED_PRECONDITION,
           "cannot map " + path + ": " + e.getMessage() + " (is this process allowed to open the daemon's shm-dir?)", e);
+    }
+    this.buffer = mapped;
+    this.unmap = () -> Unmapper.unmap(mapped);
+  }
+
+  private HostMapping(ByteBuffer buffer, boolean readOnly, Runnable unmap) {
+    this.buffer = buffer;
+    this.readOnly = readOnly;
+    this.unmap = unmap;
+  }
+
+  /**
+   * Maps a segment's descriptor whole ({@code MAP_SHARED}; read-only when the grant says so).
+   * The caller closes the descriptor (the mapping does not need it).
+   */
+  static HostMapping ofDescriptor(ReceivedDescriptor descriptor) {
+    long bytes = descriptor.segmentBytes();
+    checkSize(bytes);
+    Pointer address;
+    try {
+      address = Libc.mapShared(descriptor.number(), bytes, descriptor.readOnly());
+    } catch (IOException e) {
+      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot map the descriptor of segment "
+          + descriptor.segmentId() + " (" + bytes + " bytes" + (descriptor.readOnly() ? ", read-only" : "")
+          + "): " + e.getMessage(), e);
+    }
+    ByteBuffer base = address.getByteBuffer(0, bytes);
+    // The action must not refer to the buffer (it would never become unreachable).
+    Cleaner.Cleanable cleanable = CLEANER.register(base, () -> Libc.unmap(address, bytes));
+    return new HostMapping(descriptor.readOnly() ? base.asReadOnlyBuffer() : base, descriptor.readOnly(),
+        cleanable::clean);
+  }
+
+  private static void checkSize(long segmentBytes) {
+    if (segmentBytes > Integer.MAX_VALUE) {
+      throw new GpuMemException(io.grpc.Status.Code.UNIMPLEMENTED, "host segment of " + segmentBytes
+          + " bytes cannot be mapped as one ByteBuffer (limit 2 GiB - 1)", null);
     }
   }
 
@@ -58,6 +107,6 @@ final class HostMapping implements SegmentMapping {
       return;
     }
     closed = true;
-    Unmapper.unmap(buffer);
+    unmap.run();
   }
 }

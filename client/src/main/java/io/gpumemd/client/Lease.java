@@ -1,6 +1,5 @@
 package io.gpumemd.client;
 
-import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.proto.v1.LeaseResponse;
 import java.nio.ByteBuffer;
 import java.time.Duration;
@@ -42,8 +41,11 @@ public final class Lease implements AutoCloseable {
     /** True once the session is lost (the daemon restarted or ended it): its leases are dead. */
     boolean isLost();
 
-    /** The lease was closed (with a CUDA IPC event handle, or null): cache or release it. */
-    void giveBack(Lease lease, byte[] eventHandle);
+    /** The lease was closed: cache or release it. */
+    void giveBack(Lease lease);
+
+    /** The lease was closed, its last GPU use still queued: give it back once {@code done} completes. */
+    void giveBackWhen(Lease lease, PendingReleases.Completion done);
 
     /** As {@link #giveBack}, without waiting for the daemon's answer. */
     CompletableFuture<Void> giveBackAsync(Lease lease);
@@ -160,8 +162,9 @@ public final class Lease implements AutoCloseable {
 
   /**
    * True for a read-only hold. On host devices its {@link #buffer()} is read-only (writes throw
-   * {@link java.nio.ReadOnlyBufferException}); on CUDA a legacy IPC handle cannot be opened
-   * read-only, so there the flag is advisory: nothing stops a write through the pointer.
+   * {@link java.nio.ReadOnlyBufferException}); on a CUDA device with VMM handles the segment is
+   * mapped with read-only access (the driver faults a write through the pointer); with legacy
+   * IPC handles, which cannot be opened read-only, the flag is advisory.
    */
   public boolean readOnly() {
     return readOnly;
@@ -270,13 +273,22 @@ public final class Lease implements AutoCloseable {
     return host.slice(offset, sizeBytes);
   }
 
+  /** The whole block ({@link #blockBytes()}) as a buffer: what a local {@code zero} lease zeroes (host only). */
+  ByteBuffer blockBuffer() {
+    checkOpen();
+    if (!(mapping instanceof HostMapping host)) {
+      throw new IllegalStateException("lease " + id + " is on a CUDA device");
+    }
+    return host.slice(offset, blockBytes);
+  }
+
   /** The block's CUDA device address in this process: segment base + offset (CUDA only). */
   public long devicePointer() {
     checkOpen();
     if (isHost()) {
       throw new IllegalStateException("lease " + id + " is on a host device: use buffer()");
     }
-    return CudaHandles.address(CudaMappings.pointer(mapping, offset));
+    return io.gpumemd.common.cuda.CudaHandles.address(CudaMappings.pointer(mapping, offset));
   }
 
   public boolean isClosed() {
@@ -305,7 +317,7 @@ public final class Lease implements AutoCloseable {
   @Override
   public void close() {
     if (closed.compareAndSet(false, true)) {
-      owner.giveBack(this, null);
+      owner.giveBack(this);
     }
   }
 
@@ -318,13 +330,17 @@ public final class Lease implements AutoCloseable {
   }
 
   /**
-   * Releases with a CUDA IPC event handle; see {@link CudaLeases#closeAfter}. Never kept in the
-   * client's cache: the block may be reused only after the event, which only the daemon checks.
+   * Closes the lease now and gives it back once {@code done} completes (see {@link
+   * CudaLeases#closeAfter}); the caller does not wait.
+   *
+   * @return false when the lease was closed already: {@code done} is then the caller's to destroy
    */
-  void closeWithEvent(byte[] eventHandle) {
+  boolean closeWhen(PendingReleases.Completion done) {
     if (closed.compareAndSet(false, true)) {
-      owner.giveBack(this, eventHandle);
+      owner.giveBackWhen(this, done);
+      return true;
     }
+    return false;
   }
 
   @Override

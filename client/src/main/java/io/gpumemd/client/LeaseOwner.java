@@ -24,8 +24,13 @@ final class LeaseOwner implements Lease.Owner {
   }
 
   @Override
-  public void giveBack(Lease lease, byte[] eventHandle) {
-    leases.giveBack(session, lease, eventHandle);
+  public void giveBack(Lease lease) {
+    leases.giveBack(session, lease);
+  }
+
+  @Override
+  public void giveBackWhen(Lease lease, PendingReleases.Completion done) {
+    leases.giveBackWhen(session, lease, done);
   }
 
   @Override

@@ -1,6 +1,5 @@
 package io.gpumemd.client;
 
-import com.google.protobuf.ByteString;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
@@ -28,11 +27,11 @@ import java.util.concurrent.atomic.AtomicLong;
  *   <li><b>unary</b>: the Lease and Release calls ({@code unaryCalls(true)}, or no stream).
  * </ol>
  *
- * <p>A release that carries a CUDA event is always a call: the caller destroys its event as
- * soon as the release returns, and the daemon must have opened its own reference by then, which
- * a notice sent up to a millisecond later would not guarantee. A shared or published lease, or
- * a hold, is never cached: others still use the block. A lease of a lost session is gone with
- * it: closing it does nothing.
+ * <p>A stream-ordered release ({@link CudaLeases#closeAfter}) waits in {@link PendingReleases}
+ * for its event, recorded in this process, and is then given back as any close is; the daemon
+ * is never sent an event handle. A shared or published lease, or a hold, is never cached:
+ * others still use the block. A lease of a lost session is gone with it: closing it does
+ * nothing.
  *
  * <p>Thread-safe: any thread may lease and close concurrently; the state is the sessions'.
  */
@@ -42,15 +41,18 @@ final class LeasePaths {
   private final AllocatorGrpc.AllocatorStub async;
   private final boolean streamCalls;
   private final ClientCounters counters;
+  private final PendingReleases pending;
   private final AtomicLong nextRequestId = new AtomicLong(1);
 
   /** @param streamCalls lease on the session's stream (with a client cache), not with unary calls */
-  LeasePaths(SessionKeeper sessions, Channel channel, boolean streamCalls, ClientCounters counters) {
+  LeasePaths(SessionKeeper sessions, Channel channel, boolean streamCalls, ClientCounters counters,
+      PendingReleases pending) {
     this.sessions = sessions;
     this.blocking = AllocatorGrpc.newBlockingStub(channel);
     this.async = AllocatorGrpc.newStub(channel);
     this.streamCalls = streamCalls;
     this.counters = counters;
+    this.pending = pending;
   }
 
   /** GpuMemClient#lease: local, else on the stream, else unary. */
@@ -202,12 +204,12 @@ final class LeasePaths {
   }
 
   /** Lease#close of a lease of {@code s}: into the client cache, or released (a notice, or a call). */
-  void giveBack(Session s, Lease lease, byte[] eventHandle) {
+  void giveBack(Session s, Lease lease) {
     if (s.isLost()) {
       return;
     }
-    if (!streamCalls || eventHandle != null) {
-      release(s, lease, eventHandle);
+    if (!streamCalls) {
+      release(s, lease);
       return;
     }
     ClientCache cache = lease.uncacheable() ? null : s.cache;
@@ -224,7 +226,18 @@ final class LeasePaths {
         return; // the cache was drained meanwhile: the session took the lease with it
       }
     }
-    s.releaseByNotice(lease, eventHandle);
+    s.releaseByNotice(lease);
+  }
+
+  /**
+   * Lease#closeWhen of a lease of {@code s}: given back once {@code done} completes, on the
+   * releases thread. When the client is closing, nothing waits any more: {@code done} is
+   * destroyed and CloseSession takes the lease back.
+   */
+  void giveBackWhen(Session s, Lease lease, PendingReleases.Completion done) {
+    if (!pending.add(lease, done, closed -> giveBack(s, closed))) {
+      done.destroy();
+    }
   }
 
   /** Lease#closeAsync of a lease of {@code s}. */
@@ -235,14 +248,14 @@ final class LeasePaths {
     if (!streamCalls) {
       return releaseAsync(s, lease);
     }
-    giveBack(s, lease, null);
+    giveBack(s, lease);
     return CompletableFuture.completedFuture(null);
   }
 
-  private void release(Session s, Lease lease, byte[] eventHandle) {
+  private void release(Session s, Lease lease) {
     counters.releases.incrementAndGet();
     try {
-      blocking.release(releaseRequest(s, lease, eventHandle));
+      blocking.release(releaseRequest(s, lease));
     } catch (StatusRuntimeException e) {
       GpuMemException error = GpuMemException.from(e);
       // After the client or session is gone the daemon already took the lease back.
@@ -257,7 +270,7 @@ final class LeasePaths {
   private CompletableFuture<Void> releaseAsync(Session s, Lease lease) {
     counters.releases.incrementAndGet();
     CompletableFuture<Void> result = new CompletableFuture<>();
-    async.release(releaseRequest(s, lease, null), new StreamObserver<>() {
+    async.release(releaseRequest(s, lease), new StreamObserver<>() {
       @Override
       public void onNext(ReleaseResponse value) {}
 
@@ -276,11 +289,7 @@ final class LeasePaths {
     return result;
   }
 
-  private static ReleaseRequest releaseRequest(Session s, Lease lease, byte[] eventHandle) {
-    ReleaseRequest.Builder request = ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id());
-    if (eventHandle != null) {
-      request.setCudaIpcEventHandle(ByteString.copyFrom(eventHandle));
-    }
-    return request.build();
+  private static ReleaseRequest releaseRequest(Session s, Lease lease) {
+    return ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(lease.id()).build();
   }
 }

@@ -6,6 +6,8 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.LongConsumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * This process's mappings, one per segment id, shared by the leases on that segment (a pool
@@ -14,16 +16,29 @@ import java.util.function.LongConsumer;
  * the daemon asks (it wants to free the segment), or when the client closes.
  *
  * <p>A host segment that a read-only hold uses gets a read-only mapping of its own (never the
- * writable one); the segment's one or two mappings count and close together.
+ * writable one); the segment's one or two mappings count and close together. A segment passed
+ * by descriptor is fetched from the fd channel ({@link FdChannelClient}, once per mapping),
+ * mapped, and its descriptor closed at once.
+ *
+ * <p>CUDA: a lease's device is the daemon's ordinal, found among this process's devices by
+ * uuid ({@link CudaContexts#localDevice}). Closing a CUDA mapping first waits for the work
+ * queued in its context, which may still use the memory. A mapping that fails to close is
+ * logged and the others are closed still; a requested unmap is acknowledged either way (the
+ * process holds nothing more it could let go of).
  *
  * <p>Thread-safe: all state is guarded by this object's monitor. The unmap acknowledgement is
  * sent after the mapping is closed, outside the monitor.
  */
 final class MappingCache {
+  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
+
   private static final class Entry {
-    /** The writable mapping (always the one mapping on CUDA), opened on first use; or null. */
+    /** The writable mapping (the one mapping of a legacy CUDA handle), opened on first use; or null. */
     SegmentMapping mapping;
-    /** The read-only mapping of a host segment, opened by the first read-only hold; or null. */
+    /**
+     * The read-only mapping of a host or CUDA VMM segment, opened by the first read-only hold;
+     * or null.
+     */
     SegmentMapping readOnly;
     int leases;
     boolean unmapRequested;
@@ -43,17 +58,33 @@ final class MappingCache {
 
   private final Map<Long, Entry> entries = new HashMap<>();
   private final LongConsumer ackUnmapped;
+  /** Where segments passed by descriptor come from; the client's one connection. */
+  final FdChannelClient fdChannel;
+  /** The session whose holds the fd channel checks. */
+  final String sessionId;
+  /** The daemon's CUDA devices by ordinal, with their uuids (OpenSessionResponse.devices). */
+  private final Map<Integer, String> deviceUuids;
   private long mapsOpened;
 
-  /** @param ackUnmapped told the segment id once a requested unmap is done */
-  MappingCache(LongConsumer ackUnmapped) {
+  /**
+   * @param ackUnmapped told the segment id once a requested unmap is done
+   * @param fdChannel the client's fd channel
+   * @param sessionId the session this cache maps for
+   * @param deviceUuids the daemon's devices by ordinal with their uuids; empty from a daemon
+   *     that predates them (ordinals are then taken as they are)
+   */
+  MappingCache(LongConsumer ackUnmapped, FdChannelClient fdChannel, String sessionId, Map<Integer, String> deviceUuids) {
     this.ackUnmapped = ackUnmapped;
+    this.fdChannel = fdChannel;
+    this.sessionId = sessionId;
+    this.deviceUuids = Map.copyOf(deviceUuids);
   }
 
   /**
    * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
-   * {@code readOnly}, a host segment's read-only mapping; on CUDA the one mapping (read-only is
-   * advisory there: a legacy IPC handle cannot be opened read-only).
+   * {@code readOnly}, a host or CUDA VMM segment's read-only mapping (the driver enforces it on
+   * VMM); with a legacy CUDA handle the one mapping (read-only is advisory there: a legacy IPC
+   * handle cannot be opened read-only).
    */
   synchronized SegmentMapping acquire(int device, MemoryHandle handle, boolean readOnly) {
     Entry entry = entries.get(handle.getSegmentId());
@@ -79,12 +110,37 @@ final class MappingCache {
           mapping = entry.mapping;
         }
       }
+      case FD_SEGMENT -> {
+        if (readOnly ? entry.readOnly == null : entry.mapping == null) {
+          HostMapping host = fetchHost(handle, readOnly);
+          if (readOnly) {
+            entry.readOnly = host;
+          } else {
+            entry.mapping = host;
+          }
+          mapsOpened++;
+        }
+        mapping = readOnly ? entry.readOnly : entry.mapping;
+      }
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
-          entry.mapping = CudaMappings.open(device, handle.getCudaIpcHandle().toByteArray());
+          entry.mapping = CudaMappings.openLegacy(CudaContexts.localDevice(device, deviceUuids),
+              handle.getCudaIpcHandle().toByteArray());
           mapsOpened++;
         }
         mapping = entry.mapping;
+      }
+      case CUDA_VMM -> {
+        if (readOnly ? entry.readOnly == null : entry.mapping == null) {
+          SegmentMapping vmm = importVmm(device, handle, readOnly);
+          if (readOnly) {
+            entry.readOnly = vmm;
+          } else {
+            entry.mapping = vmm;
+          }
+          mapsOpened++;
+        }
+        mapping = readOnly ? entry.readOnly : entry.mapping;
       }
       default -> throw new GpuMemException(io.grpc.Status.Code.INTERNAL,
           "lease response carries no memory handle", null);
@@ -94,6 +150,48 @@ final class MappingCache {
     }
     entry.leases++;
     return mapping;
+  }
+
+  /**
+   * A host segment's descriptor from the fd channel, mapped (read-only when asked, or when the
+   * daemon grants only that) and closed.
+   */
+  private HostMapping fetchHost(MemoryHandle handle, boolean readOnly) {
+    ReceivedDescriptor descriptor = fdChannel.fetch(handle.getFdSegment().getFdSocket(), sessionId,
+        handle.getSegmentId(), readOnly);
+    if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+      descriptor.close();
+      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
+          + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+    }
+    return descriptor.mapHost();
+  }
+
+  /**
+   * A CUDA VMM segment: the device matched by uuid (before anything is fetched), the descriptor
+   * from the fd channel, imported and mapped (read-only access when asked or granted), and closed.
+   */
+  private SegmentMapping importVmm(int device, MemoryHandle handle, boolean readOnly) {
+    int localDevice = CudaContexts.localDevice(device, deviceUuids);
+    try (ReceivedDescriptor descriptor = fdChannel.fetch(handle.getCudaVmm().getFdSocket(), sessionId,
+        handle.getSegmentId(), readOnly)) {
+      if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+        throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
+            + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+      }
+      return CudaVmm.importSegment(localDevice, descriptor.number(), descriptor.segmentBytes(),
+          readOnly || descriptor.readOnly());
+    }
+  }
+
+  /**
+   * Tests: counts a lease on a mapping made elsewhere, as {@link #acquire} does for one it opens
+   * (a mapping that fails to close exists only on a GPU).
+   */
+  synchronized void track(long segmentId, SegmentMapping mapping) {
+    Entry entry = entries.computeIfAbsent(segmentId, id -> new Entry());
+    entry.mapping = mapping;
+    entry.leases++;
   }
 
   /** A lease on the segment closed. */
@@ -111,7 +209,7 @@ final class MappingCache {
       }
     }
     if (toClose != null) {
-      toClose.forEach(SegmentMapping::close);
+      closeQuietly(segmentId, toClose);
       ackUnmapped.accept(segmentId);
     }
   }
@@ -131,7 +229,7 @@ final class MappingCache {
         return;
       }
     }
-    toClose.forEach(SegmentMapping::close);
+    closeQuietly(segmentId, toClose);
     ackUnmapped.accept(segmentId);
   }
 
@@ -153,33 +251,40 @@ final class MappingCache {
    * memory (the file behind it is the old daemon's, unlinked or not, never truncated).
    */
   void abandonAll() {
-    List<SegmentMapping> toClose;
+    Map<Long, List<SegmentMapping>> toClose = new HashMap<>();
     synchronized (this) {
-      toClose = new ArrayList<>();
-      entries.values().forEach(e -> {
-        if (e.mapping != null && !(e.mapping instanceof HostMapping)) {
-          toClose.add(e.mapping);
+      entries.forEach((segmentId, e) -> {
+        List<SegmentMapping> cuda = e.all().stream().filter(m -> !(m instanceof HostMapping)).toList();
+        if (!cuda.isEmpty()) {
+          toClose.put(segmentId, cuda);
         }
       });
       entries.clear();
     }
-    for (SegmentMapping mapping : toClose) {
-      try {
-        mapping.close();
-      } catch (RuntimeException e) {
-        // the exporting process is gone: nothing more to do
-      }
-    }
+    toClose.forEach(this::closeQuietly);
   }
 
   /** Closes every mapping (the client is closing). */
   void closeAll() {
-    List<SegmentMapping> all;
+    Map<Long, List<SegmentMapping>> all = new HashMap<>();
     synchronized (this) {
-      all = new ArrayList<>();
-      entries.values().forEach(e -> all.addAll(e.all()));
+      entries.forEach((segmentId, e) -> all.put(segmentId, e.all()));
       entries.clear();
     }
-    all.forEach(SegmentMapping::close);
+    all.forEach(this::closeQuietly);
+  }
+
+  /**
+   * Closes a segment's mappings, each even when another fails; a failure is logged (the
+   * mapping is as closed as it can be: retrying would not help).
+   */
+  private void closeQuietly(long segmentId, List<SegmentMapping> mappings) {
+    for (SegmentMapping mapping : mappings) {
+      try {
+        mapping.close();
+      } catch (RuntimeException | LinkageError e) {
+        log.warn("gpumemd: unmapping segment {} failed: {}", segmentId, e.toString());
+      }
+    }
   }
 }

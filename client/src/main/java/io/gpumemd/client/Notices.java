@@ -1,6 +1,5 @@
 package io.gpumemd.client;
 
-import com.google.protobuf.ByteString;
 import io.gpumemd.proto.v1.CacheNotice;
 import io.gpumemd.proto.v1.ClientCacheCounters;
 import io.gpumemd.proto.v1.KeepAliveRequest;
@@ -36,16 +35,13 @@ final class Notices implements ClientCache.Listener {
   /** Pending notices at which the caller sends them itself instead of waiting for the flush. */
   static final int FLUSH_AT = 1024;
 
-  /** A release notice waiting to be sent. */
-  private record ReleaseNotice(String leaseId, byte[] eventHandle) {}
-
   private final SessionStream stream;
   /** Null when the session has no client cache: no cache notices, no counters. */
   private final ClientCache cache;
   private final ScheduledExecutorService flusher;
   private final Object lock = new Object();
   private final LinkedHashMap<String, Boolean> cacheNotices = new LinkedHashMap<>();
-  private final ArrayList<ReleaseNotice> releases = new ArrayList<>();
+  private final ArrayList<String> releases = new ArrayList<>();
   private boolean discarded;
   /** Pending notices reached {@link #FLUSH_AT}; written under the lock, read without it. */
   private volatile boolean full;
@@ -80,20 +76,20 @@ final class Notices implements ClientCache.Listener {
   /** Queues the release of a lease the cache removed to make room (called under the cache's lock). */
   @Override
   public void evicted(String leaseId) {
-    release(leaseId, null);
+    release(leaseId);
   }
 
   /**
    * Queues a release notice (none once the session is lost: the daemon that granted the lease
    * is gone); the caller then calls {@link #afterRecord()}.
    */
-  void release(String leaseId, byte[] eventHandle) {
+  void release(String leaseId) {
     synchronized (lock) {
       if (discarded) {
         return;
       }
       cacheNotices.remove(leaseId);
-      releases.add(new ReleaseNotice(leaseId, eventHandle));
+      releases.add(leaseId);
       noteFull();
     }
   }
@@ -163,12 +159,8 @@ final class Notices implements ClientCache.Listener {
         messageFor(messages, n++).addCacheNotices(
             CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
       }
-      for (ReleaseNotice release : releases) {
-        StreamRelease.Builder r = StreamRelease.newBuilder().setLeaseId(release.leaseId());
-        if (release.eventHandle() != null) {
-          r.setCudaIpcEventHandle(ByteString.copyFrom(release.eventHandle()));
-        }
-        messageFor(messages, n++).addReleases(r);
+      for (String leaseId : releases) {
+        messageFor(messages, n++).addReleases(StreamRelease.newBuilder().setLeaseId(leaseId));
       }
       cacheNotices.clear();
       releases.clear();

@@ -48,7 +48,7 @@ final class Session {
   private final ClientCounters counters;
 
   Session(OpenSessionResponse opened, long generation, boolean streamCalls, ScheduledExecutorService flusher,
-      ClientCounters counters, Function<Session, Lease.Owner> owners) {
+      ClientCounters counters, Function<Session, Lease.Owner> owners, FdChannelClient fdChannel) {
     this.id = opened.getSessionId();
     this.generation = generation;
     this.ttlSeconds = opened.getTtlSeconds();
@@ -56,11 +56,19 @@ final class Session {
     this.counters = counters;
     this.stream = new SessionStream(lost::get);
     this.mappings = new MappingCache(segmentId ->
-        stream.sendIfOpen(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build()));
+        stream.sendIfOpen(KeepAliveRequest.newBuilder().addUnmappedSegmentIds(segmentId).build()), fdChannel, id,
+        deviceUuids(opened));
     this.cache = streamCalls && opened.getClientCacheBytes() > 0
         ? new ClientCache(opened.getClientCacheBytes(), maxOversizeBytes(opened)) : null;
     this.notices = new Notices(stream, cache, flusher);
     this.owner = owners.apply(this);
+  }
+
+  /** The daemon's devices by ordinal, with their uuids (empty from a daemon that predates them). */
+  static Map<Integer, String> deviceUuids(OpenSessionResponse opened) {
+    Map<Integer, String> uuids = new java.util.HashMap<>();
+    opened.getDevicesList().forEach(d -> uuids.put(d.getDevice(), d.getUuid()));
+    return uuids;
   }
 
   /** The daemon's oversize rule; the default from a daemon that predates the field. */
@@ -133,9 +141,9 @@ final class Session {
   }
 
   /** Releases a lease by a notice on the stream (not waited for), and lets go of its mapping. */
-  void releaseByNotice(Lease lease, byte[] eventHandle) {
+  void releaseByNotice(Lease lease) {
     counters.releases.incrementAndGet();
-    notices.release(lease.id(), eventHandle);
+    notices.release(lease.id());
     mappings.release(lease.segmentId());
     notices.afterRecord();
   }
@@ -149,14 +157,14 @@ final class Session {
   /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
   void releaseUnwrapped(String leaseId) {
     counters.releases.incrementAndGet();
-    notices.release(leaseId, null);
+    notices.release(leaseId);
     notices.afterRecord();
   }
 
   /** Releases cached leases the daemon asked for (or the allowance no longer covers), at once. */
   void giveBack(List<Lease> leases) {
     for (Lease lease : leases) {
-      releaseByNotice(lease, null);
+      releaseByNotice(lease);
     }
     notices.flush();
   }

@@ -56,6 +56,8 @@ final class SessionKeeper {
   private final Sleeper sleeper;
   private final Consumer<Long> onShutdownNotice;
   private final ClientCounters counters;
+  /** The client's fd channel, shared by its sessions' mappings. */
+  private final FdChannelClient fdChannel;
   private final ScheduledExecutorService scheduler;
   /** Makes each new session's {@link Lease.Owner}; set by {@link #start}. */
   private Function<Session, Lease.Owner> owners;
@@ -70,7 +72,8 @@ final class SessionKeeper {
    * @param streamCalls lease on that stream (and keep a client cache), not with unary calls
    */
   SessionKeeper(Channel channel, OpenSessionRequest openRequest, boolean keepAlive, boolean streamCalls,
-      Ticker ticker, Sleeper sleeper, Consumer<Long> onShutdownNotice, ClientCounters counters) {
+      Ticker ticker, Sleeper sleeper, Consumer<Long> onShutdownNotice, ClientCounters counters,
+      FdChannelClient fdChannel) {
     this.blocking = AllocatorGrpc.newBlockingStub(channel);
     this.async = AllocatorGrpc.newStub(channel);
     this.openRequest = openRequest;
@@ -80,6 +83,7 @@ final class SessionKeeper {
     this.sleeper = sleeper;
     this.onShutdownNotice = onShutdownNotice;
     this.counters = counters;
+    this.fdChannel = fdChannel;
     // No thread starts until the first task.
     this.scheduler = Executors.newSingleThreadScheduledExecutor(r -> {
       Thread t = new Thread(r, "gpumemd-client-keepalive");
@@ -102,7 +106,7 @@ final class SessionKeeper {
       scheduler.shutdownNow();
       throw GpuMemException.from(e);
     }
-    session = new Session(opened, 1, streamCalls, scheduler, counters, owners);
+    session = new Session(opened, 1, streamCalls, scheduler, counters, owners, fdChannel);
     attach(session);
   }
 
@@ -176,7 +180,7 @@ final class SessionKeeper {
   /** The new session replaces the lost one {@code s}; its stream is attached before others see it. */
   private Session replace(Session s, OpenSessionResponse opened) {
     assert Thread.holdsLock(reopenLock);
-    Session next = new Session(opened, s.generation + 1, streamCalls, scheduler, counters, owners);
+    Session next = new Session(opened, s.generation + 1, streamCalls, scheduler, counters, owners, fdChannel);
     counters.earlierMapsOpened.addAndGet(s.mappings.mapsOpened());
     reopenBackoffMs = MIN_BACKOFF_MS;
     nextReopenNanos = 0;

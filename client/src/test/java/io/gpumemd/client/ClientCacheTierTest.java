@@ -116,23 +116,6 @@ class ClientCacheTierTest {
   }
 
   @Test
-  void releaseWithACompletionEvent_neverEntersTheClientCache() throws Exception {
-    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
-      Lease lease = client.lease(0, 4096);
-      // What CudaLeases.closeAfter does after recording the event; on a host device the daemon
-      // refuses the handle (the release is a call, so the refusal comes back at once), but the
-      // rule under test is the client's own.
-      GpuMemException refused = assertThrows(GpuMemException.class, () -> lease.closeWithEvent(new byte[64]));
-      assertEquals(Status.Code.INVALID_ARGUMENT, refused.code());
-      assertEquals(0, client.stats().cachedBlocks(), "an event-ordered release is never cached locally");
-      assertEquals(1, client.stats().releases());
-      try (Lease next = client.lease(0, 4096)) {
-        assertFalse(next.localHit(), "so the next lease is the daemon's to serve");
-      }
-    }
-  }
-
-  @Test
   void leaseInterruptedWhileWaiting_isGivenBackWhenGranted() throws Exception {
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
       Thread.currentThread().interrupt(); // the wait for the reply ends at once

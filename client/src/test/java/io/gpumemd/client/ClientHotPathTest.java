@@ -270,19 +270,6 @@ class ClientHotPathTest {
     assertEquals(new ClientStats(0, 0, 2, 2, 0, 0, 0), client.stats());
   }
 
-  /**
-   * A release with a CUDA event is a call even on the stream path, so the daemon has opened the
-   * event before the caller destroys it. On the host backend, which has no events, the call's
-   * refusal therefore reaches the caller at once instead of arriving later as a notice's failure.
-   */
-  @Test
-  void releaseWithAnEvent_isACall_evenOnTheStreamPath() {
-    GpuMemClient client = client(GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0));
-    Lease lease = client.lease(0, 4 * KiB);
-    GpuMemException refused = assertThrows(GpuMemException.class, () -> lease.closeWithEvent(new byte[64]));
-    assertEquals(io.grpc.Status.Code.INVALID_ARGUMENT, refused.code(), refused.getMessage());
-  }
-
   @Test
   void releaseFailed_isLoggedWithTheLeaseId() {
     GpuMemClient client = client(GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0));

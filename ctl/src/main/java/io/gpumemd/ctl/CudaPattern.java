@@ -1,5 +1,7 @@
 package io.gpumemd.ctl;
 
+import static jcuda.driver.JCudaDriver.cuCtxPopCurrent;
+import static jcuda.driver.JCudaDriver.cuCtxPushCurrent;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
 
@@ -12,6 +14,7 @@ import java.nio.ByteOrder;
 import java.nio.LongBuffer;
 import java.util.Arrays;
 import jcuda.Pointer;
+import jcuda.driver.CUcontext;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUresult;
 
@@ -29,6 +32,16 @@ final class CudaPattern {
   private CudaPattern() {}
 
   static void writeAndVerify(Lease lease, long seed) {
+    // The client never changes the thread's context: the copies run in the lease's, pushed here.
+    check(cuCtxPushCurrent(CudaLeases.context(lease)), "cuCtxPushCurrent");
+    try {
+      copyAndCompare(lease, seed);
+    } finally {
+      check(cuCtxPopCurrent(new CUcontext()), "cuCtxPopCurrent");
+    }
+  }
+
+  private static void copyAndCompare(Lease lease, long seed) {
     CUdeviceptr base = CudaLeases.pointer(lease);
     long size = lease.sizeBytes();
     for (long offset = 0; offset < size; offset += CHUNK) {

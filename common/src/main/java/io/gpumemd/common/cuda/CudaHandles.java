@@ -1,6 +1,7 @@
 package io.gpumemd.common.cuda;
 
 import java.lang.reflect.Field;
+import jcuda.Pointer;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUipcEventHandle;
 import jcuda.driver.CUipcMemHandle;
@@ -9,7 +10,7 @@ import jcuda.driver.CUipcMemHandle;
  * The one place that reaches into JCuda's internals. CUDA IPC handles cross the process
  * boundary as their 64 raw bytes, which JCuda keeps in a private {@code reserved} field with no
  * accessor; and a device pointer's address, which JCuda keeps protected, is what a client adds
- * a lease's offset to. Loaded only by code that handles CUDA memory, so callers without JCuda
+ * a lease's offset to; and the POSIX descriptor a VMM import takes as a pointer value. Loaded only by code that handles CUDA memory, so callers without JCuda
  * on the class path never touch it. Stateless and thread-safe.
  */
 public final class CudaHandles {
@@ -60,6 +61,25 @@ public final class CudaHandles {
     return new Address(pointer).value();
   }
 
+  /**
+   * The {@code osHandle} argument of {@code cuMemImportFromShareableHandle} for a POSIX file
+   * descriptor: the number itself as the pointer's value ({@code (void *)(uintptr_t) fd}), as
+   * CUDA's own samples and {@code vmm_reference.py} pass it. Not {@code Pointer.to(new int[]
+   * {fd})}: JCuda hands the driver a Pointer's native address plus its byte offset, which for a
+   * Java array is 0, so the driver would import descriptor 0.
+   */
+  public static Pointer osHandle(int fd) {
+    if (fd < 0) {
+      throw new IllegalArgumentException("descriptor: " + fd + " (expected: >= 0)");
+    }
+    return new Pointer().withByteOffset(fd);
+  }
+
+  /** The value a pointer hands the driver (its native address plus its byte offset). */
+  public static long value(Pointer pointer) {
+    return new PointerValue(pointer).value();
+  }
+
   private static byte[] checkLength(byte[] bytes) {
     if (bytes.length != IPC_HANDLE_BYTES) {
       throw new IllegalArgumentException("CUDA IPC handle: " + bytes.length + " bytes (expected: "
@@ -87,6 +107,17 @@ public final class CudaHandles {
   /** A copy of a pointer whose protected address getters a subclass may call. */
   private static final class Address extends CUdeviceptr {
     Address(CUdeviceptr pointer) {
+      super(pointer);
+    }
+
+    long value() {
+      return getNativePointer() + getByteOffset();
+    }
+  }
+
+  /** A copy of a pointer whose protected getters a subclass may call. */
+  private static final class PointerValue extends Pointer {
+    PointerValue(Pointer pointer) {
       super(pointer);
     }
 

@@ -1,5 +1,6 @@
 package io.gpumemd.it.cuda;
 
+import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemsetD8Async;
 import static jcuda.driver.JCudaDriver.cuStreamCreate;
@@ -13,8 +14,8 @@ import jcuda.driver.CUstream;
 
 /**
  * A CUDA worker process for {@link CudaIpcTest}. {@code write TARGET SIZE VALUE}: leases a block,
- * fills it on the device with {@code cuMemsetD8Async} on its own stream, and releases it with an
- * IPC event recorded after the fill. {@code read TARGET SIZE}: leases a block of the same size
+ * fills it on the device with {@code cuMemsetD8Async} on its own stream, and releases it after
+ * an event recorded after the fill (the client sends the release once the event completed). {@code read TARGET SIZE}: leases a block of the same size
  * and copies it back to the host. Both print one line:
  * {@code RESULT segment=<id> offset=<n> hit=<bool> [first=<byte> last=<byte> uniform=<bool>]}.
  */
@@ -26,6 +27,7 @@ public final class CudaIpcProcessMain {
     long size = Long.parseLong(args[2]);
     try (GpuMemClient client = GpuMemClient.builder(args[1]).clientName("cuda-" + mode).connect()) {
       Lease lease = client.lease(0, size);
+      check(cuCtxSetCurrent(CudaLeases.context(lease)), "cuCtxSetCurrent"); // the client leaves it to us
       StringBuilder out = new StringBuilder("RESULT segment=" + lease.segmentId() + " offset="
           + lease.offset() + " hit=" + lease.poolHit());
       if (mode.equals("write")) {

@@ -1,5 +1,6 @@
 package io.gpumemd.it.cuda;
 
+import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemsetD8;
@@ -29,6 +30,7 @@ public final class SharingCudaMain {
       if (mode.equals("produce")) {
         long size = Long.parseLong(args[2]);
         Lease lease = client.lease(0, size);
+        check(cuCtxSetCurrent(CudaLeases.context(lease)), "cuCtxSetCurrent"); // the client leaves it to us
         check(cuMemsetD8(CudaLeases.pointer(lease), (byte) Integer.parseInt(args[3]), size), "cuMemsetD8");
         check(cuCtxSynchronize(), "cuCtxSynchronize");
         Share share = lease.share(ShareOptions.oneShot());
@@ -39,6 +41,7 @@ public final class SharingCudaMain {
         long size = Long.parseLong(args[3]);
         try (Lease hold = client.attach(args[2], "cuda-consumer")) {
           byte[] host = new byte[(int) size];
+          check(cuCtxSetCurrent(CudaLeases.context(hold)), "cuCtxSetCurrent");
           check(cuMemcpyDtoH(Pointer.to(host), CudaLeases.pointer(hold), size), "cuMemcpyDtoH");
           boolean uniform = true;
           for (byte b : host) {

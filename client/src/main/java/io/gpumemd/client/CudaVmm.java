@@ -1,0 +1,116 @@
+package io.gpumemd.client;
+
+import static jcuda.driver.JCudaDriver.cuMemAddressFree;
+import static jcuda.driver.JCudaDriver.cuMemAddressReserve;
+import static jcuda.driver.JCudaDriver.cuMemImportFromShareableHandle;
+import static jcuda.driver.JCudaDriver.cuMemMap;
+import static jcuda.driver.JCudaDriver.cuMemRelease;
+import static jcuda.driver.JCudaDriver.cuMemUnmap;
+
+import com.sun.jna.Function;
+import com.sun.jna.Memory;
+import com.sun.jna.NativeLibrary;
+import io.gpumemd.common.cuda.CudaHandles;
+import java.util.ArrayList;
+import java.util.List;
+import jcuda.driver.CUdeviceptr;
+import jcuda.driver.CUmemAccess_flags;
+import jcuda.driver.CUmemAllocationHandleType;
+import jcuda.driver.CUmemGenericAllocationHandle;
+import jcuda.driver.CUmemLocationType;
+import jcuda.driver.CUresult;
+
+/**
+ * CUDA VMM segments in this process ({@code MemoryHandle.cuda_vmm}): the segment's POSIX file
+ * descriptor, received from the fd channel, is imported ({@code
+ * cuMemImportFromShareableHandle}), a range of addresses of the segment's size is reserved
+ * ({@code cuMemAddressReserve}), the allocation mapped there ({@code cuMemMap}) and made
+ * accessible to the device ({@code cuMemSetAccess}): read-write, or read-only for a read-only
+ * grant, which the driver then enforces (a kernel's write faults). Unmapping is the reverse:
+ * {@code cuMemUnmap}, {@code cuMemAddressFree}, {@code cuMemRelease} of the imported handle
+ * (after {@link CudaMappings.CudaMapping#close()} has waited for queued work). The calls are
+ * those of {@code vmm_reference.py}, checked on an H100.
+ *
+ * <p>{@code cuMemSetAccess} goes through JNA to {@code libcuda.so.1} (the same library JCuda's
+ * natives link, so the same driver state), not through JCuda: JCuda 12.0.0's binding reads the
+ * access descriptor's location fields from the descriptor object itself instead of its {@code
+ * location} (its {@code getCUmemAccessDescs} passes the wrong object to {@code GetIntField}; the
+ * shipped {@code libJCudaDriver-12.0.0-linux-x86_64.so} does the same), so the driver would get
+ * the access flags as the location type and an object reference's bits as the device: an
+ * invalid argument at best. The descriptor is built here: {@code CUmemAccessDesc} is {@code
+ * {int type; int id;}} then {@code int flags}, 12 bytes.
+ *
+ * <p>Stateless; thread-safe.
+ */
+final class CudaVmm {
+  private CudaVmm() {}
+
+  /** A VMM allocation imported and mapped in this process. */
+  static final class VmmMapping extends CudaMappings.CudaMapping {
+    private final CUmemGenericAllocationHandle handle;
+    private final long bytes;
+
+    VmmMapping(int device, CUdeviceptr base, CUmemGenericAllocationHandle handle, long bytes, boolean readOnly) {
+      super(device, base, readOnly);
+      this.handle = handle;
+      this.bytes = bytes;
+    }
+
+    @Override
+    void unmap(List<RuntimeException> failures) {
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemUnmap(base, bytes), "cuMemUnmap"));
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemAddressFree(base, bytes), "cuMemAddressFree"));
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemRelease(handle), "cuMemRelease"));
+    }
+  }
+
+  /**
+   * Imports a segment's descriptor on a device of this process and maps all of it. The
+   * descriptor stays the caller's to close (the import does not take it over; the mapping does
+   * not need it). On failure, whatever was done is undone.
+   *
+   * @param readOnly map with read-only access (a read-only grant, or a read-only hold)
+   */
+  static SegmentMapping importSegment(int localDevice, int fd, long segmentBytes, boolean readOnly) {
+    return CudaContexts.in(localDevice, () -> {
+      CUmemGenericAllocationHandle handle = new CUmemGenericAllocationHandle();
+      CudaContexts.check(() -> cuMemImportFromShareableHandle(handle, CudaHandles.osHandle(fd),
+          CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle");
+      List<Runnable> undo = new ArrayList<>(3);
+      undo.add(() -> CudaContexts.result(() -> cuMemRelease(handle), "cuMemRelease"));
+      try {
+        CUdeviceptr base = new CUdeviceptr();
+        CudaContexts.check(() -> cuMemAddressReserve(base, segmentBytes, 0, new CUdeviceptr(), 0),
+            "cuMemAddressReserve(" + segmentBytes + ")");
+        undo.add(0, () -> CudaContexts.result(() -> cuMemAddressFree(base, segmentBytes), "cuMemAddressFree"));
+        CudaContexts.check(() -> cuMemMap(base, segmentBytes, 0, handle, 0), "cuMemMap");
+        undo.add(0, () -> CudaContexts.result(() -> cuMemUnmap(base, segmentBytes), "cuMemUnmap"));
+        int flags = readOnly ? CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
+            : CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        int result = setAccess(CudaHandles.address(base), segmentBytes, localDevice, flags);
+        if (result != CUresult.CUDA_SUCCESS) {
+          throw CudaContexts.failed("cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")", result);
+        }
+        return new VmmMapping(localDevice, base, handle, segmentBytes, readOnly);
+      } catch (RuntimeException | Error e) {
+        undo.forEach(Runnable::run);
+        throw e;
+      }
+    });
+  }
+
+  /** {@code cuMemSetAccess(ptr, size, &desc, 1)} for one device; the driver's result code. */
+  static int setAccess(long address, long bytes, int device, int flags) {
+    try (Memory desc = new Memory(12)) {
+      desc.setInt(0, CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE);
+      desc.setInt(4, device);
+      desc.setInt(8, flags);
+      return Driver.SET_ACCESS.invokeInt(new Object[] {address, bytes, desc, 1L});
+    }
+  }
+
+  /** The driver entry point, looked up on first use (a host-only client never loads it). */
+  private static final class Driver {
+    static final Function SET_ACCESS = NativeLibrary.getInstance("libcuda.so.1").getFunction("cuMemSetAccess");
+  }
+}

@@ -1,0 +1,257 @@
+package io.gpumemd.client;
+
+import com.google.protobuf.InvalidProtocolBufferException;
+import io.gpumemd.proto.v1.FdGrant;
+import io.gpumemd.proto.v1.FdReply;
+import io.gpumemd.proto.v1.FdRequest;
+import io.grpc.Status;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.ReentrantLock;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * A client's connection to the daemon's fd channel, where it fetches the descriptor of a segment
+ * passed by descriptor ({@code MemoryHandle.fd_segment}, {@code cuda_vmm}); the protocol is
+ * documented in {@code gpumemd.proto} above {@code FdRequest}. One per {@link GpuMemClient}:
+ * opened on the first fetch, opened again after a failure (a daemon restart, a connection the
+ * daemon closed), replaced when a handle names another socket, closed with the client.
+ *
+ * <p>Where the channel is: the handle's {@code FdSegment.fd_socket} where that path exists;
+ * else, for a {@code unix://} target (a container that mounts the daemon's socket directory
+ * elsewhere), that file name in the directory of the client's own gRPC socket. Without a
+ * handle ({@link #fetch(String, long, boolean)}) the socket last used, or the daemon's default,
+ * the gRPC socket's path with {@code ".fd"} appended.
+ *
+ * <p>Every wait is bounded by the timeout: connecting, sending, each read of a reply, and the
+ * wait for another thread's fetch. Frames are read with reads of exactly their length, so that
+ * only {@code recvmsg} takes the byte after a granted reply (a plain read of it would make the
+ * kernel close the descriptor it carries).
+ *
+ * <p>Thread-safe: one fetch at a time on the connection ({@code lock}); {@link #close()} from
+ * any thread also ends a fetch blocked in a read (shutdown of the socket, under {@code
+ * socketLock}, which also guards the socket's number against reuse while it is shut down).
+ */
+public final class FdChannelClient implements AutoCloseable {
+  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
+  /** An FdReply is under 300 bytes; a longer frame is not the daemon. */
+  static final int MAX_REPLY_BYTES = 1 << 16;
+  static final long DEFAULT_TIMEOUT_MS = 10_000;
+
+  private final String ownSocket;
+  private final long timeoutMillis;
+  private final ReentrantLock lock = new ReentrantLock();
+  private final Object socketLock = new Object();
+  private long nextRequestId = 1; // guarded by lock
+  private String defaultPath; // guarded by lock
+  private String path; // the connected socket's path; guarded by lock
+  private int socket = -1; // guarded by lock for use, by socketLock for close and shutdown
+  private volatile boolean closed;
+  private volatile long fetched;
+
+  /**
+   * @param target the client's gRPC target ({@code unix:///path} or {@code host:port})
+   * @param timeoutMillis the bound on each wait
+   */
+  FdChannelClient(String target, long timeoutMillis) {
+    this.ownSocket = target.startsWith("unix://") ? target.substring("unix://".length()) : null;
+    this.timeoutMillis = timeoutMillis;
+    this.defaultPath = ownSocket != null ? ownSocket + ".fd" : null;
+  }
+
+  /**
+   * The path to connect to for a handle's {@code fd_socket}: that path where it exists, else its
+   * file name next to the client's own gRPC socket.
+   */
+  static String socketPath(String ownSocket, String fdSocket) {
+    if (ownSocket == null || Files.exists(Path.of(fdSocket))) {
+      return fdSocket;
+    }
+    Path dir = Path.of(ownSocket).getParent();
+    Path name = Path.of(fdSocket).getFileName();
+    return dir == null || name == null ? fdSocket : dir.resolve(name).toString();
+  }
+
+  /**
+   * The descriptor of {@code segmentId} for {@code sessionId}, from the socket last used (or
+   * the daemon's default next to the gRPC socket). The caller closes it.
+   *
+   * @throws GpuMemException the daemon's refusal (its status code and message), or UNAVAILABLE
+   *     when the channel cannot be reached or does not answer in time
+   */
+  public ReceivedDescriptor fetch(String sessionId, long segmentId, boolean readOnly) {
+    return fetchAt(null, sessionId, segmentId, readOnly);
+  }
+
+  /**
+   * As {@link #fetch(String, long, boolean)}, from the fd channel a handle names ({@code
+   * FdSegment.fd_socket}).
+   */
+  public ReceivedDescriptor fetch(String fdSocket, String sessionId, long segmentId, boolean readOnly) {
+    return fetchAt(fdSocket, sessionId, segmentId, readOnly);
+  }
+
+  private ReceivedDescriptor fetchAt(String fdSocket, String sessionId, long segmentId, boolean readOnly) {
+    acquireLock(segmentId);
+    try {
+      if (fdSocket != null && !fdSocket.isEmpty()) {
+        defaultPath = socketPath(ownSocket, fdSocket);
+      }
+      if (defaultPath == null) {
+        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + segmentId + " is passed by "
+            + "descriptor, and this client (a TCP target) knows no fd channel to fetch it from", null);
+      }
+      if (!defaultPath.equals(path)) {
+        drop();
+      }
+      for (int attempt = 1; ; attempt++) {
+        if (closed) {
+          throw new GpuMemException(Status.Code.CANCELLED, "the client is closed", null);
+        }
+        long requestId = nextRequestId++;
+        try {
+          if (socket < 0) {
+            int fd = Libc.connectUnix(defaultPath, timeoutMillis);
+            synchronized (socketLock) {
+              socket = fd;
+              path = defaultPath;
+            }
+          }
+          Libc.sendAll(socket, frame(requestId, sessionId, segmentId, readOnly));
+          return receive(requestId, segmentId);
+        } catch (IOException e) {
+          drop();
+          // A connection the daemon closed (restart, idle) is tried once more on a new one; a
+          // timeout is not: the daemon is there and did not answer.
+          if (attempt == 2 || e instanceof Libc.TimedOut || closed) {
+            throw new GpuMemException(Status.Code.UNAVAILABLE, "cannot fetch segment " + segmentId
+                + " from the fd channel " + defaultPath + ": " + e.getMessage(), e);
+          }
+          log.debug("fd channel {}: {}; connecting again", defaultPath, e.getMessage());
+        }
+      }
+    } finally {
+      if (closed) {
+        drop(); // a connection opened while close() ran
+      }
+      lock.unlock();
+    }
+  }
+
+  private void acquireLock(long segmentId) {
+    try {
+      // the holder's own waits are bounded by the timeout: reading a reply, maybe once more
+      if (!lock.tryLock(3 * timeoutMillis, TimeUnit.MILLISECONDS)) {
+        throw new GpuMemException(Status.Code.UNAVAILABLE, "segment " + segmentId
+            + ": another fetch from the fd channel did not finish in time", null);
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new GpuMemException(Status.Code.CANCELLED, "interrupted while waiting for the fd channel", e);
+    }
+  }
+
+  private static byte[] frame(long requestId, String sessionId, long segmentId, boolean readOnly) {
+    byte[] body = FdRequest.newBuilder().setRequestId(requestId).setSessionId(sessionId)
+        .setSegmentId(segmentId).setReadOnly(readOnly).build().toByteArray();
+    return ByteBuffer.allocate(4 + body.length).putInt(body.length).put(body).array();
+  }
+
+  /** One reply: its frame (read exactly), then for a grant the byte carrying the descriptor. */
+  private ReceivedDescriptor receive(long requestId, long segmentId) throws IOException {
+    int length = ByteBuffer.wrap(Libc.receiveExactly(socket, 4)).getInt();
+    if (length < 0 || length > MAX_REPLY_BYTES) {
+      throw new IOException("a reply frame of " + Integer.toUnsignedString(length) + " bytes");
+    }
+    FdReply reply;
+    try {
+      reply = FdReply.parseFrom(Libc.receiveExactly(socket, length));
+    } catch (InvalidProtocolBufferException e) {
+      throw new IOException("a reply that is not an FdReply: " + e.getMessage());
+    }
+    if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+      check(reply, requestId, segmentId);
+      throw new GpuMemException(Status.fromCodeValue(reply.getRefused().getCode()).getCode(),
+          reply.getRefused().getMessage(), null);
+    }
+    int fd = Libc.receiveDescriptor(socket);
+    try {
+      check(reply, requestId, segmentId);
+    } catch (RuntimeException e) {
+      Libc.closeQuietly(fd);
+      throw e;
+    }
+    FdGrant grant = reply.getGranted();
+    fetched++;
+    return new ReceivedDescriptor(fd, segmentId, grant.getSegmentBytes(), grant.getReadOnly());
+  }
+
+  private void check(FdReply reply, long requestId, long segmentId) {
+    if (reply.getRequestId() != requestId) {
+      drop(); // out of step with the daemon: a new connection for the next fetch
+      throw new GpuMemException(Status.Code.INTERNAL, "fd channel: the reply to request " + reply.getRequestId()
+          + " came for request " + requestId, null);
+    }
+    if (reply.getResultCase() == FdReply.ResultCase.GRANTED && reply.getGranted().getSegmentId() != segmentId) {
+      throw new GpuMemException(Status.Code.INTERNAL, "fd channel: asked for segment " + segmentId
+          + ", granted segment " + reply.getGranted().getSegmentId(), null);
+    }
+    if (reply.getResultCase() == FdReply.ResultCase.RESULT_NOT_SET) {
+      throw new GpuMemException(Status.Code.INTERNAL, "fd channel: a reply for segment " + segmentId
+          + " that neither grants nor refuses", null);
+    }
+  }
+
+  /** Descriptors received since the client started, over every connection. */
+  public long fetched() {
+    return fetched;
+  }
+
+  /** True while a connection is open (for tests). */
+  boolean connected() {
+    synchronized (socketLock) {
+      return socket >= 0;
+    }
+  }
+
+  /** Shuts the connection down under the client, as a daemon closing it would (for tests). */
+  void breakForTest() {
+    synchronized (socketLock) {
+      if (socket >= 0) {
+        Libc.shutdownQuietly(socket);
+      }
+    }
+  }
+
+  private void drop() {
+    synchronized (socketLock) {
+      if (socket >= 0) {
+        Libc.closeQuietly(socket);
+        socket = -1;
+        path = null;
+      }
+    }
+  }
+
+  /** Closes the connection; a fetch blocked in a read ends at once (UNAVAILABLE). Idempotent. */
+  @Override
+  public void close() {
+    closed = true;
+    synchronized (socketLock) {
+      if (socket >= 0) {
+        Libc.shutdownQuietly(socket); // the fetching thread, if any, closes it
+      }
+    }
+    if (lock.tryLock()) {
+      try {
+        drop();
+      } finally {
+        lock.unlock();
+      }
+    }
+  }
+}
