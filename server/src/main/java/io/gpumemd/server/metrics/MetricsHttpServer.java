@@ -38,12 +38,13 @@ import org.slf4j.LoggerFactory;
  * {@link ReadinessCheck} finds nothing wrong, else 503 with its one-line reason). Anything else
  * is 404 (405 for methods other than GET and HEAD). The probes take no lock and scrape nothing,
  * so a kubelet probing every few seconds costs next to nothing (an exec probe running {@code
- * gpumemctl health} started a JVM each time: about half a CPU-second). Built on the Netty that gRPC already ships, on one event-loop thread, so a
- * client that sends half a request holds only its own connection: every connection must finish
- * its request within {@value #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at
- * most {@value #MAX_CONNECTIONS} connections wait for their request at once: a new one closes
- * the one that has waited longest, so idle or trickling connections can delay a scrape by
- * nothing but a reconnect.
+ * gpumemctl health} started a JVM each time: about half a CPU-second). Built on the Netty that
+ * gRPC already ships, on one event-loop thread, so a client that sends half a request holds only
+ * its own connection: every connection must finish its request within {@value
+ * #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at most {@value
+ * #MAX_CONNECTIONS} connections wait for their request at once: a new one closes the one that
+ * has waited longest, so idle or trickling connections can delay a scrape or a probe by nothing
+ * but a reconnect.
  * (The JDK's built-in server reads a request on its worker thread, so one half-sent request
  * stalled every scrape until the client gave up.) A scrape that fails is answered 500, its cause
  * logged at WARN once; a single failing meter does not fail it (see {@link
