@@ -251,10 +251,10 @@ public final class GpumemdServer {
   }
 
   /**
-   * Drains and stops: /readyz 503 and health NOT_SERVING, new leases UNAVAILABLE, clients told, leases drain
-   * up to the configured timeout (or not at all with {@code force}), then every session ends,
-   * the listeners close and all memory is freed. Runs once; a second call with {@code force}
-   * cuts a running drain short, any other later call waits for the first to finish.
+   * Drains and stops: /readyz 503 and health NOT_SERVING, new leases UNAVAILABLE, clients told,
+   * leases drain up to the configured timeout (or not at all with {@code force}), then every
+   * session ends, the listeners close and all memory is freed. Runs once; a second call with
+   * {@code force} cuts a running drain short, any other later call waits for the first to finish.
    */
   public void shutdown(boolean force) {
     if (force) {

@@ -295,8 +295,8 @@ final class Listeners implements AutoCloseable {
 
   /**
    * Null while every socket file this daemon bound is still at its path; otherwise which one is
-   * gone or was replaced. A daemon whose socket was unlinked (an operator's {@code rm}, a cleanup
-   * of the shared directory, a second daemon that took the path over and exited) still runs but
+   * gone or was replaced. A daemon whose socket was unlinked (an operator's {@code rm}, a cleaner
+   * of the shared directory, a container that mounts it writable and meant well) still runs but
    * no client can reach it, and in a pod the socket directory is the only way in. One {@code
    * lstat} per socket: cheap enough for every readiness probe.
    */
