@@ -9,10 +9,15 @@
 #    needs no engine) and dclint (the Compose-spec schema, errors only).
 # 2. deploy/Dockerfile: dockerfile-utils lint (the Dockerfile linter of the VS Code Docker
 #    extension; hadolint is neither in Debian nor on npm).
-# 3. deploy/k8s/*.yaml: validated against the Kubernetes API schemas (kubernetes-models, offline;
-#    catches wrong types and missing required fields, not unknown field names).
-# 4. /metrics of a live daemon (host backend) through `promtool check metrics`, then SIGTERM
-#    and exit status 0. Before the scrape, .ci/counter_overflow.py (python3-grpcio) reports
+# 3. deploy/k8s/*.yaml (.ci/validate-k8s.mjs): validated against the Kubernetes API schemas
+#    (kubernetes-models, offline; catches wrong types and missing required fields, not unknown
+#    field names); every pod against the Pod Security Standards level its Namespace enforces
+#    (.ci/pod-security.mjs: the baseline and restricted rules of the Pod Security Admission
+#    controller, each first shown to fire on a pod made to break it), and no stricter level
+#    passing; no hostPID or shareProcessNamespace anywhere; httpGet probes on the daemon's
+#    metrics port (startup and liveness /healthz, readiness /readyz). Well under a second.
+# 4. /metrics of a live daemon (host backend) through `promtool check metrics`, its /healthz and
+#    /readyz answering 200, then SIGTERM and exit status 0. Before the scrape, .ci/counter_overflow.py (python3-grpcio) reports
 #    client cache counters of 2^63-1 from two sessions (issue 22), so promtool checks the text
 #    a hostile tenant leaves behind.
 # 5. deploy/grafana/*.json: JSON syntax (python3 -m json.tool, or Node where python3 is missing).
@@ -112,7 +117,7 @@ install_tools() {
     printf '%s\n' "$manifest" > "$tools/package.json"
     (cd "$tools" && retry npm install --no-audit --no-fund --loglevel=error >/dev/null)
   fi
-  cp "$repo/.ci/validate-k8s.mjs" "$tools/validate-k8s.mjs"
+  cp "$repo/.ci/validate-k8s.mjs" "$repo/.ci/pod-security.mjs" "$tools/"
 }
 
 # --- checks ------------------------------------------------------------------------------
@@ -154,6 +159,7 @@ check_metrics() {
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       continue
     fi
+    : >"$tmp/daemon.log" # exists before the background job opens it: the grep below may run first
     java -Xmx128m -jar "$jar" --backend host --socket none --listen 127.0.0.1:0 \
       --metrics-host 127.0.0.1 --metrics-port "$port" --shm-dir "$tmp/shm" \
       --host-devices 2 --host-device-bytes 64MiB --drain-timeout-ms 2000 >"$tmp/daemon.log" 2>&1 &
@@ -180,6 +186,15 @@ check_metrics() {
   "${GPUMEMD_PYTHON:-/usr/bin/python3}" .ci/counter_overflow.py "$target"
   curl -fsS "http://127.0.0.1:$port/metrics" >"$tmp/metrics.txt"
   echo "scraped $(grep -c '^gpumemd_' "$tmp/metrics.txt") samples of $(grep -c '^# TYPE' "$tmp/metrics.txt") metrics"
+  # the probes the manifests use (httpGet), on the same listener
+  local probe
+  for probe in healthz readyz; do
+    if ! curl -fsS "http://127.0.0.1:$port/$probe" >"$tmp/$probe.txt"; then
+      echo "/$probe did not answer 200"
+      return 1
+    fi
+    echo "/$probe: $(cat "$tmp/$probe.txt")"
+  done
   local promtool_status=0
   "$promtool" check metrics <"$tmp/metrics.txt" || promtool_status=$?
   kill -TERM "$pid"

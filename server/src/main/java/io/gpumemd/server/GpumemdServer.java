@@ -69,6 +69,7 @@ public final class GpumemdServer {
   private final ServerMetrics metrics;
   private final IdentityPolicy identities;
   private final Listeners listeners;
+  private final Readiness readiness;
   private final StreamWatchdog streams;
   private final Ticker ticker;
   private Housekeeping housekeeping;
@@ -114,6 +115,8 @@ public final class GpumemdServer {
     this.identities = config.tenancy().identityPolicy(IdentityPolicy.currentUid());
     this.listeners = new Listeners(services, identities, new AuthInterceptor(tokens, config.security().insecureTcp()),
         config.transport());
+    this.readiness = new Readiness(listeners, backend instanceof HostShmBackend host ? host.root() : null,
+        registry::liveLeases);
   }
 
   /**
@@ -198,9 +201,11 @@ public final class GpumemdServer {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
     }
     if (addresses.metricsPort() > 0) {
-      listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh);
+      listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
+          readiness);
     }
     housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents());
+    readiness.serving();
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());
   }
 
@@ -246,10 +251,10 @@ public final class GpumemdServer {
   }
 
   /**
-   * Drains and stops: health NOT_SERVING, new leases UNAVAILABLE, clients told, leases drain
-   * up to the configured timeout (or not at all with {@code force}), then every session ends,
-   * the listeners close and all memory is freed. Runs once; a second call with {@code force}
-   * cuts a running drain short, any other later call waits for the first to finish.
+   * Drains and stops: /readyz 503 and health NOT_SERVING, new leases UNAVAILABLE, clients told,
+   * leases drain up to the configured timeout (or not at all with {@code force}), then every
+   * session ends, the listeners close and all memory is freed. Runs once; a second call with
+   * {@code force} cuts a running drain short, any other later call waits for the first to finish.
    */
   public void shutdown(boolean force) {
     if (force) {
@@ -260,6 +265,7 @@ public final class GpumemdServer {
       return;
     }
     try {
+      readiness.draining();
       health.enterTerminalState();
       long drainMillis = this.force ? 0 : config.drainTimeoutMillis();
       log.info("Shutting down: draining {} lease(s) for up to {} ms", registry.liveLeases(), drainMillis);

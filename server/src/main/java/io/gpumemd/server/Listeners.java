@@ -10,6 +10,7 @@ import io.gpumemd.server.config.TcpSecurityConfig;
 import io.gpumemd.server.config.TransportLimits;
 import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.metrics.MetricsHttpServer;
+import io.gpumemd.server.metrics.ReadinessCheck;
 import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
 import io.grpc.ServerCredentials;
@@ -30,10 +31,13 @@ import java.net.UnixDomainSocketAddress;
 import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
+import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.nio.file.attribute.BasicFileAttributes;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ThreadFactory;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -75,6 +79,8 @@ final class Listeners implements AutoCloseable {
   private FdChannel fdChannel;
   private Path fdSocketPath;
   private int tcpPort = -1;
+  /** The socket files bound, with their identity (device, inode) then: see {@link #socketProblem}. */
+  private final List<BoundSocket> bound = new CopyOnWriteArrayList<>();
 
   /**
    * @param identities how peers become callers: the Unix socket asks the kernel (SO_PEERCRED),
@@ -115,6 +121,7 @@ final class Listeners implements AutoCloseable {
             .channelType(EpollServerDomainSocketChannel.class), "unix");
     socketPath = absolute; // ours from now on: removed at close
     restrictSocket(socketPath, mode, gid);
+    bound.add(BoundSocket.of("socket", socketPath));
     log.info("Listening on unix://{} (mode {}{})", socketPath, mode, gid >= 0 ? ", group " + gid : "");
   }
 
@@ -130,6 +137,7 @@ final class Listeners implements AutoCloseable {
     channel.bind(absolute);
     fdSocketPath = absolute; // ours from now on: removed at close
     restrictSocket(fdSocketPath, mode, gid);
+    bound.add(BoundSocket.of("fd socket", fdSocketPath));
     log.info("fd channel on unix://{} (mode {}{}): segments are passed as file descriptors", fdSocketPath, mode,
         gid >= 0 ? ", group " + gid : "");
   }
@@ -192,13 +200,14 @@ final class Listeners implements AutoCloseable {
     }
   }
 
-  void startMetrics(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape) throws IOException {
+  void startMetrics(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape,
+      ReadinessCheck readiness) throws IOException {
     try {
-      metrics = new MetricsHttpServer(host, port, registry, beforeScrape);
+      metrics = new MetricsHttpServer(host, port, registry, beforeScrape, readiness);
     } catch (BindException e) {
       throw new IOException("metrics listener: " + host + ":" + port + " already in use", e);
     }
-    log.info("Metrics on http://{}:{}/metrics", host, metrics.port());
+    log.info("Metrics on http://{}:{}/metrics (probes: /healthz, /readyz)", host, metrics.port());
   }
 
   /** @param kind names the listener's threads: gpumemd-accept-KIND-1, gpumemd-io-KIND-N */
@@ -282,6 +291,43 @@ final class Listeners implements AutoCloseable {
 
   Path socketPath() {
     return socketPath;
+  }
+
+  /**
+   * Null while every socket file this daemon bound is still at its path; otherwise which one is
+   * gone or was replaced. A daemon whose socket was unlinked (an operator's {@code rm}, a cleaner
+   * of the shared directory, a container that mounts it writable and meant well) still runs but
+   * no client can reach it, and in a pod the socket directory is the only way in. One {@code
+   * lstat} per socket: cheap enough for every readiness probe.
+   */
+  String socketProblem() {
+    for (BoundSocket socket : bound) {
+      String problem = socket.problem();
+      if (problem != null) {
+        return problem;
+      }
+    }
+    return null;
+  }
+
+  /** A socket file as bound: its path and the file it was then ({@code fileKey}: device and inode). */
+  private record BoundSocket(String name, Path path, Object fileKey) {
+    static BoundSocket of(String name, Path path) throws IOException {
+      return new BoundSocket(name, path,
+          Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS).fileKey());
+    }
+
+    String problem() {
+      try {
+        Object now = Files.readAttributes(path, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS).fileKey();
+        return fileKey == null || fileKey.equals(now) ? null
+            : name + " " + path + " was replaced by another file: clients reach something else";
+      } catch (NoSuchFileException e) {
+        return name + " " + path + " is gone: no client can connect (restart the daemon to bind it again)";
+      } catch (IOException e) {
+        return name + " " + path + " cannot be checked: " + e.getMessage();
+      }
+    }
   }
 
   Path fdSocketPath() {

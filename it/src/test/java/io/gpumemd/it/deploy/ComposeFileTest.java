@@ -14,6 +14,7 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.testing.TestDaemon;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -51,7 +52,7 @@ class ComposeFileTest {
   }
 
   @Test
-  void gpu_workerSharesSocketVolumeAndPidWithTheDaemon() {
+  void gpu_workerSharesOnlyTheSocketVolumeWithTheDaemon() {
     assertWorkerJoinsDaemon("worker", "gpumemd");
   }
 
@@ -68,7 +69,7 @@ class ComposeFileTest {
   }
 
   @Test
-  void nogpu_workerSharesSocketVolumeAndPidWithTheDaemon() {
+  void nogpu_workerSharesOnlyTheSocketVolumeWithTheDaemon() {
     assertWorkerJoinsDaemon("worker-nogpu", "gpumemd-nogpu");
   }
 
@@ -99,21 +100,62 @@ class ComposeFileTest {
     }
   }
 
-  private void assertWorkerJoinsDaemon(String worker, String daemon) {
-    assertEquals("service:" + daemon, string(service(worker), "pid"), worker + " joins " + daemon + "'s PID namespace");
-    ServerConfig config = daemonConfig(daemon);
-    Map<String, String> daemonMounts = mounts(daemon);
-    Map<String, String> workerMounts = mounts(worker);
-    for (String dir : List.of(config.listeners().socket().getParent().toString(), config.backend().shmDir().toString())) {
-      String volume = volumeAt(daemonMounts, dir);
-      assertTrue(map(compose, "volumes").containsKey(volume), volume + " is a named volume");
-      assertEquals(dir, workerMounts.get(volume), worker + " mounts " + volume + " at " + dir + " like " + daemon);
+  /**
+   * Memory crosses as file descriptors: the worker joins no namespace of the daemon's and mounts
+   * only the socket directory (read-only), where the fd channel's socket sits beside the gRPC one.
+   */
+  /**
+   * The healthcheck's own command, run by bash against a live daemon (its metrics port put in
+   * place of 9464): 0 while ready, not 0 once the daemon's socket is gone.
+   */
+  @Test
+  void healthcheck_commandPassesOnAReadyDaemon_andFailsOnANotReadyOne() throws Exception {
+    List<String> check = strings(get(service("gpumemd"), "healthcheck", "test"), "healthcheck");
+    int port;
+    try (java.net.ServerSocket s = new java.net.ServerSocket(0)) {
+      port = s.getLocalPort();
     }
+    try (TestDaemon daemon = TestDaemon.start("--metrics-host", "127.0.0.1", "--metrics-port", Integer.toString(port))) {
+      String command = check.get(3).replace("/dev/tcp/127.0.0.1/" + daemonConfig("gpumemd").listeners().metricsPort(),
+          "/dev/tcp/127.0.0.1/" + port);
+      assertEquals(0, bash(command), "ready: " + command);
+      java.nio.file.Files.delete(daemon.server().socketPath());
+      assertEquals(1, bash(command), "not ready once the socket is gone: " + command);
+    }
+  }
+
+  private static int bash(String command) throws Exception {
+    Process p = new ProcessBuilder("bash", "-c", command).redirectErrorStream(true).start();
+    p.getInputStream().readAllBytes();
+    assertTrue(p.waitFor(30, java.util.concurrent.TimeUnit.SECONDS), command);
+    return p.exitValue();
+  }
+
+  private void assertWorkerJoinsDaemon(String worker, String daemon) {
+    for (String namespace : List.of("pid", "ipc", "network_mode")) {
+      assertNull(service(worker).get(namespace), worker + " sets " + namespace);
+    }
+    ServerConfig config = daemonConfig(daemon);
+    assertTrue(config.backend().hostSegmentsByFd(), daemon + " hands host segments out as descriptors");
+    assertEquals(config.listeners().socket() + ".fd", config.fdChannel().socket().toString());
+    assertEquals("vmm", string(service(daemon), "environment", "GPUMEMD_CUDA_HANDLES"),
+        daemon + ": CUDA memory only as VMM descriptors, which open in the worker's PID namespace");
+    String socketDir = config.listeners().socket().getParent().toString();
+    Map<String, String> daemonMounts = mounts(daemon);
+    String volume = volumeAt(daemonMounts, socketDir);
+    assertTrue(map(compose, "volumes").containsKey(volume), volume + " is a named volume");
+    List<String> workerVolumes = strings(get(service(worker), "volumes"), "volumes");
+    assertEquals(List.of(volume + ":" + socketDir + ":ro"), workerVolumes,
+        worker + " mounts only " + volume + ", read-only, at " + socketDir + " like " + daemon);
     List<String> command = strings(get(service(worker), "command"), "command");
     assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"), command);
     List<String> entrypoint = strings(get(service(worker), "entrypoint"), "entrypoint");
     assertEquals("/opt/gpumemd/gpumemctl.jar", entrypoint.get(entrypoint.indexOf("-jar") + 1));
     assertEquals("service_healthy", string(service(worker), "depends_on", daemon, "condition"));
+    List<String> check = strings(get(service(daemon), "healthcheck", "test"), "healthcheck");
+    assertEquals(List.of("CMD", "bash", "-c"), check.subList(0, 3), "a shell, not a JVM, per check");
+    assertTrue(check.get(3).contains("/dev/tcp/127.0.0.1/" + config.listeners().metricsPort())
+        && check.get(3).contains("GET /readyz "), daemon + "'s healthcheck asks /readyz on the metrics port: " + check);
   }
 
   private ServerConfig daemonConfig(String service) {

@@ -18,26 +18,80 @@ import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import org.junit.jupiter.api.Test;
 
 /**
  * The Kubernetes manifests under deploy/k8s, loaded as YAML and held to what their comments
  * and deploy/README.md claim, with the daemon's flags checked by the daemon's own parser.
- * (Schema validation against the Kubernetes API is .ci/deploy-checks.sh's job.)
+ * (Schema validation against the Kubernetes API and the Pod Security Standards levels are
+ * .ci/validate-k8s.mjs's job, run by .ci/deploy-checks.sh.)
  */
 class KubernetesManifestsTest {
   private static final String GPU = "nvidia.com/gpu";
-  /** The health service names the daemon registers (GpumemdServer). */
-  private static final Set<String> HEALTH_SERVICES = Set.of("", "gpumemd.v1.Allocator", "gpumemd.v1.Admin");
+  private static final List<String> MANIFESTS = List.of("deploy/k8s/daemonset.yaml", "deploy/k8s/node-worker.yaml",
+      "deploy/k8s/sidecar.yaml");
+  private static final String ENFORCE = "pod-security.kubernetes.io/enforce";
 
   private final GpumemdImage image = new GpumemdImage();
 
   // --- sidecar --------------------------------------------------------------------------
 
+  // --- every manifest -----------------------------------------------------------------------
+
+  /** Memory crosses as file descriptors: no pod shares a PID (or IPC) namespace. */
   @Test
-  void sidecar_sharesProcessNamespace() {
-    assertEquals(Boolean.TRUE, find(sidecar().pod, "shareProcessNamespace"), "legacy CUDA IPC needs one PID namespace");
+  void everyPod_sharesNoPidOrIpcNamespace() {
+    for (Workload w : workloads()) {
+      for (String field : List.of("hostPID", "hostIPC", "hostNetwork", "shareProcessNamespace")) {
+        assertNull(find(w.pod, field), w.name() + " sets " + field);
+      }
+    }
+  }
+
+  /** Each workload lives in a Namespace of its own file, labelled with the level it passes. */
+  @Test
+  void everyWorkload_isInANamespaceOfItsFileThatEnforcesAPodSecurityLevel() {
+    Map<String, String> expected = Map.of("deploy/k8s/daemonset.yaml", "privileged",
+        "deploy/k8s/node-worker.yaml", "privileged", "deploy/k8s/sidecar.yaml", "restricted");
+    for (String file : MANIFESTS) {
+      List<Map<String, Object>> docs = documents(file);
+      Map<String, Object> namespace = docs.stream().filter(d -> "Namespace".equals(d.get("kind"))).findFirst()
+          .orElseThrow(() -> new AssertionError(file + " has no Namespace"));
+      assertEquals(expected.get(file), string(namespace, "metadata", "labels", ENFORCE), file);
+      String name = string(namespace, "metadata", "name");
+      for (Map<String, Object> d : docs) {
+        if (!"Namespace".equals(d.get("kind"))) {
+          assertEquals(name, string(d, "metadata", "namespace"), file + ": " + d.get("kind") + " in the file's namespace");
+        }
+      }
+      assertEquals(0, docs.indexOf(namespace), file + ": the Namespace comes first, so one apply creates it first");
+    }
+  }
+
+  /**
+   * The daemon's memory reaches workers in other PID namespaces only as VMM descriptors, so every
+   * daemon asks for VMM handles. Through the environment: the flag is being added beside this
+   * change, and an unknown GPUMEMD_ variable is ignored where an unknown flag would stop the
+   * start; once the flag is in, the daemon's parser checks the value too.
+   */
+  @Test
+  void everyDaemon_servesFdsBesideItsSocket_andAsksForVmmHandles() {
+    for (Workload w : List.of(sidecar(), daemonSet())) {
+      ServerConfig config = w.daemonConfig();
+      assertTrue(config.backend().hostSegmentsByFd(), w.name() + ": host segments as descriptors");
+      assertEquals(config.listeners().socket().getParent(), config.fdChannel().socket().getParent(),
+          w.name() + ": the fd socket beside the gRPC socket, where clients look for it");
+      assertEquals(config.listeners().socket() + ".fd", config.fdChannel().socket().toString());
+      assertEquals("vmm", w.env("gpumemd").get("GPUMEMD_CUDA_HANDLES"), w.name());
+    }
+  }
+
+  /** Probes: HTTP on the metrics port, no JVM per probe. */
+  @Test
+  void everyDaemon_probesHealthzAndReadyzOnTheMetricsPort() {
+    for (Workload w : List.of(sidecar(), daemonSet())) {
+      assertHttpProbes(w, w.container("gpumemd"));
+    }
   }
 
   @Test
@@ -50,7 +104,7 @@ class KubernetesManifestsTest {
   }
 
   @Test
-  void sidecar_bothContainersMountTheSocketAndShmVolumesAtTheDaemonsPaths() {
+  void sidecar_sharesOnlyTheSocketDirectory_anEmptyDirTheWorkerMountsReadOnly() {
     Workload w = sidecar();
     ServerConfig config = w.daemonConfig();
     String socketDir = config.listeners().socket().getParent().toString();
@@ -60,17 +114,15 @@ class KubernetesManifestsTest {
     String socketVolume = volumeAt(daemonMounts, socketDir);
     String shmVolume = volumeAt(daemonMounts, shmDir);
     assertEquals(socketDir, workerMounts.get(socketVolume), "worker mounts " + socketVolume + " where gpumemd does");
-    assertEquals(shmDir, workerMounts.get(shmVolume), "worker mounts " + shmVolume + " where gpumemd does");
+    assertEquals(Boolean.TRUE, find(w.mount("worker", socketVolume), "readOnly"), "the worker cannot touch the sockets");
     assertTrue(find(w.volume(socketVolume), "emptyDir") != null, "socket volume is an emptyDir");
-    assertEquals("Memory", string(w.volume(shmVolume), "emptyDir", "medium"), "shm volume is tmpfs");
+    assertFalse(workerMounts.containsKey(shmVolume), "segments arrive as descriptors: the worker mounts no shm");
+    assertEquals("Memory", string(w.volume(shmVolume), "emptyDir", "medium"), "gpumemd's shm volume is tmpfs");
+    for (Object v : listOrEmpty(w.pod, "volumes")) {
+      assertTrue(asMap(v, "volume").containsKey("emptyDir"), "emptyDirs only: " + v);
+    }
     assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"),
         strings(get(w.container("worker"), "args"), "worker args"), "the worker connects to gpumemd's socket");
-  }
-
-  @Test
-  void sidecar_probesRunGpumemctlHealthOverTheSocket() {
-    Workload w = sidecar();
-    assertHealthProbes(w, w.container("gpumemd"));
   }
 
   @Test
@@ -112,15 +164,21 @@ class KubernetesManifestsTest {
   // --- DaemonSet --------------------------------------------------------------------------
 
   @Test
-  void daemonSet_usesHostPidAndAHostPathSocketDirectory() {
+  void daemonSet_sharesOnlyItsSocketDirectoryThroughHostPath() {
     Workload w = daemonSet();
-    assertEquals(Boolean.TRUE, find(w.pod, "hostPID"), "cross-pod CUDA IPC needs the host PID namespace");
     ServerConfig config = w.daemonConfig();
     Map<String, String> mounts = w.mounts("gpumemd");
     String socketVolume = volumeAt(mounts, config.listeners().socket().getParent().toString());
     assertEquals("/run/gpumemd", string(w.volume(socketVolume), "hostPath", "path"));
+    for (Object v : listOrEmpty(w.pod, "volumes")) {
+      Map<String, Object> volume = asMap(v, "volume");
+      assertTrue(volume.get("name").equals(socketVolume) || !volume.containsKey("hostPath"),
+          "the socket directory is the only hostPath: " + volume);
+    }
     String shmVolume = volumeAt(mounts, config.backend().shmDir().toString());
-    assertTrue(find(w.volume(shmVolume), "hostPath", "path") != null, "shm directory on the node");
+    assertEquals("Memory", string(w.volume(shmVolume), "emptyDir", "medium"), "the host backend's segments: its own tmpfs");
+    assertEquals("rw-rw----", config.tenancy().socketMode(), "worker pods connect through the group");
+    assertEquals("gpumemd", config.tenancy().socketGroup());
   }
 
   @Test
@@ -135,22 +193,15 @@ class KubernetesManifestsTest {
   }
 
   @Test
-  void daemonSet_probesRunGpumemctlHealthOverTheSocket() {
-    Workload w = daemonSet();
-    assertHealthProbes(w, w.container("gpumemd"));
-  }
-
-  @Test
-  void daemonSet_initContainerHandsTheHostPathsToTheImageUser() {
+  void daemonSet_initContainerHandsTheHostPathToTheImageUser() {
     Workload w = daemonSet();
     Map<String, Object> init = w.container("prepare-dirs");
     String command = String.join(" ", strings(get(init, "command"), "command"));
     assertTrue(command.contains("chown " + image.uid() + ":" + image.gid()), command);
-    for (String dir : w.mounts("gpumemd").values()) {
-      if (dir.equals("/tmp")) {
-        continue;
+    for (Map.Entry<String, String> mount : w.mounts("gpumemd").entrySet()) {
+      if (find(w.volume(mount.getKey()), "hostPath") != null) {
+        assertTrue(command.contains(mount.getValue()), "prepare-dirs prepares " + mount.getValue() + ": " + command);
       }
-      assertTrue(command.contains(dir), "prepare-dirs prepares " + dir + ": " + command);
     }
   }
 
@@ -181,21 +232,23 @@ class KubernetesManifestsTest {
   }
 
   @Test
-  void nodeWorker_joinsTheDaemonSetsPidNamespaceMountsAndGroup() {
+  void nodeWorker_mountsTheDaemonSetsSocketDirectoryReadOnly_andJoinsItsGroup() {
     Workload daemon = daemonSet();
-    Workload worker = new Workload(documents("deploy/k8s/node-worker.yaml").get(0), image);
-    assertEquals(Boolean.TRUE, find(worker.pod, "hostPID"));
-    Map<String, String> daemonMounts = daemon.mounts("gpumemd");
-    Map<String, String> workerMounts = worker.mounts("worker");
+    Workload worker = nodeWorker();
     ServerConfig config = daemon.daemonConfig();
-    for (String dir : List.of(config.listeners().socket().getParent().toString(), config.backend().shmDir().toString())) {
-      String daemonPath = string(daemon.volume(volumeAt(daemonMounts, dir)), "hostPath", "path");
-      String workerPath = string(worker.volume(volumeAt(workerMounts, dir)), "hostPath", "path");
-      assertEquals(daemonPath, workerPath, "worker mounts the daemon's node directory at " + dir);
+    String socketDir = config.listeners().socket().getParent().toString();
+    String daemonPath = string(daemon.volume(volumeAt(daemon.mounts("gpumemd"), socketDir)), "hostPath", "path");
+    String workerVolume = volumeAt(worker.mounts("worker"), socketDir);
+    assertEquals(daemonPath, string(worker.volume(workerVolume), "hostPath", "path"),
+        "worker mounts the daemon's node directory at " + socketDir);
+    assertEquals(Boolean.TRUE, find(worker.mount("worker", workerVolume), "readOnly"));
+    for (Object v : listOrEmpty(worker.pod, "volumes")) {
+      Map<String, Object> volume = asMap(v, "volume");
+      assertTrue(volume.get("name").equals(workerVolume) || !volume.containsKey("hostPath"),
+          "the socket directory is the worker's only hostPath: " + volume);
     }
-    assertEquals("gpumemd", config.backend().shmGroup(), "socket and segment files are group-accessible");
     assertTrue(strings(get(worker.pod, "securityContext", "supplementalGroups"), "groups").contains(String.valueOf(image.gid())),
-        "worker joins the gpumemd group");
+        "worker joins the gpumemd group, which the sockets are 0660 for");
     assertEquals("1", string(worker.container("worker"), "resources", "limits", GPU));
     assertEquals(List.of("--target", "unix://" + config.listeners().socket(), "worker"),
         strings(get(worker.container("worker"), "args"), "worker args"));
@@ -204,38 +257,33 @@ class KubernetesManifestsTest {
   // --- helpers ----------------------------------------------------------------------------
 
   /**
-   * Every probe execs gpumemctl (the jar the image ships) against the daemon's own socket and
-   * asks a service the daemon reports health for; the daemon has no TCP listener for a kubelet
-   * gRPC probe to reach (they are plaintext, and plaintext TCP on the pod IP is refused).
+   * Startup and liveness ask /healthz, readiness /readyz, all as httpGet on the daemon's metrics
+   * port (by the containerPort's name) on the pod's address, where the daemon binds them; no
+   * host field (the kubelet asks the pod IP; Pod Security baseline forbids a host since 1.34).
+   * The daemon has no TCP gRPC listener for a kubelet gRPC probe to reach.
    */
-  private void assertHealthProbes(Workload w, Map<String, Object> container) {
+  private void assertHttpProbes(Workload w, Map<String, Object> container) {
     ServerConfig config = w.daemonConfig();
     assertFalse(config.listeners().tcpEnabled(), "no TCP listener: gRPC on the Unix socket only");
-    assertTrue(listOrEmpty(container, "ports").stream().map(p -> asMap(p, "port"))
-        .noneMatch(p -> "grpc".equals(p.get("name"))), "no gRPC containerPort");
-    for (String probe : List.of("startupProbe", "livenessProbe", "readinessProbe")) {
-      Map<String, Object> p = map(container, probe);
-      assertTrue(p.containsKey("exec") && !p.containsKey("grpc") && !p.containsKey("httpGet")
-          && !p.containsKey("tcpSocket"), probe + " is an exec probe: " + p);
-      List<String> command = strings(get(p, "exec", "command"), probe + " command");
-      assertEquals("java", command.get(0), probe);
-      int jar = command.indexOf("-jar");
-      assertTrue(jar > 0, probe + " runs a jar: " + command);
-      assertEquals(image.ctlJar(), command.get(jar + 1), probe + " runs the image's gpumemctl");
-      List<String> ctlArgs = command.subList(jar + 2, command.size());
-      int target = ctlArgs.indexOf("--target");
-      assertEquals("unix://" + config.listeners().socket(), ctlArgs.get(target + 1), probe + " asks the daemon's socket");
-      int health = ctlArgs.indexOf("health");
-      assertTrue(health > target, probe + " runs gpumemctl health: " + ctlArgs);
-      int service = ctlArgs.indexOf("--service");
-      String asked = service < 0 ? "" : ctlArgs.get(service + 1);
-      assertTrue(HEALTH_SERVICES.contains(asked), probe + " asks a service the daemon reports health for: " + asked);
-      assertTrue(Integer.parseInt(string(p, "timeoutSeconds")) >= 5,
-          probe + ": a JVM starts per probe, the default 1 s timeout is too short");
+    assertEquals("$(POD_IP)", config.listeners().metricsHost(), "probes reach the pod's address");
+    Map<String, String> paths = Map.of("startupProbe", "/healthz", "livenessProbe", "/healthz",
+        "readinessProbe", "/readyz");
+    for (Map.Entry<String, String> e : paths.entrySet()) {
+      Map<String, Object> p = map(container, e.getKey());
+      assertTrue(p.containsKey("httpGet") && !p.containsKey("exec") && !p.containsKey("grpc")
+          && !p.containsKey("tcpSocket"), e.getKey() + " is an httpGet probe: " + p);
+      Map<String, Object> http = map(p, "httpGet");
+      assertEquals(e.getValue(), string(http, "path"), e.getKey());
+      assertEquals(config.listeners().metricsPort(), w.containerPort("gpumemd", string(http, "port")),
+          e.getKey() + " asks the metrics port");
+      assertNull(http.get("host"), e.getKey() + " leaves host to the kubelet (the pod IP)");
+      assertNull(http.get("scheme"), e.getKey() + ": plain HTTP, as the daemon serves it");
     }
-    List<String> readiness = strings(get(container, "readinessProbe", "exec", "command"), "readiness command");
-    assertEquals("gpumemd.v1.Allocator", readiness.get(readiness.indexOf("--service") + 1),
-        "readiness follows the Allocator, NOT_SERVING while draining");
+    long startupSeconds = Long.parseLong(string(container, "startupProbe", "periodSeconds"))
+        * Long.parseLong(string(container, "startupProbe", "failureThreshold"));
+    assertTrue(startupSeconds >= 30, "a JVM and a CUDA context start within the startup window: " + startupSeconds + " s");
+    assertTrue(Integer.parseInt(string(container, "livenessProbe", "failureThreshold")) > 1,
+        "one slow answer (a GC pause) does not restart the daemon");
   }
 
   private void assertScrapeAnnotations(Workload w, Map<String, Object> annotations) {
@@ -248,13 +296,24 @@ class KubernetesManifestsTest {
 
 
   private Workload sidecar() {
-    return new Workload(documents("deploy/k8s/sidecar.yaml").get(0), image);
+    return workload("deploy/k8s/sidecar.yaml", "Deployment");
+  }
+
+  private Workload nodeWorker() {
+    return workload("deploy/k8s/node-worker.yaml", "Deployment");
+  }
+
+  private List<Workload> workloads() {
+    return List.of(daemonSet(), nodeWorker(), sidecar());
+  }
+
+  private Workload workload(String file, String kind) {
+    return new Workload(documents(file).stream().filter(d -> kind.equals(d.get("kind"))).findFirst()
+        .orElseThrow(() -> new AssertionError(file + ": no " + kind)), image);
   }
 
   private Workload daemonSet() {
-    return new Workload(documents("deploy/k8s/daemonset.yaml").stream()
-        .filter(d -> "DaemonSet".equals(d.get("kind"))).findFirst()
-        .orElseThrow(() -> new AssertionError("no DaemonSet")), image);
+    return workload("deploy/k8s/daemonset.yaml", "DaemonSet");
   }
 
   private static List<Map<String, Object>> documents(String file) {
@@ -274,6 +333,10 @@ class KubernetesManifestsTest {
       Object a = find(workload, "spec", "template", "metadata", "annotations");
       this.annotations = a == null ? Map.of() : asMap(a, "annotations");
       this.image = image;
+    }
+
+    String name() {
+      return workload.get("kind") + "/" + string(workload, "metadata", "name");
     }
 
     List<Map<String, Object>> containers() {
@@ -299,6 +362,12 @@ class KubernetesManifestsTest {
       return out;
     }
 
+    Map<String, Object> mount(String container, String volume) {
+      return listOrEmpty(container(container), "volumeMounts").stream().map(m -> asMap(m, "volumeMount"))
+          .filter(m -> volume.equals(m.get("name"))).findFirst()
+          .orElseThrow(() -> new AssertionError(container + " does not mount " + volume));
+    }
+
     Map<String, Object> volume(String name) {
       return listOrEmpty(pod, "volumes").stream().map(v -> asMap(v, "volume"))
           .filter(v -> name.equals(v.get("name"))).findFirst()
@@ -315,12 +384,13 @@ class KubernetesManifestsTest {
     ServerConfig daemonConfig() {
       Map<String, Object> c = container("gpumemd");
       assertNull(c.get("command"), "gpumemd keeps the image's entrypoint");
-      return image.config(strings(get(c, "args"), "args"), env(c));
+      return image.config(strings(get(c, "args"), "args"), env("gpumemd"));
     }
 
-    private static Map<String, String> env(Map<String, Object> container) {
+    /** A container's literal environment (values from the pod, such as POD_IP, left out). */
+    Map<String, String> env(String container) {
       Map<String, String> env = new LinkedHashMap<>();
-      for (Object e : listOrEmpty(container, "env")) {
+      for (Object e : listOrEmpty(container(container), "env")) {
         Map<String, Object> var = asMap(e, "env");
         if (var.containsKey("valueFrom")) {
           continue; // from the pod (POD_IP): not a GPUMEMD_ setting

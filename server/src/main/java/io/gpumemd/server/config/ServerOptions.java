@@ -99,7 +99,8 @@ public final class ServerOptions {
   String backend;
 
   @Option(names = "--metrics-port", paramLabel = "N", defaultValue = "9464",
-      description = "Prometheus /metrics HTTP port (0 = off)")
+      description = "HTTP port of Prometheus /metrics and of the probes /healthz (alive) and /readyz "
+          + "(ready: serving, not draining, sockets and backend in place; else 503 and why) (0 = off)")
   String metricsPort;
 
   @Option(names = "--metrics-host", paramLabel = "HOST", defaultValue = "127.0.0.1",

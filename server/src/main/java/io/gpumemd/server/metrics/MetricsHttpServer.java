@@ -32,13 +32,19 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Serves {@code GET /metrics} in the Prometheus text format; anything else is 404 (405 for
- * other methods). Built on the Netty that gRPC already ships, on one event-loop thread, so a
- * client that sends half a request holds only its own connection: every connection must finish
- * its request within {@value #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at
- * most {@value #MAX_CONNECTIONS} connections wait for their request at once: a new one closes
- * the one that has waited longest, so idle or trickling connections can delay a scrape by
- * nothing but a reconnect.
+ * Serves {@code GET /metrics} in the Prometheus text format, and two probes for orchestrators:
+ * {@code /healthz} (alive: 200 whenever this listener answers, which it does from the end of the
+ * daemon's start until its listeners close after the drain) and {@code /readyz} (200 when the
+ * {@link ReadinessCheck} finds nothing wrong, else 503 with its one-line reason). Anything else
+ * is 404 (405 for methods other than GET and HEAD). The probes take no lock and scrape nothing,
+ * so a kubelet probing every few seconds costs next to nothing (an exec probe running {@code
+ * gpumemctl health} started a JVM each time: about half a CPU-second). Built on the Netty that
+ * gRPC already ships, on one event-loop thread, so a client that sends half a request holds only
+ * its own connection: every connection must finish its request within {@value
+ * #REQUEST_DEADLINE_SECONDS} s, requests are bounded in size, and at most {@value
+ * #MAX_CONNECTIONS} connections wait for their request at once: a new one closes the one that
+ * has waited longest, so idle or trickling connections can delay a scrape or a probe by nothing
+ * but a reconnect.
  * (The JDK's built-in server reads a request on its worker thread, so one half-sent request
  * stalled every scrape until the client gave up.) A scrape that fails is answered 500, its cause
  * logged at WARN once; a single failing meter does not fail it (see {@link
@@ -66,11 +72,12 @@ public final class MetricsHttpServer implements AutoCloseable {
   /**
    * @param beforeScrape runs on the metrics thread before each scrape (takes the snapshot the
    *     pool meters read)
+   * @param readiness what {@code /readyz} reports
    * @throws BindException when the address is taken
    * @throws IOException when it cannot be bound for another reason
    */
-  public MetricsHttpServer(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape)
-      throws IOException {
+  public MetricsHttpServer(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape,
+      ReadinessCheck readiness) throws IOException {
     ServerBootstrap bootstrap = new ServerBootstrap().group(group).channel(EpollServerSocketChannel.class)
         .childHandler(new ChannelInitializer<SocketChannel>() {
           @Override
@@ -86,7 +93,7 @@ public final class MetricsHttpServer implements AutoCloseable {
             ch.eventLoop().schedule(() -> ch.close(), REQUEST_DEADLINE_SECONDS, TimeUnit.SECONDS);
             ch.pipeline().addLast(new HttpServerCodec(4096, MAX_REQUEST_BYTES, MAX_REQUEST_BYTES),
                 new HttpObjectAggregator(MAX_REQUEST_BYTES),
-                new Scrape(registry, beforeScrape, waiting, scrapeFailureLogged));
+                new Endpoints(registry, beforeScrape, readiness, waiting, scrapeFailureLogged));
           }
         });
     try {
@@ -111,17 +118,23 @@ public final class MetricsHttpServer implements AutoCloseable {
     group.shutdownGracefully(0, 1, TimeUnit.SECONDS).syncUninterruptibly();
   }
 
-  /** Answers one request and closes the connection (scrapes are rare; no keep-alive to bound). */
-  private static final class Scrape extends SimpleChannelInboundHandler<FullHttpRequest> {
+  /**
+   * Answers one request and closes the connection (scrapes and probes are rare; no keep-alive
+   * to bound).
+   */
+  private static final class Endpoints extends SimpleChannelInboundHandler<FullHttpRequest> {
+    private static final String TEXT = "text/plain; charset=utf-8";
     private final PrometheusMeterRegistry registry;
     private final Runnable beforeScrape;
+    private final ReadinessCheck readiness;
     private final ArrayDeque<Channel> waiting;
     private final AtomicBoolean scrapeFailureLogged;
 
-    Scrape(PrometheusMeterRegistry registry, Runnable beforeScrape, ArrayDeque<Channel> waiting,
-        AtomicBoolean scrapeFailureLogged) {
+    Endpoints(PrometheusMeterRegistry registry, Runnable beforeScrape, ReadinessCheck readiness,
+        ArrayDeque<Channel> waiting, AtomicBoolean scrapeFailureLogged) {
       this.registry = registry;
       this.beforeScrape = beforeScrape;
+      this.readiness = readiness;
       this.waiting = waiting;
       this.scrapeFailureLogged = scrapeFailureLogged;
     }
@@ -130,16 +143,41 @@ public final class MetricsHttpServer implements AutoCloseable {
     protected void channelRead0(ChannelHandlerContext ctx, FullHttpRequest request) {
       waiting.remove(ctx.channel()); // has its request: no longer one to displace
       if (!request.decoderResult().isSuccess()) {
-        respond(ctx, HttpResponseStatus.BAD_REQUEST, "bad request\n", "text/plain; charset=utf-8");
+        respond(ctx, HttpResponseStatus.BAD_REQUEST, "bad request\n", TEXT);
         return;
       }
-      String path = URI.create(request.uri().startsWith("/") ? request.uri() : "/").getPath();
+      String path;
+      try {
+        path = URI.create(request.uri().startsWith("/") ? request.uri() : "/").getPath();
+      } catch (IllegalArgumentException e) {
+        respond(ctx, HttpResponseStatus.BAD_REQUEST, "bad request: malformed path\n", TEXT);
+        return;
+      }
       if (!request.method().equals(HttpMethod.GET) && !request.method().equals(HttpMethod.HEAD)) {
-        respond(ctx, HttpResponseStatus.METHOD_NOT_ALLOWED, "GET /metrics\n", "text/plain; charset=utf-8");
-      } else if (!"/metrics".equals(path)) {
-        respond(ctx, HttpResponseStatus.NOT_FOUND, "not found: try /metrics\n", "text/plain; charset=utf-8");
+        respond(ctx, HttpResponseStatus.METHOD_NOT_ALLOWED, "GET /metrics, /healthz or /readyz\n", TEXT);
+        return;
+      }
+      switch (String.valueOf(path)) {
+        case "/metrics" -> scrape(ctx);
+        case "/healthz" -> respond(ctx, HttpResponseStatus.OK, "ok\n", TEXT);
+        case "/readyz" -> ready(ctx);
+        default -> respond(ctx, HttpResponseStatus.NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n", TEXT);
+      }
+    }
+
+    private void ready(ChannelHandlerContext ctx) {
+      String problem;
+      try {
+        problem = readiness.problem();
+      } catch (RuntimeException e) {
+        // Not ready is the safe answer: the kubelet takes the pod out of endpoints, nothing dies.
+        log.debug("Readiness check failed: {}", e.toString());
+        problem = "readiness check failed: " + e;
+      }
+      if (problem == null) {
+        respond(ctx, HttpResponseStatus.OK, "ready\n", TEXT);
       } else {
-        scrape(ctx);
+        respond(ctx, HttpResponseStatus.SERVICE_UNAVAILABLE, problem.replace('\n', ' ') + "\n", TEXT);
       }
     }
 
@@ -156,8 +194,7 @@ public final class MetricsHttpServer implements AutoCloseable {
         } else {
           log.debug("Metrics scrape failed again: {}", e.toString());
         }
-        respond(ctx, HttpResponseStatus.INTERNAL_SERVER_ERROR, "scrape failed: see the daemon's log\n",
-            "text/plain; charset=utf-8");
+        respond(ctx, HttpResponseStatus.INTERNAL_SERVER_ERROR, "scrape failed: see the daemon's log\n", TEXT);
         return;
       }
       respond(ctx, HttpResponseStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8");

@@ -24,6 +24,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -36,13 +37,15 @@ import org.junit.jupiter.api.Test;
 class MetricsHttpServerTest {
   private final PrometheusMeterRegistry registry = new PrometheusMeterRegistry(PrometheusConfig.DEFAULT);
   private final AtomicInteger scrapes = new AtomicInteger();
+  /** What the readiness check answers: null (ready) or a reason. */
+  private final AtomicReference<String> readiness = new AtomicReference<>();
   private MetricsHttpServer server;
   private final HttpClient http = HttpClient.newBuilder().connectTimeout(Duration.ofSeconds(2)).build();
 
   @BeforeEach
   void start() throws IOException {
     registry.counter("gpumemd.test").increment();
-    server = new MetricsHttpServer("127.0.0.1", 0, registry, scrapes::incrementAndGet);
+    server = new MetricsHttpServer("127.0.0.1", 0, registry, scrapes::incrementAndGet, readiness::get);
   }
 
   @AfterEach
@@ -67,6 +70,51 @@ class MetricsHttpServerTest {
         .POST(HttpRequest.BodyPublishers.ofString("x")).timeout(Duration.ofSeconds(2)).build(),
         HttpResponse.BodyHandlers.ofString());
     assertEquals(405, post.statusCode());
+  }
+
+  @Test
+  void healthz_isOkWithoutScraping() throws Exception {
+    readiness.set("draining: shutting down, 1 lease(s) still held");
+    HttpResponse<String> alive = get("/healthz");
+    assertEquals(200, alive.statusCode(), "alive even while not ready");
+    assertEquals("ok\n", alive.body());
+    assertEquals(0, scrapes.get(), "a probe takes no snapshot of the pools");
+  }
+
+  @Test
+  void readyz_followsTheCheck_503WithItsReason() throws Exception {
+    HttpResponse<String> ready = get("/readyz");
+    assertEquals(200, ready.statusCode());
+    assertEquals("ready\n", ready.body());
+    readiness.set("socket /run/gpumemd/gpumemd.sock is gone\nsecond line");
+    HttpResponse<String> notReady = get("/readyz");
+    assertEquals(503, notReady.statusCode());
+    assertEquals("socket /run/gpumemd/gpumemd.sock is gone second line\n", notReady.body(), "one line");
+    assertTrue(notReady.headers().firstValue("content-type").orElse("").startsWith("text/plain"));
+    readiness.set(null);
+    assertEquals(200, get("/readyz").statusCode(), "ready again once the problem is gone");
+    assertEquals(0, scrapes.get());
+  }
+
+  @Test
+  void readyz_aCheckThatThrows_isNotReady_andTheServerCarriesOn() throws Exception {
+    try (MetricsHttpServer other = new MetricsHttpServer("127.0.0.1", 0, registry, () -> { }, () -> {
+      throw new IllegalStateException("boom");
+    })) {
+      HttpResponse<String> answer = http.send(HttpRequest.newBuilder(
+          URI.create("http://127.0.0.1:" + other.port() + "/readyz")).timeout(Duration.ofSeconds(2)).build(),
+          HttpResponse.BodyHandlers.ofString());
+      assertEquals(503, answer.statusCode());
+      assertEquals("readiness check failed: java.lang.IllegalStateException: boom\n", answer.body());
+    }
+    assertEquals(200, get("/healthz").statusCode());
+  }
+
+  @Test
+  void unknownPath_namesTheEndpoints() throws Exception {
+    HttpResponse<String> missing = get("/health");
+    assertEquals(404, missing.statusCode());
+    assertEquals("not found: try /metrics, /healthz or /readyz\n", missing.body());
   }
 
   @Test
@@ -136,7 +184,7 @@ class MetricsHttpServerTest {
     PrometheusMeterRegistry isolating = IsolatingPrometheusRegistry.newMeterRegistry();
     isolating.counter("gpumemd.test").increment();
     FunctionCounter.builder("gpumemd.broken", this, x -> -2).register(isolating);
-    try (MetricsHttpServer other = new MetricsHttpServer("127.0.0.1", 0, isolating, () -> { })) {
+    try (MetricsHttpServer other = new MetricsHttpServer("127.0.0.1", 0, isolating, () -> { }, ReadinessCheck.ALWAYS)) {
       HttpResponse<String> ok = http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + other.port() + "/metrics"))
           .timeout(Duration.ofSeconds(2)).build(), HttpResponse.BodyHandlers.ofString());
       assertEquals(200, ok.statusCode());
@@ -162,6 +210,6 @@ class MetricsHttpServerTest {
 
   @Test
   void takenPort_isABindException() {
-    assertThrows(BindException.class, () -> new MetricsHttpServer("127.0.0.1", server.port(), registry, () -> { }));
+    assertThrows(BindException.class, () -> new MetricsHttpServer("127.0.0.1", server.port(), registry, () -> { }, ReadinessCheck.ALWAYS));
   }
 }
