@@ -162,7 +162,7 @@ public final class InMemoryBackend implements MemoryBackend {
       complete = true;
     }
 
-    /** From now on a query throws this (the pool must treat the event as complete). */
+    /** From now on a query throws this (as a CUDA error would; the pool must never take it for completion). */
     public void failQueriesWith(RuntimeException failure) {
       queryFailure = failure;
     }

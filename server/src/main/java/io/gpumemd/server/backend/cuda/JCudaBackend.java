@@ -228,9 +228,9 @@ public final class JCudaBackend implements MemoryBackend {
         if (status == CUresult.CUDA_ERROR_NOT_READY) {
           return false;
         }
-        if (status != CUresult.CUDA_SUCCESS) {
-          log.warn("cuEventQuery on device {}: {}; treating the event as complete", device, CUresult.stringFor(status));
-        }
+        // Any other error (a sticky context error, an event whose exporter is gone) says
+        // nothing about the client's kernels: the pool keeps the block out of reuse.
+        CudaCalls.check(status, "cuEventQuery on device " + device);
         return true;
       }
 
