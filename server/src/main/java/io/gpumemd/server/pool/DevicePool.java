@@ -73,6 +73,8 @@ public final class DevicePool implements AutoCloseable {
   final HolderRequests holderRequests;
   final Ticker ticker;
   final long unmapWaitNanos;
+  /** The backend's {@link MemoryBackend#segmentGranularity}: new segments are multiples of it. */
+  final long segmentGranularity;
   final ReentrantLock lock = new ReentrantLock();
 
   // ---- the rooms, guarded by lock (see each); package-private for Miss, PoolInvariants and the tests ----
@@ -103,6 +105,11 @@ public final class DevicePool implements AutoCloseable {
     this.holderRequests = holderRequests;
     this.ticker = ticker;
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
+    this.segmentGranularity = backend.segmentGranularity(device.ordinal());
+    if (segmentGranularity <= 0) {
+      throw new IllegalArgumentException("segment granularity of device " + device.ordinal() + ": "
+          + segmentGranularity + " (expected: > 0)");
+    }
     this.carver = new BlockCarver(lock, settings.maxOversizeBytes(), segmentIdBase);
     this.budget = new Budget(settings.limitBytes());
     this.clientCache = new ClientCacheBooks(lock, carver);
