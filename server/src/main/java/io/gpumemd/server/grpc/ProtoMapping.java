@@ -59,6 +59,7 @@ final class ProtoMapping {
         .setCapacityBytes(d.capacityBytes()).setFreeBytesAtStart(d.freeBytesAtStart())
         .setLimitBytes(pool.limitBytes())
         .setRetentionCapBytes(pool.stats().get(PoolMetric.RETENTION_CAP_BYTES))
+        .setCudaHandles(d.cudaHandles())
         .build();
   }
 
@@ -74,6 +75,8 @@ final class ProtoMapping {
       handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
     } else if (ipc instanceof IpcHandle.HostFd fd) {
       handle.setFdSegment(FdSegment.newBuilder().setFdSocket(fd.fdSocket()));
+    } else if (ipc instanceof IpcHandle.CudaVmm vmm) {
+      handle.setCudaVmm(FdSegment.newBuilder().setFdSocket(vmm.fdSocket()));
     } else {
       handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
     }
