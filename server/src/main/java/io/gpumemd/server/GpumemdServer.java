@@ -157,7 +157,8 @@ public final class GpumemdServer {
     BackendSelector.Selection selection = BackendSelector.select(wanted.kind(),
         () -> new HostShmBackend(wanted.shmDir(), wanted.hostDevices(), wanted.hostDeviceBytes(), wanted.shmGroup(),
             descriptorsAt),
-        new BackendSelector.CudaOptions(wanted.cudaHandles(), fdSocket == null ? null : fdSocket.toAbsolutePath().toString()));
+        new BackendSelector.CudaOptions(wanted.cudaHandles(),
+            fdSocket == null ? null : fdSocket.toAbsolutePath().toString()));
     GpumemdServer server;
     try {
       server = new GpumemdServer(config, selection.backend(), ticker, tokens);

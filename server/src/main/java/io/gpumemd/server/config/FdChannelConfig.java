@@ -5,8 +5,8 @@ import java.util.Map;
 
 /**
  * The fd channel: the Unix socket where clients fetch segments as file descriptors ({@code
- * --host-segments fd}, {@code --cuda-handles vmm}), and its bounds; part of {@link ServerConfig}. Its mode and group are the
- * gRPC socket's ({@link TenancyConfig}).
+ * --host-segments fd}, {@code --cuda-handles vmm}), and its bounds; part of {@link
+ * ServerConfig}. Its mode and group are the gRPC socket's ({@link TenancyConfig}).
  *
  * @param socket its path, or null for none ({@code --fd-socket}; by default the {@code --socket}
  *     path with {@code .fd} appended). The daemon serves it only when its backend passes segments

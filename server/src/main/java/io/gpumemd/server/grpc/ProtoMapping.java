@@ -63,14 +63,9 @@ final class ProtoMapping {
         .build();
   }
 
-  static LeaseResponse leaseResponse(LeaseRecord lease) {
-    Block block = lease.block();
-    MemoryHandle.Builder handle = MemoryHandle.newBuilder()
-        .setSegmentId(block.segmentId())
-        .setSegmentBytes(block.segmentBytes())
-        .setOffset(block.offset());
+  /** Sets the handle's kind from a segment's IpcHandle. */
+  static MemoryHandle.Builder setKind(MemoryHandle.Builder handle, IpcHandle ipc) {
     // The kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
-    IpcHandle ipc = block.memory().handle();
     if (ipc instanceof IpcHandle.CudaIpc cuda) {
       handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
     } else if (ipc instanceof IpcHandle.HostFd fd) {
@@ -80,6 +75,16 @@ final class ProtoMapping {
     } else {
       handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
     }
+    return handle;
+  }
+
+  static LeaseResponse leaseResponse(LeaseRecord lease) {
+    Block block = lease.block();
+    MemoryHandle.Builder handle = MemoryHandle.newBuilder()
+        .setSegmentId(block.segmentId())
+        .setSegmentBytes(block.segmentBytes())
+        .setOffset(block.offset());
+    setKind(handle, block.memory().handle());
     return LeaseResponse.newBuilder()
         .setLeaseId(lease.id())
         .setDevice(block.device())

@@ -63,7 +63,8 @@ public final class CudaHandleChoice {
     if (missing != null) {
       return new Decision(false, "--cuda-handles auto: " + missing);
     }
-    return new Decision(true, "--cuda-handles auto: the device supports VMM with POSIX file descriptor handles");
+    return new Decision(true,
+        "--cuda-handles auto: the device supports VMM with POSIX file descriptor handles");
   }
 
   /** What VMM lacks on this device and daemon, or null when nothing. */
