@@ -138,7 +138,7 @@ public final class ServerOptions {
 
   @Option(names = "--fd-socket", paramLabel = "PATH",
       description = "Unix socket of the fd channel, where clients fetch segments as file descriptors with "
-          + "--host-segments fd; same mode and group as --socket ('none' = off; default: the --socket path "
+          + "--host-segments fd or --cuda-handles vmm; same mode and group as --socket ('none' = off; default: the --socket path "
           + "with '.fd' appended)")
   String fdSocket;
 
