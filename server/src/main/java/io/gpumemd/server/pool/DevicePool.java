@@ -105,11 +105,7 @@ public final class DevicePool implements AutoCloseable {
     this.holderRequests = holderRequests;
     this.ticker = ticker;
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
-    this.segmentGranularity = backend.segmentGranularity(device.ordinal());
-    if (segmentGranularity <= 0) {
-      throw new IllegalArgumentException("segment granularity of device " + device.ordinal() + ": "
-          + segmentGranularity + " (expected: > 0)");
-    }
+    this.segmentGranularity = Miss.granularity(backend, device.ordinal());
     this.carver = new BlockCarver(lock, settings.maxOversizeBytes(), segmentIdBase);
     this.budget = new Budget(settings.limitBytes());
     this.clientCache = new ClientCacheBooks(lock, carver);

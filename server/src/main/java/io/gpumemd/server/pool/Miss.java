@@ -4,6 +4,7 @@ import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
+import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
@@ -103,6 +104,16 @@ final class Miss {
     long now = ticker.nanos();
     this.unmapDeadline = now + pool.unmapWaitNanos;
     this.settleDeadline = now + BACKEND_SETTLE_NANOS;
+  }
+
+  /** The backend's segment granularity of a device, checked once when its pool is made. */
+  static long granularity(MemoryBackend backend, int device) {
+    long granularity = backend.segmentGranularity(device);
+    if (granularity <= 0) {
+      throw new IllegalArgumentException("segment granularity of device " + device + ": " + granularity
+          + " (expected: > 0)");
+    }
+    return granularity;
   }
 
   /**
