@@ -159,7 +159,9 @@ public final class GpumemdServer {
     String descriptorsAt = wanted.hostSegmentsByFd() ? fdSocket.toAbsolutePath().toString() : null;
     BackendSelector.Selection selection = BackendSelector.select(wanted.kind(),
         () -> new HostShmBackend(wanted.shmDir(), wanted.hostDevices(), wanted.hostDeviceBytes(), wanted.shmGroup(),
-            descriptorsAt));
+            descriptorsAt),
+        new BackendSelector.CudaOptions(wanted.cudaHandles(),
+            fdSocket == null ? null : fdSocket.toAbsolutePath().toString()));
     GpumemdServer server;
     try {
       server = new GpumemdServer(config, selection.backend(), ticker, tokens);

@@ -26,8 +26,9 @@ import org.junit.jupiter.api.Test;
  * releases it with an IPC event; process B leases the same size, gets a pool hit on the same
  * segment, and reads A's bytes back. Against a small {@code --device-limit-bytes}, a lease the
  * budget cannot hold is RESOURCE_EXHAUSTED naming what was asked, what is leased and the limit,
- * counted as an OOM, and leasing works again once a block is given back. Skipped, with the
- * reason, where no GPU is usable.
+ * counted as an OOM, and leasing works again once a block is given back. The daemon runs with
+ * legacy handles ({@code --cuda-handles legacy}), the path this test's IPC client takes. Skipped,
+ * with the reason, where no GPU is usable.
  */
 class CudaIpcTest {
   @BeforeEach
@@ -42,7 +43,8 @@ class CudaIpcTest {
 
   @Test
   void blockFilledByOneProcess_isReadByAnother_afterItsEvent() throws Exception {
-    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--device-limit-bytes", "1GiB");
+    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--cuda-handles", "legacy",
+        "--device-limit-bytes", "1GiB");
     try {
       assertTrue(daemon.output().contains("Backend: cuda"), daemon.output());
       long size = 2L << 20;
@@ -65,7 +67,8 @@ class CudaIpcTest {
   void smallLimit_refusesWithResourceExhausted_countsTheOom_andLeasesAgainAfterARelease() throws Exception {
     long limit = 64L << 20;
     long size = 8L << 20;
-    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--device-limit-bytes", "64MiB");
+    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--cuda-handles", "legacy",
+        "--device-limit-bytes", "64MiB");
     // No client cache: a closed lease goes back to the daemon, not into this process's cache.
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientName("cuda-oom").clientCacheBytes(0)
         .connect()) {

@@ -27,7 +27,8 @@ class SharingCudaTest {
 
   @Test
   void producerAndConsumerProcesses_seeTheSameDeviceBytes_throughAttach() throws Exception {
-    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--device-limit-bytes", "1GiB");
+    DaemonProcess daemon = DaemonProcess.start("--backend", "cuda", "--cuda-handles", "legacy",
+        "--device-limit-bytes", "1GiB");
     try (TestChannel channel = new TestChannel(daemon.unixTarget())) {
       assertTrue(daemon.output().contains("Backend: cuda"), daemon.output());
       AdminGrpc.AdminBlockingStub admin = AdminGrpc.newBlockingStub(channel.channel());

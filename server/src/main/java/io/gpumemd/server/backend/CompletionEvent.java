@@ -6,7 +6,12 @@ package io.gpumemd.server.backend;
  * memory safe", rule 3). Not thread-safe: the pool polls each one from one thread at a time.
  */
 public interface CompletionEvent extends AutoCloseable {
-  /** True once the event has completed (or can never complete, e.g. its context is gone). */
+  /**
+   * True once the event has completed, false while it has not.
+   *
+   * @throws BackendException when the event cannot be queried (a CUDA error): that says nothing
+   *     about the work the event follows, so it must never be taken for completion
+   */
   boolean isComplete();
 
   /** Releases the daemon's handle on the event. Idempotent. */

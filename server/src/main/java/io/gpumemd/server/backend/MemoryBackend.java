@@ -17,7 +17,8 @@ public interface MemoryBackend extends AutoCloseable {
   List<DeviceInfo> devices();
 
   /**
-   * Allocates one segment of exactly {@code bytes} on a device for one owner. A backend whose
+   * Allocates one segment of exactly {@code bytes} (a multiple of {@link #segmentGranularity})
+   * on a device for one owner. A backend whose
    * segments are files makes them openable by the owner's user where it can ({@link
    * SegmentOwner#uid()}); others ignore the owner. The pool, not the backend, keeps segments of
    * different owners apart.
@@ -26,6 +27,15 @@ public interface MemoryBackend extends AutoCloseable {
    * @throws BackendException on any other failure
    */
   SegmentMemory allocate(int device, long bytes, SegmentOwner owner);
+
+  /**
+   * The size every segment on a device must be a multiple of (CUDA VMM: the allocation
+   * granularity, 2 MiB on an H100); the pool rounds new segments up to it. 1 when any size will
+   * do. Fixed at start.
+   */
+  default long segmentGranularity(int device) {
+    return 1;
+  }
 
   /** Gives a segment back. Never throws for a segment this backend allocated; logs instead. */
   void free(SegmentMemory segment);

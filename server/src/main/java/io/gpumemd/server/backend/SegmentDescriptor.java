@@ -1,5 +1,7 @@
 package io.gpumemd.server.backend;
 
+import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
+import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
 import java.io.Closeable;
 import java.io.IOException;
 import java.io.RandomAccessFile;
@@ -10,11 +12,13 @@ import java.io.RandomAccessFile;
  * then closes it. It is a descriptor of its own, not the segment's: closing it, or the segment
  * being freed meanwhile, cannot make the number name another file while a send is pending.
  *
- * <p>Closed through the Java file that owns the number, never through the number itself, so
- * that it is closed exactly once. {@link #close} is idempotent and thread-safe.
+ * <p>It owns its number through exactly one closer: the Java file that opened it (a host
+ * segment), or Netty's {@link FileDescriptor} for a number a native call returned (a CUDA VMM
+ * export, {@link #ofNative}); never through the bare number, so that it is closed exactly
+ * once. {@link #close} is idempotent and thread-safe.
  */
 public final class SegmentDescriptor implements Closeable {
-  private final RandomAccessFile file;
+  private final Closeable owner;
   private final int number;
   private final boolean readOnly;
 
@@ -23,9 +27,32 @@ public final class SegmentDescriptor implements Closeable {
    * @param number its descriptor number in this process
    */
   public SegmentDescriptor(RandomAccessFile file, int number, boolean readOnly) {
-    this.file = file;
+    this((Closeable) file, number, readOnly);
+  }
+
+  private SegmentDescriptor(Closeable owner, int number, boolean readOnly) {
+    this.owner = owner;
     this.number = number;
     this.readOnly = readOnly;
+  }
+
+  /**
+   * Takes ownership of a descriptor number that native code opened for this process (e.g.
+   * {@code cuMemExportToShareableHandle}); closing the result closes it, once.
+   *
+   * @param readOnly what the grant says; the descriptor itself may carry no such mode (a CUDA
+   *     VMM export: the client sets read-only access, see {@code FdGrant.read_only})
+   * @throws IOException when Netty's native library (which closes it) is not loaded; the
+   *     number is left open then, the caller's to close
+   */
+  public static SegmentDescriptor ofNative(int number, boolean readOnly) throws IOException {
+    if (number < 0) {
+      throw new IllegalArgumentException("descriptor: " + number + " (expected: >= 0)");
+    }
+    if (!Epoll.isAvailable()) { // loads the natives FileDescriptor.close needs
+      throw new IOException("cannot own descriptor " + number + ": " + Epoll.unavailabilityCause());
+    }
+    return new SegmentDescriptor(new FileDescriptor(number)::close, number, readOnly);
   }
 
   /** The descriptor number in this process, valid until {@link #close}. */
@@ -33,14 +60,14 @@ public final class SegmentDescriptor implements Closeable {
     return number;
   }
 
-  /** True when it was opened read-only (O_RDONLY). */
+  /** True when it was opened read-only (O_RDONLY), or granted read-only. */
   public boolean readOnly() {
     return readOnly;
   }
 
   @Override
   public void close() throws IOException {
-    file.close();
+    owner.close(); // RandomAccessFile and Netty's FileDescriptor both close once
   }
 
   @Override

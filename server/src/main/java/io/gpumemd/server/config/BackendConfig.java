@@ -1,5 +1,6 @@
 package io.gpumemd.server.config;
 
+import io.gpumemd.server.backend.cuda.CudaHandleChoice;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
@@ -15,9 +16,11 @@ import java.util.Map;
  * @param shmGroup group that may also open them, or empty for the owner only ({@code --shm-group})
  * @param hostSegmentsByFd clients get host segments as file descriptors from the fd channel, not
  *     as paths ({@code --host-segments fd})
+ * @param cudaHandles how CUDA segments reach clients: {@code auto}, {@code vmm} (descriptors over
+ *     the fd channel) or {@code legacy} (CUDA IPC handles) ({@code --cuda-handles})
  */
 public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, Path shmDir, String shmGroup,
-    boolean hostSegmentsByFd) {
+    boolean hostSegmentsByFd, String cudaHandles) {
 
   /** Reads and checks the backend options; a problem is recorded in {@code s}. */
   static BackendConfig from(Settings s) {
@@ -34,7 +37,8 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
         hostDeviceBytes,
         Path.of(s.text("shm-dir")),
         s.text("shm-group"),
-        s.choice("host-segments", List.of("path", "fd")).equals("fd"));
+        s.choice("host-segments", List.of("path", "fd")).equals("fd"),
+        s.choice("cuda-handles", CudaHandleChoice.MODES));
   }
 
   /** Each value by option name, as the start log shows it. */
@@ -45,5 +49,6 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
     values.put("shm-dir", shmDir);
     values.put("shm-group", shmGroup.isEmpty() ? "(owner only)" : shmGroup);
     values.put("host-segments", hostSegmentsByFd ? "fd" : "path");
+    values.put("cuda-handles", cudaHandles);
   }
 }

@@ -5,8 +5,8 @@ import java.util.Map;
 
 /**
  * The fd channel: the Unix socket where clients fetch segments as file descriptors ({@code
- * --host-segments fd}), and its bounds; part of {@link ServerConfig}. Its mode and group are the
- * gRPC socket's ({@link TenancyConfig}).
+ * --host-segments fd}, {@code --cuda-handles vmm}), and its bounds; part of {@link
+ * ServerConfig}. Its mode and group are the gRPC socket's ({@link TenancyConfig}).
  *
  * @param socket its path, or null for none ({@code --fd-socket}; by default the {@code --socket}
  *     path with {@code .fd} appended). The daemon serves it only when its backend passes segments
@@ -38,6 +38,8 @@ public record FdChannelConfig(Path socket, int maxConnections, int maxInFlight) 
           ? "a socket path: --host-segments fd hands segments out over the fd channel"
           : "a socket path: --socket is none, so there is no default, and --host-segments fd hands segments "
               + "out over the fd channel");
+    } else if (backend.cudaHandles().equals("vmm") && !backend.kind().equals("host") && socket == null) {
+      s.problem(setting, "a socket path: --cuda-handles vmm hands CUDA segments out over the fd channel");
     } else if (socket != null && listeners.socket() != null
         && socket.toAbsolutePath().equals(listeners.socket().toAbsolutePath())) {
       s.problem(setting, "a path other than --socket's");

@@ -130,9 +130,16 @@ public final class ServerOptions {
           + "only, for now")
   String hostSegments;
 
+  @Option(names = "--cuda-handles", paramLabel = "auto|vmm|legacy", defaultValue = "auto",
+      description = "how CUDA segments reach clients: vmm (cuMemCreate, passed as file descriptors over the fd "
+          + "channel; works across PID namespaces), legacy (cuMemAlloc with CUDA IPC handles; clients must share "
+          + "the daemon's PID namespace, hostPID in Kubernetes), or auto (vmm where the GPU supports it and there "
+          + "is an fd channel, else legacy)")
+  String cudaHandles;
+
   @Option(names = "--fd-socket", paramLabel = "PATH",
       description = "Unix socket of the fd channel, where clients fetch segments as file descriptors with "
-          + "--host-segments fd; same mode and group as --socket ('none' = off; default: the --socket path "
+          + "--host-segments fd or --cuda-handles vmm; same mode and group as --socket ('none' = off; default: the --socket path "
           + "with '.fd' appended)")
   String fdSocket;
 

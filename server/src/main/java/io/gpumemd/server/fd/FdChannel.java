@@ -26,7 +26,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The fd channel: a Unix socket of its own where a client process fetches the file descriptor
- * of a segment its session holds ({@code --host-segments fd}). gRPC cannot carry descriptors,
+ * of a segment its session holds ({@code --host-segments fd}, or a CUDA VMM segment with {@code
+ * --cuda-handles vmm}). gRPC cannot carry descriptors,
  * so this is a small protocol of its own, documented with its messages in {@code gpumemd.proto}
  * (FdRequest): length-prefixed protobuf frames, and after a reply that grants a descriptor one
  * byte carrying it as {@code SCM_RIGHTS} ancillary data.

@@ -59,7 +59,23 @@ final class ProtoMapping {
         .setCapacityBytes(d.capacityBytes()).setFreeBytesAtStart(d.freeBytesAtStart())
         .setLimitBytes(pool.limitBytes())
         .setRetentionCapBytes(pool.stats().get(PoolMetric.RETENTION_CAP_BYTES))
+        .setCudaHandles(d.cudaHandles())
         .build();
+  }
+
+  /** Sets the handle's kind from a segment's IpcHandle. */
+  static MemoryHandle.Builder setKind(MemoryHandle.Builder handle, IpcHandle ipc) {
+    // The kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
+    if (ipc instanceof IpcHandle.CudaIpc cuda) {
+      handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
+    } else if (ipc instanceof IpcHandle.HostFd fd) {
+      handle.setFdSegment(FdSegment.newBuilder().setFdSocket(fd.fdSocket()));
+    } else if (ipc instanceof IpcHandle.CudaVmm vmm) {
+      handle.setCudaVmm(FdSegment.newBuilder().setFdSocket(vmm.fdSocket()));
+    } else {
+      handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
+    }
+    return handle;
   }
 
   static LeaseResponse leaseResponse(LeaseRecord lease) {
@@ -68,15 +84,7 @@ final class ProtoMapping {
         .setSegmentId(block.segmentId())
         .setSegmentBytes(block.segmentBytes())
         .setOffset(block.offset());
-    // The kinds of the sealed IpcHandle (a pattern switch once the project is on Java 21).
-    IpcHandle ipc = block.memory().handle();
-    if (ipc instanceof IpcHandle.CudaIpc cuda) {
-      handle.setCudaIpcHandle(ByteString.copyFrom(cuda.bytes()));
-    } else if (ipc instanceof IpcHandle.HostFd fd) {
-      handle.setFdSegment(FdSegment.newBuilder().setFdSocket(fd.fdSocket()));
-    } else {
-      handle.setHostShmPath(((IpcHandle.HostShm) ipc).path());
-    }
+    setKind(handle, block.memory().handle());
     return LeaseResponse.newBuilder()
         .setLeaseId(lease.id())
         .setDevice(block.device())

@@ -32,7 +32,9 @@ final class BlockIndex {
     TreeSet<Block> index = isSmall ? small : large;
     probe.size = size;
     Block block = index.ceiling(probe);
-    if (block == null || block.size > SizeClasses.largestFit(size, maxOversizeBytes)) {
+    // A small-pool block is never larger than its small segment: any of them fits (with a
+    // backend granularity over 2 MiB the small segments are larger than largestFit says).
+    if (block == null || (!isSmall && block.size > SizeClasses.largestFit(size, maxOversizeBytes))) {
       return null;
     }
     index.remove(block);

@@ -41,7 +41,7 @@ import java.util.concurrent.locks.ReentrantLock;
  *   <li><b>Release:</b> the block becomes free and coalesces with free neighbours; a segment
  *       whose blocks are all free is <i>cached</i> (idle) ({@link BlockCarver}). A release that
  *       carries a completion event waits, block still in use, until the event completes ({@link
- *       PendingEvents}, {@link #pollEvents}).
+ *       PendingEvents}, {@link #pollEvents}); one whose event cannot be queried is never reused.
  *   <li><b>Eviction:</b> while cached bytes exceed the retention cap, the least recently used
  *       idle segment is freed; one that a holder may have mapped only once every such holder
  *       has confirmed an unmap or ended ({@link Eviction}, {@link HolderMappings}, {@link
@@ -73,6 +73,8 @@ public final class DevicePool implements AutoCloseable {
   final HolderRequests holderRequests;
   final Ticker ticker;
   final long unmapWaitNanos;
+  /** The backend's {@link MemoryBackend#segmentGranularity}: new segments are multiples of it. */
+  final long segmentGranularity;
   final ReentrantLock lock = new ReentrantLock();
 
   // ---- the rooms, guarded by lock (see each); package-private for Miss, PoolInvariants and the tests ----
@@ -103,6 +105,7 @@ public final class DevicePool implements AutoCloseable {
     this.holderRequests = holderRequests;
     this.ticker = ticker;
     this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
+    this.segmentGranularity = Miss.granularity(backend, device.ordinal());
     this.carver = new BlockCarver(lock, settings.maxOversizeBytes(), segmentIdBase);
     this.budget = new Budget(settings.limitBytes());
     this.clientCache = new ClientCacheBooks(lock, carver);
@@ -255,23 +258,25 @@ public final class DevicePool implements AutoCloseable {
     } finally {
       lock.unlock();
     }
-    List<PendingEvents.Pending> done = PendingEvents.completed(pending, device.ordinal());
-    if (done.isEmpty()) {
+    PendingEvents.Outcome outcome = PendingEvents.query(pending);
+    if (outcome.isEmpty()) {
       return;
     }
     AfterUnlock after = new AfterUnlock(this);
     lock.lock();
     try {
-      for (Block block : events.removeCompleted(done)) {
+      for (Block block : events.removeCompleted(outcome.done())) {
         if (block.state == Block.State.AWAITING_EVENT) {
           returnToCache(block, after);
         }
       }
+      events.strand(outcome.failed(), device.ordinal());
     } finally {
       lock.unlock();
       after.run();
     }
-    done.forEach(p -> p.event().close());
+    outcome.done().forEach(p -> p.event().close());
+    outcome.failed().forEach(f -> f.pending().event().close());
   }
 
   // ------------------------------------------------------------------------- client cache

@@ -4,6 +4,7 @@ import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
+import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
@@ -13,7 +14,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * One lease that no cached block could serve: it gets a new segment for its owner (2 MiB for a
- * small request, the request rounded to 2 MiB for a large one; {@link SizeClasses}). Made per
+ * small request, the request rounded to 2 MiB for a large one, {@link SizeClasses}; then up to
+ * the backend's segment granularity, {@link #segmentBytes}). Made per
  * miss by {@link DevicePool#lease}, on the thread that asked (never a transport thread, since
  * it may wait); it holds the miss's deadlines and runs its loop:
  *
@@ -96,12 +98,33 @@ final class Miss {
     this.pool = pool;
     this.ticker = pool.ticker;
     this.size = size;
-    this.segmentBytes = SizeClasses.segmentBytes(size);
+    this.segmentBytes = segmentBytes(size, pool.segmentGranularity);
     this.holder = holder;
     this.owner = owner;
     long now = ticker.nanos();
     this.unmapDeadline = now + pool.unmapWaitNanos;
     this.settleDeadline = now + BACKEND_SETTLE_NANOS;
+  }
+
+  /** The backend's segment granularity of a device, checked once when its pool is made. */
+  static long granularity(MemoryBackend backend, int device) {
+    long granularity = backend.segmentGranularity(device);
+    if (granularity <= 0) {
+      throw new IllegalArgumentException("segment granularity of device " + device + ": " + granularity
+          + " (expected: > 0)");
+    }
+    return granularity;
+  }
+
+  /**
+   * The segment a miss allocates for a rounded request: {@link SizeClasses#segmentBytes} rounded
+   * up to the backend's granularity (a CUDA VMM allocation must be a multiple of it; what the
+   * rounding adds stays free in the segment for later leases of its owner).
+   */
+  static long segmentBytes(long size, long granularity) {
+    long bytes = SizeClasses.segmentBytes(size);
+    long rest = bytes % granularity;
+    return rest == 0 ? bytes : Math.addExact(bytes, granularity - rest);
   }
 
   /**

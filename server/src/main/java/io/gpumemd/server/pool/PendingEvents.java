@@ -14,6 +14,13 @@ import org.slf4j.LoggerFactory;
  * "The rules that keep memory safe").
  * The pool owns each event from the release on and closes it once it is done with it.
  *
+ * <p>An event whose query fails (a CUDA error, not "not ready") says nothing about the client's
+ * kernels: they may still be writing the block. Such a block is <i>stranded</i>: never queried
+ * again, never reused, its event closed, its bytes still counted as awaiting an event (so the
+ * budget, not the cache, pays for it) until the pool closes; a WARN names it once. Its segment
+ * is never wholly free, so it is never evicted either. The cost is bounded by the bytes
+ * released with such events, and no block is ever handed out while a kernel may use it.
+ *
  * <p>Guarded by the owning {@link DevicePool}'s lock; the events themselves are queried
  * outside it ({@link #completed}).
  */
@@ -23,7 +30,20 @@ final class PendingEvents {
   /** A released block and the event it waits for. */
   record Pending(Block block, CompletionEvent event) {}
 
+  /** An entry whose event query failed, and how. */
+  record Failed(Pending pending, RuntimeException failure) {}
+
+  /** What one round of queries found: events that completed, and queries that failed. */
+  record Outcome(List<Pending> done, List<Failed> failed) {
+    boolean isEmpty() {
+      return done.isEmpty() && failed.isEmpty();
+    }
+  }
+
   private final List<Pending> pending = new ArrayList<>();
+  /** Blocks whose event query failed: kept out of the cache for good (see the class comment). */
+  private final List<Block> stranded = new ArrayList<>();
+  /** Bytes of {@link #pending} and {@link #stranded} together. */
   private long bytes;
 
   void add(Block block, CompletionEvent event) {
@@ -37,26 +57,42 @@ final class PendingEvents {
   }
 
   /**
-   * Queries the events of a {@link #snapshot}, outside the lock: a query that fails counts as
-   * complete (logged), since nothing else would ever release the block.
-   *
-   * @return the entries whose event completed
+   * Queries the events of a {@link #snapshot}, outside the lock. A query that throws is a
+   * failure, never a completion: the block may still be in use on the device.
    */
-  static List<Pending> completed(List<Pending> pending, int device) {
+  static Outcome query(List<Pending> pending) {
     List<Pending> done = new ArrayList<>();
+    List<Failed> failed = new ArrayList<>();
     for (Pending p : pending) {
-      boolean complete;
       try {
-        complete = p.event().isComplete();
+        if (p.event().isComplete()) {
+          done.add(p);
+        }
       } catch (RuntimeException e) {
-        log.warn("device {}: completion event query failed, treating it as complete: {}", device, e.toString());
-        complete = true;
-      }
-      if (complete) {
-        done.add(p);
+        failed.add(new Failed(p, e));
       }
     }
-    return done;
+    return new Outcome(done, failed);
+  }
+
+  /**
+   * Moves entries whose query failed to the stranded blocks (their bytes stay counted), one
+   * WARN each; the caller closes their events.
+   */
+  void strand(List<Failed> failed, int device) {
+    if (failed.isEmpty()) {
+      return;
+    }
+    Set<Pending> gone = new HashSet<>();
+    for (Failed f : failed) {
+      gone.add(f.pending());
+      Block block = f.pending().block();
+      stranded.add(block);
+      log.warn("device {}: the completion event of a released {}-byte block (segment {}) cannot be queried ({}); "
+          + "the client's work on it may still run, so the block is never reused and stays counted until the "
+          + "daemon stops", device, block.size, block.segment.id, f.failure().getMessage());
+    }
+    pending.removeIf(gone::contains);
   }
 
   /**
@@ -79,20 +115,28 @@ final class PendingEvents {
     return blocks;
   }
 
-  /** Removes and returns every entry: the pool is closing. */
+  /** Removes and returns every entry still waiting (stranded ones included as gone): the pool is closing. */
   List<Pending> drain() {
     List<Pending> all = new ArrayList<>(pending);
     pending.clear();
+    stranded.clear();
     bytes = 0;
     return all;
   }
 
+  /** True when no event is left to query (stranded blocks have none). */
   boolean isEmpty() {
     return pending.isEmpty();
   }
 
+  /** Blocks awaiting an event, stranded ones included. */
   int size() {
-    return pending.size();
+    return pending.size() + stranded.size();
+  }
+
+  /** Blocks whose event query failed. */
+  int strandedCount() {
+    return stranded.size();
   }
 
   long bytes() {
@@ -102,6 +146,6 @@ final class PendingEvents {
   /** Fills in the figures this class keeps. */
   void report(long[] v) {
     v[PoolMetric.AWAITING_EVENT_BYTES.ordinal()] = bytes;
-    v[PoolMetric.BLOCKS_AWAITING_EVENT.ordinal()] = pending.size();
+    v[PoolMetric.BLOCKS_AWAITING_EVENT.ordinal()] = size();
   }
 }

@@ -120,6 +120,9 @@ public abstract class MemoryBackendContractTest {
     } else if (handle instanceof IpcHandle.HostFd fd) {
       assertFalse(fd.fdSocket().isEmpty(), "a descriptor handle names the fd channel");
       assertTrue(segment instanceof DescriptorSegment, "a descriptor handle's segment opens descriptors");
+    } else if (handle instanceof IpcHandle.CudaVmm vmm) {
+      assertFalse(vmm.fdSocket().isEmpty(), "a VMM handle names the fd channel");
+      assertTrue(segment instanceof DescriptorSegment, "a VMM segment exports descriptors");
     } else {
       assertFalse(((IpcHandle.HostShm) handle).path().isEmpty(), "a host handle names its file");
     }

@@ -12,7 +12,8 @@ import org.junit.jupiter.api.Test;
 
 /**
  * Rule 3: a release that carries a completion event makes its block reusable only once the
- * event has completed, as {@link DevicePool#pollEvents()} finds out.
+ * event has completed, as {@link DevicePool#pollEvents()} finds out; an event that cannot be
+ * queried never makes it reusable.
  */
 class DevicePoolEventTest extends PoolTestBase {
 
@@ -97,17 +98,52 @@ class DevicePoolEventTest extends PoolTestBase {
   }
 
   @Test
-  void pollEvents_whenTheEventQueryFails_treatsTheEventAsComplete() {
+  void pollEvents_whenTheEventQueryFails_neverReusesTheBlock() {
     Block a = lease(4096, false, "h1");
+    Block other = lease(4096, false, "h1");
     FakeEvent event = backend.newEvent();
-    event.failQueriesWith(new BackendException("scripted: context gone"));
+    event.failQueriesWith(new BackendException("scripted: cuEventQuery failed: CUDA_ERROR_LAUNCH_FAILED"));
     checked.release(a, event);
 
     checked.pollEvents();
 
-    assertFalse((pool.stats().get(PoolMetric.BLOCKS_AWAITING_EVENT) > 0));
-    assertTrue(event.closed());
+    assertEquals(Block.State.AWAITING_EVENT, a.state, "an error is not a completion");
+    assertTrue(event.closed(), "the pool is done with an event it cannot query");
+    assertEquals(1, pool.events.strandedCount());
+    assertEquals(4096, stats().get(PoolMetric.AWAITING_EVENT_BYTES), "its bytes stay counted");
+    assertEquals(1, stats().get(PoolMetric.BLOCKS_AWAITING_EVENT));
+    assertEquals(0, stats().get(PoolMetric.RETURNS));
+    long queries = event.queries();
+
+    checked.pollEvents();
+    assertEquals(queries, event.queries(), "a stranded block's event is never queried again");
+    Block next = lease(4096, false, "h1");
+    assertNotEquals(a.offset(), next.offset(), "the stranded block is not handed out");
+    release(next);
+    release(other);
+    assertEquals(0, stats().get(PoolMetric.CACHED_BYTES), "its segment is never idle, so never cached");
+    assertEquals(0, pool.trim(0), "nor evicted");
+    assertTrue(backend.isLive(a.memory()));
+  }
+
+  @Test
+  void pollEvents_aFailedQueryStrandsOnlyItsOwnBlock() {
+    Block a = lease(4096, false, "h1");
+    Block b = lease(4096, false, "h1");
+    lease(4096, false, "h1");
+    FakeEvent failing = backend.newEvent();
+    failing.failQueriesWith(new BackendException("scripted: context gone"));
+    FakeEvent done = backend.newEvent();
+    done.complete();
+    checked.release(a, failing);
+    checked.release(b, done);
+
+    checked.pollEvents();
+
+    assertEquals(Block.State.AWAITING_EVENT, a.state);
+    assertEquals(Block.State.FREE, b.state);
     assertEquals(1, stats().get(PoolMetric.RETURNS));
+    assertEquals(4096, stats().get(PoolMetric.AWAITING_EVENT_BYTES));
   }
 
   @Test

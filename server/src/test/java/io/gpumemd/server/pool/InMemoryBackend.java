@@ -70,6 +70,7 @@ public final class InMemoryBackend implements MemoryBackend {
   private final List<String> errors = new CopyOnWriteArrayList<>();
   private final List<FakeEvent> events = new CopyOnWriteArrayList<>();
   private volatile boolean freshZeroed = true;
+  private volatile long granularity = 1;
   private volatile boolean recordZeroCalls = true;
   private volatile RuntimeException zeroFailure;
   private volatile Supplier<String> callCheck;
@@ -162,7 +163,7 @@ public final class InMemoryBackend implements MemoryBackend {
       complete = true;
     }
 
-    /** From now on a query throws this (the pool must treat the event as complete). */
+    /** From now on a query throws this (as a CUDA error would; the pool must never take it for completion). */
     public void failQueriesWith(RuntimeException failure) {
       queryFailure = failure;
     }
@@ -230,6 +231,16 @@ public final class InMemoryBackend implements MemoryBackend {
   /** Whether fresh segments read as zeros (host: true, CUDA: false). */
   public InMemoryBackend freshSegmentsZeroed(boolean zeroed) {
     this.freshZeroed = zeroed;
+    return this;
+  }
+
+  /**
+   * Makes every segment a multiple of {@code bytes}, as CUDA VMM's allocation granularity does;
+   * an allocation of any other size fails and is recorded in {@link #errors()}. Set it before
+   * the pool is made: the pool reads it once.
+   */
+  public InMemoryBackend withSegmentGranularity(long bytes) {
+    this.granularity = bytes;
     return this;
   }
 
@@ -368,6 +379,11 @@ public final class InMemoryBackend implements MemoryBackend {
       errors.add("allocate of " + bytes + " bytes");
       throw new BackendException("allocate: " + bytes + " (expected: > 0)");
     }
+    if (bytes % granularity != 0) {
+      // cuMemCreate refuses such a size (CUDA_ERROR_INVALID_VALUE): the pool must round.
+      errors.add("allocate of " + bytes + " bytes, not a multiple of the granularity " + granularity);
+      throw new BackendException("allocate: " + bytes + " (expected: a multiple of " + granularity + ")");
+    }
     Runnable hook = allocateHook;
     if (hook != null) {
       hook.run();
@@ -432,6 +448,11 @@ public final class InMemoryBackend implements MemoryBackend {
     if (recordZeroCalls) {
       zeroCalls.add(new ZeroCall(fake, offset, length));
     }
+  }
+
+  @Override
+  public long segmentGranularity(int device) {
+    return granularity;
   }
 
   @Override

@@ -1,6 +1,7 @@
 package io.gpumemd.server.backend.cuda;
 
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
+import static jcuda.driver.JCudaDriver.cuDeviceGetAttribute;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
 import static jcuda.driver.JCudaDriver.cuDeviceGetName;
@@ -37,6 +38,7 @@ import jcuda.driver.CUdevice;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUevent;
 import jcuda.driver.CUipcMemHandle;
+import jcuda.driver.CUdevice_attribute;
 import jcuda.driver.CUresult;
 import jcuda.driver.CUuuid;
 import jcuda.driver.JCudaDriver;
@@ -44,10 +46,20 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The {@code cuda} backend on JCuda's driver API: one primary context per device, one
- * {@code cuMemAlloc} per segment with its {@code cuIpcGetMemHandle} taken once, {@code
- * cuMemsetD8} for zeroing, {@code cuMemFree} on eviction, and {@code cuIpcOpenEventHandle} +
- * {@code cuEventQuery} for clients' completion events.
+ * The {@code cuda} backend on JCuda's driver API: one primary context per device, {@code
+ * cuMemsetD8} for zeroing, and {@code cuIpcOpenEventHandle} + {@code cuEventQuery} for clients'
+ * completion events. Segments are of one of two kinds per device ({@code --cuda-handles}, {@link
+ * CudaHandleChoice}):
+ *
+ * <ul>
+ *   <li><b>vmm:</b> {@code cuMemCreate} allocations, multiples of the device's granularity,
+ *       mapped in the daemon's context too and handed to clients as POSIX file descriptors over
+ *       the fd channel ({@link VmmAllocations}, {@link VmmSegment}); they open across PID
+ *       namespaces.
+ *   <li><b>legacy:</b> one {@code cuMemAlloc} per segment with its {@code cuIpcGetMemHandle}
+ *       taken once, {@code cuMemFree} on eviction ({@link CudaSegment}); they open only within
+ *       the daemon's PID namespace.
+ * </ul>
  *
  * <p>Thread-safety: every method makes the device's primary context current on the calling
  * thread first (a cheap driver call), so any thread may call any method concurrently; the
@@ -60,13 +72,16 @@ public final class JCudaBackend implements MemoryBackend {
   private final List<DeviceInfo> devices;
   private final CUcontext[] contexts;
   private final CUdevice[] handles;
-  private final Set<CudaSegment> live = ConcurrentHashMap.newKeySet();
+  /** Per device: its VMM allocations, or null where it uses legacy handles. */
+  private final VmmAllocations[] vmm;
+  private final Set<DeviceSegment> live = ConcurrentHashMap.newKeySet();
   private volatile boolean closed;
 
-  private JCudaBackend(List<DeviceInfo> devices, CUcontext[] contexts, CUdevice[] handles) {
+  private JCudaBackend(List<DeviceInfo> devices, CUcontext[] contexts, CUdevice[] handles, VmmAllocations[] vmm) {
     this.devices = devices;
     this.contexts = contexts;
     this.handles = handles;
+    this.vmm = vmm;
   }
 
   /**
@@ -84,8 +99,21 @@ public final class JCudaBackend implements MemoryBackend {
     return count[0];
   }
 
-  /** Discovers every device and retains its primary context. */
+  /** Discovers every device and retains its primary context; legacy handles everywhere. */
   public static JCudaBackend open() {
+    return open("legacy", null);
+  }
+
+  /**
+   * Discovers every device, retains its primary context and decides its handles, logging the
+   * decision and its reason once per device.
+   *
+   * @param cudaHandles {@code auto}, {@code vmm} or {@code legacy} ({@code --cuda-handles})
+   * @param fdSocket the fd channel's socket that VMM handles name, or null when the daemon has none
+   * @throws BackendException when CUDA cannot be used, or {@code vmm} is asked for where it
+   *     cannot work (the message says why)
+   */
+  public static JCudaBackend open(String cudaHandles, String fdSocket) {
     int count = probe();
     if (count == 0) {
       throw new BackendException("the CUDA driver reports no devices");
@@ -93,26 +121,60 @@ public final class JCudaBackend implements MemoryBackend {
     List<DeviceInfo> infos = new ArrayList<>();
     CUcontext[] contexts = new CUcontext[count];
     CUdevice[] handles = new CUdevice[count];
-    for (int d = 0; d < count; d++) {
-      CUdevice device = new CUdevice();
-      CudaCalls.check(cuDeviceGet(device, d), "cuDeviceGet(" + d + ")");
-      byte[] name = new byte[256];
-      CudaCalls.check(cuDeviceGetName(name, name.length, device), "cuDeviceGetName(" + d + ")");
-      long[] total = new long[1];
-      CudaCalls.check(cuDeviceTotalMem(total, device), "cuDeviceTotalMem(" + d + ")");
-      CUuuid uuid = new CUuuid();
-      CudaCalls.check(cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + d + ")");
-      CUcontext context = new CUcontext();
-      CudaCalls.check(cuDevicePrimaryCtxRetain(context, device), "cuDevicePrimaryCtxRetain(" + d + ")");
-      CudaCalls.check(cuCtxSetCurrent(context), "cuCtxSetCurrent(" + d + ")");
-      long[] free = new long[1];
-      long[] totalNow = new long[1];
-      CudaCalls.check(cuMemGetInfo(free, totalNow), "cuMemGetInfo(" + d + ")");
-      contexts[d] = context;
-      handles[d] = device;
-      infos.add(new DeviceInfo(d, cString(name), formatUuid(uuid.bytes), "cuda", total[0], free[0]));
+    VmmAllocations[] vmm = new VmmAllocations[count];
+    try {
+      for (int d = 0; d < count; d++) {
+        infos.add(openDevice(d, contexts, handles, vmm, cudaHandles, fdSocket));
+      }
+    } catch (RuntimeException e) {
+      for (int d = 0; d < count; d++) {
+        if (contexts[d] != null) {
+          cuDevicePrimaryCtxRelease(handles[d]);
+        }
+      }
+      throw e;
     }
-    return new JCudaBackend(List.copyOf(infos), contexts, handles);
+    return new JCudaBackend(List.copyOf(infos), contexts, handles, vmm);
+  }
+
+  /** Opens one device: its facts, its primary context, its handles. */
+  private static DeviceInfo openDevice(int d, CUcontext[] contexts, CUdevice[] handles, VmmAllocations[] vmm,
+      String cudaHandles, String fdSocket) {
+    CUdevice device = new CUdevice();
+    CudaCalls.check(cuDeviceGet(device, d), "cuDeviceGet(" + d + ")");
+    byte[] name = new byte[256];
+    CudaCalls.check(cuDeviceGetName(name, name.length, device), "cuDeviceGetName(" + d + ")");
+    long[] total = new long[1];
+    CudaCalls.check(cuDeviceTotalMem(total, device), "cuDeviceTotalMem(" + d + ")");
+    CUuuid uuid = new CUuuid();
+    CudaCalls.check(cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + d + ")");
+    CUcontext context = new CUcontext();
+    CudaCalls.check(cuDevicePrimaryCtxRetain(context, device), "cuDevicePrimaryCtxRetain(" + d + ")");
+    contexts[d] = context; // retained: released by the caller if anything below fails
+    handles[d] = device;
+    CudaCalls.check(cuCtxSetCurrent(context), "cuCtxSetCurrent(" + d + ")");
+    long[] free = new long[1];
+    long[] totalNow = new long[1];
+    CudaCalls.check(cuMemGetInfo(free, totalNow), "cuMemGetInfo(" + d + ")");
+    CudaHandleChoice.DeviceSupport support = new CudaHandleChoice.DeviceSupport(d, cString(name),
+        attribute(device, CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED),
+        attribute(device, CUdevice_attribute.CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED));
+    CudaHandleChoice.Decision decision = CudaHandleChoice.decide(cudaHandles, support, fdSocket != null);
+    if (decision.vmm()) {
+      vmm[d] = new VmmAllocations(d, context, fdSocket);
+      log.info("Device {}: CUDA handles vmm ({}); segments are multiples of {} bytes, passed as file descriptors "
+          + "over {}", d, decision.reason(), vmm[d].granularity(), fdSocket);
+    } else {
+      log.info("Device {}: CUDA handles legacy ({}); clients open them only within the daemon's PID namespace",
+          d, decision.reason());
+    }
+    return new DeviceInfo(d, cString(name), formatUuid(uuid.bytes), "cuda", total[0], free[0], decision.handles());
+  }
+
+  /** A boolean device attribute; an attribute the driver does not know reads as unsupported. */
+  private static boolean attribute(CUdevice device, int attribute) {
+    int[] value = new int[1];
+    return cuDeviceGetAttribute(value, attribute, device) == CUresult.CUDA_SUCCESS && value[0] != 0;
   }
 
   private static String cString(byte[] bytes) {
@@ -150,8 +212,9 @@ public final class JCudaBackend implements MemoryBackend {
   }
 
   /**
-   * {@inheritDoc} The owner is not used: a CUDA IPC handle carries no user identity, and the
-   * pool zeroes fresh segments since {@code cuMemAlloc} memory is uninitialized.
+   * {@inheritDoc} The owner is not used: a CUDA handle carries no user identity (the fd channel
+   * gives a VMM descriptor only to a holder of the segment), and the pool zeroes fresh segments
+   * since neither {@code cuMemAlloc} nor {@code cuMemCreate} memory is initialized.
    */
   @Override
   public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
@@ -159,6 +222,11 @@ public final class JCudaBackend implements MemoryBackend {
       throw new BackendException("cuda backend is closed");
     }
     makeCurrent(device);
+    if (vmm[device] != null) {
+      VmmSegment segment = vmm[device].allocate(bytes);
+      live.add(segment);
+      return segment;
+    }
     CUdeviceptr pointer = new CUdeviceptr();
     CudaCalls.check(cuMemAlloc(pointer, bytes), "cuMemAlloc(" + bytes + ") on device " + device);
     try {
@@ -175,13 +243,17 @@ public final class JCudaBackend implements MemoryBackend {
 
   @Override
   public void free(SegmentMemory segment) {
-    CudaSegment cuda = (CudaSegment) segment;
+    DeviceSegment cuda = (DeviceSegment) segment;
     if (!live.remove(cuda)) {
       return;
     }
     try {
       makeCurrent(cuda.device());
-      CudaCalls.check(cuMemFree(cuda.pointer()), "cuMemFree on device " + cuda.device());
+      if (cuda instanceof VmmSegment allocation) {
+        vmm[cuda.device()].release(allocation);
+      } else {
+        CudaCalls.check(cuMemFree(cuda.pointer()), "cuMemFree on device " + cuda.device());
+      }
     } catch (BackendException e) {
       log.error("Cannot free a {}-byte segment on device {}: {}", cuda.bytes(), cuda.device(), e.getMessage());
     }
@@ -189,7 +261,7 @@ public final class JCudaBackend implements MemoryBackend {
 
   @Override
   public void zero(SegmentMemory segment, long offset, long length) {
-    CudaSegment cuda = (CudaSegment) segment;
+    DeviceSegment cuda = (DeviceSegment) segment;
     makeCurrent(cuda.device());
     CudaCalls.check(cuMemsetD8(cuda.pointer().withByteOffset(offset), (byte) 0, length),
         "cuMemsetD8(" + length + ") on device " + cuda.device());
@@ -200,7 +272,24 @@ public final class JCudaBackend implements MemoryBackend {
 
   @Override
   public boolean freshSegmentsAreZeroed() {
-    return false; // cuMemAlloc memory is uninitialized
+    return false; // cuMemAlloc and cuMemCreate memory is uninitialized
+  }
+
+  /** The VMM allocation granularity on a VMM device; 1 (any size) for legacy handles. */
+  @Override
+  public long segmentGranularity(int device) {
+    return vmm[device] == null ? 1 : vmm[device].granularity();
+  }
+
+  /** True when any device uses VMM handles: their descriptors go out over the fd channel. */
+  @Override
+  public boolean passesDescriptors() {
+    for (VmmAllocations v : vmm) {
+      if (v != null) {
+        return true;
+      }
+    }
+    return false;
   }
 
   @Override
@@ -228,9 +317,9 @@ public final class JCudaBackend implements MemoryBackend {
         if (status == CUresult.CUDA_ERROR_NOT_READY) {
           return false;
         }
-        if (status != CUresult.CUDA_SUCCESS) {
-          log.warn("cuEventQuery on device {}: {}; treating the event as complete", device, CUresult.stringFor(status));
-        }
+        // Any other error (a sticky context error, an event whose exporter is gone) says
+        // nothing about the client's kernels: the pool keeps the block out of reuse.
+        CudaCalls.check(status, "cuEventQuery on device " + device);
         return true;
       }
 
@@ -252,7 +341,7 @@ public final class JCudaBackend implements MemoryBackend {
     }
     closed = true;
     int freed = 0;
-    for (CudaSegment segment : List.copyOf(live)) {
+    for (DeviceSegment segment : List.copyOf(live)) {
       free(segment);
       freed++;
     }

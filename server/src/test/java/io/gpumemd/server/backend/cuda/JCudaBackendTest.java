@@ -39,11 +39,11 @@ import org.junit.jupiter.api.Test;
  * reference: {@link #assertReleased} asks the driver about each freed address.
  */
 class JCudaBackendTest extends MemoryBackendContractTest {
-  private static CUdevice device;
-  private static CUcontext context;
+  static CUdevice device;
+  static CUcontext context;
 
   /** Why CUDA cannot be used here, or null when it can. */
-  private static String unusable;
+  static String unusable;
 
   @BeforeAll
   static void probeCuda() {
@@ -76,18 +76,23 @@ class JCudaBackendTest extends MemoryBackendContractTest {
   protected MemoryBackend createBackend() {
     // Checked per test (the contract's @BeforeEach calls this) so that every test is reported
     // as skipped with the reason, rather than the class vanishing from the counts.
-    assumeTrue(unusable == null, () -> "JCudaBackendTest skipped: " + unusable);
+    assumeTrue(unusable == null, () -> getClass().getSimpleName() + " skipped: " + unusable);
+    return openCuda();
+  }
+
+  /** The backend under test: legacy handles here ({@link JCudaVmmBackendTest}: VMM). */
+  JCudaBackend openCuda() {
     return JCudaBackend.open();
   }
 
   /** Device 0's primary context on the calling thread (the backend's calls may have changed it). */
-  private static void current(SegmentMemory segment) {
+  static void current(SegmentMemory segment) {
     assertEquals(0, segment.device(), "the test reads device 0 only");
     CudaCalls.check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
   }
 
-  private static CUdeviceptr at(SegmentMemory segment, long offset) {
-    return ((CudaSegment) segment).pointer().withByteOffset(offset);
+  static CUdeviceptr at(SegmentMemory segment, long offset) {
+    return ((DeviceSegment) segment).pointer().withByteOffset(offset);
   }
 
   @Override
@@ -113,7 +118,7 @@ class JCudaBackendTest extends MemoryBackendContractTest {
       current(segment);
       CUdeviceptr base = new CUdeviceptr();
       long[] size = new long[1];
-      int result = cuMemGetAddressRange(base, size, ((CudaSegment) segment).pointer());
+      int result = cuMemGetAddressRange(base, size, ((DeviceSegment) segment).pointer());
       assertNotEquals(CUresult.CUDA_SUCCESS, result,
           "the driver still knows a freed segment's address (" + size[0] + " bytes)");
     }
@@ -133,6 +138,15 @@ class JCudaBackendTest extends MemoryBackendContractTest {
     byte[] handle = ((IpcHandle.CudaIpc) segment.handle()).bytes();
     assertEquals(64, handle.length);
     assertFalse(java.util.Arrays.equals(new byte[64], handle), "an all-zero IPC handle");
+  }
+
+  @Test
+  void devices_reportLegacyHandles_andNoDescriptors() {
+    assertEquals("legacy", backend.devices().get(0).cudaHandles());
+    assertFalse(backend.passesDescriptors());
+    assertEquals(1, backend.segmentGranularity(0), "cuMemAlloc takes any size");
+    SegmentMemory segment = allocate(0, 2 * MiB + 512);
+    assertTrue(segment.handle() instanceof IpcHandle.CudaIpc, segment.handle().toString());
   }
 
   @Test
