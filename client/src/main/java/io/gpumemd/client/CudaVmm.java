@@ -7,10 +7,8 @@ import static jcuda.driver.JCudaDriver.cuMemMap;
 import static jcuda.driver.JCudaDriver.cuMemRelease;
 import static jcuda.driver.JCudaDriver.cuMemUnmap;
 
-import com.sun.jna.Function;
-import com.sun.jna.Memory;
-import com.sun.jna.NativeLibrary;
 import io.gpumemd.common.cuda.CudaHandles;
+import io.gpumemd.common.cuda.VmmDriver;
 import java.util.ArrayList;
 import java.util.List;
 import jcuda.driver.CUdeviceptr;
@@ -87,7 +85,7 @@ final class CudaVmm {
         undo.add(0, () -> CudaContexts.result(() -> cuMemUnmap(base, segmentBytes), "cuMemUnmap"));
         int flags = readOnly ? CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
             : CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        int result = setAccess(CudaHandles.address(base), segmentBytes, localDevice, flags);
+        int result = VmmDriver.setAccess(CudaHandles.address(base), segmentBytes, localDevice, flags);
         if (result != CUresult.CUDA_SUCCESS) {
           throw CudaContexts.failed("cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")", result);
         }
@@ -97,20 +95,5 @@ final class CudaVmm {
         throw e;
       }
     });
-  }
-
-  /** {@code cuMemSetAccess(ptr, size, &desc, 1)} for one device; the driver's result code. */
-  static int setAccess(long address, long bytes, int device, int flags) {
-    try (Memory desc = new Memory(12)) {
-      desc.setInt(0, CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE);
-      desc.setInt(4, device);
-      desc.setInt(8, flags);
-      return Driver.SET_ACCESS.invokeInt(new Object[] {address, bytes, desc, 1L});
-    }
-  }
-
-  /** The driver entry point, looked up on first use (a host-only client never loads it). */
-  private static final class Driver {
-    static final Function SET_ACCESS = NativeLibrary.getInstance("libcuda.so.1").getFunction("cuMemSetAccess");
   }
 }

@@ -1,27 +1,11 @@
 package io.gpumemd.server.backend.cuda;
 
-import static jcuda.driver.JCudaDriver.cuMemAddressFree;
-import static jcuda.driver.JCudaDriver.cuMemAddressReserve;
-import static jcuda.driver.JCudaDriver.cuMemCreate;
-import static jcuda.driver.JCudaDriver.cuMemGetAllocationGranularity;
-import static jcuda.driver.JCudaDriver.cuMemMap;
-import static jcuda.driver.JCudaDriver.cuMemRelease;
-import static jcuda.driver.JCudaDriver.cuMemSetAccess;
-import static jcuda.driver.JCudaDriver.cuMemUnmap;
-
+import io.gpumemd.common.cuda.CudaHandles;
+import io.gpumemd.common.cuda.VmmDriver;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.IpcHandle;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdeviceptr;
-import jcuda.driver.CUmemAccessDesc;
-import jcuda.driver.CUmemAccess_flags;
-import jcuda.driver.CUmemAllocationGranularity_flags;
-import jcuda.driver.CUmemAllocationHandleType;
-import jcuda.driver.CUmemAllocationProp;
-import jcuda.driver.CUmemAllocationType;
-import jcuda.driver.CUmemGenericAllocationHandle;
-import jcuda.driver.CUmemLocation;
-import jcuda.driver.CUmemLocationType;
 
 /**
  * The VMM segments of one device ({@code --cuda-handles vmm}), after {@code
@@ -30,13 +14,16 @@ import jcuda.driver.CUmemLocationType;
  * the daemon's own context ({@code cuMemAddressReserve}, {@code cuMemMap}, {@code
  * cuMemSetAccess} read-write) so that it can be zeroed; released in the reverse order.
  *
- * <p>Thread-safe: the allocation properties are built once and only read; the caller makes the
- * device's context current before each call.
+ * <p>The calls go through {@link VmmDriver} (JNA), not JCuda, whose 12.0.0 bindings of {@code
+ * cuMemCreate}'s properties, {@code cuMemSetAccess} and {@code cuMemExportToShareableHandle}
+ * hand the driver garbled arguments (see there).
+ *
+ * <p>Thread-safe: immutable after construction; the caller makes the device's context current
+ * before each call.
  */
 final class VmmAllocations {
   private final int device;
   private final CUcontext context;
-  private final CUmemAllocationProp prop;
   private final long granularity;
   private final IpcHandle.CudaVmm handle;
 
@@ -48,32 +35,14 @@ final class VmmAllocations {
   VmmAllocations(int device, CUcontext context, String fdSocket) {
     this.device = device;
     this.context = context;
-    this.prop = properties(device);
     long[] granule = new long[1];
-    CudaCalls.check(cuMemGetAllocationGranularity(granule, prop,
-        CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
-        "cuMemGetAllocationGranularity on device " + device);
+    CudaCalls.check(VmmDriver.minimumGranularity(device, granule), "cuMemGetAllocationGranularity on device " + device);
     if (granule[0] <= 0) {
       throw new BackendException("cuMemGetAllocationGranularity on device " + device + ": " + granule[0]
           + " (expected: > 0)");
     }
     this.granularity = granule[0];
     this.handle = new IpcHandle.CudaVmm(fdSocket);
-  }
-
-  private static CUmemAllocationProp properties(int device) {
-    CUmemAllocationProp prop = new CUmemAllocationProp();
-    prop.type = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.requestedHandleTypes = CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    prop.location = location(device);
-    return prop;
-  }
-
-  private static CUmemLocation location(int device) {
-    CUmemLocation location = new CUmemLocation();
-    location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE;
-    location.id = device;
-    return location;
   }
 
   /** Every segment's size is a multiple of this (2 MiB on an H100). */
@@ -92,30 +61,29 @@ final class VmmAllocations {
       throw new BackendException("cuMemCreate on device " + device + ": " + bytes + " bytes (expected: a multiple "
           + "of the allocation granularity " + granularity + ")");
     }
-    CUmemGenericAllocationHandle allocation = new CUmemGenericAllocationHandle();
-    CudaCalls.check(cuMemCreate(allocation, bytes, prop, 0), "cuMemCreate(" + bytes + ") on device " + device);
-    CUdeviceptr pointer = new CUdeviceptr();
+    long[] out = new long[1];
+    CudaCalls.check(VmmDriver.create(device, bytes, out), "cuMemCreate(" + bytes + ") on device " + device);
+    long allocation = out[0];
+    long address = 0;
     int step = 0;
     try {
-      CudaCalls.check(cuMemAddressReserve(pointer, bytes, 0, new CUdeviceptr(), 0),
-          "cuMemAddressReserve(" + bytes + ") on device " + device);
+      CudaCalls.check(VmmDriver.reserve(bytes, out), "cuMemAddressReserve(" + bytes + ") on device " + device);
+      address = out[0];
       step = 1;
-      CudaCalls.check(cuMemMap(pointer, bytes, 0, allocation, 0), "cuMemMap on device " + device);
+      CudaCalls.check(VmmDriver.map(address, bytes, allocation), "cuMemMap on device " + device);
       step = 2;
-      CUmemAccessDesc access = new CUmemAccessDesc();
-      access.location = location(device);
-      access.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      CudaCalls.check(cuMemSetAccess(pointer, bytes, new CUmemAccessDesc[] {access}, 1),
+      CudaCalls.check(VmmDriver.setAccess(address, bytes, device, VmmDriver.PROT_READWRITE),
           "cuMemSetAccess on device " + device);
-      return new VmmSegment(device, bytes, context, allocation, pointer, handle);
+      // JCuda's calls (cuMemsetD8) take the address as a CUdeviceptr: a null one offset by it.
+      return new VmmSegment(device, bytes, context, allocation, new CUdeviceptr().withByteOffset(address), handle);
     } catch (RuntimeException e) {
       if (step >= 2) {
-        cuMemUnmap(pointer, bytes);
+        VmmDriver.unmap(address, bytes);
       }
       if (step >= 1) {
-        cuMemAddressFree(pointer, bytes);
+        VmmDriver.addressFree(address, bytes);
       }
-      cuMemRelease(allocation);
+      VmmDriver.release(allocation);
       throw e;
     }
   }
@@ -132,9 +100,10 @@ final class VmmAllocations {
       return false;
     }
     long bytes = segment.bytes();
-    int unmap = cuMemUnmap(segment.pointer(), bytes);
-    int free = cuMemAddressFree(segment.pointer(), bytes);
-    int release = cuMemRelease(segment.allocation());
+    long address = CudaHandles.address(segment.pointer());
+    int unmap = VmmDriver.unmap(address, bytes);
+    int free = VmmDriver.addressFree(address, bytes);
+    int release = VmmDriver.release(segment.allocation());
     CudaCalls.check(unmap, "cuMemUnmap on device " + device);
     CudaCalls.check(free, "cuMemAddressFree on device " + device);
     CudaCalls.check(release, "cuMemRelease on device " + device);

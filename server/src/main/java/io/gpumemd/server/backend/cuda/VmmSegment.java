@@ -1,19 +1,14 @@
 package io.gpumemd.server.backend.cuda;
 
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
-import static jcuda.driver.JCudaDriver.cuMemExportToShareableHandle;
 
+import io.gpumemd.common.cuda.VmmDriver;
 import io.gpumemd.server.backend.DescriptorSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import java.io.IOException;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import jcuda.Pointer;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdeviceptr;
-import jcuda.driver.CUmemAllocationHandleType;
-import jcuda.driver.CUmemGenericAllocationHandle;
 import jcuda.driver.CUresult;
 
 /**
@@ -33,12 +28,13 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
   private final int device;
   private final long bytes;
   private final CUcontext context;
-  private final CUmemGenericAllocationHandle allocation;
+  /** The driver's {@code CUmemGenericAllocationHandle}. */
+  private final long allocation;
   private final CUdeviceptr pointer;
   private final IpcHandle.CudaVmm handle;
   private boolean released; // guarded by this
 
-  VmmSegment(int device, long bytes, CUcontext context, CUmemGenericAllocationHandle allocation,
+  VmmSegment(int device, long bytes, CUcontext context, long allocation,
       CUdeviceptr pointer, IpcHandle.CudaVmm handle) {
     this.device = device;
     this.bytes = bytes;
@@ -69,7 +65,7 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
   }
 
   /** The daemon's handle of the allocation, for {@link VmmAllocations#release}. */
-  CUmemGenericAllocationHandle allocation() {
+  long allocation() {
     return allocation;
   }
 
@@ -87,16 +83,14 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
     if (current != CUresult.CUDA_SUCCESS) {
       throw new IOException("cuCtxSetCurrent(" + device + ") failed: " + CUresult.stringFor(current));
     }
-    // A direct buffer: the driver writes the int straight into it, whatever JCuda does with arrays.
-    ByteBuffer out = ByteBuffer.allocateDirect(Integer.BYTES).order(ByteOrder.nativeOrder());
-    int result = cuMemExportToShareableHandle(Pointer.to(out), allocation,
-        CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    int[] fd = new int[1];
+    int result = VmmDriver.exportDescriptor(allocation, fd);
     if (result != CUresult.CUDA_SUCCESS) {
       // Out of descriptors surfaces as a CUDA error; FdGrants maps this message's EMFILE case.
       throw new IOException("cuMemExportToShareableHandle on device " + device + " failed: "
           + CUresult.stringFor(result));
     }
-    return SegmentDescriptor.ofNative(out.getInt(0), readOnly);
+    return SegmentDescriptor.ofNative(fd[0], readOnly);
   }
 
   /**

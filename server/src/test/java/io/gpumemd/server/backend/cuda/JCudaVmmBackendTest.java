@@ -61,7 +61,7 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
   /** A VMM handle names only the fd channel: the allocation itself tells segments apart. */
   @Override
   protected String mappedBy(SegmentMemory segment) {
-    return ((VmmSegment) segment).allocation().toString();
+    return Long.toString(((VmmSegment) segment).allocation());
   }
 
   private long granularity() {

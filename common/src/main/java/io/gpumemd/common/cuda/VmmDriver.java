@@ -1,0 +1,137 @@
+package io.gpumemd.common.cuda;
+
+import com.sun.jna.Function;
+import com.sun.jna.Memory;
+import com.sun.jna.NativeLibrary;
+
+/**
+ * The CUDA driver's virtual memory management calls, bound through JNA to {@code libcuda.so.1}
+ * (the library JCuda's natives load, so contexts made current through JCuda are current here
+ * too) with plain integers for handles and addresses.
+ *
+ * <p>Why not JCuda: its 12.0.0 natives (and its source today) marshal three of these wrongly.
+ * {@code cuMemExportToShareableHandle} always passes NULL as the output pointer, so no
+ * descriptor can be exported; {@code cuMemSetAccess} reads the location's fields from the access
+ * descriptor instead of its {@code location}, so the driver gets the access flags as the
+ * location type; and {@code CUmemAllocationProp} (for {@code cuMemCreate} and {@code
+ * cuMemGetAllocationGranularity}) is copied into an uninitialised struct whose allocation flags
+ * are read from the wrong object, where the driver expects zeros. The structs are laid out here
+ * as {@code cuda.h} declares them for 64-bit Linux, zeroed, as {@code
+ * shared/gpu/vmm_reference.py} does (checked on an H100).
+ *
+ * <p>Every method returns the driver's result code ({@code CUresult}) and leaves checking it to
+ * the caller, which knows what to name; the calling thread must have the device's context
+ * current. Stateless and thread-safe; the library is loaded on first use, so a host-only process
+ * never loads it.
+ */
+public final class VmmDriver {
+  /** {@code CU_MEM_ACCESS_FLAGS_PROT_READ}. */
+  public static final int PROT_READ = 1;
+  /** {@code CU_MEM_ACCESS_FLAGS_PROT_READWRITE}. */
+  public static final int PROT_READWRITE = 3;
+
+  private static final int LOCATION_TYPE_DEVICE = 1;
+  private static final int ALLOCATION_TYPE_PINNED = 1;
+  private static final int HANDLE_TYPE_POSIX_FD = 1;
+  private static final int GRANULARITY_MINIMUM = 0;
+  /** {@code sizeof(CUmemAllocationProp)} on 64-bit Linux. */
+  private static final int PROP_BYTES = 32;
+  /** {@code sizeof(CUmemAccessDesc)}. */
+  private static final int ACCESS_DESC_BYTES = 12;
+
+  private VmmDriver() {}
+
+  /** {@code cuMemGetAllocationGranularity}, minimum, for pinned device memory exportable as an fd. */
+  public static int minimumGranularity(int device, long[] granularity) {
+    try (Memory prop = properties(device); Memory out = new Memory(Long.BYTES)) {
+      int result = Calls.GRANULARITY.invokeInt(new Object[] {out, prop, GRANULARITY_MINIMUM});
+      granularity[0] = out.getLong(0);
+      return result;
+    }
+  }
+
+  /** {@code cuMemCreate} of {@code bytes} on a device, exportable as a POSIX descriptor. */
+  public static int create(int device, long bytes, long[] handle) {
+    try (Memory prop = properties(device); Memory out = new Memory(Long.BYTES)) {
+      out.setLong(0, 0);
+      int result = Calls.CREATE.invokeInt(new Object[] {out, bytes, prop, 0L});
+      handle[0] = out.getLong(0);
+      return result;
+    }
+  }
+
+  /** {@code cuMemAddressReserve} of {@code bytes}, any address, default alignment. */
+  public static int reserve(long bytes, long[] address) {
+    try (Memory out = new Memory(Long.BYTES)) {
+      out.setLong(0, 0);
+      int result = Calls.RESERVE.invokeInt(new Object[] {out, bytes, 0L, 0L, 0L});
+      address[0] = out.getLong(0);
+      return result;
+    }
+  }
+
+  /** {@code cuMemMap} of a whole allocation at {@code address}. */
+  public static int map(long address, long bytes, long handle) {
+    return Calls.MAP.invokeInt(new Object[] {address, bytes, 0L, handle, 0L});
+  }
+
+  /** {@code cuMemSetAccess(address, bytes, &desc, 1)} for one device. */
+  public static int setAccess(long address, long bytes, int device, int flags) {
+    try (Memory desc = new Memory(ACCESS_DESC_BYTES)) {
+      desc.setInt(0, LOCATION_TYPE_DEVICE);
+      desc.setInt(4, device);
+      desc.setInt(8, flags);
+      return Calls.SET_ACCESS.invokeInt(new Object[] {address, bytes, desc, 1L});
+    }
+  }
+
+  /** {@code cuMemUnmap}. */
+  public static int unmap(long address, long bytes) {
+    return Calls.UNMAP.invokeInt(new Object[] {address, bytes});
+  }
+
+  /** {@code cuMemAddressFree}. */
+  public static int addressFree(long address, long bytes) {
+    return Calls.ADDRESS_FREE.invokeInt(new Object[] {address, bytes});
+  }
+
+  /** {@code cuMemRelease}. */
+  public static int release(long handle) {
+    return Calls.RELEASE.invokeInt(new Object[] {handle});
+  }
+
+  /** {@code cuMemExportToShareableHandle}: a new POSIX descriptor of the allocation in {@code fd[0]}. */
+  public static int exportDescriptor(long handle, int[] fd) {
+    try (Memory out = new Memory(Integer.BYTES)) {
+      out.setInt(0, -1);
+      int result = Calls.EXPORT.invokeInt(new Object[] {out, handle, HANDLE_TYPE_POSIX_FD, 0L});
+      fd[0] = out.getInt(0);
+      return result;
+    }
+  }
+
+  /** A zeroed {@code CUmemAllocationProp}: pinned, on the device, POSIX fd handle type. */
+  private static Memory properties(int device) {
+    Memory prop = new Memory(PROP_BYTES);
+    prop.clear();
+    prop.setInt(0, ALLOCATION_TYPE_PINNED);
+    prop.setInt(4, HANDLE_TYPE_POSIX_FD);
+    prop.setInt(8, LOCATION_TYPE_DEVICE);
+    prop.setInt(12, device);
+    return prop;
+  }
+
+  /** The entry points, looked up on first use. */
+  private static final class Calls {
+    private static final NativeLibrary CUDA = NativeLibrary.getInstance("libcuda.so.1");
+    static final Function GRANULARITY = CUDA.getFunction("cuMemGetAllocationGranularity");
+    static final Function CREATE = CUDA.getFunction("cuMemCreate");
+    static final Function RESERVE = CUDA.getFunction("cuMemAddressReserve");
+    static final Function MAP = CUDA.getFunction("cuMemMap");
+    static final Function SET_ACCESS = CUDA.getFunction("cuMemSetAccess");
+    static final Function UNMAP = CUDA.getFunction("cuMemUnmap");
+    static final Function ADDRESS_FREE = CUDA.getFunction("cuMemAddressFree");
+    static final Function RELEASE = CUDA.getFunction("cuMemRelease");
+    static final Function EXPORT = CUDA.getFunction("cuMemExportToShareableHandle");
+  }
+}
