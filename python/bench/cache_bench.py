@@ -93,6 +93,60 @@ def daemon_served(target, iterations):
         return {name: percentiles(times) for name, times in samples.items()}
 
 
+def daemon_served_aio(target, iterations):
+    """As daemon_served, with gpumemd.aio: one event loop, no hand-off between threads."""
+    import asyncio
+
+    import gpumemd.aio
+
+    async def run():
+        async with await gpumemd.aio.connect(target, client_name="bench-aio", client_cache_bytes=0) as gm:
+            health = gm.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                            request_serializer=lambda b: b, response_deserializer=lambda b: b)
+
+            async def lease():
+                (await gm.lease(0, 4 * KiB)).close()
+
+            modes = {"health check (aio)": lambda: health(b""), "lease+close (aio stream)": lease}
+            samples = {name: [] for name in modes}
+            clock = time.perf_counter
+            for _ in range(1000):
+                for call in modes.values():
+                    await call()
+            for _ in range(5):
+                for name, call in modes.items():
+                    for _ in range(iterations // 5):
+                        start = clock()
+                        await call()
+                        samples[name].append(clock() - start)
+            return {name: percentiles(times) for name, times in samples.items()}
+
+    return asyncio.run(run())
+
+
+def threads(target, count, iterations):
+    """``count`` threads of one process leasing and closing locally at once: leases/s in all."""
+    import threading
+
+    with gpumemd.connect(target, client_name="bench-threads") as gm:
+        for _ in range(count):
+            gm.lease(0, 4 * KiB)  # one cached block per thread, so each thread hits
+        for lease in [gm.lease(0, 4 * KiB) for _ in range(count)]:
+            lease.close()
+
+        def run():
+            for _ in range(iterations):
+                gm.lease(0, 4 * KiB).close()
+
+        workers = [threading.Thread(target=run) for _ in range(count)]
+        start = time.perf_counter()
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        return count * iterations / (time.perf_counter() - start)
+
+
 def child(target, iterations):
     """One of the processes of the aggregate run: local lease+close of 4 KiB, timed as a whole."""
     with gpumemd.connect(target, client_name="bench-proc-%d" % os.getpid()) as gm:
@@ -155,6 +209,13 @@ def main():
               % (args.iterations // 4))
         for name, (p50, p99) in served.items():
             print("  %-24s %25.1f %8.1f   %.2f" % (name, p50 * 1e6, p99 * 1e6, p50 / floor))
+        served = daemon_served_aio(target, args.iterations // 4)
+        floor = served["health check (aio)"][0]
+        for name, (p50, p99) in served.items():
+            print("  %-24s %25.1f %8.1f   %.2f" % (name, p50 * 1e6, p99 * 1e6, p50 / floor))
+        one, eight = threads(target, 1, args.iterations * 2), threads(target, 8, args.iterations // 4)
+        print("threads of one process, local 4 KiB: 1 thread %.0f leases/s, 8 threads %.0f leases/s in all"
+              % (one, eight))
         rate, wall = aggregate(target, args.processes, args.iterations * 5)
         print("%d processes, local lease+close of 4 KiB: %.0f leases/s in all (%.1f s wall, %d CPUs)"
               % (args.processes, rate, wall, os.cpu_count()))

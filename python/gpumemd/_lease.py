@@ -18,6 +18,8 @@ class Lease:
     use it without a copy: ``torch.as_tensor(lease, device="cuda")``.
 
     Close it (or leave a ``with`` block) to give the block back; :meth:`close` is idempotent.
+    The client may keep a closed lease's block in its cache tier and hand it out again, as a new
+    Lease object with the same id (:attr:`local_hit` True); the closed object stays closed.
     After close every accessor raises :class:`GpumemdError` (``FAILED_PRECONDITION``) and the
     memoryview handed out by :meth:`buffer` is released, so that it cannot reach memory the
     daemon may lease to someone else. Arrays made from the buffer (numpy) cannot be revoked:

@@ -337,8 +337,11 @@ class AsyncClient(ClientCore):
         while True:
             item = await requests.get()
             if item is FLUSH:
-                await asyncio.sleep(FLUSH_DELAY)  # leases queued meanwhile carry the tier's notices
-                item = take()
+                try:  # a message within the delay carries the tier's notices (an item is never lost:
+                    # it stays queued until the get that was woken takes it)
+                    item = await asyncio.wait_for(requests.get(), FLUSH_DELAY)
+                except asyncio.TimeoutError:
+                    item = None
             message, end, more = keepalive_message(item, take, s.cache)
             if not is_empty(message):
                 yield message

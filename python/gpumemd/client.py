@@ -396,7 +396,8 @@ class Client(ClientCore):
                     item = requests.get(timeout=FLUSH_DELAY)
                 except queue.Empty:
                     pass
-            message, end, more = keepalive_message(item, take, s.cache)
+            # Once the queue was swapped this stream is broken: the tier's notices wait for the next.
+            message, end, more = keepalive_message(item, take, s.cache if requests is s.queue else None)
             if not is_empty(message):
                 yield message
             if end:

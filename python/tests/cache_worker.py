@@ -2,7 +2,8 @@
 
     cache_worker.py cache TARGET DEVICE SIZE   lease SIZE bytes, close it into the cache, print
                                                "cached BYTES"; then on each "stats" line of stdin
-                                               print "CACHED_BYTES RELEASES"; exit at end of input
+                                               print "CACHED_BYTES RELEASES ALLOWANCE"; exit at end
+                                               of input
 """
 import os
 import sys
@@ -19,7 +20,8 @@ def main(mode, target, device, size):
         print("cached", gm.stats().cached_bytes, flush=True)
         for line in sys.stdin:
             if line.strip() == "stats":
-                print(gm.stats().cached_bytes, gm.stats().releases, flush=True)
+                stats = gm.stats()
+                print(stats.cached_bytes, stats.releases, stats.cache_allowance, flush=True)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 give-backs (ReturnCache, Trim, allowance 0), threads, and pressure from other processes."""
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import gpumemd
 import gpumemd.aio
 from gpumemd._stubs import pb
 
-from conftest import HERE
+from conftest import HERE, run_java_peer
 
 MiB = 1 << 20
 
@@ -114,26 +115,73 @@ def test_return_cache_and_a_smaller_allowance_take_the_memory_back(start_daemon)
                "the daemon's books after the give-back")
 
 
-def test_a_python_processs_cached_memory_reaches_another_process_that_needs_it(start_daemon):
+class _Holder:
+    """A cache_worker.py process: one lease of ``size`` closed into its client cache tier."""
+
+    def __init__(self, target, size):
+        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "cache_worker.py"), "cache", target, "0",
+                                         str(size)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline().split() == ["cached", str(size)]
+
+    def stats(self):
+        """(cached bytes, releases, allowance), as the holder's gm.stats() says."""
+        self.process.stdin.write("stats\n")
+        self.process.stdin.flush()
+        return tuple(int(x) for x in self.process.stdout.readline().split())
+
+    def end(self):
+        self.process.stdin.close()
+        assert self.process.wait(30) == 0
+
+
+def _cached_at_daemon(d, nbytes):
+    _until(lambda: any(i.client_cached_bytes == nbytes for i in d.admin.ListSessions(pb.ListSessionsRequest()).sessions),
+           "%d bytes client-cached at the daemon" % nbytes)
+
+
+@pytest.mark.parametrize("consumer", ["python", "java"])
+def test_a_python_processs_cached_memory_reaches_another_process_that_needs_it(start_daemon, consumer):
     d = start_daemon("--client-cache-bytes", "128MiB", "--unmap-wait-ms", "5000")
     budget = d.stats(0).limit_bytes
-    holder = subprocess.Popen([sys.executable, os.path.join(HERE, "cache_worker.py"), "cache", d.target, "0",
-                               str(64 * MiB)], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    holder = _Holder(d.target, 64 * MiB)
     try:
-        assert holder.stdout.readline().split() == ["cached", str(64 * MiB)]
-        _until(lambda: any(i.client_cached_bytes == 64 * MiB
-                           for i in d.admin.ListSessions(pb.ListSessionsRequest()).sessions), "cached at the daemon")
-        with gpumemd.connect(d.target, client_name="cache-needs", client_cache_bytes=0) as gm:
-            lease = gm.lease(0, budget - 32 * MiB, timeout=30)  # within --unmap-wait-ms, or it fails
-            assert lease.size == budget - 32 * MiB
-            lease.close()
-        holder.stdin.write("stats\n")
-        holder.stdin.flush()
-        cached, releases = holder.stdout.readline().split()
-        assert int(cached) == 0 and int(releases) == 1
+        _cached_at_daemon(d, 64 * MiB)
+        size = budget - 32 * MiB  # only with the holder's cached 64 MiB back, within --unmap-wait-ms
+        if consumer == "python":
+            with gpumemd.connect(d.target, client_name="cache-needs", client_cache_bytes=0) as gm:
+                lease = gm.lease(0, size, timeout=30)
+                assert lease.size == size
+                lease.close()
+        else:
+            run_java_peer("write", d.target, 0, size, 3)  # leases, writes every byte, releases
+        assert holder.stats() == (0, 1, 128 * MiB)
     finally:
-        holder.stdin.close()
-        assert holder.wait(30) == 0
+        holder.end()
+
+
+def test_a_python_client_that_does_not_answer_loses_its_allowance(start_daemon):
+    d = start_daemon("--client-cache-bytes", "128MiB", "--unmap-wait-ms", "500")
+    budget = d.stats(0).limit_bytes
+    holder = _Holder(d.target, 64 * MiB)
+    try:
+        _cached_at_daemon(d, 64 * MiB)
+        os.kill(holder.process.pid, signal.SIGSTOP)  # it cannot answer ReturnCache
+        try:
+            with gpumemd.connect(d.target, client_name="cache-needs", client_cache_bytes=0) as gm:
+                with pytest.raises(gpumemd.GpumemdError) as refused:
+                    gm.lease(0, budget - 32 * MiB, timeout=30)
+                assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        finally:
+            os.kill(holder.process.pid, signal.SIGCONT)
+        assert b"did not give back its client-cached blocks" in d._log_bytes()  # allowance withdrawn
+        # Once running again it obeys what waited on its stream (ReturnCache, CacheAllowance 0):
+        # everything back; then the daemon trusts it again and restores its allowance.
+        _until(lambda: holder.stats() == (0, 1, 128 * MiB), "the give-back and the allowance restored")
+        _cached_at_daemon(d, 0)
+        with gpumemd.connect(d.target, client_name="cache-needs", client_cache_bytes=0) as gm:
+            gm.lease(0, budget - 32 * MiB, timeout=30).close()
+    finally:
+        holder.end()
 
 
 def test_threads_never_get_a_block_twice_and_the_books_balance(daemon):
