@@ -2,7 +2,8 @@
 (:mod:`gpumemd.aio`) share, without their I/O.
 
 This module owns what both clients decide alike: the state of one session (its pending stream
-leases and its mappings), the client's counters and session properties, building KeepAlive
+leases, its mappings and its client cache tier, :mod:`gpumemd._cache`), serving a lease from the
+tier and closing one into it, the client's counters and session properties, building KeepAlive
 messages from queued notices, interpreting the daemon's SessionEvents, what a lost session
 means (its leases die, its waiting leases fail, its notices and mappings are dropped), when a
 broken KeepAlive stream is reattached or the session given up, the backoff for opening a new
@@ -16,8 +17,9 @@ cancelled. A pending stream lease is a waiter with ``settle(result)`` (a ``Lease
 or a :class:`GpumemdError`) that answers False when its caller has already given up.
 
 Thread-safety: :class:`ClientCore` takes no lock except the one that makes a session's loss
-happen once; its methods may be called as the sync client calls them (any thread: the caller's
-and the KeepAlive thread), or from the asyncio client's event loop only.
+happen once (the tier and the mappings guard themselves); its methods may be called as the
+sync client calls them (any thread: the caller's and the KeepAlive thread), or from the asyncio
+client's event loop only.
 """
 import collections
 import itertools
@@ -105,6 +107,7 @@ def keepalive_message(first, take, pending=None):
 
 
 def is_empty(message):
+    """True for a KeepAliveRequest that carries nothing (not worth sending)."""
     return not (message.leases or message.releases or message.unmapped_segment_ids or message.cache_notices
                 or message.client_counters or message.session_id)
 

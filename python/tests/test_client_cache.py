@@ -2,11 +2,14 @@
 give-backs (ReturnCache, Trim, allowance 0), threads, and pressure from other processes."""
 import asyncio
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import grpc
 import numpy
@@ -252,3 +255,27 @@ def test_aio_serves_locally_and_gives_back_at_close(daemon):
 def test_a_negative_allowance_is_refused():
     with pytest.raises(ValueError):
         gpumemd.connect("unix:///nowhere", client_cache_bytes=-1)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _metric(port, name, device):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+    for match in re.finditer(r'^%s\w*\{[^}]*device="%d"[^}]*\} (\S+)$' % (name, device), text, re.M):
+        return float(match.group(1))
+    return None
+
+
+def test_the_daemons_metrics_show_the_python_tier(start_daemon):
+    port = _free_port()
+    d = start_daemon("--metrics-port", str(port))
+    with gpumemd.connect(d.target, client_name="cache-metrics") as gm:
+        for _ in range(3):
+            gm.lease(0, 4096).close()
+        assert gm.stats().local_hits == 2
+        _until(lambda: _metric(port, "gpumemd_client_cache_hits", 0) == 2, "gpumemd_client_cache_hits 2 on /metrics")
+        assert _metric(port, "gpumemd_client_cache_returns", 0) == 3
