@@ -25,7 +25,7 @@ from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._cache import FLUSH_DELAY
-from ._session import END, FLUSH, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
+from ._session import END, FLUSH, FLUSH_NOW, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
 from ._session import open_request, reattach_delay, stream_down
 from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
                        share_request)
@@ -337,11 +337,10 @@ class AsyncClient(ClientCore):
         while True:
             item = await requests.get()
             if item is FLUSH:
-                try:  # a message within the delay carries the tier's notices (an item is never lost:
-                    # it stays queued until the get that was woken takes it)
-                    item = await asyncio.wait_for(requests.get(), FLUSH_DELAY)
-                except asyncio.TimeoutError:
-                    item = None
+                # A message within the delay carries the tier's notices; else the timer's flush.
+                # (A timer, not wait_for: that would make a task for every flush.)
+                asyncio.get_running_loop().call_later(FLUSH_DELAY, requests.put_nowait, FLUSH_NOW)
+                continue
             message, end, more = keepalive_message(item, take, s.cache)
             if not is_empty(message):
                 yield message
