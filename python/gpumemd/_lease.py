@@ -1,4 +1,5 @@
 """A lease: a block of device memory this process holds until it closes it."""
+import ctypes
 import threading
 
 import grpc
@@ -17,6 +18,8 @@ class Lease:
     use it without a copy: ``torch.as_tensor(lease, device="cuda")``.
 
     Close it (or leave a ``with`` block) to give the block back; :meth:`close` is idempotent.
+    The client may keep a closed lease's block in its cache tier and hand it out again, as a new
+    Lease object with the same id (:attr:`local_hit` True); the closed object stays closed.
     After close every accessor raises :class:`GpumemdError` (``FAILED_PRECONDITION``) and the
     memoryview handed out by :meth:`buffer` is released, so that it cannot reach memory the
     daemon may lease to someone else. Arrays made from the buffer (numpy) cannot be revoked:
@@ -50,6 +53,9 @@ class Lease:
         self.size = response.size_bytes
         self.block_bytes = response.block_bytes
         self.pool_hit = response.pool_hit
+        #: True when the client cache tier served it (no round trip to the daemon).
+        self.local_hit = False
+        self._shared = False  # shared or published: never kept in the client cache tier
         self.segment_id = response.handle.segment_id
         self.offset = response.handle.offset
         self.tag = tag
@@ -67,6 +73,34 @@ class Lease:
         #: is true at hand-out; set it to the stream that last wrote the block when you pass
         #: the lease on. An int CUstream or a torch/cupy stream object.
         self.stream = stream
+
+    def _reused(self, size, tag, stream):
+        """A new lease object on this closed lease's block, which the client cache tier kept:
+        the same id, block and mapping, ``size`` bytes of it. This object stays closed (a
+        reference kept to it cannot reach the block again)."""
+        lease = self.__class__.__new__(self.__class__)
+        lease.__dict__.update(self.__dict__)
+        lease.size = size
+        lease.tag = tag
+        lease.stream = stream
+        lease.local_hit = True
+        lease.pool_hit = True
+        lease._view = None
+        lease._closed = False
+        lease._release = None
+        lease._lock = threading.Lock()
+        return lease
+
+    def _zero_block(self):
+        """Zeroes the whole block, as the daemon does for ``zero=True`` (a local hit)."""
+        if self.is_host:
+            block = (ctypes.c_char * self.block_bytes).from_buffer(self._mapping.mmap, self.offset)
+            try:
+                ctypes.memset(block, 0, self.block_bytes)
+            finally:
+                del block  # its export of the mmap would keep the mapping from closing
+        else:
+            _cuda.memset(self._mapping.device, self._mapping.base + self.offset, 0, self.block_bytes)
 
     @property
     def is_host(self):
@@ -175,6 +209,7 @@ class Lease:
         ``await lease.share(...)``.
         """
         self._require_open()
+        self._shared = True  # the token holds the block: its close must release, not cache it
         return self._client._share(self, expires_after, read_only or self.read_only, max_attaches)
 
     def _require_open(self):

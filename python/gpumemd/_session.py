@@ -2,7 +2,8 @@
 (:mod:`gpumemd.aio`) share, without their I/O.
 
 This module owns what both clients decide alike: the state of one session (its pending stream
-leases and its mappings), the client's counters and session properties, building KeepAlive
+leases, its mappings and its client cache tier, :mod:`gpumemd._cache`), serving a lease from the
+tier and closing one into it, the client's counters and session properties, building KeepAlive
 messages from queued notices, interpreting the daemon's SessionEvents, what a lost session
 means (its leases die, its waiting leases fail, its notices and mappings are dropped), when a
 broken KeepAlive stream is reattached or the session given up, the backoff for opening a new
@@ -16,8 +17,9 @@ cancelled. A pending stream lease is a waiter with ``settle(result)`` (a ``Lease
 or a :class:`GpumemdError`) that answers False when its caller has already given up.
 
 Thread-safety: :class:`ClientCore` takes no lock except the one that makes a session's loss
-happen once; its methods may be called as the sync client calls them (any thread: the caller's
-and the KeepAlive thread), or from the asyncio client's event loop only.
+happen once (the tier and the mappings guard themselves); its methods may be called as the
+sync client calls them (any thread: the caller's and the KeepAlive thread), or from the asyncio
+client's event loop only.
 """
 import collections
 import itertools
@@ -26,6 +28,7 @@ import threading
 
 import grpc
 
+from ._cache import DEFAULT_MAX_OVERSIZE, MAX_ENTRIES, ClientCache
 from ._deferred import DeferredReleases
 from ._errors import GpumemdError
 from ._mapping import MappingCache
@@ -34,52 +37,79 @@ from ._stubs import pb
 
 log = logging.getLogger("gpumemd")
 
-#: What a client did since it connected (see :meth:`Client.stats`). The clients keep no cache
-#: tier of their own, so every lease is served by the daemon and every close is a release.
+#: What a client did since it connected (see :meth:`Client.stats`). A lease is served by the
+#: client cache tier (a local hit, no round trip) or by the daemon; a close keeps the lease in
+#: the tier or releases it to the daemon.
 ClientStats = collections.namedtuple("ClientStats", [
-    "leases",            # leases the daemon granted to this client
+    "leases",            # leases the daemon granted to this client (daemon-served)
     "pool_hits",         # of those, served from the daemon's cached memory
-    "releases",          # leases closed (released to the daemon)
+    "releases",          # leases released to the daemon (closed, or given back from the tier)
     "release_failures",  # releases the daemon refused (ReleaseFailed events), logged as warnings
     "mapped_segments",   # segments mapped in this process now
     "maps_opened",       # mappings opened since connect (a lease on a mapped segment adds none)
     "holds",             # holds taken by attach() and lookup() (closing one counts as a release)
+    "local_hits",        # leases served from the client cache tier, without a round trip
+    "cached_bytes",      # bytes (block sizes) of closed leases kept in the tier now
+    "cached_leases",     # closed leases kept in the tier now
+    "cache_allowance",   # the tier's allowance now (0: no tier)
 ])
 
 END = object()  # queued last: the KeepAlive request stream ends after what was queued before it
+FLUSH = object()      # queued by the cache tier: send its pending notices within FLUSH_DELAY
+FLUSH_NOW = object()  # ... at once (the daemon asked for memory back)
 MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
 MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
 MAX_BACKOFF = 2.0   # ... up to this, for gpumemd.client._REOPEN_SECONDS
 
 
-def open_request(client_name, ttl_seconds):
-    """The OpenSessionRequest of a client: it asks for no client cache allowance."""
-    return pb.OpenSessionRequest(client_name=client_name, ttl_seconds=ttl_seconds, client_cache_bytes=0)
+def open_request(client_name, ttl_seconds, client_cache_bytes=None, stream=True):
+    """The OpenSessionRequest of a client. ``client_cache_bytes``: None asks for the daemon's
+    default cache allowance, 0 for none, else at most that much; a client without stream calls
+    asks for none (its notices would need the stream)."""
+    if not stream:
+        client_cache_bytes = 0
+    elif client_cache_bytes is not None and client_cache_bytes < 0:
+        raise ValueError("client_cache_bytes must be >= 0 (0: no client cache), not %d" % client_cache_bytes)
+    return pb.OpenSessionRequest(client_name=client_name, ttl_seconds=ttl_seconds,
+                                 client_cache_bytes=client_cache_bytes)
 
 
-def keepalive_message(first, take):
+def keepalive_message(first, take, pending=None):
     """One KeepAliveRequest merging the queued notice ``first`` and those that ``take()`` gives
-    (None once nothing more is queued), at most :data:`MAX_NOTICES`; ``(message, end)``, where
-    ``end`` says that :data:`END` was taken (the request stream ends after this message).
-    A notice is a StreamRelease, a StreamLease or ``("unmapped", segment_id)``."""
+    (None once nothing more is queued), at most :data:`MAX_NOTICES`, then what the cache tier
+    has pending (``pending``: a :class:`gpumemd._cache.ClientCache`); ``(message, end, more)``,
+    where ``end`` says that :data:`END` was taken (the request stream ends after this message)
+    and ``more`` that the tier has more to send at once. A notice is a StreamRelease, a
+    StreamLease, ``("unmapped", segment_id)``, :data:`FLUSH` or :data:`FLUSH_NOW`. The message
+    may be empty (a flush with nothing left to send): don't send it."""
     message = pb.KeepAliveRequest()
     item = first
     n = 0
+    end = False
     while True:
+        if item is END:
+            end = True
+            break
         if isinstance(item, pb.StreamRelease):
             message.releases.append(item)
         elif isinstance(item, pb.StreamLease):
             message.leases.append(item)
-        else:
+        elif isinstance(item, tuple):
             message.unmapped_segment_ids.append(item[1])
         n += 1
         if n >= MAX_NOTICES:
-            return message, False
+            break
         item = take()
         if item is None:
-            return message, False
-        if item is END:
-            return message, True
+            break
+    more = pending is not None and pending.fill(message, MAX_ENTRIES - n)
+    return message, end, more
+
+
+def is_empty(message):
+    """True for a KeepAliveRequest that carries nothing (not worth sending)."""
+    return not (message.leases or message.releases or message.unmapped_segment_ids or message.cache_notices
+                or message.client_counters or message.session_id)
 
 
 def reattach_delay(s):
@@ -148,6 +178,11 @@ class SessionState:
                                      lambda handle, read_only: client._fd_channels.fetch(self.id, handle, read_only),
                                      self.device_uuid)
         self.call = None
+        #: The client cache tier and the pending notices of the stream (see gpumemd._cache).
+        self.cache = ClientCache(opened.client_cache_bytes if client._stream_calls else 0,
+                                 opened.max_oversize_bytes if opened.HasField("max_oversize_bytes")
+                                 else DEFAULT_MAX_OVERSIZE,
+                                 lambda urgent: self.queue.put_nowait(FLUSH_NOW if urgent else FLUSH))
 
     def device_uuid(self, device):
         """The UUID of the daemon's ``device``; "" from a daemon that does not report it."""
@@ -184,6 +219,7 @@ class ClientCore:
         self._release_failures = 0
         self._holds = 0
         self._earlier_maps_opened = 0
+        self._earlier_local_hits = 0
         self._deferred = DeferredReleases()  # leases closed with after=stream, waiting for their event
 
     # ------------------------------------------------------------------ properties
@@ -226,7 +262,9 @@ class ClientCore:
         """What this client did since connect (a :data:`ClientStats`)."""
         s = self._s
         return ClientStats(self._leases, self._pool_hits, self._releases, self._release_failures,
-                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds)
+                           len(s.mappings), self._earlier_maps_opened + s.mappings.maps_opened, self._holds,
+                           self._earlier_local_hits + s.cache.local_hits, s.cache.cached_bytes, len(s.cache),
+                           s.cache.allowance)
 
     # ------------------------------------------------------------------ leases
 
@@ -235,6 +273,24 @@ class ClientCore:
             raise TypeError("lease() needs size")
         if self._closing:
             raise closed_client()
+
+    def _local_lease(self, device, size, zero, tag, stream):
+        """A lease served by the client cache tier (no round trip), zeroed whole when asked, or
+        None (a miss: the daemon serves it)."""
+        s = self._s
+        if s.lost or size <= 0:
+            return None
+        cached = s.cache.take(device, size)
+        if cached is None:
+            return None
+        lease = cached._reused(size, tag, stream)
+        if zero:
+            try:
+                lease._zero_block()
+            except BaseException:
+                lease.close()
+                raise
+        return lease
 
     def _granted(self, s, response, descriptor=None):
         """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when
@@ -279,7 +335,19 @@ class ClientCore:
             self._deferred.add(s, lease, event)
             self._wake_poller()
             return None
+        if self._stream_calls and not (lease.attached or lease._shared):
+            # Shared, published and attached blocks are others' too: never cached.
+            evicted = s.cache.offer(lease)
+            if evicted is not None:
+                self._evicted(s, evicted)
+                return None
         return self._send_release(s, lease)
+
+    def _evicted(self, s, leases):
+        """Leases the cache tier gave back (their release notices pending): their mappings."""
+        for lease in leases:
+            self._releases += 1
+            s.mappings.release(lease.segment_id)
 
     def _send_release(self, s, lease):
         """Releases a closed lease: a notice on the stream, or the subclass's Release call
@@ -287,7 +355,7 @@ class ClientCore:
         self._releases += 1
         try:
             if self._stream_calls:
-                s.queue.put_nowait(pb.StreamRelease(lease_id=lease.id))
+                s.cache.release(lease.id)  # in order with the tier's notices of the same lease
                 return None
             return self._release_call(s, lease)
         finally:
@@ -335,6 +403,7 @@ class ClientCore:
     def _adopt(self, s, nxt):
         """Makes ``nxt`` (attached) the current session in place of the lost ``s``."""
         self._earlier_maps_opened += s.mappings.maps_opened
+        self._earlier_local_hits += s.cache.local_hits
         self._s = nxt
 
     def _lose(self, s, why):
@@ -352,6 +421,7 @@ class ClientCore:
         call = s.call
         if call is not None:
             call.cancel()
+        s.cache.drain(discard=True)  # the daemon took the cached leases back with the session
         s.queue.put_nowait(END)
         self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
                                            "session lost: the daemon restarted or ended it; retry"))
@@ -386,19 +456,24 @@ class ClientCore:
 
     def _take_event(self, s, event):
         """Applies one SessionEvent of ``s``; True for a shutdown notice, which the subclass
-        then passes to ``on_shutdown``. ReturnCache and CacheAllowance are ignored: the
-        clients keep no cache tier (they ask for none)."""
+        then passes to ``on_shutdown``. ReturnCache and a smaller CacheAllowance give cached
+        leases back at once; a shutdown notice gives all of them back (the daemon drains)."""
         kind = event.WhichOneof("event")
         if kind == "lease_reply":
             reply = event.lease_reply
             waiter = s.pending.pop(reply.request_id, None)
             result = reply.lease if reply.HasField("lease") else GpumemdError.from_stream(reply.error)
             if (waiter is None or not waiter.settle(result)) and reply.HasField("lease"):
-                s.queue.put_nowait(pb.StreamRelease(lease_id=reply.lease.lease_id))  # its caller gave up
+                s.cache.release(reply.lease.lease_id)  # its caller gave up
         elif kind == "unmap":
             s.mappings.unmap_requested(event.unmap.segment_id)
+        elif kind == "return_cache":
+            self._evicted(s, s.cache.give_back(event.return_cache.device, event.return_cache.bytes))
+        elif kind == "cache_allowance":
+            self._evicted(s, s.cache.set_allowance(event.cache_allowance.bytes))
         elif kind == "attached":
             s.attached.set()
+            s.cache.schedule_flush()  # what waited while the stream was away
         elif kind == "release_failed":
             self._release_failures += 1
             failed = event.release_failed
@@ -406,6 +481,7 @@ class ClientCore:
                         GpumemdError.from_stream(failed.error))
         elif kind == "shutdown":
             self.shutdown_notice = event.shutdown.drain_timeout_ms
+            self._evicted(s, s.cache.set_allowance(0))
             self._shutdown_event.set()
             log.info("gpumemd is shutting down; drain timeout %d ms", self.shutdown_notice)
             return True

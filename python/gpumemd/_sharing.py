@@ -47,6 +47,7 @@ def publish_request(client, lease, name, read_only):
     if getattr(lease, "_client", None) is not client:
         raise ValueError("publish: %r is not a lease of this client" % (lease,))
     lease._require_open()
+    lease._shared = True  # the name holds the block: its close must release, not cache it
     return pb.PublishRequest(session_id=lease._session.id, lease_id=lease.id, name=name,
                              read_only=bool(read_only or lease.read_only))
 

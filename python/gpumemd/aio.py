@@ -24,8 +24,9 @@ from ._channel import open_channel, options
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
-from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer, open_request
-from ._session import reattach_delay, stream_down
+from ._cache import FLUSH_DELAY
+from ._session import END, FLUSH, FLUSH_NOW, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
+from ._session import open_request, reattach_delay, stream_down
 from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
                        share_request)
 from ._stubs import pb, pb_grpc
@@ -53,11 +54,12 @@ class AsyncLease(Lease):
 
 async def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True, ttl_seconds=0,
                   token=None, root_certificates=None, private_key=None, certificate_chain=None,
-                  on_shutdown=None, timeout=10.0):
-    """As :func:`gpumemd.connect`, for asyncio; ``on_shutdown`` may be a coroutine function."""
+                  on_shutdown=None, timeout=10.0, client_cache_bytes=None):
+    """As :func:`gpumemd.connect`, for asyncio; ``on_shutdown`` may be a coroutine function.
+    The client cache tier works as the sync client's; a local hit completes without awaiting."""
     client = AsyncClient(target, client_name, stream, token, root_certificates, private_key, certificate_chain,
                          on_shutdown)
-    await client._open(ttl_seconds, timeout)
+    await client._open(ttl_seconds, timeout, client_cache_bytes)
     return client
 
 
@@ -104,8 +106,8 @@ class AsyncClient(ClientCore):
         self._s = None
         self._reopen_lock = None
 
-    async def _open(self, ttl_seconds, timeout):
-        self._open_request = open_request(self.client_name, ttl_seconds)
+    async def _open(self, ttl_seconds, timeout, client_cache_bytes=None):
+        self._open_request = open_request(self.client_name, ttl_seconds, client_cache_bytes, self._stream_calls)
         self._timeout = timeout
         self._fd_channels = FdChannels(self.target, timeout)
         try:
@@ -136,6 +138,9 @@ class AsyncClient(ClientCore):
     async def lease(self, device=0, size=None, *, zero=False, tag="", stream=None, timeout=None):
         """As :meth:`gpumemd.Client.lease`; an :class:`AsyncLease`."""
         self._check_lease(size)
+        local = self._local_lease(device, size, zero, tag, stream)
+        if local is not None:
+            return local
         for attempt in (1, 2):
             s = await self._live_session()
             try:
@@ -331,12 +336,18 @@ class AsyncClient(ClientCore):
         yield pb.KeepAliveRequest(session_id=s.id)
         while True:
             item = await requests.get()
-            if item is END:
-                return
-            message, end = keepalive_message(item, take)
-            yield message
+            if item is FLUSH:
+                # A message within the delay carries the tier's notices; else the timer's flush.
+                # (A timer, not wait_for: that would make a task for every flush.)
+                asyncio.get_running_loop().call_later(FLUSH_DELAY, requests.put_nowait, FLUSH_NOW)
+                continue
+            message, end, more = keepalive_message(item, take, s.cache)
+            if not is_empty(message):
+                yield message
             if end:
                 return
+            if more:
+                requests.put_nowait(FLUSH)
 
     async def _run_stream(self, s):
         first_try = time.monotonic()
@@ -383,6 +394,7 @@ class AsyncClient(ClientCore):
         try:
             # Releases waiting for GPU work go out first (bounded), before the stream ends.
             await self._drain_deferred(self._timeout)
+            s.cache.drain(discard=False)  # no more local leases; CloseSession takes the cached ones
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
             if not s.lost and s.call is not None:

@@ -18,7 +18,8 @@ from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._session import ClientStats  # noqa: F401 (gpumemd.client.ClientStats, as before)
-from ._session import END, ClientCore, Reopening, SessionState, keepalive_message, no_answer
+from ._cache import FLUSH_DELAY
+from ._session import END, FLUSH, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
 from ._session import open_request, reattach_delay, stream_down
 from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
 from ._stubs import pb, pb_grpc
@@ -58,7 +59,7 @@ class _Waiter:
 
 def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True, ttl_seconds=0,
             token=None, root_certificates=None, private_key=None, certificate_chain=None,
-            on_shutdown=None, timeout=10.0):
+            on_shutdown=None, timeout=10.0, client_cache_bytes=None):
     """Connects to gpumemd and opens a session; use it as a context manager, or close() it.
 
     ``target``: ``unix:///path/to.sock`` (the daemon identifies the peer by its uid) or
@@ -69,12 +70,16 @@ def connect(target="unix:///tmp/gpumemd.sock", client_name=None, *, stream=True,
     ``root_certificates`` (PEM bytes or a path): TLS to a ``host:port`` target, with
     ``private_key`` and ``certificate_chain`` for mutual TLS. ``on_shutdown(drain_timeout_ms)``
     is called from the stream's thread when the daemon announces its shutdown.
+    ``client_cache_bytes``: the most bytes of closed leases to keep in this process's cache tier
+    (None: the daemon's default allowance, ``--client-cache-bytes``; 0: no tier; the daemon may
+    grant less). The tier needs ``stream=True``.
 
     Raises :class:`GpumemdError` when the daemon cannot be reached or refuses the session.
     """
     return Client(target, client_name, stream=stream, ttl_seconds=ttl_seconds, token=token,
                   root_certificates=root_certificates, private_key=private_key,
-                  certificate_chain=certificate_chain, on_shutdown=on_shutdown, timeout=timeout)
+                  certificate_chain=certificate_chain, on_shutdown=on_shutdown, timeout=timeout,
+                  client_cache_bytes=client_cache_bytes)
 
 
 class Client(ClientCore):
@@ -85,9 +90,15 @@ class Client(ClientCore):
     reattaches within it. The thread obeys the daemon's events: it unmaps the segments the
     daemon wants to free (once no live lease uses them) and acknowledges them, answers leases,
     logs refused releases, and records a shutdown notice (:attr:`shutdown_notice`, and the
-    ``on_shutdown`` callback). The session asks for no client cache allowance
-    (``client_cache_bytes: 0``): this client keeps no cache tier, so the daemon sends it no
-    ReturnCache or CacheAllowance events (they are ignored if it does).
+    ``on_shutdown`` callback).
+
+    The client cache tier (see :mod:`gpumemd._cache`): a closed lease is kept mapped in this
+    process, within the allowance the daemon grants, and serves a later lease of its device
+    without a round trip (best fit, by the daemon's size classes; ``zero=True`` zeroes the whole
+    block here). The daemon hears of it in notices batched on the stream, and can ask for the
+    memory back (ReturnCache, a smaller allowance, a shutdown): the stream's thread gives it back
+    at once. A lease closed with ``after=``, and a shared, published or attached one, is never
+    kept. The session's end gives everything back.
 
     If the daemon restarts (or ends the session), the session is lost: when the daemon ends the
     stream, when the stream stays broken past the grace period, or when a unary Lease gets
@@ -104,12 +115,12 @@ class Client(ClientCore):
 
     def __init__(self, target, client_name=None, *, stream=True, ttl_seconds=0, token=None,
                  root_certificates=None, private_key=None, certificate_chain=None, on_shutdown=None,
-                 timeout=10.0):
+                 timeout=10.0, client_cache_bytes=None):
         credentials, metadata = options(root_certificates, private_key, certificate_chain, token)
         super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata)
+        self._open_request = open_request(self.client_name, ttl_seconds, client_cache_bytes, stream)
         self._channel = open_channel(target, credentials)
         self._stub = pb_grpc.AllocatorStub(self._channel)
-        self._open_request = open_request(self.client_name, ttl_seconds)
         self._timeout = timeout
         self._fd_channels = FdChannels(target, timeout)
         try:
@@ -157,6 +168,9 @@ class Client(ClientCore):
         over the budget, unknown device), ``RESOURCE_EXHAUSTED`` (pool or quota full), ...
         """
         self._check_lease(size)
+        local = self._local_lease(device, size, zero, tag, stream)
+        if local is not None:
+            return local
         for attempt in (1, 2):
             s = self._live_session()
             try:
@@ -377,12 +391,19 @@ class Client(ClientCore):
         yield pb.KeepAliveRequest(session_id=s.id)
         while True:
             item = requests.get()
-            if item is END:
-                return
-            message, end = keepalive_message(item, take)
-            yield message
+            if item is FLUSH:
+                try:  # a message within the delay carries the tier's notices
+                    item = requests.get(timeout=FLUSH_DELAY)
+                except queue.Empty:
+                    pass
+            # Once the queue was swapped this stream is broken: the tier's notices wait for the next.
+            message, end, more = keepalive_message(item, take, s.cache if requests is s.queue else None)
+            if not is_empty(message):
+                yield message
             if end:
                 return
+            if more:
+                requests.put(FLUSH)
 
     def _run_stream(self, s):
         first_try = time.monotonic()
@@ -444,6 +465,7 @@ class Client(ClientCore):
             try:
                 # Releases waiting for GPU work go out first (bounded), on the stream before it ends.
                 self._drain_deferred(self._timeout)
+                s.cache.drain(discard=False)  # no more local leases; CloseSession takes the cached ones
                 if not s.lost and s.call is not None:
                     # Pending releases go out, then the stream ends; once the daemon has ended
                     # its side it has applied them, before CloseSession (another HTTP/2 stream).

@@ -13,7 +13,8 @@ import gpumemd.aio
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 def test_lease_write_read_errors_and_close(daemon, stream):
     async def main():
-        async with await gpumemd.aio.connect(daemon.target, client_name="pytest-aio", stream=stream) as gm:
+        async with await gpumemd.aio.connect(daemon.target, client_name="pytest-aio", stream=stream,
+                                             client_cache_bytes=0) as gm:  # the daemon path: no tier
             leases = await asyncio.gather(*(gm.lease(0, 4096, zero=True) for _ in range(16)))
             assert len({l.id for l in leases}) == 16
             for i, lease in enumerate(leases):

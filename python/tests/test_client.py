@@ -28,7 +28,7 @@ def positions(output):
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 def test_lease_write_read_in_process(daemon, stream):
-    with gpumemd.connect(daemon.target, client_name="pytest", stream=stream) as gm:
+    with gpumemd.connect(daemon.target, client_name="pytest", stream=stream, client_cache_bytes=0) as gm:  # no tier
         with gm.lease(device=0, size=1000, zero=True, tag="pytest") as lease:
             assert (lease.size, lease.device, len(lease.buffer())) == (1000, 0, 1000)
             assert bytes(lease.buffer()) == bytes(1000)  # zeroed

@@ -293,3 +293,29 @@ def test_a_lease_leaves_the_callers_current_context_as_it_was(vmm_daemon):
     thread.start()
     thread.join(120)
     assert seen == [0, 0, 0]
+
+
+@pytest.mark.parametrize("handles", ["legacy", "vmm"])
+def test_the_client_cache_tier_zeroes_a_cuda_block_locally_and_never_keeps_a_stream_ordered_close(
+        request, handles):
+    d = request.getfixturevalue("cuda_daemon" if handles == "legacy" else "vmm_daemon")
+    with gpumemd.connect(d.target, client_name="cuda-cache", client_cache_bytes=64 << 20) as gm:
+        lease = gm.lease(0, 1 << 20)
+        _cuda.memset(lease.cuda_device, lease.device_ptr, 0x77, lease.block_bytes)
+        lease.close()
+        again = gm.lease(0, 4096, zero=True)  # the cached block, zeroed whole on the device here
+        assert again.local_hit and again.id == lease.id
+        # The block's last bytes, past the 4096 asked for: the whole block is zeroed, as the daemon would.
+        assert _cuda.copy_from_device(again.cuda_device, again.device_ptr + again.block_bytes - 8, 8) == bytes(8)
+        with _cuda.context(0) as lib:
+            stream = ctypes.c_void_p()
+            _cuda.check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")
+        try:
+            again.close(after=stream)
+            assert gm.stats().cached_leases == 0  # released once the stream's work is done, not cached
+            with _cuda.context(0) as lib:
+                _cuda.check(lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            wait_until(lambda: not listed(d, lease.id), "the stream-ordered release")
+        finally:
+            with _cuda.context(0) as lib:
+                lib.cuStreamDestroy_v2(stream)

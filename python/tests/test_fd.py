@@ -228,7 +228,7 @@ def test_the_fd_channel_is_reconnected_after_a_daemon_restart(start_daemon):
 
 def test_no_descriptor_leak_in_the_daemon_or_the_client_over_10000_leases_with_trims(fd_daemon):
     pid = fd_daemon.process.pid
-    with gpumemd.connect(fd_daemon.target, client_name="leak-check") as gm:
+    with gpumemd.connect(fd_daemon.target, client_name="leak-check", client_cache_bytes=0) as gm:  # every close a release
         gm.lease(0, 4096).close()
         trim(fd_daemon, client=gm)
         wait_until(lambda: gm.stats().mapped_segments == 0, 5, "the client's unmap")

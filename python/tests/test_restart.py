@@ -19,7 +19,8 @@ def test_client_survives_restarts(start_daemon, caplog, sig, stream):
     caplog.set_level(logging.INFO, logger="gpumemd")
     d = start_daemon("--drain-timeout-ms", "300")
     directory = os.path.dirname(d.socket)
-    with gpumemd.connect(d.target, "restart-test", stream=stream, timeout=10) as client:
+    with gpumemd.connect(d.target, "restart-test", stream=stream, timeout=10,
+                         client_cache_bytes=0) as client:  # closed leases go back to the daemon
         lease = client.lease(0, 4096, tag="before")
         lease.buffer()[:4] = b"old0"
         held = numpy.asarray(lease)  # an array the user keeps across the restart

@@ -3,8 +3,8 @@ import grpc
 import pytest
 
 from gpumemd import GpumemdError
-from gpumemd._session import (END, MAX_NOTICES, ClientCore, Reopening, SessionState, keepalive_message,
-                              reattach_delay)
+from gpumemd._session import (END, FLUSH, MAX_NOTICES, ClientCore, Reopening, SessionState, is_empty,
+                              keepalive_message, reattach_delay)
 from gpumemd._stubs import pb
 
 
@@ -78,13 +78,23 @@ def test_reopening_backs_off_doubling_up_to_the_deadline():
 
 def test_keepalive_message_merges_notices_until_end_or_empty():
     items = [pb.StreamLease(request_id=7), ("unmapped", 5), END, pb.StreamRelease(lease_id="9")]
-    message, end = keepalive_message(pb.StreamRelease(lease_id="3"), lambda: items.pop(0))
-    assert end and [r.lease_id for r in message.releases] == ["3"]
+    message, end, more = keepalive_message(pb.StreamRelease(lease_id="3"), lambda: items.pop(0))
+    assert end and not more and [r.lease_id for r in message.releases] == ["3"]
     assert [r.request_id for r in message.leases] == [7] and list(message.unmapped_segment_ids) == [5]
-    message, end = keepalive_message(("unmapped", 1), lambda: None)
+    message, end, more = keepalive_message(("unmapped", 1), lambda: None)
     assert not end and list(message.unmapped_segment_ids) == [1]
-    message, end = keepalive_message(("unmapped", 0), lambda: ("unmapped", 0))
+    message, end, more = keepalive_message(("unmapped", 0), lambda: ("unmapped", 0))
     assert not end and len(message.unmapped_segment_ids) == MAX_NOTICES
+
+
+def test_keepalive_message_carries_the_tiers_pending_notices_and_ends_after_them():
+    client = _Client()
+    s = client._s
+    s.cache.release("r1")
+    message, end, more = keepalive_message(END, lambda: None, s.cache)
+    assert end and not more and [r.lease_id for r in message.releases] == ["r1"]
+    message, end, more = keepalive_message(FLUSH, lambda: None, s.cache)
+    assert is_empty(message) and not end  # nothing left: the client sends nothing
 
 
 def test_lease_replies_settle_waiters_and_orphans_are_given_back():
@@ -96,7 +106,10 @@ def test_lease_replies_settle_waiters_and_orphans_are_given_back():
         assert client._take_event(s, event) is False
     assert granted.result.lease_id == "a"
     assert isinstance(refused.result, GpumemdError) and refused.result.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert [r.lease_id for r in s.queue.items] == ["c", "d"] and s.pending == {}
+    message = pb.KeepAliveRequest()
+    s.cache.fill(message, 100)
+    assert [r.lease_id for r in message.releases] == ["c", "d"] and s.pending == {}
+    assert s.queue.items == [FLUSH]  # one wake for both
 
 
 def test_shutdown_and_release_failed_events():
