@@ -14,6 +14,7 @@ import java.nio.ReadOnlyBufferException;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -150,6 +151,23 @@ class FdChannelClientTest {
       GpuMemException closed = assertThrows(GpuMemException.class,
           () -> channel.fetch(client.sessionId(), lease.segmentId(), false));
       assertEquals(Status.Code.CANCELLED, closed.code());
+    }
+  }
+
+  @Test
+  void aSocketBoundAnewOnThePath_isConnectedAgain_theOldConnectionLeft() throws Exception {
+    start("--host-segments", "fd");
+    try (Lease lease = client.lease(0, 4096);
+         TestDaemon other = TestDaemon.start("--host-segments", "fd")) {
+      lease.buffer();
+      Path path = daemon.server().fdSocketPath();
+      // Another daemon's socket now on the path (as after a restart), while the old daemon still
+      // answers on the old connection: only the new one does not know this session.
+      Files.move(other.server().fdSocketPath(), path, StandardCopyOption.REPLACE_EXISTING,
+          StandardCopyOption.ATOMIC_MOVE);
+      GpuMemException e = assertThrows(GpuMemException.class,
+          () -> client.fdChannel().fetch(path.toString(), client.sessionId(), lease.segmentId(), false));
+      assertEquals(Status.Code.NOT_FOUND, e.code(), "asked the daemon now on the path: " + e.getMessage());
     }
   }
 
