@@ -14,7 +14,7 @@ import java.util.Map;
  * @param shmDir directory of the shared-memory segment files ({@code --shm-dir})
  * @param shmGroup group that may also open them, or empty for the owner only ({@code --shm-group})
  * @param hostSegmentsByFd clients get host segments as file descriptors from the fd channel, not
- *     as paths ({@code --host-segments fd})
+ *     as paths ({@code --host-segments fd}, the default where the daemon has an fd socket)
  */
 public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, Path shmDir, String shmGroup,
     boolean hostSegmentsByFd) {
@@ -34,7 +34,7 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
         hostDeviceBytes,
         Path.of(s.text("shm-dir")),
         s.text("shm-group"),
-        s.choice("host-segments", List.of("path", "fd")).equals("fd"));
+        FdChannelConfig.segmentsByFd(s));
   }
 
   /** Each value by option name, as the start log shows it. */
