@@ -49,6 +49,7 @@ public final class FdChannelClient implements AutoCloseable {
   private long nextRequestId = 1; // guarded by lock
   private String defaultPath; // guarded by lock
   private String path; // the connected socket's path; guarded by lock
+  private Object socketFile; // the inode of the socket file when connected; guarded by lock
   private int socket = -1; // guarded by lock for use, by socketLock for close and shutdown
   private volatile boolean closed;
   private volatile long fetched;
@@ -105,7 +106,9 @@ public final class FdChannelClient implements AutoCloseable {
         throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + segmentId + " is passed by "
             + "descriptor, and this client (a TCP target) knows no fd channel to fetch it from", null);
       }
-      if (!defaultPath.equals(path)) {
+      if (!defaultPath.equals(path) || (socket >= 0 && !socketFile.equals(inode(defaultPath)))) {
+        // another socket, or the same path bound anew (a restarted daemon): the old connection
+        // may linger half-open (a daemon that stopped without closing it), never answering
         drop();
       }
       for (int attempt = 1; ; attempt++) {
@@ -115,7 +118,9 @@ public final class FdChannelClient implements AutoCloseable {
         long requestId = nextRequestId++;
         try {
           if (socket < 0) {
+            Object file = inode(defaultPath);
             int fd = Libc.connectUnix(defaultPath, timeoutMillis);
+            socketFile = file;
             synchronized (socketLock) {
               socket = fd;
               path = defaultPath;
@@ -139,6 +144,15 @@ public final class FdChannelClient implements AutoCloseable {
         drop(); // a connection opened while close() ran
       }
       lock.unlock();
+    }
+  }
+
+  /** The inode of the socket file at {@code path}, or a marker when there is none. */
+  private static Object inode(String path) {
+    try {
+      return Files.getAttribute(Path.of(path), "unix:ino");
+    } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
+      return "none"; // the connect that follows says why
     }
   }
 

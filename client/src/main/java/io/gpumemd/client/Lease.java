@@ -230,9 +230,10 @@ public final class Lease implements AutoCloseable {
   }
 
   /**
-   * The shared-memory file holding the block's segment (host devices; null on CUDA). Another
-   * process of the same user (or the daemon's {@code --shm-group}) that maps this file at
-   * {@link #offset()} sees the same bytes.
+   * The shared-memory file holding the block's segment (host devices with {@code
+   * --host-segments path}; null on CUDA, and for a segment passed as a file descriptor, which is
+   * on no path). Another process of the same user (or the daemon's {@code --shm-group}) that
+   * maps this file at {@link #offset()} sees the same bytes.
    */
   public String hostShmPath() {
     return hostShmPath;

@@ -157,8 +157,20 @@ final class MappingCache {
    * daemon grants only that) and closed.
    */
   private HostMapping fetchHost(MemoryHandle handle, boolean readOnly) {
-    ReceivedDescriptor descriptor = fdChannel.fetch(handle.getFdSegment().getFdSocket(), sessionId,
-        handle.getSegmentId(), readOnly);
+    ReceivedDescriptor descriptor;
+    try {
+      descriptor = fdChannel.fetch(handle.getFdSegment().getFdSocket(), sessionId, handle.getSegmentId(), readOnly);
+    } catch (GpuMemException e) {
+      if (e.code() != io.grpc.Status.Code.NOT_FOUND) {
+        throw e;
+      }
+      // The session was just granted a block of the segment: the channel not knowing it means
+      // this process is not the session's tenant to the channel (which knows callers by uid).
+      throw new GpuMemException(io.grpc.Status.Code.FAILED_PRECONDITION, "segment " + handle.getSegmentId()
+          + " is passed as a file descriptor (--host-segments fd), and the fd channel refused it to this process: "
+          + e.serverMessage() + ". Sessions of bearer-token or certificate tenants cannot receive descriptors: "
+          + "the daemon needs --host-segments path for them", e);
+    }
     if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
       descriptor.close();
       throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "

@@ -14,6 +14,9 @@ import java.nio.ReadOnlyBufferException;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
@@ -150,6 +153,44 @@ class FdChannelClientTest {
       GpuMemException closed = assertThrows(GpuMemException.class,
           () -> channel.fetch(client.sessionId(), lease.segmentId(), false));
       assertEquals(Status.Code.CANCELLED, closed.code());
+    }
+  }
+
+  @Test
+  void aSocketBoundAnewOnThePath_isConnectedAgain_theOldConnectionLeft() throws Exception {
+    start("--host-segments", "fd");
+    try (Lease lease = client.lease(0, 4096);
+         TestDaemon other = TestDaemon.start("--host-segments", "fd")) {
+      lease.buffer();
+      Path path = daemon.server().fdSocketPath();
+      // Another daemon's socket now on the path (as after a restart), while the old daemon still
+      // answers on the old connection: only the new one does not know this session.
+      Files.move(other.server().fdSocketPath(), path, StandardCopyOption.REPLACE_EXISTING,
+          StandardCopyOption.ATOMIC_MOVE);
+      GpuMemException e = assertThrows(GpuMemException.class,
+          () -> client.fdChannel().fetch(path.toString(), client.sessionId(), lease.segmentId(), false));
+      assertEquals(Status.Code.NOT_FOUND, e.code(), "asked the daemon now on the path: " + e.getMessage());
+    }
+  }
+
+  @Test
+  void aTokenTenantsLease_onFdSegments_failsSayingItNeedsPaths_andIsReleased() throws Exception {
+    Path dir = Files.createTempDirectory(Path.of("/tmp"), "fd-token-");
+    try {
+      Path tokens = Files.writeString(dir.resolve("tokens"), "team-a-token-0123456789abc team-a\n");
+      Files.setPosixFilePermissions(tokens, PosixFilePermissions.fromString("rw-------"));
+      start("--host-segments", "fd", "--tokens-file", tokens.toString());
+      try (GpuMemClient team = GpuMemClient.builder(daemon.unixTarget()).bearerToken("team-a-token-0123456789abc")
+          .connect()) {
+        GpuMemException e = assertThrows(GpuMemException.class, () -> team.lease(0, 4096));
+        assertEquals(Status.Code.FAILED_PRECONDITION, e.code(), e.getMessage());
+        assertTrue(e.getMessage().contains("--host-segments path"), e.getMessage());
+        assertEquals(0, daemon.server().registry().liveLeases(), "the lease it could not map is released");
+      }
+    } finally {
+      try (Stream<Path> files = Files.walk(dir)) {
+        files.sorted(java.util.Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+      }
     }
   }
 

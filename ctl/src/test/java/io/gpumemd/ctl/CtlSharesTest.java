@@ -45,7 +45,8 @@ class CtlSharesTest {
   void start() throws Exception {
     Path tokens = secret("tokens", USER_TOKEN + " team-a\n");
     userTokenFile = secret("user.token", USER_TOKEN + "\n");
-    daemon = TestDaemon.start("--tokens-file", tokens.toString());
+    // path segments: the token tenant maps its lease, and only a uid can receive descriptors
+    daemon = TestDaemon.start("--tokens-file", tokens.toString(), "--host-segments", "path");
   }
 
   @AfterEach

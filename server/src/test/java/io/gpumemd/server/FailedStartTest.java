@@ -98,7 +98,8 @@ class FailedStartTest {
     Path shared = dir.resolve("shared");
     Files.createDirectories(shared);
     Files.setAttribute(shared, "unix:mode", 01777);
-    try (TestDaemon daemon = TestDaemon.start("--shm-dir", shared.toString())) {
+    // path segments: a descriptor segment has no file in the directory to look for
+    try (TestDaemon daemon = TestDaemon.start("--host-segments", "path", "--shm-dir", shared.toString())) {
       var session = daemon.server().registry().open(Caller.DAEMON, "shm-check", 0, -1);
       daemon.server().registry().lease(Caller.DAEMON, session.id(), 0, 4096, false, "", false);
       try (var files = Files.list(shared.resolve("gpumemd").resolve("dev0"))) {

@@ -133,6 +133,8 @@ class ClientLeaseTest {
 
   @Test
   void evictingAMappedSegment_clientUnmapsOnRequest_thenTheDaemonFreesIt() throws Exception {
+    daemon.close();
+    daemon = TestDaemon.start("--host-segments", "path"); // counts segment files
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).unaryCalls(true).connect()) {
       client.lease(0, 4 << 20).close();
       assertEquals(1, client.mappedSegments());

@@ -48,7 +48,8 @@ class DaemonLifecycleTest {
 
   @Test
   void sigterm_drainsLeases_tellsClients_freesMemory_exitsZero() throws Exception {
-    DaemonProcess daemon = DaemonProcess.start("--drain-timeout-ms", "20000");
+    // path segments: the test counts the files left behind
+    DaemonProcess daemon = DaemonProcess.start("--drain-timeout-ms", "20000", "--host-segments", "path");
     try {
       assertTrue(daemon.output().contains("Backend: host (--backend host)"), daemon.output());
       assertTrue(daemon.output().contains("Listening on unix://"), daemon.output());

@@ -36,7 +36,8 @@ class DaemonRestartTest {
   @Test
   void clientOpensNewSessionAfterEachRestart_oldLeasesFailClearly() throws Exception {
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-");
-    DaemonProcess daemon = DaemonProcess.startIn(dir);
+    // path segments: the test reads a lease's file to tell whose memory it is
+    DaemonProcess daemon = DaemonProcess.startIn(dir, "--host-segments", "path");
     try (LogCapture log = new LogCapture(GpuMemClient.class);
          GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
       Set<String> sessions = new HashSet<>();
@@ -54,7 +55,7 @@ class DaemonRestartTest {
           assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
         }
         daemon.close();
-        daemon = DaemonProcess.startIn(dir);
+        daemon = DaemonProcess.startIn(dir, "--host-segments", "path");
 
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
         while (!live.isLost() && System.nanoTime() < deadline) {
@@ -114,7 +115,7 @@ class DaemonRestartTest {
   @Test
   void leaseWhileTheDaemonIsAway_waitsForItsRestart_insteadOfFailingAtOnce() throws Exception {
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-");
-    DaemonProcess daemon = DaemonProcess.startIn(dir, "--keepalive-grace-ms", "1000");
+    DaemonProcess daemon = DaemonProcess.startIn(dir, "--host-segments", "path", "--keepalive-grace-ms", "1000");
     java.util.concurrent.CompletableFuture<DaemonProcess> next = null;
     // No client cache: a closed block kept by the client would serve the lease locally.
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
@@ -124,7 +125,7 @@ class DaemonRestartTest {
       assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
       daemon.close();
       Thread.sleep(100); // the client sees its stream break and starts reattaching
-      next = java.util.concurrent.CompletableFuture.supplyAsync(() -> DaemonProcess.startIn(dir, "--keepalive-grace-ms", "1000"));
+      next = java.util.concurrent.CompletableFuture.supplyAsync(() -> DaemonProcess.startIn(dir, "--host-segments", "path", "--keepalive-grace-ms", "1000"));
       int attempts = 0;
       List<String> failures = new ArrayList<>();
       Lease lease = null;

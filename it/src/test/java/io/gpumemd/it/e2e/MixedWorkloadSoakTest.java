@@ -102,7 +102,8 @@ class MixedWorkloadSoakTest {
     List<Child> all = new ArrayList<>();
     List<String> monitorFailures = Collections.synchronizedList(new ArrayList<>());
     AtomicLong polls = new AtomicLong();
-    try (TestDaemon daemon = TestDaemon.start("--keepalive-grace-ms", Long.toString(GRACE_MS));
+    try (TestDaemon daemon = TestDaemon.start("--keepalive-grace-ms", Long.toString(GRACE_MS),
+             "--host-segments", "path"); // counts segment files
          TestChannel probe = new TestChannel(daemon.unixTarget())) {
       long begin = System.nanoTime();
       long end = begin + runNanos;

@@ -56,7 +56,7 @@ class RestartSoakTest {
   @Test
   void tenRestartsUnderARunningWorker_workerCarriesOn_booksBalance() throws Exception {
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-restart-soak-");
-    DaemonProcess daemon = DaemonProcess.startIn(dir);
+    DaemonProcess daemon = DaemonProcess.startIn(dir, "--host-segments", "path"); // counts segment files
     List<String> output = Collections.synchronizedList(new ArrayList<>());
     List<Iteration> iterations = Collections.synchronizedList(new ArrayList<>());
     List<String> command = DaemonProcess.javaCommand(RestartWorkerMain.class.getName());
@@ -112,7 +112,7 @@ class RestartSoakTest {
           assertEquals(0, daemon.terminate(20_000), "SIGTERM exit of generation " + generation + "\n" + daemon.output());
         }
         daemon.close();
-        daemon = DaemonProcess.startIn(dir);
+        daemon = DaemonProcess.startIn(dir, "--host-segments", "path"); // counts segment files
       }
       gate.write((ITERATIONS + "\n").getBytes(StandardCharsets.UTF_8));
       gate.flush();

@@ -117,7 +117,8 @@ class StressTest {
     // Sixteen threads and the holder processes, all one uid, close and reopen clients at random:
     // on a fast run more than the default 100 session opens a second (--session-open-rate has
     // tests of its own; here it would only refuse some workers' reconnects).
-    try (TestDaemon daemon = TestDaemon.start("--keepalive-grace-ms", "300", "--session-open-rate", "0")) {
+    try (TestDaemon daemon = TestDaemon.start("--keepalive-grace-ms", "300", "--session-open-rate", "0",
+        "--host-segments", "path")) { // counts segment files
       long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(RUN_MILLIS);
       ExecutorService pool = Executors.newFixedThreadPool(THREADS + PROCESSES);
       List<Future<?>> tasks = new ArrayList<>();

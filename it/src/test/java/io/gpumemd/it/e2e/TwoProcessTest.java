@@ -57,7 +57,7 @@ class TwoProcessTest {
 
   @Test
   void bytesWrittenThroughALease_areReadByAnotherProcessGivenTheHandle() throws Exception {
-    DaemonProcess daemon = DaemonProcess.start();
+    DaemonProcess daemon = DaemonProcess.start("--host-segments", "path"); // the other process maps the path
     try (io.gpumemd.client.GpuMemClient holder = io.gpumemd.client.GpuMemClient.connect(daemon.unixTarget())) {
       io.gpumemd.client.Lease lease = holder.lease(0, 64 * 1024);
       for (int i = 0; i < 64 * 1024; i++) {

@@ -15,7 +15,7 @@ import java.util.Map;
  * @param shmDir directory of the shared-memory segment files ({@code --shm-dir})
  * @param shmGroup group that may also open them, or empty for the owner only ({@code --shm-group})
  * @param hostSegmentsByFd clients get host segments as file descriptors from the fd channel, not
- *     as paths ({@code --host-segments fd})
+ *     as paths ({@code --host-segments fd}, the default where the daemon has an fd socket)
  * @param cudaHandles how CUDA segments reach clients: {@code auto}, {@code vmm} (descriptors over
  *     the fd channel) or {@code legacy} (CUDA IPC handles) ({@code --cuda-handles})
  */
@@ -37,7 +37,7 @@ public record BackendConfig(String kind, int hostDevices, long hostDeviceBytes, 
         hostDeviceBytes,
         Path.of(s.text("shm-dir")),
         s.text("shm-group"),
-        s.choice("host-segments", List.of("path", "fd")).equals("fd"),
+        FdChannelConfig.segmentsByFd(s),
         s.choice("cuda-handles", CudaHandleChoice.MODES));
   }
 

@@ -1,6 +1,7 @@
 package io.gpumemd.server.config;
 
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Map;
 
 /**
@@ -17,6 +18,23 @@ import java.util.Map;
  *     ({@code --fd-max-in-flight})
  */
 public record FdChannelConfig(Path socket, int maxConnections, int maxInFlight) {
+
+  /**
+   * Whether host segments go out as descriptors: {@code --host-segments fd} (the default) or
+   * {@code path}. The default falls back to {@code path} where the daemon has no fd socket to
+   * serve them from ({@code --socket none} without {@code --fd-socket}, or {@code --fd-socket
+   * none}): such a daemon's clients could not fetch a descriptor. An explicit {@code fd} there
+   * is a problem ({@link #from}).
+   */
+  static boolean segmentsByFd(Settings s) {
+    Setting setting = s.get("host-segments");
+    boolean fd = s.choice("host-segments", List.of("path", "fd")).equals("fd");
+    if (!fd || !setting.origin().equals("default")) {
+      return fd;
+    }
+    String fdSocket = s.text("fd-socket");
+    return !fdSocket.equals("none") && (!fdSocket.isEmpty() || !s.text("socket").equals("none"));
+  }
 
   /**
    * Reads the fd channel's options; a problem is recorded in {@code s}: descriptor segments

@@ -124,10 +124,11 @@ public final class ServerOptions {
       description = "group that may also open the segment files (default: owner only)")
   String shmGroup;
 
-  @Option(names = "--host-segments", paramLabel = "path|fd", defaultValue = "path",
-      description = "how clients reach host segments: by the path of their file, or (fd) as file descriptors "
-          + "passed over the fd channel (--fd-socket), with no file left on a path; the Java client maps by path "
-          + "only, for now")
+  @Option(names = "--host-segments", paramLabel = "path|fd", defaultValue = "fd",
+      description = "how clients reach host segments: (fd) as file descriptors passed over the fd channel "
+          + "(--fd-socket), with no file left on a path, or by the path of their file, for clients that cannot "
+          + "receive descriptors (sessions of bearer-token or certificate tenants, clients without fd support); "
+          + "default fd, or path where there is no fd socket (--socket none without --fd-socket)")
   String hostSegments;
 
   @Option(names = "--cuda-handles", paramLabel = "auto|vmm|legacy", defaultValue = "auto",

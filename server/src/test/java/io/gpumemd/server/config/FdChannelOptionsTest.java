@@ -25,13 +25,15 @@ class FdChannelOptionsTest {
   }
 
   @Test
-  void defaults_pathSegments_andAnFdSocketBesideTheSocket() {
+  void defaults_fdSegments_andAnFdSocketBesideTheSocket() {
     ServerConfig c = load();
-    assertFalse(c.backend().hostSegmentsByFd(), "paths stay the default while the Java client maps by path");
+    assertTrue(c.backend().hostSegmentsByFd(), "descriptors are the default");
     assertEquals(Path.of("/tmp/gpumemd.sock.fd"), c.fdChannel().socket());
     assertEquals(1000, c.fdChannel().maxConnections());
     assertEquals(1024, c.fdChannel().maxInFlight());
-    assertTrue(c.describe().contains("host-segments = path"), c.describe());
+    assertTrue(c.describe().contains("host-segments = fd"), c.describe());
+    assertFalse(load("--host-segments", "path").backend().hostSegmentsByFd(), "path stays an option");
+    assertFalse(ServerOptions.parse(new String[0], Map.of("GPUMEMD_HOST_SEGMENTS", "path")).backend().hostSegmentsByFd());
     assertTrue(c.describe().contains("fd-socket = /tmp/gpumemd.sock.fd"), c.describe());
   }
 
@@ -47,6 +49,16 @@ class FdChannelOptionsTest {
     rejects("host-segments: 'files' (expected: path or fd)", "--host-segments", "files");
     rejects("fd-max-in-flight: '0'", "--fd-max-in-flight", "0");
     rejects("fd-max-connections: '-1'", "--fd-max-connections", "-1");
+  }
+
+  @Test
+  void theDefault_fallsBackToPaths_whereThereIsNoFdSocket() {
+    ServerConfig tcpOnly = load("--socket", "none", "--listen", "127.0.0.1:0");
+    assertFalse(tcpOnly.backend().hostSegmentsByFd(), "no --socket, no default fd socket: paths");
+    assertNull(tcpOnly.fdChannel().socket());
+    assertFalse(load("--fd-socket", "none").backend().hostSegmentsByFd(), "the fd channel turned off: paths");
+    assertTrue(load("--socket", "none", "--listen", "127.0.0.1:0", "--fd-socket", "/x/fd.sock").backend()
+        .hostSegmentsByFd(), "an fd socket of its own: descriptors");
   }
 
   @Test

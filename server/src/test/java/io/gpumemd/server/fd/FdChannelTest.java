@@ -229,7 +229,7 @@ class FdChannelTest {
 
   @Test
   void pathSegments_haveNoFdChannel() {
-    daemon = TestDaemon.start();
+    daemon = TestDaemon.start("--host-segments", "path");
     assertNull(daemon.server().fdSocketPath());
     assertFalse(Files.exists(Path.of(daemon.server().socketPath() + ".fd")));
   }
