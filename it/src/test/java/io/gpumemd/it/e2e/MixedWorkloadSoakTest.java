@@ -2,6 +2,7 @@ package io.gpumemd.it.e2e;
 
 import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.proto.v1.AdminGrpc;
@@ -10,6 +11,7 @@ import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolStats;
+import io.gpumemd.server.session.Session;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.TestChannel;
 import io.gpumemd.server.testing.TestDaemon;
@@ -210,11 +212,22 @@ class MixedWorkloadSoakTest {
       assertEquals(List.of(), monitorFailures, "health, books or invariants during the run");
 
       // Every session ends: closed by its process, or the killed ones' after the grace period.
+      // A process killed between OpenSession and its stream's first message leaves a session
+      // that never had a stream: that one ends when its TTL runs out (30 s by default), so it
+      // may outlast the grace, but only without a stream.
       long settle = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(GRACE_MS + 5000);
-      while (daemon.server().registry().sessions(Caller.DAEMON).size() > 0 && System.nanoTime() < settle) {
+      while (!daemon.server().registry().sessions(Caller.DAEMON).isEmpty() && System.nanoTime() < settle) {
         Thread.sleep(20);
       }
-      assertEquals(0, daemon.server().registry().sessions(Caller.DAEMON).size(), "sessions left");
+      List<Session> left = daemon.server().registry().sessions(Caller.DAEMON);
+      for (Session session : left) {
+        assertFalse(session.streamAttached(), "a session with a stream outlived the grace: " + session);
+      }
+      settle = System.nanoTime() + TimeUnit.SECONDS.toNanos(30 + 5);
+      while (!daemon.server().registry().sessions(Caller.DAEMON).isEmpty() && System.nanoTime() < settle) {
+        Thread.sleep(50);
+      }
+      assertEquals(List.of(), daemon.server().registry().sessions(Caller.DAEMON), "sessions left (first check: " + left + ")");
       assertEquals(0, daemon.server().registry().liveLeases());
       for (DevicePool pool : daemon.server().pools().all()) {
         pool.verifyInvariants();
