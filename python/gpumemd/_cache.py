@@ -191,16 +191,39 @@ class ClientCache:
             if device is None or lease.device == device:
                 victims.append((seq, lease))
                 removed += lease.block_bytes
-        out = []
         for seq, lease in victims:
-            del self._by_age[seq]
-            keys = self._by_size[lease.device]
-            del keys[bisect.bisect_left(keys, (lease.block_bytes, seq))]
-            self.cached_bytes -= lease.block_bytes
-            self._notices.pop(lease.id, None)
-            self._releases.append(lease.id)
-            out.append(lease)
-        return out
+            self._remove(seq, lease)
+        return [lease for _, lease in victims]
+
+    def _remove(self, seq, lease):
+        """Takes one cached lease out, its release pending (superseding a pending notice of it);
+        under the lock."""
+        del self._by_age[seq]
+        keys = self._by_size[lease.device]
+        del keys[bisect.bisect_left(keys, (lease.block_bytes, seq))]
+        self.cached_bytes -= lease.block_bytes
+        self._notices.pop(lease.id, None)
+        self._releases.append(lease.id)
+
+    def refused(self, lease_id):
+        """The daemon refused to count ``lease_id`` as cached (RESOURCE_EXHAUSTED: past the
+        allowance it holds the session to, which a notice sent before a lowered allowance
+        arrived can meet): the lease stays in use at the daemon, so the tier must not keep it.
+        Takes it out, its release pending; the lease (the caller releases its mapping), or None
+        when it is not in the tier (handed out again since: in use at both ends, the books
+        agree)."""
+        with self._lock:
+            for seq, lease in self._by_age.items():
+                if lease.id == lease_id:
+                    self._remove(seq, lease)
+                    break
+            else:
+                return None
+            wake = not self._scheduled
+            self._scheduled = True
+        if wake:
+            self._wake(False)
+        return lease
 
     def drain(self, discard):
         """Empties the cache for good: the client closes (what is pending still goes out, and

@@ -477,8 +477,17 @@ class ClientCore:
         elif kind == "release_failed":
             self._release_failures += 1
             failed = event.release_failed
-            log.warning("gpumemd refused the release of lease %s: %s", failed.lease_id,
-                        GpumemdError.from_stream(failed.error))
+            error = GpumemdError.from_stream(failed.error)
+            refused = (s.cache.refused(failed.lease_id)
+                       if error.code == grpc.StatusCode.RESOURCE_EXHAUSTED else None)
+            if refused is not None:
+                # A cache notice past the daemon's allowance: the daemon still counts the lease
+                # as in use; releasing it makes both books agree (the tier keeps what fits).
+                self._evicted(s, [refused])
+                log.warning("gpumemd refused to count lease %s as client-cached, released it instead: %s",
+                            failed.lease_id, error)
+            else:
+                log.warning("gpumemd refused a notice about lease %s: %s", failed.lease_id, error)
         elif kind == "shutdown":
             self.shutdown_notice = event.shutdown.drain_timeout_ms
             self._evicted(s, s.cache.set_allowance(0))

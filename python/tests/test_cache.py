@@ -91,3 +91,18 @@ def test_return_cache_allowance_and_drain():
     cache.drain(discard=True)  # the session is lost: nothing more is sent
     cache.release("after")
     assert _sent(cache)[:2] == ([], [])
+
+
+def test_a_refused_cache_notice_takes_the_lease_out_and_releases_it():
+    cache, wakes = _cache()
+    kept, refused = _Lease("kept", 0, 4096), _Lease("refused", 0, 2 * MiB)
+    cache.offer(kept)
+    cache.offer(refused)
+    _sent(cache)  # both notices went out; the daemon refuses the second one
+    assert cache.refused("refused") is refused
+    assert len(cache) == 1 and cache.cached_bytes == 4096 and cache.take(0, 2 * MiB) is None
+    notices, releases, _, _ = _sent(cache)
+    assert releases == ["refused"] and notices == []
+    assert cache.take(0, 4096) is kept
+    assert cache.refused("kept") is None  # handed out again meanwhile: in use at both ends
+    assert cache.refused("unknown") is None and wakes.count(False) >= 2
