@@ -298,10 +298,12 @@ class ClientCache:
         messages may never have reached the daemon. Their leases' state is sent again, as the
         tier has it now: a release again, a cached lease as closed into the cache, any other
         as handed out (the daemon refuses what it already applied: NOT_FOUND, see
-        :meth:`repeated`). Then a flush of what is pending (a wake may have gone to the broken
+        :meth:`repeated`), and the counters. Then a flush of what is pending (a wake may have gone to the broken
         stream)."""
         with self._lock:
             self._repeated = set()
+            if again:
+                self._version_sent = -1  # the counters too (cumulative: sending them twice is harmless)
             if again and not self._discarded:
                 in_tier = {lease.id for lease in self._by_age.values()}
                 pending = set(self._releases)

@@ -117,8 +117,9 @@ def test_a_reattached_stream_repeats_what_the_broken_one_may_have_lost():
     _sent(cache)  # carried by a message that the broken stream may have lost
     assert cache.take(0, 4096) is a  # handed out since: its reuse is pending
     cache.attached(again=True)
-    notices, releases, _, _ = _sent(cache)
+    notices, releases, counters, _ = _sent(cache)
     assert releases == ["r"] and dict(notices) == {"a": True, "b": False}  # the state as the tier has it now
+    assert counters == {0: (1, 2)}  # sent again: the message that carried them may be lost too
     assert cache.repeated("r") and cache.repeated("b") and not cache.repeated("z")
     cache.attached(again=False)  # a first attach repeats nothing
     assert _sent(cache)[:2] == ([], []) and not cache.repeated("r")
