@@ -5,6 +5,7 @@ reattaches within the daemon's keepalive grace. The tier's notices that were pen
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -32,7 +33,6 @@ class _Proxy:
 
 
 def _until(predicate, what, seconds=30, state=lambda: ""):
-    import time
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         value = predicate()
