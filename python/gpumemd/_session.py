@@ -472,13 +472,26 @@ class ClientCore:
         elif kind == "cache_allowance":
             self._evicted(s, s.cache.set_allowance(event.cache_allowance.bytes))
         elif kind == "attached":
+            again = s.attached.is_set()
             s.attached.set()
-            s.cache.schedule_flush()  # what waited while the stream was away
+            s.cache.attached(again)  # what waited while the stream was away, and what it may have lost
         elif kind == "release_failed":
-            self._release_failures += 1
             failed = event.release_failed
-            log.warning("gpumemd refused the release of lease %s: %s", failed.lease_id,
-                        GpumemdError.from_stream(failed.error))
+            error = GpumemdError.from_stream(failed.error)
+            if error.code == grpc.StatusCode.NOT_FOUND and s.cache.repeated(failed.lease_id):
+                log.debug("gpumemd had already applied the repeated notice about lease %s", failed.lease_id)
+                return False
+            self._release_failures += 1
+            refused = (s.cache.refused(failed.lease_id)
+                       if error.code == grpc.StatusCode.RESOURCE_EXHAUSTED else None)
+            if refused is not None:
+                # A cache notice past the daemon's allowance: the daemon still counts the lease
+                # as in use; releasing it makes both books agree (the tier keeps what fits).
+                self._evicted(s, [refused])
+                log.warning("gpumemd refused to count lease %s as client-cached, released it instead: %s",
+                            failed.lease_id, error)
+            else:
+                log.warning("gpumemd refused a notice about lease %s: %s", failed.lease_id, error)
         elif kind == "shutdown":
             self.shutdown_notice = event.shutdown.drain_timeout_ms
             self._evicted(s, s.cache.set_allowance(0))

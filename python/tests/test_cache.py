@@ -91,3 +91,35 @@ def test_return_cache_allowance_and_drain():
     cache.drain(discard=True)  # the session is lost: nothing more is sent
     cache.release("after")
     assert _sent(cache)[:2] == ([], [])
+
+
+def test_a_refused_cache_notice_takes_the_lease_out_and_releases_it():
+    cache, wakes = _cache()
+    kept, refused = _Lease("kept", 0, 4096), _Lease("refused", 0, 2 * MiB)
+    cache.offer(kept)
+    cache.offer(refused)
+    _sent(cache)  # both notices went out; the daemon refuses the second one
+    assert cache.refused("refused") is refused
+    assert len(cache) == 1 and cache.cached_bytes == 4096 and cache.take(0, 2 * MiB) is None
+    notices, releases, _, _ = _sent(cache)
+    assert releases == ["refused"] and notices == []
+    assert cache.take(0, 4096) is kept
+    assert cache.refused("kept") is None  # handed out again meanwhile: in use at both ends
+    assert cache.refused("unknown") is None and wakes.count(False) >= 2
+
+
+def test_a_reattached_stream_repeats_what_the_broken_one_may_have_lost():
+    cache, _ = _cache()
+    a, b = _Lease("a", 0, 4096), _Lease("b", 0, 8192)
+    cache.offer(a)
+    cache.offer(b)
+    cache.release("r")
+    _sent(cache)  # carried by a message that the broken stream may have lost
+    assert cache.take(0, 4096) is a  # handed out since: its reuse is pending
+    cache.attached(again=True)
+    notices, releases, counters, _ = _sent(cache)
+    assert releases == ["r"] and dict(notices) == {"a": True, "b": False}  # the state as the tier has it now
+    assert counters == {0: (1, 2)}  # sent again: the message that carried them may be lost too
+    assert cache.repeated("r") and cache.repeated("b") and not cache.repeated("z")
+    cache.attached(again=False)  # a first attach repeats nothing
+    assert _sent(cache)[:2] == ([], []) and not cache.repeated("r")

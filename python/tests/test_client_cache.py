@@ -118,6 +118,41 @@ def test_return_cache_and_a_smaller_allowance_take_the_memory_back(start_daemon)
                "the daemon's books after the give-back")
 
 
+def test_a_refused_cache_notice_is_released_and_the_books_agree(start_daemon):
+    # A tier that believes in more allowance than the daemon holds it to (as after a lowered
+    # allowance that has not arrived yet): the daemon refuses the notice past its 4 MiB
+    # (ReleaseFailed, RESOURCE_EXHAUSTED) and keeps that lease in use; the tier releases it.
+    d = start_daemon("--client-cache-bytes", "4MiB")
+    with gpumemd.connect(d.target, client_name="cache-refused") as gm:
+        assert gm.stats().cache_allowance == 4 * MiB
+        gm._s.cache.allowance = 64 * MiB
+        leases = [gm.lease(0, 2 * MiB) for _ in range(3)]
+        for lease in leases:
+            lease.close()  # the notices go in order: the third is past the daemon's allowance
+        _until(lambda: gm.stats().release_failures == 1 and gm.stats().cached_bytes == 4 * MiB,
+               "the refusal applied by the tier")
+        assert gm.stats().cached_leases == 2 and gm.stats().releases == 1
+        info = _until(lambda: (lambda i: i if i.leases == 2 else None)(_session(d, gm.session_id)),
+                      "the refused lease released at the daemon")
+        assert info.client_cached_bytes == 4 * MiB
+        live = {lease.lease_id for lease in d.leases(device=0)}
+        assert leases[2].id not in live and {leases[0].id, leases[1].id} <= live
+        stats = d.stats(0)
+        assert stats.client_cached_bytes == 4 * MiB and stats.leased_bytes == 0  # nothing left in use
+        # The tier serves only what the daemon counts as cached.
+        again = [gm.lease(0, 2 * MiB) for _ in range(3)]
+        assert [lease.local_hit for lease in again] == [True, True, False]
+        assert {lease.id for lease in again[:2]} == {leases[0].id, leases[1].id}
+        for lease in again:
+            lease.close()
+        _until(lambda: gm.stats().release_failures == 2 and gm.stats().cached_bytes == 4 * MiB,
+               "the second refusal applied")
+        _until(lambda: (lambda i: i.leases == 2 and i.client_cached_bytes == 4 * MiB)(_session(d, gm.session_id)),
+               "the daemon's books match the tier's")
+        session_id = gm.session_id
+    assert _session(d, session_id) is None and d.stats(0).client_cached_bytes == 0 and d.stats(0).leased_bytes == 0
+
+
 class _Holder:
     """A cache_worker.py process: one lease of ``size`` closed into its client cache tier."""
 
