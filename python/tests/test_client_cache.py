@@ -255,9 +255,12 @@ def test_threads_never_get_a_block_twice_and_the_books_balance(daemon):
         stats = gm.stats()
         assert stats.local_hits > 0 and stats.local_hits + stats.leases == 8 * 300
         session_id = gm.session_id
+        # The books and the counters may arrive in different messages (each change schedules a
+        # flush of what is pending then): wait for both.
         info = _until(lambda: (lambda i: i if i.client_cached_bytes == gm.stats().cached_bytes
-                               and i.leases == gm.stats().cached_leases else None)(_session(daemon, session_id)),
-                      "the daemon's books match the client's")
+                               and i.leases == gm.stats().cached_leases
+                               and i.client_cache_hits == stats.local_hits else None)(_session(daemon, session_id)),
+                      "the daemon's books and counters match the client's")
         assert info.client_cache_hits == stats.local_hits
     assert _session(daemon, session_id) is None
     for device in (0, 1):
