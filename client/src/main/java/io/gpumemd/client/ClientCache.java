@@ -158,6 +158,31 @@ final class ClientCache {
     }
   }
 
+  /**
+   * The daemon refused to count a lease as cached (RESOURCE_EXHAUSTED: past the allowance it
+   * holds the session to, which a notice sent before a lowered allowance arrived can meet): it
+   * still counts the lease as in use, so the cache must not keep it.
+   *
+   * @return the lease, removed (the caller releases it), or null when it is not cached (handed
+   *     out again since: in use at both ends, the books agree)
+   */
+  Lease refused(String leaseId) {
+    synchronized (lock) {
+      // A linear scan: refusals are rare, and the cache holds at most allowance / 512 B leases.
+      Iterator<Entry> entries = byAge.iterator();
+      while (entries.hasNext()) {
+        Entry entry = entries.next();
+        if (entry.lease.id().equals(leaseId)) {
+          entries.remove();
+          bySize.get(entry.lease.device()).remove(entry);
+          cachedBytes -= entry.bytes;
+          return entry.lease;
+        }
+      }
+      return null;
+    }
+  }
+
   /** Sets the allowance and removes least recently cached leases until the cache fits it. */
   List<Lease> setAllowance(long bytes) {
     synchronized (lock) {
