@@ -51,8 +51,12 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
     ClientCache cache = s.cache;
     switch (event.getEventCase()) {
       case ATTACHED -> {
+        boolean again = s.firstAttach.getCount() == 0;
         s.stream.attached();
         s.firstAttach.countDown();
+        if (again) {
+          s.notices.reattached(); // what the broken stream's last messages may have lost
+        }
         s.notices.flush(); // what queued up while the stream was away
       }
       case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
@@ -81,6 +85,10 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
    */
   private void refused(ReleaseFailed failed, ClientCache cache) {
     Status.Code code = Status.fromCodeValue(failed.getError().getCode()).getCode();
+    if (code == Status.Code.NOT_FOUND && s.notices.repeated(failed.getLeaseId())) {
+      log.debug("gpumemd had already applied the repeated notice about lease {}", failed.getLeaseId());
+      return;
+    }
     Lease lease = code == Status.Code.RESOURCE_EXHAUSTED && cache != null ? cache.refused(failed.getLeaseId()) : null;
     if (lease != null) {
       s.giveBack(List.of(lease));
