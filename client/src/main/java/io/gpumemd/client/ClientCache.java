@@ -4,12 +4,15 @@ import io.gpumemd.common.SizeClasses;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.TreeSet;
 import java.util.function.BooleanSupplier;
+import java.util.function.Consumer;
 
 /**
  * The client cache tier: closed leases this process keeps mapped, to serve its next leases
@@ -155,6 +158,45 @@ final class ClientCache {
     synchronized (lock) {
       long before = cachedBytes;
       return removeOldest(device, () -> bytes == 0 || before - cachedBytes < bytes);
+    }
+  }
+
+  /**
+   * The daemon refused to count a lease as cached (RESOURCE_EXHAUSTED: past the allowance it
+   * holds the session to, which a notice sent before a lowered allowance arrived can meet): it
+   * still counts the lease as in use, so the cache must not keep it.
+   *
+   * @return the lease, removed (the caller releases it), or null when it is not cached (handed
+   *     out again since: in use at both ends, the books agree)
+   */
+  Lease refused(String leaseId) {
+    synchronized (lock) {
+      // A linear scan: refusals are rare, and the cache holds at most allowance / 512 B leases.
+      Iterator<Entry> entries = byAge.iterator();
+      while (entries.hasNext()) {
+        Entry entry = entries.next();
+        if (entry.lease.id().equals(leaseId)) {
+          entries.remove();
+          bySize.get(entry.lease.device()).remove(entry);
+          cachedBytes -= entry.bytes;
+          return entry.lease;
+        }
+      }
+      return null;
+    }
+  }
+
+  /**
+   * Runs {@code action} with the ids of the cached leases, under this cache's lock: no lease
+   * moves in or out meanwhile (its notice would be recorded after the action's).
+   */
+  void withCachedIds(Consumer<Set<String>> action) {
+    synchronized (lock) {
+      Set<String> ids = new HashSet<>();
+      for (Entry entry : byAge) {
+        ids.add(entry.lease.id());
+      }
+      action.accept(ids);
     }
   }
 

@@ -267,6 +267,11 @@ public final class GpuMemClient implements AutoCloseable {
         cache.cachedBytes(), cache.cachedBlocks(), cache.allowance());
   }
 
+  /** The current session's client cache tier, or null: for tests that bend what it believes. */
+  ClientCache cache() {
+    return sessions.current().cache;
+  }
+
   /**
    * True while the current session is lost (the daemon expired it, or restarted) and no new one
    * is open yet; the next lease opens one.

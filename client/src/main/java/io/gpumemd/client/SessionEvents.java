@@ -1,6 +1,7 @@
 package io.gpumemd.client;
 
 import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.ReleaseFailed;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.grpc.Status;
 import io.grpc.stub.ClientCallStreamObserver;
@@ -50,15 +51,17 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
     ClientCache cache = s.cache;
     switch (event.getEventCase()) {
       case ATTACHED -> {
+        boolean again = s.firstAttach.getCount() == 0;
         s.stream.attached();
         s.firstAttach.countDown();
+        if (again) {
+          s.notices.reattached(); // what the broken stream's last messages may have lost
+        }
         s.notices.flush(); // what queued up while the stream was away
       }
       case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
       case LEASE_REPLY -> s.leaseReplied(event.getLeaseReply());
-      case RELEASE_FAILED -> log.warn("gpumemd refused a notice about lease {}: {} {}",
-          event.getReleaseFailed().getLeaseId(), Status.fromCodeValue(event.getReleaseFailed().getError().getCode()).getCode(),
-          event.getReleaseFailed().getError().getMessage());
+      case RELEASE_FAILED -> refused(event.getReleaseFailed(), cache);
       case RETURN_CACHE -> s.giveBack(cache == null ? List.of()
           : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
       case CACHE_ALLOWANCE -> s.giveBack(cache == null ? List.of()
@@ -72,6 +75,28 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
         onShutdownNotice.accept(event.getShutdown().getDrainTimeoutMs());
       }
       default -> { }
+    }
+  }
+
+  /**
+   * The daemon refused a notice. A cache notice past its allowance (RESOURCE_EXHAUSTED) leaves
+   * the lease in use at the daemon: the tier takes it out and releases it, so that both books
+   * agree (unless it was handed out again since: then they already do).
+   */
+  private void refused(ReleaseFailed failed, ClientCache cache) {
+    Status.Code code = Status.fromCodeValue(failed.getError().getCode()).getCode();
+    if (code == Status.Code.NOT_FOUND && s.notices.repeated(failed.getLeaseId())) {
+      log.debug("gpumemd had already applied the repeated notice about lease {}", failed.getLeaseId());
+      return;
+    }
+    Lease lease = code == Status.Code.RESOURCE_EXHAUSTED && cache != null ? cache.refused(failed.getLeaseId()) : null;
+    if (lease != null) {
+      s.giveBack(List.of(lease));
+      log.warn("gpumemd refused to count lease {} as client-cached, released it instead: {} {}",
+          failed.getLeaseId(), code, failed.getError().getMessage());
+    } else {
+      log.warn("gpumemd refused a notice about lease {}: {} {}", failed.getLeaseId(), code,
+          failed.getError().getMessage());
     }
   }
 
