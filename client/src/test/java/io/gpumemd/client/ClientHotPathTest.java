@@ -10,6 +10,7 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.testing.LogCapture;
+import io.gpumemd.server.testing.Await;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
 import java.nio.ByteBuffer;
@@ -18,7 +19,6 @@ import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
-import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -44,7 +44,7 @@ class ClientHotPathTest {
   void stop() {
     try {
       clients.forEach(GpuMemClient::close);
-      awaitTrue(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
+      Await.until(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
       for (DevicePool pool : daemon.server().pools().all()) {
         assertEquals(0, pool.stats().get(PoolMetric.LEASED_BYTES), "leased bytes after the clients closed");
         assertEquals(0, pool.stats().get(PoolMetric.CLIENT_CACHED_BYTES), "client-cached bytes after the clients closed");
@@ -69,21 +69,6 @@ class ClientHotPathTest {
     return daemon.server().pools().get(0).stats().get(metric);
   }
 
-  private static void awaitTrue(BooleanSupplier condition, String what) {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > deadline) {
-        throw new AssertionError("not within 5 s: " + what);
-      }
-      try {
-        Thread.sleep(2);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        throw new AssertionError(e);
-      }
-    }
-  }
-
   @Test
   void lease_afterClose_isALocalHit_sameLease_noDaemonRoundTrip() {
     GpuMemClient client = client();
@@ -91,7 +76,7 @@ class ClientHotPathTest {
     assertFalse(first.localHit());
     String id = first.id();
     first.close();
-    awaitTrue(() -> pool(PoolMetric.CLIENT_CACHED_BYTES) == 64 * KiB, "the daemon hears the lease is client-cached");
+    Await.until(() -> pool(PoolMetric.CLIENT_CACHED_BYTES) == 64 * KiB, "the daemon hears the lease is client-cached");
     assertEquals(0, pool(PoolMetric.LEASED_BYTES));
     long daemonServed = pool(PoolMetric.HITS) + pool(PoolMetric.MISSES);
 
@@ -104,7 +89,7 @@ class ClientHotPathTest {
     assertEquals("again", second.tag());
     assertEquals(60 * KiB, second.buffer().capacity());
     assertEquals(daemonServed, pool(PoolMetric.HITS) + pool(PoolMetric.MISSES), "the daemon served nothing");
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 64 * KiB && pool(PoolMetric.CLIENT_CACHED_BYTES) == 0,
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 64 * KiB && pool(PoolMetric.CLIENT_CACHED_BYTES) == 0,
         "the daemon hears the lease is leased again");
 
     ClientStats stats = client.stats();
@@ -115,7 +100,7 @@ class ClientHotPathTest {
     assertEquals(0, stats.cachedBytes());
     assertEquals(0, stats.cachedBlocks());
     assertEquals(64L << 20, stats.allowanceBytes(), "the daemon's default allowance");
-    awaitTrue(() -> pool(PoolMetric.CLIENT_CACHE_HITS) == 1 && pool(PoolMetric.CLIENT_CACHE_RETURNS) == 1,
+    Await.until(() -> pool(PoolMetric.CLIENT_CACHE_HITS) == 1 && pool(PoolMetric.CLIENT_CACHE_RETURNS) == 1,
         "the client's counters reach the daemon");
 
     second.close();
@@ -170,14 +155,14 @@ class ClientHotPathTest {
     Lease b = client.lease(0, 4 << 20);
     a.close();
     b.close();
-    awaitTrue(() -> pool(PoolMetric.CLIENT_CACHED_BYTES) == 64 * KiB + (4 << 20), "both client-cached");
+    Await.until(() -> pool(PoolMetric.CLIENT_CACHED_BYTES) == 64 * KiB + (4 << 20), "both client-cached");
 
     // Trim asks the clients for their cached blocks (ReturnCache) and waits for them.
     daemon.server().pools().get(0).trim(0);
 
     assertEquals(0, pool(PoolMetric.CLIENT_CACHED_BYTES));
     // Evicted segments are freed once the client has unmapped them (UnmapSegment, then its ack).
-    awaitTrue(() -> pool(PoolMetric.RESERVED_BYTES) == 0, "everything given back is freed");
+    Await.until(() -> pool(PoolMetric.RESERVED_BYTES) == 0, "everything given back is freed");
     assertEquals(0, client.mappedSegments());
     ClientStats stats = client.stats();
     assertEquals(0, stats.cachedBytes());
@@ -225,7 +210,7 @@ class ClientHotPathTest {
     }
     assertEquals(100, client.stats().daemonLeases());
     assertEquals(100, client.stats().releases());
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the release notices arrive");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the release notices arrive");
   }
 
   @Test
@@ -238,7 +223,7 @@ class ClientHotPathTest {
     small.close();
     assertEquals(1, client.stats().releases());
     assertEquals(8 * KiB, client.stats().cachedBytes());
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0 && pool(PoolMetric.CLIENT_CACHED_BYTES) == 8 * KiB,
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0 && pool(PoolMetric.CLIENT_CACHED_BYTES) == 8 * KiB,
         "big released, small client-cached");
   }
 
@@ -282,7 +267,7 @@ class ClientHotPathTest {
     daemon.server().registry().release(owner, client.sessionId(), lease.id(), new byte[0]);
     try (LogCapture log = new LogCapture(GpuMemClient.class)) {
       lease.close();
-      awaitTrue(() -> log.messages("WARN").stream().anyMatch(m -> m.contains(lease.id()) && m.contains("NOT_FOUND")),
+      Await.until(() -> log.messages("WARN").stream().anyMatch(m -> m.contains(lease.id()) && m.contains("NOT_FOUND")),
           "a WARN naming the lease");
     }
     Lease next = client.lease(0, 4 * KiB); // the stream carries on

@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.PoolMetric;
+import io.gpumemd.server.testing.Await;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
 import java.nio.ByteBuffer;
@@ -15,8 +16,6 @@ import java.nio.ReadOnlyBufferException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
-import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -43,7 +42,7 @@ class SharingClientTest {
   void stop() {
     try {
       clients.forEach(GpuMemClient::close);
-      awaitTrue(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
+      Await.until(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
       assertEquals(0, daemon.server().registry().sharing().tokenCount(), "share tokens left by the test");
       for (DevicePool pool : daemon.server().pools().all()) {
         assertEquals(0, pool.stats().get(PoolMetric.LEASED_BYTES), "leased bytes after the clients closed");
@@ -64,21 +63,6 @@ class SharingClientTest {
 
   private long pool(PoolMetric metric) {
     return daemon.server().pools().get(0).stats().get(metric);
-  }
-
-  private static void awaitTrue(BooleanSupplier condition, String what) {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > deadline) {
-        throw new AssertionError("not within 5 s: " + what);
-      }
-      try {
-        Thread.sleep(2);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        throw new AssertionError(e);
-      }
-    }
   }
 
   private static void fill(ByteBuffer buffer, int seed) {
@@ -124,7 +108,7 @@ class SharingClientTest {
     assertEquals(64 * KiB, pool(PoolMetric.LEASED_BYTES), "the consumer's hold keeps the block leased");
     assertEquals(99, hold.buffer().get(0));
     hold.close();
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with its last hold");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with its last hold");
     assertEquals(0, pool(PoolMetric.LIVE_HOLDS));
   }
 
@@ -139,7 +123,7 @@ class SharingClientTest {
     hold.close();
     lease.close();
     assertEquals(0, owner.stats().cachedBlocks(), "neither the shared lease nor the hold went into the client cache");
-    awaitTrue(() -> pool(PoolMetric.LIVE_HOLDS) == 0, "the hold was released to the daemon");
+    Await.until(() -> pool(PoolMetric.LIVE_HOLDS) == 0, "the hold was released to the daemon");
     assertEquals(0, pool(PoolMetric.CLIENT_CACHED_BYTES));
     assertEquals(64 * KiB, pool(PoolMetric.LEASED_BYTES), "the valid token still holds the block");
     assertTrue(share.revoke(), "revoking the last hold returns the block");
@@ -165,7 +149,7 @@ class SharingClientTest {
       assertEquals(0, owner.stats().cachedBlocks(), "a shared lease is never cached");
       hold.close();
     }
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
   }
 
   @Test
@@ -184,7 +168,7 @@ class SharingClientTest {
     assertEquals(Status.Code.NOT_FOUND, revoke.code(), "a used-up token cannot be revoked");
     share.close(); // quietly: the token is gone
     hold.close();
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with the consumer's hold");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with the consumer's hold");
   }
 
   @Test
@@ -205,7 +189,7 @@ class SharingClientTest {
       assertEquals(Status.Code.NOT_FOUND, unknown.code());
     }
     lease.close();
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
   }
 
   private static ByteBuffer zeroed(ByteBuffer buffer) {
@@ -237,7 +221,7 @@ class SharingClientTest {
       hold.close();
     }
     lease.close();
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned");
   }
 
   @Test
@@ -280,7 +264,7 @@ class SharingClientTest {
     assertEquals(Status.Code.NOT_FOUND, twice.code());
     assertPattern(hold.buffer(), 11);
     hold.close();
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with the last hold");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the block returned with the last hold");
   }
 
   @Test
@@ -290,13 +274,13 @@ class SharingClientTest {
     owner.publish(lease, "batch-17");
     lease.close();
     owner.close();
-    awaitTrue(() -> daemon.server().registry().sessionCount() == 0, "the owner's session ended");
+    Await.until(() -> daemon.server().registry().sessionCount() == 0, "the owner's session ended");
     assertEquals(8 * KiB, pool(PoolMetric.LEASED_BYTES), "the name outlives its publisher");
     GpuMemClient other = client();
     Lease hold = other.lookup("batch-17");
     assertFalse(hold.readOnly());
     hold.close(); // a notice on the stream: wait until the daemon applied it
-    awaitTrue(() -> pool(PoolMetric.LIVE_HOLDS) == 0, "the hold was released");
+    Await.until(() -> pool(PoolMetric.LIVE_HOLDS) == 0, "the hold was released");
     assertTrue(other.unpublish("batch-17"), "the name was the last hold");
     assertEquals(0, pool(PoolMetric.LEASED_BYTES));
   }

@@ -8,15 +8,14 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.testing.LogCapture;
+import io.gpumemd.server.testing.Await;
 import io.gpumemd.server.testing.TestDaemon;
 import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
-import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -76,7 +75,7 @@ class StreamOrderedReleaseTest {
   void stop() {
     try {
       clients.forEach(GpuMemClient::close);
-      awaitTrue(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
+      Await.until(() -> daemon.server().registry().sessionCount() == 0, "every session ended");
       assertEquals(0, pool(PoolMetric.LEASED_BYTES), "leased bytes after the clients closed");
       daemon.verifyInvariants();
     } finally {
@@ -98,12 +97,12 @@ class StreamOrderedReleaseTest {
     assertTrue(lease.closeWhen(gate));
     assertTrue(lease.isClosed(), "closed for the caller at once");
     assertEquals(1, client.pendingReleases());
-    awaitTrue(() -> gate.queries.get() >= 3, "the releases thread polls the completion");
+    Await.until(() -> gate.queries.get() >= 3, "the releases thread polls the completion");
     assertEquals(64 * KiB, pool(PoolMetric.LEASED_BYTES), "not released while its work is pending");
     assertEquals(0, gate.destroyed.get());
 
     gate.open.set(true);
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "released once complete");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "released once complete");
     assertEquals(1, gate.destroyed.get(), "the event is destroyed once");
     assertEquals(0, client.pendingReleases());
     assertEquals(1, client.stats().releases());
@@ -115,7 +114,7 @@ class StreamOrderedReleaseTest {
     Lease lease = client.lease(0, 64 * KiB);
     Gate gate = new Gate(1, null);
     lease.closeWhen(gate);
-    awaitTrue(() -> client.pendingReleases() == 0, "the release went through");
+    Await.until(() -> client.pendingReleases() == 0, "the release went through");
     try (Lease next = client.lease(0, 64 * KiB)) {
       assertTrue(next.localHit(), "after its event, the block is as reusable as any closed lease");
     }
@@ -129,8 +128,8 @@ class StreamOrderedReleaseTest {
     Gate gate = new Gate(0, new IllegalStateException("cuEventQuery failed: CUDA_ERROR_ILLEGAL_ADDRESS"));
     try (LogCapture log = new LogCapture(GpuMemClient.class)) {
       lease.closeWhen(gate);
-      awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "released");
-      awaitTrue(() -> log.messages("WARN").stream().anyMatch(m -> m.contains(lease.id())
+      Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "released");
+      Await.until(() -> log.messages("WARN").stream().anyMatch(m -> m.contains(lease.id())
           && m.contains("CUDA_ERROR_ILLEGAL_ADDRESS")), "a WARN naming the lease and the error");
     }
     assertEquals(1, gate.queries.get());
@@ -173,7 +172,7 @@ class StreamOrderedReleaseTest {
     }
     assertEquals(1, gate.destroyed.get(), "no event outlives the client");
     assertEquals(0, client.stats().releases(), "never sent: CloseSession returned the block");
-    awaitTrue(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the session's end returned it");
+    Await.until(() -> pool(PoolMetric.LEASED_BYTES) == 0, "the session's end returned it");
   }
 
   @Test
@@ -198,9 +197,9 @@ class StreamOrderedReleaseTest {
     AtomicInteger released = new AtomicInteger();
     Gate gate = new Gate();
     assertTrue(pending.add(lease, gate, l -> released.incrementAndGet()));
-    awaitTrue(() -> gate.queries.get() >= 2, "polled");
+    Await.until(() -> gate.queries.get() >= 2, "polled");
     lost.set(true);
-    awaitTrue(() -> pending.pending() == 0, "dropped with its session");
+    Await.until(() -> pending.pending() == 0, "dropped with its session");
     assertEquals(1, gate.destroyed.get());
     assertEquals(0, released.get(), "nothing is sent for a lost session");
     assertEquals(0, pending.close(1000));
@@ -240,21 +239,6 @@ class StreamOrderedReleaseTest {
 
   private long pool(PoolMetric metric) {
     return daemon.server().pools().get(0).stats().get(metric);
-  }
-
-  private static void awaitTrue(BooleanSupplier condition, String what) {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > deadline) {
-        throw new AssertionError("not within 10 s: " + what);
-      }
-      try {
-        Thread.sleep(2);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        throw new AssertionError(e);
-      }
-    }
   }
 
   /** An owner whose session the test loses; nothing else of it is used. */
