@@ -435,6 +435,27 @@ public final class DevicePool implements AutoCloseable {
     return AfterUnlock.locked(this, after -> holders.mappedBy(holder));
   }
 
+  // ------------------------------------------------------------------------------ take-over
+
+  /**
+   * The block that starts at {@code offset} in a live segment, or null: how the session layer
+   * finds its leases' blocks again in a pool restored from a predecessor's state (take-over).
+   */
+  public Block blockAt(long segmentId, long offset) {
+    lock.lock();
+    try {
+      Segment segment = carver.live.get(segmentId);
+      for (Block b = segment == null ? null : segment.head; b != null; b = b.next) {
+        if (b.offset == offset) {
+          return b;
+        }
+      }
+      return null;
+    } finally {
+      lock.unlock();
+    }
+  }
+
   // ------------------------------------------------------------------------------ reporting
 
   /** The pool's figures, taken under the lock; see {@link PoolStats} for which are exact. */
