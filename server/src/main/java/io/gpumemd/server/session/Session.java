@@ -56,6 +56,11 @@ public final class Session {
   private long attachedBytes;
   private long reservedHolds;
   private boolean ended;
+  /**
+   * KeepAlive messages applied, over all the session's streams and its predecessors' (take-over):
+   * told to a reattaching client, which sends again those after it (StreamAttached.applied_messages).
+   */
+  private long appliedMessages;
 
   Session(String id, Caller owner, Tenant tenant, SegmentOwner segmentOwner, String clientName, int ttlSeconds,
       Quota quota, long cacheAllowance, long nowNanos) {
@@ -110,6 +115,21 @@ public final class Session {
 
   public long openedNanos() {
     return openedNanos;
+  }
+
+  /** KeepAlive messages applied so far; see {@link #messageApplied}. */
+  public synchronized long appliedMessages() {
+    return appliedMessages;
+  }
+
+  /** One more KeepAlive message of this session was applied (called once it has been). */
+  public synchronized void messageApplied() {
+    appliedMessages++;
+  }
+
+  /** Sets the count a predecessor daemon handed over (take-over restore). */
+  synchronized void restoreAppliedMessages(long count) {
+    appliedMessages = count;
   }
 
   public synchronized boolean streamAttached() {
