@@ -21,6 +21,7 @@ import java.util.TreeMap;
  * @param sessions session lives, quotas, bounds on sessions and on sharing
  * @param transport bounds on connections, calls and messages per listener
  * @param logging log format and level
+ * @param takeOver taking over a running daemon at start, and handing over to a successor
  * @param drainTimeoutMillis on SIGTERM, how long leases may drain ({@code --drain-timeout-ms})
  * @param sources where each value came from, by option name ({@code default}, {@code flag},
  *     {@code env GPUMEMD_…}, {@code file /path}; {@code quota.<client>} for the file's quotas),
@@ -36,6 +37,7 @@ public record ServerConfig(
     SessionConfig sessions,
     TransportLimits transport,
     LoggingConfig logging,
+    TakeOverConfig takeOver,
     long drainTimeoutMillis,
     Map<String, String> sources) {
 
@@ -57,8 +59,10 @@ public record ServerConfig(
     SessionConfig sessions = SessionConfig.from(s);
     TransportLimits transport = TransportLimits.from(s);
     long drainTimeoutMillis = s.integer("drain-timeout-ms", 0, 3_600_000);
-    return new ServerConfig(backend, pool, listeners, fdChannel, security, tenancy, sessions, transport, LoggingConfig.from(s),
-        drainTimeoutMillis, s.sources());
+    LoggingConfig logging = LoggingConfig.from(s);
+    TakeOverConfig takeOver = TakeOverConfig.from(s, listeners);
+    return new ServerConfig(backend, pool, listeners, fdChannel, security, tenancy, sessions, transport, logging,
+        takeOver, drainTimeoutMillis, s.sources());
   }
 
   /** The session layer's settings: the sessions' own, with the tenancy's quota and isolation. */
@@ -78,6 +82,7 @@ public record ServerConfig(
     sessions.describeTo(values);
     transport.describeTo(values);
     logging.describeTo(values);
+    takeOver.describeTo(values);
     values.put("drain-timeout-ms", drainTimeoutMillis);
     StringBuilder out = new StringBuilder();
     values.forEach((k, v) -> out.append("\n  ").append(k).append(" = ").append(v)

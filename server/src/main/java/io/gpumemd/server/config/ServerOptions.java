@@ -299,6 +299,24 @@ public final class ServerOptions {
       description = "on SIGTERM, how long leases may drain before memory is freed")
   String drainTimeoutMs;
 
+  @Option(names = "--take-over", paramLabel = "true|false", arity = "0..1", fallbackValue = "true",
+      defaultValue = "false",
+      description = "at start, take over the sessions, leases and memory of the daemon serving --socket (it must "
+          + "run as the same uid), which then stops; its clients carry on with this daemon. Without such a daemon, "
+          + "start fresh")
+  String takeOver;
+
+  @Option(names = "--take-over-socket", paramLabel = "PATH",
+      description = "Unix socket where a successor started with --take-over asks this daemon for its state; only "
+          + "this daemon's uid may connect ('none' = refuse take-overs; default: the --socket path with "
+          + "'.takeover' appended)")
+  String takeOverSocket;
+
+  @Option(names = "--after-hand-over", paramLabel = "exit|wait", defaultValue = "exit",
+      description = "once a successor has taken over: exit with status 0, or wait, serving nothing and not ready, "
+          + "until SIGTERM (for a pod whose container would otherwise be restarted)")
+  String afterHandOver;
+
   @Option(names = "--log-format", paramLabel = "plain|json", defaultValue = "plain",
       description = "log output: plain text, or one JSON object per line")
   String logFormat;

@@ -8,6 +8,7 @@ import io.gpumemd.proto.v1.ReturnCache;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamError;
 import io.grpc.Status;
+import io.gpumemd.proto.v1.MovingNotice;
 import io.gpumemd.proto.v1.ShutdownNotice;
 import io.gpumemd.proto.v1.StreamAttached;
 import io.gpumemd.proto.v1.UnmapSegment;
@@ -84,6 +85,12 @@ final class StreamSessionChannel implements SessionChannel {
   @Override
   public synchronized void shutdownNotice(long drainMillis) {
     send(SessionEvent.newBuilder().setShutdown(ShutdownNotice.newBuilder().setDrainTimeoutMs(drainMillis)).build());
+  }
+
+  @Override
+  public synchronized void moving() {
+    send(SessionEvent.newBuilder().setMoving(MovingNotice.getDefaultInstance()).build());
+    close();
   }
 
   private void send(SessionEvent event) {

@@ -19,6 +19,14 @@ public interface SessionChannel {
   /** Tells the client the server is draining and frees everything in {@code drainMillis}. */
   void shutdownNotice(long drainMillis);
 
+  /**
+   * Tells the client the session moved to a successor daemon (take-over), then ends the stream:
+   * the client reattaches the same session there.
+   */
+  default void moving() {
+    close();
+  }
+
   /** Ends the stream (the session ended, or a newer stream replaced this one). */
   void close();
 }

@@ -422,6 +422,20 @@ public final class SessionRegistry {
     return directory.draining();
   }
 
+  /**
+   * Tells every attached client that its session moved to a successor daemon, and ends the
+   * streams: the clients reattach there (take-over). Nothing ends: the sessions are the
+   * successor's now.
+   */
+  public void moved() {
+    for (Session session : sessions.all()) {
+      SessionChannel channel = session.channel();
+      if (channel != null) {
+        channel.moving();
+      }
+    }
+  }
+
   /** Ends every session, then drops every share token and published name (shutdown). */
   public void endAll(String reason) {
     for (Session session : sessions.all()) {

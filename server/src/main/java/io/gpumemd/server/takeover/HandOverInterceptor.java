@@ -1,0 +1,111 @@
+package io.gpumemd.server.takeover;
+
+import io.grpc.ForwardingServerCall.SimpleForwardingServerCall;
+import io.grpc.ForwardingServerCallListener.SimpleForwardingServerCallListener;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor.MethodType;
+import io.grpc.ServerCall;
+import io.grpc.ServerCallHandler;
+import io.grpc.ServerInterceptor;
+import io.grpc.Status;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+/**
+ * Runs every unary call of the gpumemd services through the {@link HandOverGate}: while a
+ * hand-over has the gate closed, a call is answered UNAVAILABLE with the trailer {@code
+ * gpumemd-moving: 1} before its handler runs, so the client knows it was not served and calls
+ * again (it reaches the successor). A call let in counts as in flight until it is closed or
+ * cancelled. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
+ * go through the gate one by one in {@link io.gpumemd.server.grpc.SessionStream}).
+ *
+ * <p>Thread-safe; stateless beyond the gate.
+ */
+public final class HandOverInterceptor implements ServerInterceptor {
+  /** The trailer that marks a call refused because the daemon is moving. */
+  public static final Metadata.Key<String> MOVING = Metadata.Key.of("gpumemd-moving", Metadata.ASCII_STRING_MARSHALLER);
+
+  private final HandOverGate gate;
+
+  public HandOverInterceptor(HandOverGate gate) {
+    this.gate = gate;
+  }
+
+  /** The status a call refused by a closed gate gets. */
+  public static Status movingStatus() {
+    return Status.UNAVAILABLE.withDescription(
+        "gpumemd is handing over to its successor; this call was not served: call again");
+  }
+
+  /** Trailers marking a refusal as a hand-over's. */
+  public static Metadata movingTrailers() {
+    Metadata trailers = new Metadata();
+    trailers.put(MOVING, "1");
+    return trailers;
+  }
+
+  @Override
+  public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
+      ServerCallHandler<Q, R> next) {
+    if (call.getMethodDescriptor().getType() != MethodType.UNARY
+        || !String.valueOf(call.getMethodDescriptor().getServiceName()).startsWith("gpumemd.v1.")) {
+      return next.startCall(call, headers);
+    }
+    GatedCall<Q, R> gated = new GatedCall<>(call, gate);
+    return new SimpleForwardingServerCallListener<>(next.startCall(gated, headers)) {
+      @Override
+      public void onHalfClose() {
+        // A unary handler runs here, once the request has arrived.
+        if (!gate.enter()) {
+          gated.refuse();
+          return;
+        }
+        gated.entered.set(true);
+        super.onHalfClose();
+      }
+
+      @Override
+      public void onCancel() {
+        try {
+          super.onCancel();
+        } finally {
+          gated.leave();
+        }
+      }
+    };
+  }
+
+  /** A call that leaves the gate once, when it closes or is cancelled. */
+  private static final class GatedCall<Q, R> extends SimpleForwardingServerCall<Q, R> {
+    private final HandOverGate gate;
+    final AtomicBoolean entered = new AtomicBoolean();
+    private volatile boolean refused;
+
+    GatedCall(ServerCall<Q, R> call, HandOverGate gate) {
+      super(call);
+      this.gate = gate;
+    }
+
+    void refuse() {
+      refused = true;
+      super.close(movingStatus(), movingTrailers());
+    }
+
+    void leave() {
+      if (entered.compareAndSet(true, false)) {
+        gate.exit();
+      }
+    }
+
+    @Override
+    public void close(Status status, Metadata trailers) {
+      if (refused) {
+        return; // the handler may still answer a call the gate refused; it already has its answer
+      }
+      try {
+        super.close(status, trailers);
+      } finally {
+        leave();
+      }
+    }
+  }
+}

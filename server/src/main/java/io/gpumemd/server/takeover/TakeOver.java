@@ -1,0 +1,159 @@
+package io.gpumemd.server.takeover;
+
+import io.gpumemd.proto.takeover.v1.Abort;
+import io.gpumemd.proto.takeover.v1.Hello;
+import io.gpumemd.proto.takeover.v1.Live;
+import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.proto.takeover.v1.Taken;
+import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import java.io.EOFException;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The successor's side of a take-over ({@code gpumemd --take-over}): asks the daemon behind the
+ * take-over socket for its state, and tells it when the state is taken and when this daemon
+ * serves. What {@link HandOver} describes, from the other end.
+ *
+ * <p>Outcomes of {@link #request}: the state (with the segments' descriptors, owned by the
+ * returned object until restored); null when there is nobody to take over, or the running daemon
+ * died before its state was complete (then this daemon starts fresh and says so); or an
+ * IOException for a refusal, which leaves the running daemon serving and stops this one.
+ *
+ * <p>Not thread-safe: the starting thread uses it.
+ */
+public final class TakeOver implements AutoCloseable {
+  private static final Logger log = LoggerFactory.getLogger(TakeOver.class);
+  private static final int ENOENT = 2;
+  private static final int EACCES = 13;
+  private static final int ECONNREFUSED = 111;
+
+  private final TakeOverChannel channel;
+  private final State state;
+  private List<Integer> fds;
+  private final int holderPid;
+
+  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
+    this.channel = channel;
+    this.state = state;
+    this.fds = fds;
+    this.holderPid = state.getPid();
+  }
+
+  /**
+   * Asks the daemon behind {@code socket} for its state.
+   *
+   * @return the state, or null to start fresh (nobody there, or the daemon died mid-way)
+   * @throws IOException when the running daemon refused, or cannot be asked (the message says why)
+   */
+  public static TakeOver request(Path socket, Hello hello) throws IOException {
+    String path = socket.toAbsolutePath().toString();
+    TakeOverChannel channel;
+    try {
+      channel = TakeOverChannel.connect(path, HandOver.HELLO_MILLIS + HandOver.QUIESCE_MILLIS);
+    } catch (UnixSockets.ErrnoException e) {
+      if (e.errno == ENOENT || e.errno == ECONNREFUSED) {
+        log.info("--take-over: no daemon answers on {}; starting fresh", path);
+        return null;
+      }
+      if (e.errno == EACCES) {
+        throw new IOException("take-over: cannot connect to " + path + ": permission denied (only the running "
+            + "daemon's uid may take over: run as that user)");
+      }
+      throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
+    }
+    try {
+      channel.send(TakeOverFrame.newBuilder().setHello(hello).build());
+      long started = System.nanoTime();
+      TakeOverFrame frame;
+      try {
+        frame = channel.receive();
+      } catch (EOFException e) {
+        log.warn("--take-over: the running daemon went away before its state was complete: starting fresh (the "
+            + "sessions it held are gone; their memory went with it)");
+        channel.close();
+        return null;
+      }
+      if (frame.hasRefusal()) {
+        throw new IOException("take-over refused by the running daemon (it serves on, untouched): "
+            + frame.getRefusal().getReason());
+      }
+      if (!frame.hasState()) {
+        throw new IOException("take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
+      }
+      State state = frame.getState();
+      List<Integer> fds = channel.takeFds();
+      if (fds.size() != state.getDescriptorCount()) {
+        fds.forEach(UnixSockets::closeQuietly);
+        throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
+            + state.getDescriptorCount());
+      }
+      log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} bytes of books",
+          state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
+          fds.size(), state.getSerializedSize());
+      return new TakeOver(channel, state, fds);
+    } catch (IOException | RuntimeException e) {
+      channel.close();
+      throw e;
+    }
+  }
+
+  public State state() {
+    return state;
+  }
+
+  /** The segments' descriptors, by the state's descriptor indexes; the restored pools take them. */
+  public List<Integer> fds() {
+    return fds;
+  }
+
+  /** The restored pools own the descriptors now: close them no more. */
+  public void descriptorsTaken() {
+    fds = List.of();
+  }
+
+  public int holderPid() {
+    return holderPid;
+  }
+
+  /** Restoring failed: the running daemon serves on. */
+  public void abort(String reason) {
+    try {
+      channel.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason(reason)).build());
+    } catch (IOException e) {
+      log.warn("--take-over: could not tell the running daemon that restoring failed ({})", e.getMessage());
+    }
+  }
+
+  /**
+   * The state is this daemon's now. A predecessor that died after sending it cannot be told, and
+   * need not be: the memory is this daemon's either way.
+   */
+  public void taken() {
+    try {
+      channel.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
+    } catch (IOException e) {
+      log.warn("--take-over: the previous daemon (pid {}) went away after sending its state; carrying on with it",
+          holderPid);
+    }
+  }
+
+  /** This daemon serves on the socket path: the predecessor may stop. */
+  public void live() {
+    try {
+      channel.send(TakeOverFrame.newBuilder().setLive(Live.getDefaultInstance()).build());
+    } catch (IOException e) {
+      // it stops anyway once it has seen Taken
+    }
+  }
+
+  @Override
+  public void close() {
+    fds.forEach(UnixSockets::closeQuietly);
+    fds = List.of();
+    channel.close();
+  }
+}
