@@ -21,9 +21,12 @@ while calling the daemon or the driver.
 """
 import bisect
 import collections
+import contextlib
 import ctypes
+import gc
 import logging
 import threading
+import weakref
 
 import grpc
 
@@ -69,6 +72,7 @@ class LeaseAllocator:
         self._allocations = self._frees = self._failures = self._unknown_frees = 0
         self._live_bytes = self._peak_bytes = 0
         self._warned = False
+        _live.add(self)
 
     # ------------------------------------------------------------------ allocating
 
@@ -191,6 +195,18 @@ class LeaseAllocator:
                                                                               s.live_leases, s.live_bytes)
 
 
+_live = weakref.WeakSet()  # every LeaseAllocator of the process, for find_lease
+
+
+def find_lease(pointer):
+    """The live lease of any allocator of this process whose bytes contain ``pointer``, or None."""
+    for allocator in list(_live):
+        lease = allocator.lease_of(pointer)
+        if lease is not None:
+            return lease
+    return None
+
+
 class FreeQueue:
     """The frees the shim queued, handed to the allocators of their slots (see the module notes).
 
@@ -265,6 +281,33 @@ class FreeQueue:
             return self._cond.wait_for(lambda: self._handled >= target, timeout)
 
 
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while a framework's allocation leases under its allocator
+    lock: a collection in another Python thread (the KeepAlive thread that must deliver the
+    lease's reply, say) could drop a CUDA tensor and wait for that lock while holding the GIL,
+    and the allocation, holding the lock, waits for that thread: a deadlock. Nested and
+    concurrent pauses count; the collector comes back as the last one ends."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
+
+
 _queue = None
 _queue_lock = threading.Lock()
 
@@ -288,12 +331,13 @@ def bind(allocator, queue=None):
     queue = queue or free_queue()
 
     def alloc(size, device, stream):
-        try:
-            if queue.shim.pending_frees():
-                queue.take_pending()
-        except Exception:
-            log.exception("gpumemd allocator: releasing queued frees failed")
-        return allocator.allocate_or_null(size, device)
+        with gc_paused():
+            try:
+                if queue.shim.pending_frees():
+                    queue.take_pending()
+            except Exception:
+                log.exception("gpumemd allocator: releasing queued frees failed")
+            return allocator.allocate_or_null(size, device)
 
     slot, alloc_name, free_name = queue.shim.take_slot(alloc)
     queue.register(slot, allocator)

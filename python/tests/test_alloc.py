@@ -272,3 +272,29 @@ def test_background_thread_releases_without_a_drain(daemon, queue):
         entry.free(pointer, 2 * MiB, 0, None)
         wait_until(lambda: session_leases(daemon, gm) == [], "the release by the background thread")
         assert allocator.stats().frees == 1
+
+
+def test_garbage_collection_is_paused_while_an_allocation_leases(daemon, queue):
+    import gc
+
+    seen = []
+    with gpumemd.connect(daemon.target) as gm:
+        allocator = _alloc.LeaseAllocator(gm, 0)
+        real = gm.lease
+
+        def lease(*args, **kwargs):  # the client's own lease, observed from inside the callback
+            seen.append(gc.isenabled())
+            return real(*args, **kwargs)
+
+        gm.lease = lease
+        entry = Entry(allocator, queue)
+        assert gc.isenabled()
+        pointer = entry.alloc(MiB, 0, None)
+        assert pointer and seen == [False] and gc.isenabled()
+        with _alloc.gc_paused():
+            with _alloc.gc_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        entry.free(pointer, MiB, 0, None)
+        assert queue.drain(10)
