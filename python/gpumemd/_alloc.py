@@ -221,6 +221,8 @@ class FreeQueue:
         self._handled = 0  # frees handled (compared with the shim's enqueued_total)
         self._thread = None
         self._background = background
+        self._paused = False
+        self._thread_idle = False
 
     def register(self, slot, allocator):
         with self._cond:
@@ -236,9 +238,29 @@ class FreeQueue:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="gpumemd-allocator-frees")
                 self._thread.start()
 
+    def pause_background(self, timeout=5.0):
+        """Stops the background thread from taking frees until :meth:`resume_background` (for
+        tests that watch frees wait in the queue); returns once it is idle."""
+        with self._cond:
+            self._paused = True
+            if self._thread is not None:
+                self._cond.wait_for(lambda: self._thread_idle, timeout)
+
+    def resume_background(self):
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+        self.start_background()
+
     def _run(self):
         while True:
-            items = self.shim.take_freed(64, 500)  # waits without the GIL
+            with self._cond:
+                while self._paused:
+                    self._thread_idle = True
+                    self._cond.notify_all()
+                    self._cond.wait()
+                self._thread_idle = False
+            items = self.shim.take_freed(64, 200)  # waits without the GIL
             if items:
                 self._handle(items)
 

@@ -6,7 +6,7 @@
  * It includes neither Python.h nor CUDA headers, so it builds without python3-dev or the CUDA
  * toolkit and one build serves every interpreter of the machine.
  *
- * SLOTS allocator slots, each with its own pair of entry points (gpumemd_alloc_<n>,
+ * SLOTS (64) allocator slots, each with its own pair of entry points (gpumemd_alloc_<n>,
  * gpumemd_free_<n>), so that several gpumemd allocators (clients, devices) live in one process:
  *
  *   alloc: calls the slot's callback, a ctypes CFUNCTYPE made by Python. ctypes takes the GIL
@@ -30,7 +30,7 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define SLOTS 16
+#define SLOTS 64 /* as many SLOT(n) lines at the end of the file */
 
 typedef void *(*gpumemd_alloc_cb)(ssize_t size, int device, void *stream);
 
@@ -144,3 +144,9 @@ unsigned long long gpumemd_lost_frees(void) {
 
 SLOT(0) SLOT(1) SLOT(2) SLOT(3) SLOT(4) SLOT(5) SLOT(6) SLOT(7)
 SLOT(8) SLOT(9) SLOT(10) SLOT(11) SLOT(12) SLOT(13) SLOT(14) SLOT(15)
+SLOT(16) SLOT(17) SLOT(18) SLOT(19) SLOT(20) SLOT(21) SLOT(22) SLOT(23)
+SLOT(24) SLOT(25) SLOT(26) SLOT(27) SLOT(28) SLOT(29) SLOT(30) SLOT(31)
+SLOT(32) SLOT(33) SLOT(34) SLOT(35) SLOT(36) SLOT(37) SLOT(38) SLOT(39)
+SLOT(40) SLOT(41) SLOT(42) SLOT(43) SLOT(44) SLOT(45) SLOT(46) SLOT(47)
+SLOT(48) SLOT(49) SLOT(50) SLOT(51) SLOT(52) SLOT(53) SLOT(54) SLOT(55)
+SLOT(56) SLOT(57) SLOT(58) SLOT(59) SLOT(60) SLOT(61) SLOT(62) SLOT(63)

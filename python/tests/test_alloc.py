@@ -25,12 +25,15 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def queue(tmp_path_factory):
-    """The process's free queue, without its background thread (tests see the order of things;
-    the last test starts it). The shim is built into a fresh directory."""
-    os.environ["GPUMEMD_SHIM_DIR"] = str(tmp_path_factory.mktemp("shim"))
-    assert _alloc._queue is None, "another test module bound the shim first"
-    _alloc._queue = _alloc.FreeQueue(_shim.load(), background=False)
-    yield _alloc._queue
+    """The process's free queue with its background thread paused (tests watch frees wait in
+    the queue; the background test resumes it). The shim is built into a fresh directory unless
+    another module of this run loaded it first."""
+    if _shim._shim is None:
+        os.environ["GPUMEMD_SHIM_DIR"] = str(tmp_path_factory.mktemp("shim"))
+    queue = _alloc.free_queue()
+    queue.pause_background()
+    yield queue
+    queue.resume_background()
 
 
 class Entry:
@@ -61,8 +64,9 @@ def wait_until(predicate, what, timeout=10.0):
 
 
 def test_shim_is_cached_by_source_and_exports_every_slot(queue):
-    assert os.path.dirname(queue.shim.path) == os.environ["GPUMEMD_SHIM_DIR"]
+    assert os.path.dirname(queue.shim.path) == _shim.cache_dir()
     assert _shim.build() == queue.shim.path  # built once, found again
+    assert queue.shim.slots == 64
     library = ctypes.CDLL(queue.shim.path)
     for n in range(queue.shim.slots):
         assert getattr(library, "gpumemd_alloc_%d" % n) and getattr(library, "gpumemd_free_%d" % n)
@@ -149,7 +153,7 @@ def test_budget_counts_allocations_and_an_allocation_first_releases_queued_frees
         assert ooms >= 1
 
         entry.free(first, size, 1, None)
-        assert queue.shim.pending_frees() == 1  # no background thread in this module (yet)
+        assert queue.shim.pending_frees() == 1  # the background thread is paused
         third = entry.alloc(size, 1, None)
         assert third, allocator.last_error
         assert queue.shim.pending_frees() == 0
@@ -268,7 +272,7 @@ def test_background_thread_releases_without_a_drain(daemon, queue):
         entry = Entry(allocator, queue)
         pointer = entry.alloc(2 * MiB, 0, None)
         assert len(session_leases(daemon, gm)) == 1
-        queue.start_background()
+        queue.resume_background()
         entry.free(pointer, 2 * MiB, 0, None)
         wait_until(lambda: session_leases(daemon, gm) == [], "the release by the background thread")
         assert allocator.stats().frees == 1
