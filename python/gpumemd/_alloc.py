@@ -335,8 +335,8 @@ _queue_lock = threading.Lock()
 
 
 def free_queue(background=True):
-    """The process's FreeQueue over the shim (built on first use: GpumemdError
-    FAILED_PRECONDITION without a C compiler)."""
+    """The process's FreeQueue over the shim (built on first use: ShimUnavailable, a
+    GpumemdError FAILED_PRECONDITION, without a C compiler)."""
     global _queue
     from . import _shim
 

@@ -34,6 +34,14 @@ _lock = threading.Lock()
 _shim = None
 
 
+class ShimUnavailable(GpumemdError):
+    """The shim cannot be built here (no C compiler, or the build failed): FAILED_PRECONDITION,
+    with the reason."""
+
+    def __init__(self, message):
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
 class Freed(ctypes.Structure):
     """gpumemd_freed: one free that PyTorch made, queued by the shim."""
     _fields_ = [("ptr", ctypes.c_void_p), ("size", ctypes.c_ssize_t), ("device", ctypes.c_int),
@@ -65,9 +73,8 @@ def build(path=None):
         return path
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
-        raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
-                           "the gpumemd allocator shim needs a C compiler to build %s: %s not found "
-                           "(set CC, or install gcc)" % (path, compiler))
+        raise ShimUnavailable("the gpumemd allocator shim needs a C compiler to build %s: %s not found "
+                              "(set CC, or install gcc)" % (path, compiler))
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".alloc_shim-", suffix=".so", dir=directory)
@@ -76,9 +83,8 @@ def build(path=None):
         result = subprocess.run([compiler, "-shared", "-fPIC", "-O2", "-pthread", "-o", tmp, SOURCE],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
-                               "building the gpumemd allocator shim failed (%s, exit %d): %s"
-                               % (compiler, result.returncode, (result.stderr or result.stdout).strip()[-2000:]))
+            raise ShimUnavailable("building the gpumemd allocator shim failed (%s, exit %d): %s"
+                                  % (compiler, result.returncode, (result.stderr or result.stdout).strip()[-2000:]))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -143,8 +149,8 @@ class Shim:
 
 
 def load():
-    """The process's shim, built on first use. Raises GpumemdError (FAILED_PRECONDITION) when
-    it cannot be built (no compiler)."""
+    """The process's shim, built on first use. Raises :class:`ShimUnavailable` when it cannot be
+    built (no compiler)."""
     global _shim
     with _lock:
         if _shim is None:

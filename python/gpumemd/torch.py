@@ -41,7 +41,7 @@ import weakref
 import torch as _torch  # the framework (this module is gpumemd.torch; imports are absolute)
 
 from . import _alloc
-from ._errors import GpumemdError
+from ._shim import ShimUnavailable
 
 log = logging.getLogger("gpumemd")
 
@@ -51,6 +51,7 @@ _lock = threading.Lock()
 _allocators = weakref.WeakKeyDictionary()  # client -> {device: (LeaseAllocator, torch allocator)}
 _all = []  # every LeaseAllocator made here (their slots live as long as the process)
 _fallback_callbacks = []  # ctypes callbacks of the no-compiler route, kept alive
+_keep = []  # the CUDAPluggableAllocator objects, kept alive
 _warned_fallback = False
 
 
@@ -74,16 +75,18 @@ def _torch_allocator(lease_allocator):
     global _warned_fallback
     try:
         path, alloc_name, free_name = _alloc.bind(lease_allocator)
-    except GpumemdError as e:
-        if "C compiler" not in e.message and "building" not in e.message:
-            raise
+    except ShimUnavailable as e:
         if not _warned_fallback:
             _warned_fallback = True
             log.warning("gpumemd.torch: %s; using ctypes callbacks with PyTorch's private "
                         "torch._C._cuda_customAllocator instead (frees then take the GIL under PyTorch's "
                         "allocator lock)", e.message)
         return _callback_allocator(lease_allocator)
-    return _torch.cuda.memory.CUDAPluggableAllocator(path, alloc_name, free_name).allocator()
+    pluggable = _torch.cuda.memory.CUDAPluggableAllocator(path, alloc_name, free_name)
+    # Kept for the process's life, like the slot: a MemPool's teardown (even at interpreter exit)
+    # calls its allocator, which must not be gone first (vLLM met that order at shutdown).
+    _keep.append(pluggable)
+    return pluggable.allocator()
 
 
 def _callback_allocator(lease_allocator):
@@ -140,9 +143,11 @@ def use_mem_pool(pool, device=None):
     try:
         with _torch.cuda.use_mem_pool(pool, device=device):
             yield pool
-    except _torch.cuda.OutOfMemoryError as e:
+    except RuntimeError as e:  # OutOfMemoryError, or a plain RuntimeError from a PyTorch that
+        # does not map a pluggable allocator's NULL to it
         error = lease_allocator.last_error
-        if error is None or lease_allocator.stats().failures == failures:
+        if error is None or lease_allocator.stats().failures == failures or not (
+                isinstance(e, _torch.cuda.OutOfMemoryError) or "memory" in str(e).lower()):
             raise
         raise _torch.cuda.OutOfMemoryError("gpumemd refused the allocation (%s: %s); PyTorch: %s"
                                            % (error.code.name, error.message, e)) from error

@@ -259,11 +259,23 @@ def test_a_killed_process_allocations_come_back(daemon, queue):
 
 def test_no_compiler_fails_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with pytest.raises(gpumemd.GpumemdError) as raised:
+    with pytest.raises(_shim.ShimUnavailable) as raised:  # gpumemd.torch falls back on this one
         _shim.build(str(tmp_path / "shim.so"))
     assert raised.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "C compiler" in raised.value.message and "no-such-cc" in raised.value.message
     assert not os.path.exists(tmp_path / "shim.so")
+    assert isinstance(raised.value, gpumemd.GpumemdError)
+
+
+def test_a_failing_build_fails_with_the_compilers_words(tmp_path, monkeypatch):
+    compiler = tmp_path / "cc"
+    compiler.write_text("#!/bin/sh\necho 'cc: fatal error: out of disk' >&2\nexit 4\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    with pytest.raises(_shim.ShimUnavailable) as raised:
+        _shim.build(str(tmp_path / "shim.so"))
+    assert "exit 4" in raised.value.message and "out of disk" in raised.value.message
+    assert not os.path.exists(tmp_path / "shim.so") and os.listdir(tmp_path) == ["cc"]  # no temporary left
 
 
 def test_background_thread_releases_without_a_drain(daemon, queue):
