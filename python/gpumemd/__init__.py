@@ -9,6 +9,10 @@
 Sharing a block with other processes of the same tenant: ``lease.share()`` gives a token for
 ``gm.attach(token)``; ``gm.publish(lease, name)`` a name for ``gm.lookup(name)``.
 
+PyTorch and CuPy allocate through gpumemd with ``gpumemd.torch.mem_pool(gm, device)`` (a
+``torch.cuda.MemPool``) and ``gpumemd.cupy.allocator(gm, device)``; both submodules are imported
+on first use, since they import their framework.
+
 See python/README.md for the protocol spoken and what is left out.
 """
 from ._errors import GpumemdError
@@ -19,6 +23,15 @@ from .client import Client, ClientStats, connect
 __all__ = ["connect", "Client", "ClientStats", "Lease", "Share", "Published", "AsyncShare", "AsyncPublished",
            "GpumemdError", "cuda_available"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # gpumemd.torch and gpumemd.cupy import their framework: only when asked for.
+    if name in ("torch", "cupy"):
+        import importlib
+
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module 'gpumemd' has no attribute %r" % name)
 
 
 def cuda_available():
