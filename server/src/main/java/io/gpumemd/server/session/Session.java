@@ -139,10 +139,11 @@ public final class Session {
    * (take-over export). Instants are this process's ticker nanos.
    *
    * @param counters the client's counters by device: {hits, returns}, copies
+   * @param clientCached whether the client keeps each of its leases and holds (by id) cached
    */
   record Exported(long lastSeenNanos, boolean hadStream, boolean streamAttached, long detachedNanos,
       long grantedCacheBytes, long cacheAllowance, boolean cacheReturnOverdue, Map<Integer, long[]> counters,
-      long appliedMessages, List<LeaseRecord> records, Map<String, Boolean> clientCached) {}
+      long appliedMessages, Map<String, Boolean> clientCached) {}
 
   synchronized Exported exportState() {
     Map<Integer, long[]> counters = new HashMap<>();
@@ -150,7 +151,7 @@ public final class Session {
     Map<String, Boolean> cached = new HashMap<>();
     leases.values().forEach(r -> cached.put(r.id(), r.clientCached));
     return new Exported(lastSeenNanos, hadStream, channel != null, detachedNanos, grantedCacheBytes,
-        cacheAllowance, cacheReturnOverdue, counters, appliedMessages, List.copyOf(leases.values()), cached);
+        cacheAllowance, cacheReturnOverdue, counters, appliedMessages, cached);
   }
 
   /**

@@ -13,10 +13,12 @@ import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.ShareTokenState;
 import io.gpumemd.proto.takeover.v1.SharedBlockState;
 import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePools;
 import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.IdentityHashMap;
@@ -194,7 +196,12 @@ final class SessionsTakeOver {
       throw new IllegalStateException("shared block of segment " + block.segmentId() + " offset " + block.offset()
           + " went back to its pool but is still referenced");
     }
-    int waiting = b.incompleteEvents();
+    int waiting = 0;
+    for (CompletionEvent e : b.keptEvents()) {
+      if (!e.isComplete()) {
+        waiting++;
+      }
+    }
     if (waiting > 0) {
       throw new IllegalStateException("shared block of segment " + block.segmentId() + " offset " + block.offset()
           + " waits for " + waiting + " completion events of holders that released it; they cannot move to "
@@ -495,7 +502,7 @@ final class SessionsTakeOver {
   private void warnOverQuota(Iterable<Session> restored) {
     List<String> over = new ArrayList<>();
     int count = 0;
-    Set<Tenant> tenants = java.util.Collections.newSetFromMap(new IdentityHashMap<>());
+    Set<Tenant> tenants = Collections.newSetFromMap(new IdentityHashMap<>());
     for (Session s : restored) {
       long[] usage = s.quotaUsage();
       if (exceeds(s.quota(), usage)) {

@@ -78,17 +78,11 @@ public final class SharedBlock {
   }
 
   /**
-   * Completion events of released holders that have not completed yet (take-over export: such
-   * events cannot move to another process).
+   * The completion events kept from holders that released it, a copy (take-over export: they
+   * are queried outside this monitor, which calls nothing outside).
    */
-  synchronized int incompleteEvents() {
-    int n = 0;
-    for (CompletionEvent e : events) {
-      if (!e.isComplete()) {
-        n++;
-      }
-    }
-    return n;
+  synchronized List<CompletionEvent> keptEvents() {
+    return List.copyOf(events);
   }
 
   /** @return false when the block already went back (nothing to hold) */

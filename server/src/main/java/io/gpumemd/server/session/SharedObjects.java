@@ -10,6 +10,7 @@ import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
@@ -382,12 +383,12 @@ public final class SharedObjects {
   }
 
   /** Every live token, in no order (take-over export). */
-  java.util.Collection<ShareToken> allTokens() {
+  Collection<ShareToken> allTokens() {
     return tokens.values();
   }
 
   /** Every published object, in no order (take-over export). */
-  java.util.Collection<PublishedObject> allObjects() {
+  Collection<PublishedObject> allObjects() {
     return objects.values();
   }
 

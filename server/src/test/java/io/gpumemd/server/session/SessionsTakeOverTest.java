@@ -21,6 +21,9 @@ import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import io.gpumemd.server.testing.LogCapture;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
@@ -46,7 +49,7 @@ class SessionsTakeOverTest {
   private static final byte[] NO_EVENT = new byte[0];
 
   @TempDir
-  java.nio.file.Path dir;
+  Path dir;
 
   private final FakeTicker ticker = new FakeTicker();
   private HostShmBackend backend;
@@ -129,8 +132,8 @@ class SessionsTakeOverTest {
 
   private static String view(Session s) {
     return String.join("|", s.id(), s.tenant(), s.owner().toString(), s.clientName(), "" + s.ttlSeconds(),
-        "" + s.openedNanos(), java.util.Arrays.toString(s.holdings()), "" + s.cacheAllowance(),
-        java.util.Arrays.toString(s.clientCounters()), "" + s.appliedMessages(), s.quota().toString(),
+        "" + s.openedNanos(), Arrays.toString(s.holdings()), "" + s.cacheAllowance(),
+        Arrays.toString(s.clientCounters()), "" + s.appliedMessages(), s.quota().toString(),
         s.segmentOwner().toString());
   }
 
@@ -147,14 +150,14 @@ class SessionsTakeOverTest {
   }
 
   private static List<String> listings(SessionRegistry r) {
-    List<String> out = new java.util.ArrayList<>();
+    List<String> out = new ArrayList<>();
     r.leases(Caller.DAEMON, null, "").forEach(l -> out.add("lease " + view(l)));
     r.sessionPage(Caller.DAEMON, 0, null, 100).items().forEach(s -> out.add("session " + view(s)));
     r.sharing().shares(Caller.DAEMON, "", null, 100).items().forEach(t -> out.add("share " + view(t)));
     r.sharing().objects(Caller.DAEMON, null, null, 100).items().forEach(o -> out.add("object " + view(o)));
     for (String tenant : List.of("uid:1000", "uid:2000")) {
       Tenant t = r.tenant(tenant);
-      out.add("tenant " + tenant + " " + java.util.Arrays.toString(t.holdings()) + " sessions " + t.sessions()
+      out.add("tenant " + tenant + " " + Arrays.toString(t.holdings()) + " sessions " + t.sessions()
           + " shares " + t.shares() + " holds " + t.holds());
     }
     return out;
