@@ -41,6 +41,11 @@ import org.slf4j.LoggerFactory;
  * reserves its quota on the transport thread, {@link #leaseCached} serves a pool hit there,
  * and on a miss {@link #leaseFromBackend} serves the same reservation on a thread that may block.
  *
+ * <p>Take-over: {@link #exportState} writes the whole session layer for a successor daemon and
+ * {@link #restore} rebuilds a fresh registry from it ({@link SessionsTakeOver}); the holder runs
+ * the export with its request gate closed and its reaper stopped (a reap ending a session or a
+ * token would return blocks the successor now owns).
+ *
  * <p>Thread-safety: sessions and leases live in concurrent maps; a session's own transitions
  * (stream attach and detach, quota, ending) are atomic on the {@link Session}; who returns a
  * lease is decided in the {@link LeaseBook}. {@link #reap} runs on one housekeeping thread.
