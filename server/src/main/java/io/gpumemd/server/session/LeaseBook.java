@@ -204,9 +204,31 @@ final class LeaseBook {
     DevicePool pool = pools.get(block.device());
     pool.sharedBlockReturned();
     pool.release(block, shared.takeEvents());
-    shared.leasedBy().tenantUsage().unreserve(SizeClasses.roundUp(shared.sizeBytes()));
+    shared.leasedBy().unreserve(SizeClasses.roundUp(shared.sizeBytes()));
     log.atDebug().log("Shared block of segment {} offset {} returned: its last hold is gone", block.segmentId(),
         block.offset());
+  }
+
+  /** The last sequence number given out (take-over export). */
+  long sequence() {
+    return sequence.get();
+  }
+
+  /**
+   * Enters the records a predecessor daemon handed over into an empty book, and continues the
+   * sequence after {@code lastSequence} (take-over restore). Their sessions already count them
+   * ({@link Session#restoreRecord}); their blocks are the pool's already.
+   *
+   * @throws IllegalStateException when the book is not empty
+   */
+  void restore(Collection<LeaseRecord> restored, long lastSequence) {
+    if (!records.isEmpty() || sequence.get() != 0) {
+      throw new IllegalStateException("lease book already in use: " + records.size() + " records");
+    }
+    for (LeaseRecord r : restored) {
+      records.put(r.id(), r);
+    }
+    sequence.set(lastSequence);
   }
 
   /** Every live record, in no order. */

@@ -62,6 +62,28 @@ public final class LeaseRecord {
     this.shared = shared;
   }
 
+  /**
+   * A lease or hold as a predecessor daemon handed it over (take-over), on the block found
+   * again in the restored pool; {@code shared} is its block's holds, or null when not shared.
+   */
+  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence,
+      boolean poolHit, boolean attached, boolean readOnly, SharedBlock shared, boolean clientCached,
+      boolean leakReported) {
+    this.id = id;
+    this.session = session;
+    this.block = block;
+    this.sizeBytes = sizeBytes;
+    this.tag = tag;
+    this.grantedNanos = grantedNanos;
+    this.sequence = sequence;
+    this.poolHit = poolHit;
+    this.attached = attached;
+    this.readOnly = readOnly;
+    this.shared = shared;
+    this.clientCached = clientCached;
+    this.leakReported = leakReported;
+  }
+
   /** True for a hold on another lease's shared block (Attach or Lookup), false for a lease. */
   public boolean attached() {
     return attached;

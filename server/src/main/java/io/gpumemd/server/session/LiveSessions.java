@@ -52,6 +52,15 @@ public final class LiveSessions implements HolderRequests {
     byId.put(session.id(), session);
   }
 
+  /**
+   * Adds a session a predecessor daemon handed over (take-over restore): it takes its place
+   * whatever {@code --max-sessions} says now, because it holds memory that stays leased.
+   */
+  void restore(Session session) {
+    count.incrementAndGet();
+    byId.put(session.id(), session);
+  }
+
   void remove(Session session) {
     if (byId.remove(session.id(), session)) {
       count.decrementAndGet();

@@ -45,6 +45,15 @@ final class QuotaCount {
     bytes += add;
   }
 
+  /**
+   * Counts a lease without checking any quota: a lease a predecessor daemon handed over stays
+   * leased even when it is over the quota in force now (take-over).
+   */
+  void add(long bytes) {
+    leases++;
+    this.bytes += bytes;
+  }
+
   /** A lease counted by {@link #take} is gone, with {@code less} bytes. */
   void give(long less) {
     leases--;

@@ -132,6 +132,71 @@ public final class Session {
     appliedMessages = count;
   }
 
+  // ------------------------------------------------------------------------ take-over
+
+  /**
+   * The session's own state as a successor daemon needs it, read together under this monitor
+   * (take-over export). Instants are this process's ticker nanos.
+   *
+   * @param counters the client's counters by device: {hits, returns}, copies
+   * @param clientCached whether the client keeps each of its leases and holds (by id) cached
+   */
+  record Exported(long lastSeenNanos, boolean hadStream, boolean streamAttached, long detachedNanos,
+      long grantedCacheBytes, long cacheAllowance, boolean cacheReturnOverdue, Map<Integer, long[]> counters,
+      long appliedMessages, Map<String, Boolean> clientCached) {}
+
+  synchronized Exported exportState() {
+    Map<Integer, long[]> counters = new HashMap<>();
+    reportedCounters.forEach((device, c) -> counters.put(device, c.clone()));
+    Map<String, Boolean> cached = new HashMap<>();
+    leases.values().forEach(r -> cached.put(r.id(), r.clientCached));
+    return new Exported(lastSeenNanos, hadStream, channel != null, detachedNanos, grantedCacheBytes,
+        cacheAllowance, cacheReturnOverdue, counters, appliedMessages, cached);
+  }
+
+  /**
+   * Sets the state a predecessor daemon handed over, on a session not yet live (take-over
+   * restore). It comes back detached: one that had a stream counts its grace from
+   * {@code detachedNanos}, one that never had one its TTL from {@code lastSeenNanos}.
+   */
+  synchronized void restoreState(long lastSeenNanos, boolean hadStream, long detachedNanos, long cacheAllowance,
+      boolean cacheReturnOverdue, Map<Integer, long[]> counters, long appliedMessages) {
+    this.lastSeenNanos = lastSeenNanos;
+    this.hadStream = hadStream;
+    this.detachedNanos = detachedNanos;
+    this.cacheAllowance = cacheAllowance;
+    this.cacheReturnOverdue = cacheReturnOverdue;
+    counters.forEach((device, c) -> reportedCounters.put(device, new long[] {c[0], c[1]}));
+    restoreAppliedMessages(appliedMessages);
+  }
+
+  /**
+   * Adds a lease or hold a predecessor daemon handed over, on a session not yet live
+   * (take-over restore): counted as {@link #commit} and {@link #commitHold} count, but never
+   * refused, because memory that is leased stays leased whatever the quota says now.
+   */
+  synchronized void restoreRecord(LeaseRecord record) {
+    if (leases.putIfAbsent(record.id(), record) != null) {
+      throw new IllegalStateException(this + ": lease " + record.id() + " twice");
+    }
+    long size = record.block().size();
+    if (record.attached()) {
+      attachedHolds++;
+      attachedBytes += size;
+      return;
+    }
+    quotaUsage.add(size);
+    leasedBytes += size;
+    if (record.clientCached) {
+      clientCachedBytes += size;
+    }
+  }
+
+  /** Leases counted against the session's quota, and their bytes: {leases, bytes}. */
+  synchronized long[] quotaUsage() {
+    return new long[] {quotaUsage.leases(), quotaUsage.bytes()};
+  }
+
   public synchronized boolean streamAttached() {
     return channel != null;
   }

@@ -43,6 +43,32 @@ final class SessionChurn {
     this.windowStartNanos = nowNanos;
   }
 
+  /**
+   * The current window's counts, in the order of {@link #restore}: window start (nanos),
+   * opened, ended, ended holding, released leases, released bytes, refused total, refused per
+   * tenant, refused by rate, ends told singly. For the take-over export; run on the flushing
+   * thread's terms (no flush meanwhile).
+   */
+  long[] export() {
+    return new long[] {windowStartNanos, opened.sum(), ended.sum(), endedHolding.sum(), releasedLeases.sum(),
+        releasedBytes.sum(), refusedTotal.sum(), refusedPerTenant.sum(), refusedRate.sum(),
+        holdingToldSingly.get()};
+  }
+
+  /** Continues a predecessor's window ({@link #export}'s layout), before any count here. */
+  void restore(long[] state) {
+    windowStartNanos = state[0];
+    opened.add(state[1]);
+    ended.add(state[2]);
+    endedHolding.add(state[3]);
+    releasedLeases.add(state[4]);
+    releasedBytes.add(state[5]);
+    refusedTotal.add(state[6]);
+    refusedPerTenant.add(state[7]);
+    refusedRate.add(state[8]);
+    holdingToldSingly.set((int) state[9]);
+  }
+
   void opened() {
     opened.increment();
   }

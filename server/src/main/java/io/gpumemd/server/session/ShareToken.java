@@ -32,12 +32,22 @@ public final class ShareToken {
 
   ShareToken(String token, String id, Session maker, LeaseRecord lease, SharedBlock shared, boolean readOnly,
       int maxAttaches, long createdNanos, long expiresNanos) {
+    this(token, id, maker.tenant(), maker.id(), maker.clientName(), lease.id(), shared, readOnly, maxAttaches,
+        createdNanos, expiresNanos, 0, false);
+  }
+
+  /** A token as made here, or as a predecessor daemon handed it over (take-over). */
+  ShareToken(String token, String id, String tenant, String sessionId, String clientName, String leaseId,
+      SharedBlock shared, boolean readOnly, int maxAttaches, long createdNanos, long expiresNanos, int attaches,
+      boolean dead) {
     this.token = token;
     this.id = id;
-    this.tenant = maker.tenant();
-    this.sessionId = maker.id();
-    this.clientName = maker.clientName();
-    this.leaseId = lease.id();
+    this.tenant = tenant;
+    this.sessionId = sessionId;
+    this.clientName = clientName;
+    this.leaseId = leaseId;
+    this.attaches = attaches;
+    this.dead = dead;
     this.shared = shared;
     this.readOnly = readOnly;
     this.maxAttaches = maxAttaches;
@@ -112,6 +122,11 @@ public final class ShareToken {
   /** Attaches the token serves in all; 0 = any number until it expires. */
   public int maxAttaches() {
     return maxAttaches;
+  }
+
+  /** Killed: revoked, used up or expired (then dropped by whoever killed it). */
+  synchronized boolean dead() {
+    return dead;
   }
 
   /** Attaches served so far. */

@@ -24,7 +24,10 @@ import java.util.TreeSet;
 public final class SharedBlock {
   private final Block block;
   private final long sizeBytes;
-  private final Session leasedBy;
+  /** The leasing session's tenant: its quota carries the block until it returns. */
+  private final Tenant leasedBy;
+  /** The leasing session's id (it may have ended since), for the take-over state. */
+  private final String leasedBySessionId;
   private final Set<LeaseRecord> records = new LinkedHashSet<>();
   private final Set<String> names = new TreeSet<>();
   private final List<CompletionEvent> events = new ArrayList<>(0);
@@ -32,10 +35,19 @@ public final class SharedBlock {
   private boolean returned;
 
   SharedBlock(LeaseRecord lease) {
-    this.block = lease.block();
-    this.sizeBytes = lease.sizeBytes();
-    this.leasedBy = lease.session();
+    this(lease.block(), lease.sizeBytes(), lease.session().tenantUsage(), lease.session().id());
     records.add(lease);
+  }
+
+  /**
+   * A shared block as a predecessor daemon handed it over (take-over): its holds are added by
+   * {@link #addRecord}, {@link #addToken} and {@link #addName}.
+   */
+  SharedBlock(Block block, long sizeBytes, Tenant leasedBy, String leasedBySessionId) {
+    this.block = block;
+    this.sizeBytes = sizeBytes;
+    this.leasedBy = leasedBy;
+    this.leasedBySessionId = leasedBySessionId;
   }
 
   public Block block() {
@@ -47,9 +59,30 @@ public final class SharedBlock {
     return sizeBytes;
   }
 
-  /** The session that leased the block: its tenant's quota carries the block until it returns. */
-  Session leasedBy() {
+  /** The tenant of the session that leased the block: its quota carries the block until it returns. */
+  Tenant leasedBy() {
     return leasedBy;
+  }
+
+  /** The id of the session that leased the block (it may have ended since). */
+  String leasedBySessionId() {
+    return leasedBySessionId;
+  }
+
+  /** What {@link #snapshot} reads: the records in hold order, the names, the tokens. */
+  record Holds(List<LeaseRecord> records, List<String> names, int tokens, boolean returned) {}
+
+  /** The holds, read together (take-over export). */
+  synchronized Holds snapshot() {
+    return new Holds(List.copyOf(records), List.copyOf(names), tokens, returned);
+  }
+
+  /**
+   * The completion events kept from holders that released it, a copy (take-over export: they
+   * are queried outside this monitor, which calls nothing outside).
+   */
+  synchronized List<CompletionEvent> keptEvents() {
+    return List.copyOf(events);
   }
 
   /** @return false when the block already went back (nothing to hold) */

@@ -10,6 +10,7 @@ import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
@@ -379,6 +380,41 @@ public final class SharedObjects {
     tokens.values().forEach(t -> out.add(t.shared));
     objects.values().forEach(o -> out.add(o.shared()));
     return out;
+  }
+
+  /** Every live token, in no order (take-over export). */
+  Collection<ShareToken> allTokens() {
+    return tokens.values();
+  }
+
+  /** Every published object, in no order (take-over export). */
+  Collection<PublishedObject> allObjects() {
+    return objects.values();
+  }
+
+  /**
+   * Enters the tokens and names a predecessor daemon handed over into empty tables (take-over
+   * restore). Their blocks already count them as holds; their tenants' share counts are the
+   * caller's.
+   *
+   * @throws IllegalStateException when the tables are not empty, or a token or name repeats
+   */
+  void restore(List<ShareToken> restoredTokens, List<PublishedObject> restoredObjects) {
+    if (!tokens.isEmpty() || !objects.isEmpty()) {
+      throw new IllegalStateException("sharing tables already in use: " + tokens.size() + " tokens, "
+          + objects.size() + " names");
+    }
+    for (ShareToken t : restoredTokens) {
+      if (tokens.putIfAbsent(t.token, t) != null || tokensById.putIfAbsent(t.id, t) != null) {
+        throw new IllegalStateException("share token " + t.id + " twice in the take-over state");
+      }
+    }
+    for (PublishedObject o : restoredObjects) {
+      if (objects.putIfAbsent(PublishedObject.key(o.tenant(), o.name()), o) != null) {
+        throw new IllegalStateException("object '" + o.name() + "' of tenant " + o.tenant()
+            + " twice in the take-over state");
+      }
+    }
   }
 
   /** Ends expired tokens' holds; at most once a second (a scan is O(tokens)). */
