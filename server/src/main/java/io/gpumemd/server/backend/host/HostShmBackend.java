@@ -413,6 +413,60 @@ public final class HostShmBackend implements MemoryBackend {
         "empty: host device " + device + " has no CUDA events");
   }
 
+  /**
+   * Null in descriptor mode: a segment is an unlinked file, which lives on in a successor that
+   * was sent a descriptor of it. With paths, a successor would have to share this daemon's
+   * directory, which its lock and its clean-up at start forbid.
+   */
+  @Override
+  public String takeOverRefusal() {
+    return fdSocket != null ? null : "--host-segments path: segments are files in " + root + ", which a successor "
+        + "cannot take over while this daemon holds the directory; restart both daemons with --host-segments fd";
+  }
+
+  /**
+   * Adopts an unlinked segment file from a descriptor ({@link UnlinkedSegments#adopt}); its
+   * bytes count against the device's capacity like a new segment's.
+   */
+  @Override
+  public SegmentMemory adopt(int device, int fd, long bytes) {
+    if (fdSocket == null) {
+      UnlinkedSegments.closeReceived(fd);
+      throw new UnsupportedOperationException(takeOverRefusal());
+    }
+    if (closed || device < 0 || device >= devices.size()) {
+      UnlinkedSegments.closeReceived(fd);
+      throw new BackendException(closed ? "host backend is closed" : "adopt: device " + device + " (expected: 0.."
+          + (devices.size() - 1) + ")");
+    }
+    long used = usedBytes.addAndGet(device, bytes);
+    if (used > capacityBytes) {
+      usedBytes.addAndGet(device, -bytes);
+      UnlinkedSegments.closeReceived(fd);
+      throw new BackendOutOfMemoryException("host device " + device + ": cannot adopt a " + bytes
+          + "-byte segment, " + (used - bytes) + " of " + capacityBytes + " in use (--host-device-bytes)");
+    }
+    try {
+      return unlinked.adopt(device, fd, bytes);
+    } catch (IOException | RuntimeException e) {
+      usedBytes.addAndGet(device, -bytes);
+      throw e instanceof BackendException b ? b
+          : new BackendException("host adopt of descriptor " + fd + " (" + bytes + " bytes): " + e, e);
+    }
+  }
+
+  /**
+   * Closes the daemon's descriptor of an unlinked segment, as {@link #free} does: the file lives
+   * on while the successor's descriptor (or a client's mapping) holds it.
+   */
+  @Override
+  public void relinquish(SegmentMemory segment) {
+    if (!(segment instanceof HostFdSegment fd)) {
+      throw new UnsupportedOperationException(takeOverRefusal());
+    }
+    free(fd);
+  }
+
   @Override
   public boolean passesDescriptors() {
     return fdSocket != null;
