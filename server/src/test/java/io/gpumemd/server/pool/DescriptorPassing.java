@@ -16,7 +16,7 @@ import java.util.List;
  * Java object owns, as a successor daemon receives it. Both ends are in this process; the
  * numbers differ from the sent ones. Not thread-safe.
  */
-final class DescriptorPassing implements SegmentDescriptors, AutoCloseable {
+public final class DescriptorPassing implements SegmentDescriptors, AutoCloseable {
   private static final long DEADLINE_NANOS = 10_000_000_000L;
 
   private final Socket listener;
@@ -24,7 +24,7 @@ final class DescriptorPassing implements SegmentDescriptors, AutoCloseable {
   private final Socket receiver;
   private final List<Integer> received = new ArrayList<>();
 
-  DescriptorPassing(Path socketPath) throws IOException {
+  public DescriptorPassing(Path socketPath) throws IOException {
     Epoll.ensureAvailability();
     listener = Socket.newSocketDomain();
     listener.bind(new DomainSocketAddress(socketPath.toString()));
@@ -61,7 +61,7 @@ final class DescriptorPassing implements SegmentDescriptors, AutoCloseable {
   }
 
   /** The received numbers, by index. */
-  int[] received() {
+  public int[] received() {
     return received.stream().mapToInt(Integer::intValue).toArray();
   }
 
