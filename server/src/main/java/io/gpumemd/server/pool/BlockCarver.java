@@ -191,9 +191,12 @@ final class BlockCarver {
     return peakLeasedBytes;
   }
 
-  /** Restores the peak of a predecessor, once its blocks are back (they count as leased). */
+  /**
+   * Restores the peak of a predecessor once its blocks are back: its own figure, since the
+   * restore counted client-cached blocks as leased on their way (never below what is leased).
+   */
   void restorePeak(long peak) {
-    peakLeasedBytes = Math.max(peak, peakLeasedBytes);
+    peakLeasedBytes = Math.max(peak, leasedBytes);
   }
 
   /**

@@ -302,6 +302,88 @@ class DevicePoolTakeOverTest {
     throw new AssertionError("no passing");
   }
 
+  @Test
+  void peak_isThePredecessors_evenWhenClientCachedAndLeasedBlocksTogetherExceedIt() throws Exception {
+    Block cached = lease(oldPool, 3 * MiB, "s1");
+    oldPool.clientCached(cached, "s1");
+    lease(oldPool, 3 * MiB, "s1");
+    PoolStats old = oldPool.stats();
+    long peak = old.get(PoolMetric.PEAK_LEASED_BYTES);
+    assertTrue(peak < old.get(PoolMetric.LEASED_BYTES) + old.get(PoolMetric.CLIENT_CACHED_BYTES),
+        "never as much leased at once as is leased or client-cached now");
+    DescriptorPassing passing = passing("peak");
+    PoolState state = oldPool.exportState(passing);
+
+    DevicePool restored = restore(hostFdBackend("new"), settings(CAPACITY), new RecordingHolders(), state,
+        passing.received());
+    assertEquals(peak, restored.stats().get(PoolMetric.PEAK_LEASED_BYTES));
+    assertSameStats(oldPool.stats(), restored.stats());
+  }
+
+  @Test
+  void devicePools_exportAndRestoreEveryDevice_throughOneSink() throws Exception {
+    HostShmBackend twoOld = new HostShmBackend(tmp.resolve("two-old"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoOld);
+    List<DevicePool> list = new ArrayList<>();
+    for (DeviceInfo device : twoOld.devices()) {
+      DevicePool p = new DevicePool(device, twoOld, settings(CAPACITY), new RecordingHolders(),
+          DevicePools.segmentIdBase(device.ordinal()), Ticker.system());
+      list.add(p);
+    }
+    DevicePools olds = new DevicePools(list);
+    cleanup.add(olds);
+    Block zero = lease(olds.get(0), 100 * KiB, "s1");
+    Block one = lease(olds.get(1), 3 * MiB, "s1");
+    lease(olds.get(1), 100 * KiB, "s2");
+    write(one, pattern(4096, 3));
+    DescriptorPassing passing = passing("two");
+    List<PoolState> states = olds.exportStates(passing);
+    assertEquals(List.of(1, 2), states.stream().map(PoolState::getSegmentsCount).toList());
+    assertEquals(3, passing.received().length, "indexes run on across devices");
+
+    HostShmBackend twoNew = new HostShmBackend(tmp.resolve("two-new"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoNew);
+    DevicePools news = DevicePools.restore(twoNew, List.of(settings(CAPACITY), settings(CAPACITY)),
+        new RecordingHolders(), Ticker.system(), states, passing.received());
+    cleanup.add(news);
+    for (int d = 0; d < 2; d++) {
+      news.get(d).verifyInvariants();
+      assertSameStats(olds.get(d).stats(), news.get(d).stats());
+    }
+    olds.handOver();
+    assertArrayEquals(pattern(4096, 3), read(news.get(1).blockAt(one.segmentId(), one.offset()), 4096));
+    assertEquals(zero.size(), news.ofSegment(zero.segmentId()).blockAt(zero.segmentId(), zero.offset()).size());
+  }
+
+  @Test
+  void devicePools_restore_refusedOnOneDevice_handsBackTheOthers() throws Exception {
+    HostShmBackend twoOld = new HostShmBackend(tmp.resolve("two-old"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoOld);
+    List<DevicePool> list = new ArrayList<>();
+    for (DeviceInfo device : twoOld.devices()) {
+      list.add(new DevicePool(device, twoOld, settings(CAPACITY), new RecordingHolders(),
+          DevicePools.segmentIdBase(device.ordinal()), Ticker.system()));
+    }
+    DevicePools olds = new DevicePools(list);
+    cleanup.add(olds);
+    lease(olds.get(0), 100 * KiB, "s1");
+    lease(olds.get(1), 5 * MiB, "s1");
+    HostShmBackend twoNew = new HostShmBackend(tmp.resolve("two-new"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoNew);
+    DescriptorPassing passing = passing("two");
+    List<PoolState> states = olds.exportStates(passing);
+    long beforeRestore = openDescriptors();
+
+    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class, () -> DevicePools.restore(twoNew,
+        List.of(settings(CAPACITY), settings(4 * MiB)), new RecordingHolders(), Ticker.system(), states,
+        passing.received()));
+    assertTrue(e.getMessage().startsWith("device 1: "), e.getMessage());
+    assertEquals(beforeRestore - 2, openDescriptors(), "device 0's adopted segment handed back, device 1's closed");
+    for (DevicePool p : olds.all()) {
+      p.verifyInvariants();
+    }
+  }
+
   // ---------------------------------------------------------------------------- refusals
 
   @Test
