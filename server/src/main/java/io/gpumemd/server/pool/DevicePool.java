@@ -457,6 +457,31 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
+   * Why a successor with budget {@code successorLimitBytes} for this device could not take this
+   * pool over, or null: the holder's check before anything moves (the state is never shrunk to
+   * fit, so the successor's budget must cover every segment the pool holds). Conditions that
+   * pass with time (events, allocations in flight) are {@link #exportState}'s to refuse.
+   */
+  public String takeOverRefusal(long successorLimitBytes) {
+    String backendRefusal = backend.takeOverRefusal();
+    if (backendRefusal != null) {
+      return backendRefusal;
+    }
+    lock.lock();
+    try {
+      long held = budget.reservedBytes() + budget.inFlightBytes();
+      if (held > successorLimitBytes) {
+        return "device " + device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new one's "
+            + "budget is " + successorLimitBytes + " bytes (--limit-bytes); what is leased stays leased, so give the "
+            + "new daemon at least " + held + " bytes";
+      }
+      return null;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /**
    * Writes this pool down for a successor daemon ({@code gpumemd --take-over}), with a
    * read-write descriptor of every segment it holds (live, or evicted and awaiting unmaps) put in
    * {@code sink}; the state names each by its index there. Changes nothing: the pool serves on if

@@ -85,6 +85,24 @@ public final class DevicePools implements AutoCloseable {
   // ------------------------------------------------------------------------------ take-over
 
   /**
+   * Why a successor with these budgets (by device ordinal, as its {@code Hello} says) could not
+   * take the pools over, or null ({@link DevicePool#takeOverRefusal}).
+   */
+  public String takeOverRefusal(List<Long> successorLimitBytes) {
+    if (successorLimitBytes.size() != pools.size()) {
+      return "this daemon has " + pools.size() + " devices, the new one " + successorLimitBytes.size()
+          + " (expected: the same devices)";
+    }
+    for (int d = 0; d < pools.size(); d++) {
+      String refusal = pools.get(d).takeOverRefusal(successorLimitBytes.get(d));
+      if (refusal != null) {
+        return refusal;
+      }
+    }
+    return null;
+  }
+
+  /**
    * Every pool's state for a successor daemon, by device ordinal ({@link
    * DevicePool#exportState}); one sink takes the descriptors of all of them.
    *

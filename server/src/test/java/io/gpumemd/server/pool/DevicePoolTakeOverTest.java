@@ -387,6 +387,19 @@ class DevicePoolTakeOverTest {
   // ---------------------------------------------------------------------------- refusals
 
   @Test
+  void takeOverRefusal_ofASuccessorBudgetBelowTheSegmentsHeld_namesBothFigures() {
+    Block block = lease(oldPool, 3 * MiB, "s1");
+    long held = oldPool.stats().get(PoolMetric.RESERVED_BYTES);
+    DevicePools pools = new DevicePools(List.of(oldPool));
+
+    assertNull(oldPool.takeOverRefusal(held));
+    String refusal = pools.takeOverRefusal(List.of(held - 1));
+    assertTrue(refusal.contains("holds " + held + " bytes") && refusal.contains("budget is " + (held - 1)), refusal);
+    assertTrue(pools.takeOverRefusal(List.of(held, held)).contains("devices"));
+    oldPool.release(block, null);
+  }
+
+  @Test
   void export_refused_whenABlockAwaitsItsCompletionEvent() throws Exception {
     Block block = lease(oldPool, 64 * KiB, "s1");
     oldPool.release(block, new NeverCompletes());
