@@ -110,6 +110,21 @@ public final class VmmDriver {
     }
   }
 
+  /**
+   * {@code cuMemImportFromShareableHandle}: a handle in {@code handle[0]} of the allocation a
+   * POSIX descriptor exported by another process names. The descriptor stays the caller's to
+   * close; the handle keeps the allocation alive ({@link #release} it).
+   */
+  public static int importDescriptor(int fd, long[] handle) {
+    try (Memory out = new Memory(Long.BYTES)) {
+      out.setLong(0, 0);
+      // The OS handle is passed as a void* whose value is the descriptor number.
+      int result = Calls.IMPORT.invokeInt(new Object[] {out, (long) fd, HANDLE_TYPE_POSIX_FD});
+      handle[0] = out.getLong(0);
+      return result;
+    }
+  }
+
   /** A zeroed {@code CUmemAllocationProp}: pinned, on the device, POSIX fd handle type. */
   private static Memory properties(int device) {
     Memory prop = new Memory(PROP_BYTES);
@@ -133,5 +148,6 @@ public final class VmmDriver {
     static final Function ADDRESS_FREE = CUDA.getFunction("cuMemAddressFree");
     static final Function RELEASE = CUDA.getFunction("cuMemRelease");
     static final Function EXPORT = CUDA.getFunction("cuMemExportToShareableHandle");
+    static final Function IMPORT = CUDA.getFunction("cuMemImportFromShareableHandle");
   }
 }

@@ -72,6 +72,47 @@ public interface MemoryBackend extends AutoCloseable {
     return false;
   }
 
+  // ------------------------------------------------------------------------------ take-over
+
+  /**
+   * Why this backend cannot hand its segments to a successor daemon ({@code gpumemd
+   * --take-over}) or adopt a predecessor's, in words an operator acts on; null when it can
+   * ({@link #relinquish}, {@link #adopt}). Fixed at start.
+   */
+  default String takeOverRefusal() {
+    return "the " + name() + " backend cannot hand its segments over to another daemon";
+  }
+
+  /**
+   * Adopts a segment a predecessor daemon handed over as a descriptor (one its {@link
+   * DescriptorSegment#open} made, received with {@code SCM_RIGHTS}): the segment is this
+   * backend's from now on, freed by {@link #free} or handed on by {@link #relinquish}, and counts
+   * against the device's capacity.
+   *
+   * <p>Takes ownership of {@code fd}: it is closed (or kept as the segment's own) whether the
+   * call succeeds or throws.
+   *
+   * @param bytes the segment's size as the predecessor's state says; checked where the
+   *     descriptor tells
+   * @throws BackendOutOfMemoryException when the device's capacity has no room for it
+   * @throws BackendException when the descriptor is not such a segment or cannot be adopted
+   * @throws UnsupportedOperationException when {@link #takeOverRefusal} is not null
+   */
+  default SegmentMemory adopt(int device, int fd, long bytes) {
+    throw new UnsupportedOperationException(String.valueOf(takeOverRefusal()));
+  }
+
+  /**
+   * Drops this process's references to a segment without destroying its memory: a successor
+   * adopted it from a descriptor ({@link #adopt}) and keeps it. The segment is no longer this
+   * backend's (as after {@link #free}), and {@link DescriptorSegment#open} answers null.
+   *
+   * @throws UnsupportedOperationException when {@link #takeOverRefusal} is not null
+   */
+  default void relinquish(SegmentMemory segment) {
+    throw new UnsupportedOperationException(String.valueOf(takeOverRefusal()));
+  }
+
   /** Frees whatever the backend still holds (segments, files, contexts). Idempotent. */
   @Override
   void close();

@@ -180,6 +180,63 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
+  // ------------------------------------------------------------------ take-over (PoolTransfer)
+
+  /** The id the next new segment gets. */
+  long nextSegmentId() {
+    return nextSegmentId;
+  }
+
+  long peakLeasedBytes() {
+    return peakLeasedBytes;
+  }
+
+  /**
+   * Restores the peak of a predecessor once its blocks are back: its own figure, since the
+   * restore counted client-cached blocks as leased on their way (never below what is leased).
+   */
+  void restorePeak(long peak) {
+    peakLeasedBytes = Math.max(peak, leasedBytes);
+  }
+
+  /**
+   * Re-creates a segment of a predecessor, with no blocks yet ({@link #restoreBlock}); a live one
+   * joins the live segments.
+   */
+  Segment restoreSegment(long id, String owner, SegmentMemory memory, boolean small, boolean live) {
+    assert lock.isHeldByCurrentThread();
+    Segment segment = new Segment(id, owner, memory, small);
+    if (live) {
+      this.live.put(id, segment);
+    }
+    return segment;
+  }
+
+  /**
+   * Appends a block of a predecessor after {@code prev} (null: the segment's first): a free
+   * block is indexed (when {@code indexed}), a leased one counts as leased. A client-cached block
+   * is restored leased, then handed to {@link ClientCacheBooks#cached}.
+   */
+  Block restoreBlock(Segment segment, Block prev, long offset, long size, boolean free, boolean indexed) {
+    assert lock.isHeldByCurrentThread();
+    Block block = new Block(segment, nextBlockId++, offset, size, free ? Block.State.FREE : Block.State.LEASED);
+    block.prev = prev;
+    if (prev == null) {
+      segment.head = block;
+    } else {
+      prev.next = block;
+    }
+    if (free) {
+      if (indexed) {
+        this.free.add(block);
+      }
+    } else {
+      segment.usedBytes += size;
+      countLeased(block);
+    }
+    return block;
+  }
+
   /** Bytes of the idle segments: the pool's cached bytes. */
   long cachedBytes() {
     return idle.bytes();

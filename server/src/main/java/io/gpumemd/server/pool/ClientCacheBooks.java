@@ -126,6 +126,27 @@ final class ClientCacheBooks {
     return any;
   }
 
+  /** Holders asked to give theirs back that have not yet; a copy (take-over). */
+  List<String> returnAsked() {
+    return List.copyOf(returnAsked);
+  }
+
+  /** A predecessor had asked this holder already: it is not asked again until it gave all back. */
+  void restoreReturnAsked(String holder) {
+    assert lock.isHeldByCurrentThread();
+    if (byHolder.containsKey(holder)) {
+      returnAsked.add(holder);
+    }
+  }
+
+  long reportedHits() {
+    return reportedHits.get();
+  }
+
+  long reportedReturns() {
+    return reportedReturns.get();
+  }
+
   /** Client-cached bytes of every holder. */
   long bytes() {
     return bytes;

@@ -456,6 +456,96 @@ public final class DevicePool implements AutoCloseable {
     }
   }
 
+  /**
+   * Why a successor with budget {@code successorLimitBytes} for this device could not take this
+   * pool over, or null: the holder's check before anything moves (the state is never shrunk to
+   * fit, so the successor's budget must cover every segment the pool holds). Conditions that
+   * pass with time (events, allocations in flight) are {@link #exportState}'s to refuse.
+   */
+  public String takeOverRefusal(long successorLimitBytes) {
+    String backendRefusal = backend.takeOverRefusal();
+    if (backendRefusal != null) {
+      return backendRefusal;
+    }
+    lock.lock();
+    try {
+      long held = budget.reservedBytes() + budget.inFlightBytes();
+      if (held > successorLimitBytes) {
+        return "device " + device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new one's "
+            + "budget is " + successorLimitBytes + " bytes (--limit-bytes); what is leased stays leased, so give the "
+            + "new daemon at least " + held + " bytes";
+      }
+      return null;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /**
+   * Writes this pool down for a successor daemon ({@code gpumemd --take-over}), with a
+   * read-write descriptor of every segment it holds (live, or evicted and awaiting unmaps) put in
+   * {@code sink}; the state names each by its index there. Changes nothing: the pool serves on if
+   * the take-over does not happen, and {@link #handOver} ends it if it does. Call it with the
+   * daemon's request gate closed, so that nothing changes the pool between the state and the
+   * descriptors (they are opened after the lock is released, as backend calls are).
+   *
+   * @throws TakeOverRefusedException when the pool cannot be handed over now: the backend cannot
+   *     hand segments over ({@link MemoryBackend#takeOverRefusal}), released blocks wait for
+   *     completion events, allocations or frees are under way, a segment has no descriptor, or
+   *     the pool is closed; descriptors already in the sink stay the sink's
+   */
+  public io.gpumemd.proto.takeover.v1.PoolState exportState(SegmentDescriptors sink) throws TakeOverRefusedException {
+    return PoolTransfer.export(this, sink);
+  }
+
+  /**
+   * Rebuilds a predecessor's pool ({@link #exportState}) on this daemon's backend and settings:
+   * every segment adopted from its descriptor ({@link MemoryBackend#adopt}), with the same ids,
+   * blocks, idle order, holders, client-cached blocks, counters and sharing figures. The
+   * successor's settings rule from now on (budget, published limit, and the retention cap unless
+   * the predecessor's was set at run time), but the state is never shrunk to fit: a budget or
+   * published limit too small for it is a refusal. The result passes {@link #verifyInvariants}.
+   *
+   * @param descriptors received descriptor numbers, by the index the state names; every one the
+   *     state names is this call's from now on (adopted, or closed when it fails), the others stay
+   *     the caller's
+   * @throws TakeOverRefusedException when the state does not fit this daemon or does not make a
+   *     pool; every segment adopted so far is relinquished (never freed: the predecessor still
+   *     holds the memory and serves on)
+   */
+  public static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
+      HolderRequests holderRequests, Ticker ticker, io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
+      throws TakeOverRefusedException {
+    return PoolTransfer.restore(device, backend, settings, holderRequests, ticker, state, descriptors);
+  }
+
+  /**
+   * Ends the pool after a successor took it over: as {@link #close}, but every segment is
+   * relinquished ({@link MemoryBackend#relinquish}: this process's references dropped, the
+   * memory kept for the successor), never freed. Idempotent; afterwards the pool refuses
+   * everything as a closed one does, and releases only settle its books.
+   */
+  public void handOver() {
+    List<Segment> all;
+    List<PendingEvents.Pending> pending;
+    lock.lock();
+    try {
+      if (closed) {
+        return;
+      }
+      closed = true;
+      all = eviction.giveUpAll(false);
+      pending = events.drain();
+      waiters.closed();
+    } finally {
+      lock.unlock();
+    }
+    pending.forEach(p -> p.event().close());
+    for (Segment s : all) {
+      PoolTransfer.relinquishQuietly(backend, s.memory);
+    }
+  }
+
   // ------------------------------------------------------------------------------ reporting
 
   /** The pool's figures, taken under the lock; see {@link PoolStats} for which are exact. */
@@ -511,7 +601,7 @@ public final class DevicePool implements AutoCloseable {
         return;
       }
       closed = true;
-      all = eviction.giveUpAll();
+      all = eviction.giveUpAll(true);
       pending = events.drain();
       waiters.closed();
     } finally {

@@ -82,6 +82,92 @@ public final class DevicePools implements AutoCloseable {
     return pools.size();
   }
 
+  // ------------------------------------------------------------------------------ take-over
+
+  /**
+   * Why a successor with these budgets (by device ordinal, as its {@code Hello} says) could not
+   * take the pools over, or null ({@link DevicePool#takeOverRefusal}).
+   */
+  public String takeOverRefusal(List<Long> successorLimitBytes) {
+    if (successorLimitBytes.size() != pools.size()) {
+      return "this daemon has " + pools.size() + " devices, the new one " + successorLimitBytes.size()
+          + " (expected: the same devices)";
+    }
+    for (int d = 0; d < pools.size(); d++) {
+      String refusal = pools.get(d).takeOverRefusal(successorLimitBytes.get(d));
+      if (refusal != null) {
+        return refusal;
+      }
+    }
+    return null;
+  }
+
+  /**
+   * Every pool's state for a successor daemon, by device ordinal ({@link
+   * DevicePool#exportState}); one sink takes the descriptors of all of them.
+   *
+   * @throws TakeOverRefusedException when any pool cannot be handed over (descriptors already in
+   *     the sink stay the sink's)
+   */
+  public List<io.gpumemd.proto.takeover.v1.PoolState> exportStates(SegmentDescriptors sink)
+      throws TakeOverRefusedException {
+    List<io.gpumemd.proto.takeover.v1.PoolState> states = new java.util.ArrayList<>(pools.size());
+    for (DevicePool pool : pools) {
+      states.add(pool.exportState(sink));
+    }
+    return states;
+  }
+
+  /**
+   * Rebuilds every device's pool from a predecessor's states ({@link DevicePool#restore}), one
+   * per device of {@code backend}, with this daemon's settings of each.
+   *
+   * @param settings by device ordinal
+   * @param descriptors every received descriptor, by index; those the states name are this
+   *     call's from now on (adopted, or closed on failure)
+   * @throws TakeOverRefusedException when the states do not match the devices or one pool cannot
+   *     be restored; the pools restored so far are handed back ({@link DevicePool#handOver}), so
+   *     this daemon holds nothing of the predecessor's memory
+   */
+  public static DevicePools restore(io.gpumemd.server.backend.MemoryBackend backend, List<PoolSettings> settings,
+      HolderRequests holderRequests, io.gpumemd.common.Ticker ticker,
+      List<io.gpumemd.proto.takeover.v1.PoolState> states, int[] descriptors) throws TakeOverRefusedException {
+    var devices = backend.devices();
+    if (states.size() != devices.size() || settings.size() != devices.size()) {
+      throw new TakeOverRefusedException("the running daemon has " + states.size() + " devices, this one "
+          + devices.size() + " (expected: the same devices)");
+    }
+    List<DevicePool> restored = new java.util.ArrayList<>(devices.size());
+    try {
+      for (int d = 0; d < devices.size(); d++) {
+        restored.add(DevicePool.restore(devices.get(d), backend, settings.get(d), holderRequests, ticker,
+            states.get(d), descriptors));
+      }
+    } catch (TakeOverRefusedException | RuntimeException e) {
+      restored.forEach(DevicePool::handOver);
+      // The later devices' descriptors were never taken: close them (an index named twice is
+      // a corrupt state, refused above before any was taken).
+      for (int d = restored.size() + 1; d < states.size(); d++) {
+        for (var s : states.get(d).getSegmentsList()) {
+          if (s.getDescriptorIndex() < descriptors.length) {
+            try {
+              io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.getDescriptorIndex()], false).close();
+            } catch (java.io.IOException | RuntimeException ignored) {
+              // already reported by the device's own restore, or not a descriptor at all
+            }
+          }
+        }
+      }
+      throw e;
+    }
+    return new DevicePools(restored);
+  }
+
+  /** Hands every pool over to a successor ({@link DevicePool#handOver}). Idempotent. */
+  public void handOver() {
+    pools.forEach(DevicePool::handOver);
+  }
+
   @Override
   public void close() {
     pools.forEach(DevicePool::close);

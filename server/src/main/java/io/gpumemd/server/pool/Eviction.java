@@ -37,6 +37,8 @@ final class Eviction {
   private final Budget budget;
   private final PoolCounters counters;
   private long retentionCapBytes;
+  /** True once SetRetentionCap set the cap (it then outranks a successor's flag at take-over). */
+  private boolean capSetAtRuntime;
 
   /** Made by the pool's constructor once the rooms it uses exist. */
   Eviction(DevicePool pool, long retentionCapBytes) {
@@ -54,12 +56,24 @@ final class Eviction {
     return retentionCapBytes;
   }
 
+  boolean capSetAtRuntime() {
+    return capSetAtRuntime;
+  }
+
+  /** A predecessor's runtime cap (take-over); with the lock held, before the pool is used. */
+  void restoreRuntimeCap(long capBytes) {
+    assert lock.isHeldByCurrentThread();
+    retentionCapBytes = capBytes;
+    capSetAtRuntime = true;
+  }
+
   // ----------------------------------------------------------------------- taking the lock
 
   /** Sets the retention cap and evicts at once down to it; returns the bytes evicted. */
   long setRetentionCap(long capBytes) {
     return AfterUnlock.locked(pool, after -> {
       retentionCapBytes = capBytes;
+      capSetAtRuntime = true;
       return enforceCap(capBytes, after);
     });
   }
@@ -189,11 +203,12 @@ final class Eviction {
 
   /**
    * Gives up every segment, leased or not, mapped or not, and forgets the blocks: the pool is
-   * closing and frees them itself, once unlocked.
+   * closing and frees them itself, once unlocked ({@code freeing}, counted as backend frees), or
+   * hands them to a successor daemon (not counted: the memory lives on).
    *
    * @return the segments to free
    */
-  List<Segment> giveUpAll() {
+  List<Segment> giveUpAll(boolean freeing) {
     assert lock.isHeldByCurrentThread();
     List<Segment> all = new ArrayList<>(carver.clear());
     all.addAll(holders.awaitingUnmap());
@@ -202,7 +217,9 @@ final class Eviction {
     for (Segment s : all) {
       s.state = Segment.State.FREED;
     }
-    counters.add(PoolMetric.BACKEND_FREES, all.size());
+    if (freeing) {
+      counters.add(PoolMetric.BACKEND_FREES, all.size());
+    }
     budget.closed();
     return all;
   }

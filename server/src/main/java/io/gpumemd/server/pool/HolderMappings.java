@@ -107,6 +107,11 @@ final class HolderMappings {
     return ids;
   }
 
+  /** Holders that may have mapped a segment; a copy (take-over). */
+  static List<String> mappersOf(Segment segment) {
+    return List.copyOf(segment.mappers);
+  }
+
   /** Every holder that may map a segment of the pool (those that may hold its blocks). */
   List<String> holders() {
     return List.copyOf(byHolder.keySet());

@@ -42,6 +42,11 @@ final class IdleSegments {
     return segment;
   }
 
+  /** The idle segments, least recently used first; a copy (take-over). */
+  java.util.List<Segment> inOrder() {
+    return java.util.List.copyOf(lru);
+  }
+
   boolean contains(Segment segment) {
     return lru.contains(segment);
   }

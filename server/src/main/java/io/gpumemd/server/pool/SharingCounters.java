@@ -162,6 +162,20 @@ final class SharingCounters {
     return sharedBlocks.sum();
   }
 
+  long shares() {
+    return shares.sum();
+  }
+
+  /** Sets the figures of a predecessor (take-over) on a pool nobody uses yet; with the pool lock held. */
+  void restore(long shares, long liveHolds, long sharedBlocks, long publishedObjects, long publishedBytes) {
+    assert lock.isHeldByCurrentThread();
+    this.shares.add(shares);
+    this.liveHolds.add(liveHolds);
+    this.sharedBlocks.add(sharedBlocks);
+    this.publishedObjects.addAndGet(publishedObjects);
+    this.publishedBytes += publishedBytes;
+  }
+
   /** Fills in the figures this class keeps; with the pool lock held. */
   void report(long[] v) {
     v[PoolMetric.SHARES.ordinal()] = shares.sum();

@@ -26,8 +26,10 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
+import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -257,6 +259,61 @@ public final class JCudaBackend implements MemoryBackend {
     } catch (BackendException e) {
       log.error("Cannot free a {}-byte segment on device {}: {}", cuda.bytes(), cuda.device(), e.getMessage());
     }
+  }
+
+  /**
+   * Null when every device uses VMM handles: a VMM allocation lives on while the successor's
+   * imported handle holds it. Legacy IPC handles ({@code cuMemAlloc}) die with this process.
+   */
+  @Override
+  public String takeOverRefusal() {
+    for (int d = 0; d < vmm.length; d++) {
+      if (vmm[d] == null) {
+        return "device " + d + " uses legacy CUDA IPC handles (cuMemAlloc), whose memory dies with this daemon; "
+            + "restart the daemon with --cuda-handles vmm to allow take-overs";
+      }
+    }
+    return null;
+  }
+
+  /**
+   * Imports a VMM allocation from a descriptor and maps it in the daemon ({@link
+   * VmmAllocations#adopt}); the descriptor is closed whether or not that succeeds.
+   */
+  @Override
+  public SegmentMemory adopt(int device, int fd, long bytes) {
+    try {
+      if (closed) {
+        throw new BackendException("cuda backend is closed");
+      }
+      if (device < 0 || device >= vmm.length || vmm[device] == null) {
+        throw new UnsupportedOperationException(device < 0 || device >= vmm.length
+            ? "adopt: device " + device + " (expected: 0.." + (vmm.length - 1) + ")" : takeOverRefusal());
+      }
+      makeCurrent(device);
+      VmmSegment segment = vmm[device].adopt(fd, bytes);
+      live.add(segment);
+      return segment;
+    } finally {
+      try {
+        SegmentDescriptor.ofNative(fd, false).close();
+      } catch (IOException | RuntimeException e) {
+        log.error("Cannot close received descriptor {}: {}", fd, e.toString());
+      }
+    }
+  }
+
+  /**
+   * Unmaps the daemon's mapping, frees its address range and releases its handle, as {@link
+   * #free} does: a VMM allocation is destroyed only once every handle and mapping is gone, and
+   * the successor holds its own.
+   */
+  @Override
+  public void relinquish(SegmentMemory segment) {
+    if (!(segment instanceof VmmSegment)) {
+      throw new UnsupportedOperationException(String.valueOf(takeOverRefusal()));
+    }
+    free(segment);
   }
 
   @Override

@@ -89,6 +89,49 @@ final class VmmAllocations {
   }
 
   /**
+   * Adopts an allocation a predecessor daemon exported ({@code --take-over}): imports the
+   * descriptor ({@code cuMemImportFromShareableHandle}), then reserves, maps and opens it
+   * read-write in the daemon's context as {@link #allocate} does its own, so that it can be
+   * zeroed and exported again. On any failure what was done is undone before the exception
+   * propagates; the descriptor stays the caller's.
+   *
+   * @param bytes the allocation's size as the predecessor's state says, a multiple of {@link
+   *     #granularity}; a mapping larger than the allocation fails in {@code cuMemMap}
+   */
+  VmmSegment adopt(int fd, long bytes) {
+    if (bytes <= 0 || bytes % granularity != 0) {
+      throw new BackendException("cuMemImportFromShareableHandle on device " + device + ": " + bytes
+          + " bytes (expected: a positive multiple of the allocation granularity " + granularity + ")");
+    }
+    long[] out = new long[1];
+    CudaCalls.check(VmmDriver.importDescriptor(fd, out), "cuMemImportFromShareableHandle(fd " + fd + ") on device "
+        + device);
+    long allocation = out[0];
+    long address = 0;
+    int step = 0;
+    try {
+      CudaCalls.check(VmmDriver.reserve(bytes, out), "cuMemAddressReserve(" + bytes + ") on device " + device);
+      address = out[0];
+      step = 1;
+      CudaCalls.check(VmmDriver.map(address, bytes, allocation), "cuMemMap of an adopted allocation on device "
+          + device);
+      step = 2;
+      CudaCalls.check(VmmDriver.setAccess(address, bytes, device, VmmDriver.PROT_READWRITE),
+          "cuMemSetAccess on device " + device);
+      return new VmmSegment(device, bytes, context, allocation, new CUdeviceptr().withByteOffset(address), handle);
+    } catch (RuntimeException e) {
+      if (step >= 2) {
+        VmmDriver.unmap(address, bytes);
+      }
+      if (step >= 1) {
+        VmmDriver.addressFree(address, bytes);
+      }
+      VmmDriver.release(allocation);
+      throw e;
+    }
+  }
+
+  /**
    * Unmaps the daemon's mapping, frees its address range and releases its handle. Descriptors
    * already exported and importers' mappings keep the memory until they are gone too.
    *

@@ -59,7 +59,9 @@ import org.slf4j.LoggerFactory;
  * <p>The directories are mode 0711 (0751 with a configured group): anyone may pass through to a
  * file given to them, nobody else may list the segments. A lock file in {@code shmDir} keeps
  * two daemons from sharing a directory; files left by a daemon that crashed are removed at
- * start.
+ * start. In descriptor mode (below) the lock is shared once the daemon has cleaned up, so that
+ * a successor ({@code gpumemd --take-over}) can start in the same directory while its
+ * predecessor still runs; only the last daemon to leave removes the directories.
  *
  * <p>With descriptors ({@code --host-segments fd}, {@link #HostShmBackend(Path, int, long, String,
  * String)}) no segment lives on a path: its file is created (the daemon's, mode 0600), opened and
@@ -147,25 +149,28 @@ public final class HostShmBackend implements MemoryBackend {
         restrict(root, dirMode); // never the mode of a directory an operator made
       }
       this.lockChannel = FileChannel.open(root.resolve(".gpumemd.lock"),
-          StandardOpenOption.CREATE, StandardOpenOption.WRITE);
-      FileLock taken;
-      try {
-        taken = lockChannel.tryLock();
-      } catch (OverlappingFileLockException e) {
-        taken = null;
+          StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
+      // Alone in the directory (exclusive lock): files left there are a dead daemon's. In
+      // descriptor mode the lock is then shared, so that a successor (--take-over) can start
+      // beside this daemon in the same directory: nothing of a live segment is on a path, and
+      // each daemon names the files it creates (for microseconds) with its pid.
+      FileLock taken = tryLock(lockChannel, false);
+      boolean alone = taken != null;
+      if (taken == null && fdSocket != null) {
+        taken = tryLock(lockChannel, true);
       }
       if (taken == null) {
         lockChannel.close();
-        throw new BackendException("shm-dir: " + root
-            + " is in use by another gpumemd (expected: a directory of this daemon's own)");
+        throw new BackendException("shm-dir: " + root + " is in use by another gpumemd (expected: a directory of "
+            + "this daemon's own" + (fdSocket == null ? "" : ", or one shared only with daemons in "
+            + "--host-segments fd mode") + ")");
       }
-      this.lock = taken;
       List<DeviceInfo> infos = new ArrayList<>();
       for (int d = 0; d < deviceCount; d++) {
         Path dir = deviceDir(d);
         Files.createDirectories(dir);
         restrict(dir, dirMode);
-        int stale = removeSegmentFiles(dir);
+        int stale = alone ? removeSegmentFiles(dir) : 0;
         if (stale > 0) {
           log.warn("Removed {} segment files left in {} by an earlier daemon", stale, dir);
         }
@@ -173,6 +178,16 @@ public final class HostShmBackend implements MemoryBackend {
         infos.add(new DeviceInfo(d, "host-shm", "HOST-" + uuid, "host", capacityBytes, capacityBytes));
       }
       this.devices = List.copyOf(infos);
+      if (alone && fdSocket != null) {
+        taken.release();
+        taken = tryLock(lockChannel, true);
+        if (taken == null) {
+          lockChannel.close();
+          throw new BackendException("shm-dir: " + root + " was taken by a daemon in --host-segments path mode "
+              + "while this one started");
+        }
+      }
+      this.lock = taken;
       warnIfFileSystemTooSmall(deviceCount);
       if (fdSocket != null) {
         log.info("Host segments are passed as file descriptors over {}; their files in {} are removed as soon as "
@@ -273,7 +288,9 @@ public final class HostShmBackend implements MemoryBackend {
       throw new BackendOutOfMemoryException("host device " + device + ": " + bytes
           + " bytes requested, " + (used - bytes) + " of " + capacityBytes + " in use");
     }
-    Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
+    // Descriptor mode may share the directory with a successor: names carry the pid.
+    Path path = deviceDir(device).resolve(fdSocket == null ? "seg-" + nextFile.incrementAndGet()
+        : "seg-" + ProcessHandle.current().pid() + "-" + nextFile.incrementAndGet());
     try {
       if (fdSocket != null) {
         return unlinked.allocate(device, bytes, path);
@@ -413,6 +430,60 @@ public final class HostShmBackend implements MemoryBackend {
         "empty: host device " + device + " has no CUDA events");
   }
 
+  /**
+   * Null in descriptor mode: a segment is an unlinked file, which lives on in a successor that
+   * was sent a descriptor of it. With paths, a successor would have to share this daemon's
+   * directory, which its lock and its clean-up at start forbid.
+   */
+  @Override
+  public String takeOverRefusal() {
+    return fdSocket != null ? null : "--host-segments path: segments are files in " + root + ", which a successor "
+        + "cannot take over while this daemon holds the directory; restart both daemons with --host-segments fd";
+  }
+
+  /**
+   * Adopts an unlinked segment file from a descriptor ({@link UnlinkedSegments#adopt}); its
+   * bytes count against the device's capacity like a new segment's.
+   */
+  @Override
+  public SegmentMemory adopt(int device, int fd, long bytes) {
+    if (fdSocket == null) {
+      UnlinkedSegments.closeReceived(fd);
+      throw new UnsupportedOperationException(takeOverRefusal());
+    }
+    if (closed || device < 0 || device >= devices.size()) {
+      UnlinkedSegments.closeReceived(fd);
+      throw new BackendException(closed ? "host backend is closed" : "adopt: device " + device + " (expected: 0.."
+          + (devices.size() - 1) + ")");
+    }
+    long used = usedBytes.addAndGet(device, bytes);
+    if (used > capacityBytes) {
+      usedBytes.addAndGet(device, -bytes);
+      UnlinkedSegments.closeReceived(fd);
+      throw new BackendOutOfMemoryException("host device " + device + ": cannot adopt a " + bytes
+          + "-byte segment, " + (used - bytes) + " of " + capacityBytes + " in use (--host-device-bytes)");
+    }
+    try {
+      return unlinked.adopt(device, fd, bytes);
+    } catch (IOException | RuntimeException e) {
+      usedBytes.addAndGet(device, -bytes);
+      throw e instanceof BackendException b ? b
+          : new BackendException("host adopt of descriptor " + fd + " (" + bytes + " bytes): " + e, e);
+    }
+  }
+
+  /**
+   * Closes the daemon's descriptor of an unlinked segment, as {@link #free} does: the file lives
+   * on while the successor's descriptor (or a client's mapping) holds it.
+   */
+  @Override
+  public void relinquish(SegmentMemory segment) {
+    if (!(segment instanceof HostFdSegment fd)) {
+      throw new UnsupportedOperationException(takeOverRefusal());
+    }
+    free(fd);
+  }
+
   @Override
   public boolean passesDescriptors() {
     return fdSocket != null;
@@ -431,28 +502,45 @@ public final class HostShmBackend implements MemoryBackend {
         removed++;
       }
     }
-    for (DeviceInfo device : devices) {
-      Path dir = deviceDir(device.ordinal());
-      try {
-        removed += removeSegmentFiles(dir);
-        Files.deleteIfExists(dir);
-      } catch (IOException e) {
-        log.error("Cannot clean {}: {}", dir, e.toString());
-      }
-    }
     try {
       lock.release();
-      lockChannel.close();
-      Files.deleteIfExists(root.resolve(".gpumemd.lock"));
-      if (createdRoot) {
-        // Ours since start: leave nothing behind (an operator's own directory stays).
-        Files.deleteIfExists(root);
+      // Another daemon in descriptor mode still shares the directory (the successor of a
+      // take-over): it stays as it is, theirs now.
+      FileLock last = tryLock(lockChannel, false);
+      if (last == null) {
+        log.info("shm-dir {} is shared with another gpumemd (a take-over's successor): left in place", root);
+      } else {
+        for (DeviceInfo device : devices) {
+          Path dir = deviceDir(device.ordinal());
+          try {
+            removed += removeSegmentFiles(dir);
+            Files.deleteIfExists(dir);
+          } catch (IOException e) {
+            log.error("Cannot clean {}: {}", dir, e.toString());
+          }
+        }
+        Files.deleteIfExists(root.resolve(".gpumemd.lock"));
+        if (createdRoot) {
+          // Ours since start: leave nothing behind (an operator's own directory stays).
+          Files.deleteIfExists(root);
+        }
+        last.release();
       }
+      lockChannel.close();
     } catch (IOException e) {
       log.error("Cannot release the lock of {} or remove it: {}", root, e.toString());
     }
     if (removed > 0) {
       log.info("Host backend freed {} segments still present at close", removed);
+    }
+  }
+
+  /** The directory lock, or null when another process (or this JVM) holds a conflicting one. */
+  private static FileLock tryLock(FileChannel channel, boolean shared) throws IOException {
+    try {
+      return channel.tryLock(0, Long.MAX_VALUE, shared);
+    } catch (OverlappingFileLockException e) {
+      return null;
     }
   }
 

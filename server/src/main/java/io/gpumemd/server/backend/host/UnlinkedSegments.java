@@ -2,6 +2,7 @@ package io.gpumemd.server.backend.host;
 
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.IpcHandle;
+import io.gpumemd.server.backend.SegmentDescriptor;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.file.Files;
@@ -62,6 +63,54 @@ final class UnlinkedSegments {
       throw e;
     } finally {
       Files.deleteIfExists(path); // gone already, unless something failed before its removal
+    }
+  }
+
+  /**
+   * A segment from a descriptor a predecessor daemon sent ({@code --take-over}): the file is
+   * reopened read-write through {@code /proc/self/fd} (a descriptor of this backend's own, owned
+   * by a Java file like a new segment's) and the received number is closed, success or not. It
+   * must be an unlinked regular file of exactly {@code bytes}: anything else is not a segment of
+   * a host backend in descriptor mode.
+   */
+  HostFdSegment adopt(int device, int fd, long bytes) throws IOException {
+    RandomAccessFile file = null;
+    try {
+      Path received = Path.of("/proc/self/fd/" + fd);
+      String target = Files.readSymbolicLink(received).toString();
+      if (!target.endsWith(" (deleted)") || !Files.isRegularFile(received)) {
+        throw new BackendException("descriptor " + fd + " names " + target
+            + " (expected: an unlinked segment file of a host backend with --host-segments fd)");
+      }
+      file = new RandomAccessFile(received.toFile(), "rw");
+      if (file.length() != bytes) {
+        throw new BackendException("descriptor " + fd + ": " + file.length() + " bytes (expected: " + bytes
+            + ", as the state says)");
+      }
+      int number = DescriptorNumbers.of(file.getFD());
+      Object ino = Files.getAttribute(Path.of("/proc/self/fd/" + number), "unix:ino");
+      if (!ino.equals(Files.getAttribute(received, "unix:ino"))) {
+        throw new BackendException("descriptor number " + number + " read from the JVM is not the reopened "
+            + "segment file");
+      }
+      HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
+      openSegments.add(segment);
+      file = null;
+      return segment;
+    } finally {
+      if (file != null) {
+        file.close();
+      }
+      closeReceived(fd);
+    }
+  }
+
+  /** Closes a descriptor number received from another process, which no Java object owns. */
+  static void closeReceived(int fd) {
+    try {
+      SegmentDescriptor.ofNative(fd, false).close();
+    } catch (IOException | RuntimeException e) {
+      log.error("Cannot close received descriptor {}: {}", fd, e.toString());
     }
   }
 

@@ -147,6 +147,8 @@ class JCudaBackendTest extends MemoryBackendContractTest {
     assertEquals(1, backend.segmentGranularity(0), "cuMemAlloc takes any size");
     SegmentMemory segment = allocate(0, 2 * MiB + 512);
     assertTrue(segment.handle() instanceof IpcHandle.CudaIpc, segment.handle().toString());
+    // Legacy IPC memory dies with its process: no take-over.
+    assertTrue(backend.takeOverRefusal().contains("--cuda-handles vmm"), backend.takeOverRefusal());
   }
 
   @Test

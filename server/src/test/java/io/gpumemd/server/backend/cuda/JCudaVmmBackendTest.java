@@ -144,6 +144,47 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     }
   }
 
+  /**
+   * The take-over on one process: a descriptor exported and passed over a Unix socket is adopted
+   * (imported and mapped by the backend), the original relinquished, and the adopted segment
+   * still holds the bytes: relinquishing never destroys what another handle holds.
+   */
+  @Test
+  void adopt_ofAPassedDescriptor_holdsTheBytes_afterTheOriginalIsRelinquished() throws Exception {
+    assertNull(backend.takeOverRefusal());
+    SegmentMemory original = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
+    byte[] bytes = {9, 8, 7, 6, 5, 4, 3, 2};
+    write(original, 4096, bytes);
+    int fd;
+    try (io.gpumemd.server.pool.DescriptorPassing passing =
+        new io.gpumemd.server.pool.DescriptorPassing(Files.createTempDirectory("vmm-takeover").resolve("s"))) {
+      passing.add(((DescriptorSegment) original).open(false));
+      fd = passing.received()[0];
+    }
+
+    SegmentMemory adopted = backend.adopt(0, fd, 2 * MiB);
+    backend.relinquish(original);
+
+    assertNull(((DescriptorSegment) original).open(false), "the original hands out nothing more");
+    assertArrayEquals(bytes, read(adopted, 4096, bytes.length));
+    backend.zero(adopted, 0, 2 * MiB); // mapped read-write in the daemon's context, as its own
+    assertArrayEquals(new byte[bytes.length], read(adopted, 4096, bytes.length));
+    backend.free(adopted);
+  }
+
+  @Test
+  void adopt_ofASizeOffTheGranularity_isRefused() throws Exception {
+    SegmentMemory original = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
+    int fd;
+    try (io.gpumemd.server.pool.DescriptorPassing passing =
+        new io.gpumemd.server.pool.DescriptorPassing(Files.createTempDirectory("vmm-takeover").resolve("s"))) {
+      passing.add(((DescriptorSegment) original).open(false));
+      fd = passing.received()[0];
+    }
+
+    assertThrows(BackendException.class, () -> backend.adopt(0, fd, 2 * MiB + 512));
+  }
+
   @Test
   void open_afterFree_isNull_butAnImportOutlivesTheFree() throws Exception {
     SegmentMemory segment = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
