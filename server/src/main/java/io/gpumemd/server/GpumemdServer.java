@@ -27,6 +27,14 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.takeover.HandOver;
+import io.gpumemd.server.takeover.HandOverGate;
+import io.gpumemd.server.takeover.HandOverInterceptor;
+import io.gpumemd.server.takeover.TakeOver;
+import io.gpumemd.server.pool.TakeOverRefusedException;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.proto.takeover.v1.Hello;
+import io.gpumemd.proto.takeover.v1.State;
 import io.grpc.ServerServiceDefinition;
 import io.grpc.health.v1.HealthCheckResponse.ServingStatus;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
@@ -58,6 +66,9 @@ public final class GpumemdServer {
   private static final Logger log = LoggerFactory.getLogger(GpumemdServer.class);
   private static final String[] SERVICES = {"", "gpumemd.v1.Allocator", "gpumemd.v1.Admin"};
   private static final int BACKEND_THREADS = 8;
+  /** How long a successor retries binding the metrics port its predecessor is closing. */
+  private static final long METRICS_RETRY_MILLIS = 15_000;
+  static final String VERSION = versionOf(GpumemdServer.class);
 
   private final ServerConfig config;
   private final MemoryBackend backend;
@@ -72,12 +83,26 @@ public final class GpumemdServer {
   private final Readiness readiness;
   private final StreamWatchdog streams;
   private final Ticker ticker;
+  private final HandOverGate gate = new HandOverGate();
   private Housekeeping housekeeping;
+  private HandOver handOver;
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
   private final Object terminated = new Object();
+  /** Set once this daemon, taking over, told its predecessor it took the state. */
+  private boolean takenOver;
 
-  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
+  private static String versionOf(Class<?> c) {
+    String v = c.getPackage() == null ? null : c.getPackage().getImplementationVersion();
+    return v == null ? "dev" : v;
+  }
+
+  /**
+   * @param restored a predecessor's state to serve on (take-over), or null to start empty; its
+   *     descriptors are the pools' once this returns
+   */
+  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens,
+      TakeOver restored) {
     this.config = config;
     this.backend = backend;
     this.ticker = ticker;
@@ -92,12 +117,27 @@ public final class GpumemdServer {
         log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
             pool.retentionCapBytes(), device.ordinal(), limit);
       }
-      list.add(new DevicePool(device, backend,
-          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit)),
-          sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
+      PoolSettings settings =
+          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit));
+      try {
+        list.add(restored == null
+            ? new DevicePool(device, backend, settings, sessions, DevicePools.segmentIdBase(device.ordinal()), ticker)
+            : TakeOverState.restorePool(restored, device, backend, settings, sessions, ticker));
+      } catch (RuntimeException e) {
+        list.forEach(DevicePool::handOver); // the predecessor's memory: drop our references, free nothing
+        throw e;
+      }
     }
     this.pools = new DevicePools(list);
     this.registry = new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions);
+    if (restored != null) {
+      try {
+        TakeOverState.restoreSessions(restored, registry);
+      } catch (RuntimeException e) {
+        pools.handOver();
+        throw e;
+      }
+    }
     // Misses and zeroing: backend calls that may take milliseconds, and a miss may wait for
     // unmaps. With an unbounded queue a ThreadPoolExecutor never grows past its core size, so
     // core = max, and idle threads time out.
@@ -107,14 +147,14 @@ public final class GpumemdServer {
     this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount);
     this.streams = new StreamWatchdog(config.transport().streamStallMillis(), ticker);
     List<ServerServiceDefinition> services = List.of(
-        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams)),
+        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate)),
         DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor)),
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());
     this.identities = config.tenancy().identityPolicy(IdentityPolicy.currentUid());
     this.listeners = new Listeners(services, identities, new AuthInterceptor(tokens, config.security().insecureTcp()),
-        config.transport());
+        new HandOverInterceptor(gate), config.transport());
     this.readiness = new Readiness(listeners, backend instanceof HostShmBackend host ? host.root() : null,
         registry::liveLeases);
   }
@@ -162,23 +202,44 @@ public final class GpumemdServer {
             descriptorsAt),
         new BackendSelector.CudaOptions(wanted.cudaHandles(),
             fdSocket == null ? null : fdSocket.toAbsolutePath().toString()));
+    MemoryBackend backend = selection.backend();
+    TakeOver takeOver;
+    try {
+      takeOver = config.takeOver().takeOver() ? TakeOverState.request(config, backend) : null;
+    } catch (IOException | RuntimeException e) {
+      backend.close();
+      throw e;
+    }
     GpumemdServer server;
     try {
-      server = new GpumemdServer(config, selection.backend(), ticker, tokens);
+      server = new GpumemdServer(config, backend, ticker, tokens, takeOver);
     } catch (RuntimeException e) {
-      selection.backend().close();
+      if (takeOver != null) {
+        log.error("--take-over: restoring the state failed; the running daemon serves on", e);
+        takeOver.abort("restoring failed: " + e);
+        takeOver.close();
+        backend.close();
+        throw new IOException("take-over: restoring the state failed (" + e + "); the running daemon serves on");
+      }
+      backend.close();
       throw e;
     }
     try {
-      server.startServices(selection.reason());
+      server.startServices(selection.reason(), takeOver);
     } catch (IOException | RuntimeException e) {
+      if (takeOver != null && !server.takenOver) {
+        takeOver.abort("starting failed: " + e.getMessage());
+        takeOver.close();
+        server.releaseAfterFailedTakeOver();
+        throw e;
+      }
       server.closeAfterFailedStart();
       throw e;
     }
     return server;
   }
 
-  private void startServices(String backendReason) throws IOException {
+  private void startServices(String backendReason, TakeOver takeOver) throws IOException {
     log.info("Backend: {} ({})", backend.name(), backendReason);
     for (DevicePool pool : pools.all()) {
       DeviceInfo d = pool.device();
@@ -191,6 +252,9 @@ public final class GpumemdServer {
     }
     log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
         ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
+    if (takeOver != null) {
+      listeners.takingOver();
+    }
     ListenerConfig addresses = config.listeners();
     if (addresses.socket() != null) {
       listeners.startUnix(addresses.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
@@ -202,13 +266,103 @@ public final class GpumemdServer {
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
     }
+    Path handOverSocket = config.takeOver().socket();
+    Path handOverAt = null;
+    if (handOverSocket != null) {
+      if (takeOver == null) {
+        HandOver.clearStale(handOverSocket);
+      }
+      handOverAt = takeOver == null ? handOverSocket : Listeners.temporaryPath(handOverSocket.toAbsolutePath());
+      handOver = new HandOver(handOverSocket, handOverAt, gate, new Successor(), VERSION);
+    }
+    if (takeOver != null) {
+      // The point of no return: the predecessor stops for good once it reads this.
+      takeOver.taken();
+      takenOver = true;
+    }
+    listeners.publish();
+    if (handOver != null && !handOverAt.equals(handOverSocket)) {
+      HandOver.publishAt(handOverAt, handOverSocket);
+    }
+    if (takeOver != null) {
+      takeOver.live();
+      takeOver.close();
+      log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.holderPid(),
+          registry.sessionCount(), registry.liveLeases());
+    }
     if (addresses.metricsPort() > 0) {
       listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
-          readiness);
+          readiness, takeOver == null ? 0 : METRICS_RETRY_MILLIS);
     }
-    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents());
+    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate);
+    if (handOver != null) {
+      handOver.start();
+    }
     readiness.serving();
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());
+  }
+
+
+
+  /**
+   * A take-over failed before its point of no return: the predecessor serves on with the
+   * memory, so this daemon drops its own references and frees nothing.
+   */
+  private void releaseAfterFailedTakeOver() {
+    health.enterTerminalState();
+    listeners.close();
+    blockingExecutor.shutdownNow();
+    pools.handOver();
+    backend.close();
+    if (handOver != null) {
+      handOver.close();
+    }
+    shutdownState.set(2);
+  }
+
+  /** What {@link HandOver} needs of this daemon. */
+  private final class Successor implements HandOver.Daemon {
+    @Override
+    public String refusal(Hello hello) {
+      return TakeOverState.refusal(hello, backend, pools, registry);
+    }
+
+    @Override
+    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
+      return TakeOverState.export(pools, registry, descriptors);
+    }
+
+    @Override
+    public void handedOver(int successorPid) {
+      GpumemdServer.this.handedOver(successorPid);
+    }
+  }
+
+  /**
+   * A successor took the state: stop serving for good, freeing no memory (the successor's now).
+   * New connections go to the successor (it owns the socket paths); this daemon's clients learn
+   * it from their streams' MovingNotice and from the GOAWAY of their connections.
+   */
+  private void handedOver(int successorPid) {
+    if (!shutdownState.compareAndSet(0, 1)) {
+      return;
+    }
+    readiness.handedOver(successorPid);
+    health.enterTerminalState();
+    listeners.stopAccepting();
+    registry.moved();
+    housekeeping.close();
+    listeners.close();
+    blockingExecutor.shutdownNow();
+    pools.handOver();
+    backend.close();
+    handOver.close();
+    log.info("gpumemd handed over to pid {}: stopped; no memory freed (it is the successor's){}", successorPid,
+        config.takeOver().exitAfterHandOver() ? "" : "; waiting for SIGTERM (--after-hand-over wait)");
+    synchronized (terminated) {
+      shutdownState.set(config.takeOver().exitAfterHandOver() ? 2 : 3);
+      terminated.notifyAll();
+    }
   }
 
   /** Releases what a failed start opened, without the drain or its log lines. */
@@ -262,9 +416,19 @@ public final class GpumemdServer {
     if (force) {
       this.force = true;
     }
+    if (shutdownState.compareAndSet(3, 2)) {
+      log.info("Signalled after the hand-over: exiting");
+      synchronized (terminated) {
+        terminated.notifyAll();
+      }
+      return;
+    }
     if (!shutdownState.compareAndSet(0, 1)) {
       awaitTermination();
       return;
+    }
+    if (handOver != null) {
+      handOver.close();
     }
     try {
       readiness.draining();

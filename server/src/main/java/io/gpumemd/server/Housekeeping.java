@@ -6,6 +6,7 @@ import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
+import io.gpumemd.server.takeover.HandOverGate;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -33,15 +34,34 @@ final class Housekeeping implements AutoCloseable {
   private final ScheduledThreadPoolExecutor scheduler =
       new ScheduledThreadPoolExecutor(1, Listeners.daemonThreads("gpumemd-housekeeping"));
 
-  Housekeeping(SessionRegistry registry, DevicePools pools, StreamWatchdog streams, boolean pollEvents) {
+  /**
+   * @param gate every round passes it: while a successor takes the state over, nothing here
+   *     changes the books (a round the gate refuses is skipped)
+   */
+  Housekeeping(SessionRegistry registry, DevicePools pools, StreamWatchdog streams, boolean pollEvents,
+      HandOverGate gate) {
     scheduler.setRemoveOnCancelPolicy(true);
-    every(100, new Task("Session housekeeping", registry::reap));
-    every(100, new Task("The stream watchdog", streams::closeStalled));
+    every(100, new Task("Session housekeeping", gated(gate, registry::reap)));
+    every(100, new Task("The stream watchdog", gated(gate, streams::closeStalled)));
     if (pollEvents) {
       for (DevicePool pool : pools.all()) {
-        every(2, new Task("Completion event polling on device " + pool.device().ordinal(), pool::pollEvents));
+        every(2, new Task("Completion event polling on device " + pool.device().ordinal(),
+            gated(gate, pool::pollEvents)));
       }
     }
+  }
+
+  private static Runnable gated(HandOverGate gate, Runnable body) {
+    return () -> {
+      if (!gate.enter()) {
+        return;
+      }
+      try {
+        body.run();
+      } finally {
+        gate.exit();
+      }
+    };
   }
 
   private void every(long millis, Task task) {

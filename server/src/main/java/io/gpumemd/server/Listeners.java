@@ -11,6 +11,7 @@ import io.gpumemd.server.config.TransportLimits;
 import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.metrics.MetricsHttpServer;
 import io.gpumemd.server.metrics.ReadinessCheck;
+import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
 import io.grpc.ServerCredentials;
@@ -18,6 +19,7 @@ import io.grpc.ServerServiceDefinition;
 import io.grpc.TlsServerCredentials;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerSocketChannel;
@@ -30,6 +32,7 @@ import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.channels.SocketChannel;
 import java.nio.file.Files;
+import java.nio.file.StandardCopyOption;
 import java.nio.file.LinkOption;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
@@ -65,6 +68,7 @@ final class Listeners implements AutoCloseable {
   private final List<ServerServiceDefinition> services;
   private final IdentityPolicy identities;
   private final AuthInterceptor auth;
+  private final HandOverInterceptor handOver;
   private final TransportLimits limits;
   /**
    * One accept thread and one set of I/O threads per listener: a flood of TCP connects never
@@ -81,6 +85,9 @@ final class Listeners implements AutoCloseable {
   private int tcpPort = -1;
   /** The socket files bound, with their identity (device, inode) then: see {@link #socketProblem}. */
   private final List<BoundSocket> bound = new CopyOnWriteArrayList<>();
+  /** Sockets of a successor bound at temporary paths, until {@link #publish}. */
+  private final List<Pending> pending = new ArrayList<>();
+  private boolean takingOver;
 
   /**
    * @param identities how peers become callers: the Unix socket asks the kernel (SO_PEERCRED),
@@ -88,8 +95,9 @@ final class Listeners implements AutoCloseable {
    * @param auth decides each call's caller (bearer tokens, the connection's peer, anonymous)
    */
   Listeners(List<ServerServiceDefinition> services, IdentityPolicy identities, AuthInterceptor auth,
-      TransportLimits limits) {
+      HandOverInterceptor handOver, TransportLimits limits) {
     this.services = services;
+    this.handOver = handOver;
     this.identities = identities;
     this.auth = auth;
     this.limits = limits;
@@ -113,15 +121,15 @@ final class Listeners implements AutoCloseable {
   void startUnix(Path path, String mode, String group) throws IOException {
     int gid = socketGid("unix listener", group);
     Path absolute = path.toAbsolutePath();
-    prepareSocketPath(absolute, "unix listener", "--socket");
-    Server uds = bind("unix listener", "unix://" + absolute,
-        NettyServerBuilder.forAddress(new DomainSocketAddress(absolute.toString()),
+    Path at = bindPath(absolute, "unix listener", "--socket");
+    Server uds = bind("unix listener", "unix://" + at,
+        NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()),
                 ConnectionLimit.wrap(UnixPeerNegotiator.credentials(identities), "unix listener",
                     "--unix-max-connections", limits.unixMaxConnections()))
             .channelType(EpollServerDomainSocketChannel.class), "unix");
-    socketPath = absolute; // ours from now on: removed at close
-    restrictSocket(socketPath, mode, gid);
-    bound.add(BoundSocket.of("socket", socketPath));
+    restrictSocket(at, mode, gid);
+    socketPath = absolute;
+    owned("socket", at, absolute);
     log.info("Listening on unix://{} (mode {}{})", socketPath, mode, gid >= 0 ? ", group " + gid : "");
   }
 
@@ -132,14 +140,64 @@ final class Listeners implements AutoCloseable {
   void startFd(Path path, String mode, String group, FdChannel channel) throws IOException {
     int gid = socketGid("fd listener", group);
     Path absolute = path.toAbsolutePath();
-    prepareSocketPath(absolute, "fd listener", "--fd-socket");
+    Path at = bindPath(absolute, "fd listener", "--fd-socket");
     fdChannel = channel;
-    channel.bind(absolute);
-    fdSocketPath = absolute; // ours from now on: removed at close
-    restrictSocket(fdSocketPath, mode, gid);
-    bound.add(BoundSocket.of("fd socket", fdSocketPath));
+    channel.bind(at);
+    restrictSocket(at, mode, gid);
+    fdSocketPath = absolute;
+    owned("fd socket", at, absolute);
     log.info("fd channel on unix://{} (mode {}{}): segments are passed as file descriptors", fdSocketPath, mode,
         gid >= 0 ? ", group " + gid : "");
+  }
+
+  /**
+   * Where to bind a socket that belongs at {@code path}: a temporary path beside it, which
+   * {@link #publish} renames to {@code path}. Always so, not only while taking over, because
+   * Netty removes the file at the path it bound when it closes the listener: a daemon that
+   * handed over must not remove its successor's socket, which by then is at {@code path}. A
+   * fresh start first removes a stale socket at {@code path} (refusing a live one).
+   */
+  private Path bindPath(Path path, String listener, String flag) throws IOException {
+    if (!takingOver) {
+      prepareSocketPath(path, listener, flag);
+    }
+    Files.createDirectories(path.getParent());
+    Path at = temporaryPath(path);
+    Files.deleteIfExists(at);
+    return at;
+  }
+
+  /** The path a successor binds before it replaces {@code path}: beside it, named by this process. */
+  static Path temporaryPath(Path path) {
+    return path.resolveSibling(path.getFileName() + ".new-" + ProcessHandle.current().pid());
+  }
+
+  /** Records a socket file this daemon bound at {@code at}, which belongs at {@code path}. */
+  private void owned(String name, Path at, Path path) {
+    pending.add(new Pending(name, at, path));
+  }
+
+  /** A socket bound at a temporary path, to be renamed to its own at {@link #publish}. */
+  private record Pending(String name, Path at, Path path) {}
+
+  /**
+   * Renames the sockets bound at temporary paths to their own paths, each in one atomic step
+   * (replacing a predecessor's: a client connecting meanwhile reaches either the predecessor or
+   * this daemon, never nothing); from now on they are this daemon's, removed at close while they
+   * are still its own. Clients can connect only from here on.
+   */
+  void publish() throws IOException {
+    for (Pending p : pending) {
+      Files.move(p.at(), p.path(), StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+      bound.add(BoundSocket.of(p.name(), p.path()));
+    }
+    pending.clear();
+    takingOver = false;
+  }
+
+  /** The sockets are a successor's: their paths are a live predecessor's until {@link #publish}. */
+  void takingOver() {
+    takingOver = true;
   }
 
   /** A socket's group as a gid, or -1 to leave the daemon's. */
@@ -170,6 +228,14 @@ final class Listeners implements AutoCloseable {
     NettyServerBuilder builder = NettyServerBuilder.forAddress(address,
         ConnectionLimit.wrap(credentials, "tcp listener", "--tcp-max-connections", limits.tcpMaxConnections()));
     builder.channelType(EpollServerSocketChannel.class);
+    // SO_REUSEPORT lets a successor (--take-over) bind the same port while this daemon still
+    // listens, so no connection is refused during a hand-over. It would also let a second
+    // daemon of the same uid share the port by mistake: a fresh start checks that nobody
+    // answers there first.
+    if (!takingOver && port != 0) {
+      refuseIfAnswering(address);
+    }
+    builder.withOption(EpollChannelOption.SO_REUSEPORT, true);
     if (security.mutualTls()) {
       builder.addTransportFilter(new CertificatePeers(security.adminCertCommonNames()));
     }
@@ -184,6 +250,17 @@ final class Listeners implements AutoCloseable {
           + "network path can read and alter the traffic. None of them can use the admin verbs. Prefer "
           + "--tls-cert/--tls-key (with --tls-client-ca or --tokens-file).", host, tcpPort);
     }
+  }
+
+  private static void refuseIfAnswering(InetSocketAddress address) throws IOException {
+    try (java.net.Socket probe = new java.net.Socket()) {
+      probe.connect(address.isUnresolved() ? address : new InetSocketAddress(
+          address.getAddress().isAnyLocalAddress() ? java.net.InetAddress.getLoopbackAddress() : address.getAddress(),
+          address.getPort()), 500);
+    } catch (IOException e) {
+      return; // nobody answers: free
+    }
+    throw new IOException("tcp listener: " + address.getHostString() + ":" + address.getPort() + " already in use");
   }
 
   private static ServerCredentials tlsCredentials(TcpSecurityConfig security) throws IOException {
@@ -201,11 +278,24 @@ final class Listeners implements AutoCloseable {
   }
 
   void startMetrics(String host, int port, PrometheusMeterRegistry registry, Runnable beforeScrape,
-      ReadinessCheck readiness) throws IOException {
-    try {
-      metrics = new MetricsHttpServer(host, port, registry, beforeScrape, readiness);
-    } catch (BindException e) {
-      throw new IOException("metrics listener: " + host + ":" + port + " already in use", e);
+      ReadinessCheck readiness, long metricsRetryMillis) throws IOException {
+    // A successor binds the port its predecessor is about to close: it retries for a while.
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(metricsRetryMillis);
+    while (true) {
+      try {
+        metrics = new MetricsHttpServer(host, port, registry, beforeScrape, readiness);
+        break;
+      } catch (BindException e) {
+        if (System.nanoTime() >= deadline) {
+          throw new IOException("metrics listener: " + host + ":" + port + " already in use", e);
+        }
+        try {
+          Thread.sleep(50);
+        } catch (InterruptedException ie) {
+          Thread.currentThread().interrupt();
+          throw new IOException("metrics listener: interrupted", ie);
+        }
+      }
     }
     log.info("Metrics on http://{}:{}/metrics (probes: /healthz, /readyz)", host, metrics.port());
   }
@@ -242,6 +332,8 @@ final class Listeners implements AutoCloseable {
     services.forEach(builder::addService);
     // Every call learns who is calling before any handler runs (Callers.current()).
     builder.intercept(auth);
+    // While a successor takes over, calls are refused unserved (UNAVAILABLE, gpumemd-moving).
+    builder.intercept(handOver);
     Server server = builder.build();
     try {
       server.start();
@@ -342,12 +434,26 @@ final class Listeners implements AutoCloseable {
     return metrics == null ? -1 : metrics.port();
   }
 
-  /** Stops taking calls and waits briefly for running ones; the socket file goes. */
-  @Override
-  public void close() {
+  /**
+   * Stops taking connections and new calls (calls running go on): what a daemon that handed over
+   * does first, so that its clients' next calls open connections to the successor.
+   */
+  void stopAccepting() {
     for (Server server : servers) {
       server.shutdown();
     }
+    if (fdChannel != null) {
+      fdChannel.close();
+    }
+  }
+
+  /**
+   * Stops taking calls and waits briefly for running ones; the socket files go, unless a
+   * successor has replaced them with its own.
+   */
+  @Override
+  public void close() {
+    stopAccepting();
     for (Server server : servers) {
       try {
         if (!server.awaitTermination(2, TimeUnit.SECONDS)) {
@@ -361,12 +467,15 @@ final class Listeners implements AutoCloseable {
     if (metrics != null) {
       metrics.close();
     }
-    if (fdChannel != null) {
-      fdChannel.close();
-    }
     eventLoopGroups.forEach(g -> g.shutdownGracefully(0, 1, TimeUnit.SECONDS));
-    removeSocket(socketPath);
-    removeSocket(fdSocketPath);
+    for (BoundSocket socket : bound) {
+      if (socket.problem() == null) {
+        removeSocket(socket.path());
+      }
+    }
+    for (Pending p : pending) {
+      removeSocket(p.at());
+    }
   }
 
   private static void removeSocket(Path socket) {

@@ -30,12 +30,13 @@ import java.util.function.IntSupplier;
  * {@link #problem} runs on the metrics thread and only reads it and the file system.
  */
 final class Readiness implements ReadinessCheck {
-  private enum State { STARTING, SERVING, DRAINING }
+  private enum State { STARTING, SERVING, DRAINING, HANDED_OVER }
 
   private final Listeners listeners;
   private final Path shmRoot;
   private final IntSupplier liveLeases;
   private volatile State state = State.STARTING;
+  private volatile int successorPid;
 
   /**
    * @param shmRoot the host backend's segment directory, or null for a backend without one
@@ -54,6 +55,12 @@ final class Readiness implements ReadinessCheck {
     }
   }
 
+  /** A successor took over (--take-over): this daemon serves nothing any more; for good. */
+  void handedOver(int successorPid) {
+    this.successorPid = successorPid;
+    state = State.HANDED_OVER;
+  }
+
   /** Shutdown has begun; for good. */
   void draining() {
     state = State.DRAINING;
@@ -66,6 +73,8 @@ final class Readiness implements ReadinessCheck {
         return "starting";
       case DRAINING:
         return "draining: shutting down, " + liveLeases.getAsInt() + " lease(s) still held";
+      case HANDED_OVER:
+        return "handed over to its successor (pid " + successorPid + "), which serves the socket now";
       default:
         break;
     }

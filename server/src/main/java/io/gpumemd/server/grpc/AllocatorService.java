@@ -31,6 +31,7 @@ import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.PendingLease;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.session.SharedObjects;
 import io.gpumemd.server.session.Validation;
 import io.grpc.Status;
@@ -56,9 +57,21 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   private final Executor blockingExecutor;
   private final ServerMetrics metrics;
   private final StreamWatchdog streams;
+  private final HandOverGate gate;
 
+  /** A service whose gate never closes (no take-over): in-process daemons of the tests. */
   public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
       StreamWatchdog streams) {
+    this(registry, blockingExecutor, metrics, streams, HandOverGate.ALWAYS_OPEN);
+  }
+
+  /**
+   * @param gate what each KeepAlive message passes before it is applied (unary calls pass it in
+   *     {@link io.gpumemd.server.takeover.HandOverInterceptor})
+   */
+  public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
+      StreamWatchdog streams, HandOverGate gate) {
+    this.gate = gate;
     this.registry = registry;
     this.blockingExecutor = blockingExecutor;
     this.metrics = metrics;
@@ -92,7 +105,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   @Override
   public StreamObserver<KeepAliveRequest> keepAlive(StreamObserver<SessionEvent> events) {
     return new SessionStream(registry, this, (ServerCallStreamObserver<SessionEvent>) events, Callers.current(),
-        streams);
+        streams, gate);
   }
 
   @Override

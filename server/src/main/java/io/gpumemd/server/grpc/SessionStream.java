@@ -11,6 +11,8 @@ import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.session.NoticeRefusal;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.takeover.HandOverGate;
+import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.grpc.Status;
 import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
@@ -79,13 +81,19 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   /** Lease ids the current message's cache notices name; null when it has no releases. */
   private Set<String> noticed;
 
+  /** Each message is applied inside it, and each lease it starts until answered (take-over). */
+  private final HandOverGate gate;
+
   // Guarded by this.
+  /** The current message holds a place in the gate. */
+  private boolean inGate;
   private boolean applying;
   private boolean requested;
   private boolean ended;
 
   SessionStream(SessionRegistry registry, AllocatorService leases, ServerCallStreamObserver<SessionEvent> call,
-      Caller caller, StreamWatchdog watchdog) {
+      Caller caller, StreamWatchdog watchdog, HandOverGate gate) {
+    this.gate = gate;
     this.registry = registry;
     this.caller = caller;
     this.leases = leases;
@@ -99,7 +107,13 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
 
   @Override
   public void onNext(KeepAliveRequest message) {
+    if (!gate.enter()) {
+      // The daemon hands over: not applied, not counted; the client sends it again to the successor.
+      end(HandOverInterceptor.movingStatus().asRuntimeException(HandOverInterceptor.movingTrailers()));
+      return;
+    }
     synchronized (this) {
+      inGate = true;
       requested = false;
       applying = true;
     }
@@ -107,6 +121,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       checkSize(message);
       bind(message);
     } catch (RuntimeException e) {
+      leaveGate();
       end(StatusMapper.toStatus("KeepAlive", e));
       return;
     }
@@ -214,7 +229,19 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     synchronized (this) {
       applying = false;
     }
+    leaveGate();
     requestNext();
+  }
+
+  /** The current message is done (or will never be): its place in the gate is free. Once. */
+  private void leaveGate() {
+    synchronized (this) {
+      if (!inGate) {
+        return;
+      }
+      inGate = false;
+    }
+    gate.exit();
   }
 
   private void next() {
@@ -254,6 +281,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
 
   private void lease(StreamLease lease) {
     outstanding.incrementAndGet();
+    gate.join(); // left in replied(): a hand-over waits for the answer
     long id = lease.getRequestId();
     leases.serveLease(caller, session.id(), lease.getDevice(), lease.getSizeBytes(), lease.getZero(), lease.getTag(),
         reply -> {
@@ -267,6 +295,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   }
 
   private void replied() {
+    gate.exit();
     outstanding.decrementAndGet();
     requestNext();
   }
@@ -313,6 +342,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     synchronized (this) {
       ended = true;
     }
+    leaveGate();
     if (session != null) {
       registry.detach(session, channel);
     }
@@ -324,6 +354,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     synchronized (this) {
       ended = true;
     }
+    leaveGate();
     if (session != null) {
       registry.detach(session, channel);
     }
@@ -335,6 +366,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     synchronized (this) {
       ended = true;
     }
+    leaveGate();
     if (session != null) {
       registry.detach(session, channel);
     }

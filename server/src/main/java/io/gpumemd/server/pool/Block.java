@@ -56,6 +56,14 @@ public final class Block {
     return offset;
   }
 
+  /**
+   * FREE, LEASED, CLIENT_CACHED or AWAITING_EVENT. Read without the pool's lock: for checks made
+   * while nothing else runs on the pool (a take-over's restore, before the daemon serves).
+   */
+  public String stateName() {
+    return state.name();
+  }
+
   /** Bytes of the block (the request rounded to the pool's classes). */
   public long size() {
     return size;

@@ -444,15 +444,9 @@ final class SessionsTakeOver {
     return block;
   }
 
-  /**
-   * A block's state as the pool says it. The pool exposes no accessor for it outside its package;
-   * its {@code toString} ends with it ("Block[segment=.., offset=.., size=.., LEASED]").
-   */
-  // TODO(take-over): use a public Block accessor once the pool offers one.
+  /** A block's state as the pool says it (the pool is quiet during a restore). */
   private static String state(Block block) {
-    String s = block.toString();
-    int comma = s.lastIndexOf(", ");
-    return comma < 0 || !s.endsWith("]") ? s : s.substring(comma + 2, s.length() - 1);
+    return block.stateName();
   }
 
   /** Each block is held by one lease or one shared block, never two. */

@@ -5,6 +5,8 @@ import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.pool.TakeOverRefusedException;
 import java.io.EOFException;
 import java.io.IOException;
 import java.nio.file.Files;
@@ -52,10 +54,10 @@ public final class HandOver implements AutoCloseable {
     String refusal(Hello hello);
 
     /**
-     * The state, with the gate closed; adds one descriptor per segment to {@code fds} (copies the
-     * caller closes once sent).
+     * The state, with the gate closed; adds one descriptor per segment to {@code descriptors}
+     * (copies the caller closes once sent, or refused).
      */
-    State exportState(List<Integer> fds) throws TakeOverRefusal;
+    State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException;
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);
@@ -203,18 +205,24 @@ public final class HandOver implements AutoCloseable {
       refuse(channel, reason);
       return;
     }
-    List<Integer> fds = new ArrayList<>();
+    List<SegmentDescriptor> descriptors = new ArrayList<>();
     try {
       State state;
       try {
-        state = daemon.exportState(fds);
-      } catch (TakeOverRefusal e) {
+        state = daemon.exportState(descriptors);
+      } catch (TakeOverRefusedException | RuntimeException e) {
         gate.open();
-        log.warn("Take-over by pid {} refused: {}; serving on", peer[0], e.getMessage());
-        refuse(channel, e.getMessage());
+        String reason = e instanceof TakeOverRefusedException ? e.getMessage()
+            : "the state could not be exported (" + e.getMessage() + ")";
+        if (e instanceof RuntimeException) {
+          log.error("Exporting the state for a take-over failed", e);
+        }
+        log.warn("Take-over by pid {} refused: {}; serving on", peer[0], reason);
+        refuse(channel, reason);
         return;
       }
       channel.timeout(RESTORE_MILLIS);
+      List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
       channel.sendFds(fds);
       channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
@@ -226,7 +234,13 @@ public final class HandOver implements AutoCloseable {
       log.warn("Take-over by pid {} failed while sending the state ({}); serving on", peer[0], e.getMessage());
       return;
     } finally {
-      fds.forEach(UnixSockets::closeQuietly);
+      for (SegmentDescriptor d : descriptors) {
+        try {
+          d.close();
+        } catch (IOException e) {
+          log.warn("Cannot close a sent segment descriptor: {}", e.toString());
+        }
+      }
     }
     TakeOverFrame answer;
     try {

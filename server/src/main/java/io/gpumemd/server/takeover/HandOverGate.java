@@ -41,7 +41,21 @@ public final class HandOverGate {
     }
   }
 
-  /** Ends a piece of work that {@link #enter} let in. */
+  /**
+   * Starts a piece of work that is part of one already let in (a lease a KeepAlive message
+   * started, still running when the message is done): counted even while the gate is closed,
+   * since the closing waits for its parent anyway.
+   */
+  public void join() {
+    lock.lock();
+    try {
+      inFlight++;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** Ends a piece of work that {@link #enter} or {@link #join} let in. */
   public void exit() {
     lock.lock();
     try {

@@ -30,10 +30,14 @@ public final class TakeOver implements AutoCloseable {
   private static final int ENOENT = 2;
   private static final int EACCES = 13;
   private static final int ECONNREFUSED = 111;
+  private static final int ECONNRESET = 104;
+  private static final int EPIPE = 32;
 
   private final TakeOverChannel channel;
   private final State state;
   private List<Integer> fds;
+  /** Indexes of {@link #fds} a restored pool took. */
+  private final java.util.Set<Integer> consumed = new java.util.HashSet<>();
   private final int holderPid;
 
   private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
@@ -71,7 +75,10 @@ public final class TakeOver implements AutoCloseable {
       TakeOverFrame frame;
       try {
         frame = channel.receive();
-      } catch (EOFException e) {
+      } catch (IOException e) {
+        if (!gone(e)) {
+          throw new IOException("take-over: the running daemon did not answer: " + e.getMessage());
+        }
         log.warn("--take-over: the running daemon went away before its state was complete: starting fresh (the "
             + "sessions it held are gone; their memory went with it)");
         channel.close();
@@ -101,18 +108,28 @@ public final class TakeOver implements AutoCloseable {
     }
   }
 
+  /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
+  private static boolean gone(IOException e) {
+    return e instanceof EOFException
+        || e instanceof UnixSockets.ErrnoException errno && (errno.errno == ECONNRESET || errno.errno == EPIPE);
+  }
+
   public State state() {
     return state;
   }
 
   /** The segments' descriptors, by the state's descriptor indexes; the restored pools take them. */
   public List<Integer> fds() {
-    return fds;
+    return java.util.Collections.unmodifiableList(fds);
   }
 
-  /** The restored pools own the descriptors now: close them no more. */
-  public void descriptorsTaken() {
-    fds = List.of();
+  /** A restored pool took these descriptors (by index), whatever became of it: close them no more. */
+  public void consumed(int[] indexes) {
+    for (int i : indexes) {
+      if (i >= 0 && i < fds.size()) {
+        consumed.add(i);
+      }
+    }
   }
 
   public int holderPid() {
@@ -152,7 +169,11 @@ public final class TakeOver implements AutoCloseable {
 
   @Override
   public void close() {
-    fds.forEach(UnixSockets::closeQuietly);
+    for (int i = 0; i < fds.size(); i++) {
+      if (!consumed.contains(i)) {
+        UnixSockets.closeQuietly(fds.get(i));
+      }
+    }
     fds = List.of();
     channel.close();
   }

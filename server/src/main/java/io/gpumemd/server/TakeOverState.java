@@ -1,0 +1,119 @@
+package io.gpumemd.server;
+
+import io.gpumemd.common.Ticker;
+import io.gpumemd.proto.takeover.v1.Hello;
+import io.gpumemd.proto.takeover.v1.PoolState;
+import io.gpumemd.proto.takeover.v1.SegmentState;
+import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.HolderRequests;
+import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.takeover.TakeOver;
+import io.gpumemd.server.pool.TakeOverRefusedException;
+import java.io.IOException;
+import java.util.List;
+
+/**
+ * Between the daemon and the take-over protocol: what a successor says of itself ({@link
+ * #hello}), whether this daemon's state fits it ({@link #refusal}), the state out of the pools
+ * and the registry ({@link #export}) and back into new ones ({@link #restorePool}, {@link
+ * #restoreSessions}). Stateless.
+ */
+final class TakeOverState {
+  private TakeOverState() {}
+
+  /** How a backend hands segments to clients, which a successor must match. */
+  static String handles(MemoryBackend backend) {
+    return backend.name() + (backend.passesDescriptors() ? "/descriptors" : "/handles");
+  }
+
+  /**
+   * Asks the running daemon for its state, after checking that this daemon could hold it.
+   *
+   * @return the state, or null to start fresh
+   */
+  static TakeOver request(ServerConfig config, MemoryBackend backend) throws IOException {
+    String own = backend.takeOverRefusal();
+    if (own != null) {
+      throw new IOException("take-over: this daemon's configuration cannot hold a predecessor's memory: " + own);
+    }
+    Hello.Builder hello = Hello.newBuilder().setVersion(GpumemdServer.VERSION).setBackend(backend.name())
+        .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
+    for (DeviceInfo device : backend.devices()) {
+      hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
+    }
+    return TakeOver.request(config.takeOver().socket(), hello.build());
+  }
+
+  /** Null when a successor that says {@code hello} can hold this daemon's state; else why not. */
+  static String refusal(Hello hello, MemoryBackend backend, DevicePools pools, SessionRegistry registry) {
+    if (!hello.getBackend().equals(backend.name())) {
+      return "the successor runs the " + hello.getBackend() + " backend and this daemon the " + backend.name()
+          + " backend (start it with --backend " + backend.name() + ")";
+    }
+    String own = backend.takeOverRefusal();
+    if (own != null) {
+      return own;
+    }
+    if (!hello.getHandles().equals(handles(backend))) {
+      return "the successor hands segments out as " + hello.getHandles() + " and this daemon as " + handles(backend)
+          + " (give it the same --host-segments / --cuda-handles)";
+    }
+    if (hello.getLimitBytesCount() != pools.size()) {
+      return "the successor serves " + hello.getLimitBytesCount() + " device(s) and this daemon " + pools.size();
+    }
+    if (registry.draining()) {
+      return "this daemon is shutting down";
+    }
+    return pools.takeOverRefusal(hello.getLimitBytesList());
+  }
+
+  /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
+  static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
+      throws TakeOverRefusedException {
+    if (registry.draining()) {
+      throw new TakeOverRefusedException("this daemon is shutting down");
+    }
+    State.Builder state = State.newBuilder();
+    for (DevicePool pool : pools.all()) {
+      state.addPools(pool.exportState(d -> {
+        descriptors.add(d);
+        return descriptors.size() - 1;
+      }));
+    }
+    try {
+      state.setSessions(registry.exportState());
+    } catch (IllegalStateException e) {
+      throw new TakeOverRefusedException(e.getMessage(), e);
+    }
+    return state.build();
+  }
+
+  /**
+   * A pool rebuilt from its predecessor's state; it takes the descriptors its segments name
+   * (whether it succeeds or not), which the take-over then no longer closes.
+   */
+  static DevicePool restorePool(TakeOver takeOver, DeviceInfo device, MemoryBackend backend, PoolSettings settings,
+      HolderRequests holders, Ticker ticker) {
+    PoolState state = takeOver.state().getPoolsList().stream().filter(p -> p.getDevice() == device.ordinal())
+        .findFirst().orElseThrow(() -> new IllegalStateException("the predecessor's state has no device "
+            + device.ordinal()));
+    int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
+    takeOver.consumed(state.getSegmentsList().stream().mapToInt(SegmentState::getDescriptorIndex).toArray());
+    try {
+      return DevicePool.restore(device, backend, settings, holders, ticker, state, fds);
+    } catch (TakeOverRefusedException e) {
+      throw new IllegalStateException("device " + device.ordinal() + ": " + e.getMessage(), e);
+    }
+  }
+
+  static void restoreSessions(TakeOver takeOver, SessionRegistry registry) {
+    registry.restore(takeOver.state().getSessions());
+  }
+}
