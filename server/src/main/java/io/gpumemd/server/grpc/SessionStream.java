@@ -144,7 +144,8 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   private void bind(KeepAliveRequest message) {
     if (session == null) {
       session = registry.attach(caller, message.getSessionId(), channel);
-      channel.attached(session.id());
+      // Read before this first message is applied: the client sends again what came after.
+      channel.attached(session.id(), session.appliedMessages());
     } else if (!message.getSessionId().isEmpty() && !message.getSessionId().equals(session.id())) {
       throw Status.INVALID_ARGUMENT
           .withDescription("session_id: a KeepAlive stream serves one session (expected: "
@@ -207,6 +208,9 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
     current = null;
     noticed = null;
+    // Counted once every entry is applied (lease replies may still come): a reattaching
+    // client sends again only messages past this count (StreamAttached.applied_messages).
+    session.messageApplied();
     synchronized (this) {
       applying = false;
     }

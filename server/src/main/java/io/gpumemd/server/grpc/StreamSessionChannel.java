@@ -39,8 +39,10 @@ final class StreamSessionChannel implements SessionChannel {
     this.onStall = onStall;
   }
 
-  synchronized void attached(String sessionId) {
-    send(SessionEvent.newBuilder().setAttached(StreamAttached.newBuilder().setSessionId(sessionId)).build());
+  /** @param appliedMessages the session's KeepAlive messages applied before this stream's first */
+  synchronized void attached(String sessionId, long appliedMessages) {
+    send(SessionEvent.newBuilder().setAttached(
+        StreamAttached.newBuilder().setSessionId(sessionId).setAppliedMessages(appliedMessages)).build());
   }
 
   @Override
