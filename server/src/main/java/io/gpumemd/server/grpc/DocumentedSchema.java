@@ -37,8 +37,15 @@ public final class DocumentedSchema {
         return files;
       }
       for (FileDescriptorProto proto : FileDescriptorSet.parseFrom(in).getFileList()) {
-        // gpumemd.proto imports nothing, so each file builds on its own.
-        files.put(proto.getName(), FileDescriptor.buildFrom(proto, new FileDescriptor[0]));
+        // protoc lists a file after the files it imports (the take-over protos import each other).
+        FileDescriptor[] deps = new FileDescriptor[proto.getDependencyCount()];
+        for (int i = 0; i < deps.length; i++) {
+          deps[i] = files.get(proto.getDependency(i));
+          if (deps[i] == null) {
+            throw new IOException(proto.getName() + " imports " + proto.getDependency(i) + ", listed after it");
+          }
+        }
+        files.put(proto.getName(), FileDescriptor.buildFrom(proto, deps));
       }
     } catch (IOException | DescriptorValidationException e) {
       throw new IllegalStateException("cannot load " + RESOURCE + ": " + e, e);
