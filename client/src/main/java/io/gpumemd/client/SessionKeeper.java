@@ -270,9 +270,19 @@ final class SessionKeeper {
 
   /** The stream of {@code s} ended: the session is lost, or the stream is reattached within the grace period. */
   private void streamEnded(Session s, Status status) {
+    boolean moving = s.stream.wasMoving();
     long brokenSince = s.stream.broken(ticker.nanos());
-    s.failPending(status);
+    // Leases in flight stay pending: the next stream sends again what the daemon did not apply.
     if (closing || s.isLost()) {
+      return;
+    }
+    if (moving) {
+      // The daemon moved the session to its successor behind the same address: at once, no backoff.
+      try {
+        scheduler.execute(() -> openStream(s));
+      } catch (RejectedExecutionException e) {
+        // closing
+      }
       return;
     }
     if (status.getCode() == Status.Code.NOT_FOUND || status.isOk()) {
