@@ -30,6 +30,10 @@ import org.slf4j.LoggerFactory;
  * #REOPEN_WAIT_MS} ms a call); the backoff carries over from one call to the next until a
  * session opens.
  *
+ * <p>A broken stream loses nothing: the next one sends again what the daemon did not apply
+ * ({@link SessionStream}), and leases in flight wait for it. When the daemon says it is moving
+ * to its successor (MovingNotice), the stream is reattached as soon as it ends, without delay.
+ *
  * <p>Time comes from a {@link Ticker} and waits between attempts from a {@link Sleeper}, both
  * injected, so that the grace period and the backoff are tested without sleeping.
  *
