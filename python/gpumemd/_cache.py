@@ -10,10 +10,8 @@ most :data:`FLUSH_DELAY` later. A close into the cache and a reuse of the same l
 so a worker that leases and closes locally sends only its counters. Releases of the stream path
 are pending here too, in order: a release supersedes a pending cache notice of the same lease
 (the daemon releases a lease in either state), and an eviction's release is never sent after
-the cache notice of the lease it made room for. When a broken stream is reattached, the leases
-that its last :data:`MAX_ENTRIES` entries were about are sent again as the tier has them now
-(a message handed to grpc as the connection died is lost unseen); the daemon refuses those it
-had applied (NOT_FOUND), which is expected and not reported.
+the cache notice of the lease it made room for. What a broken stream lost is sent again, as the
+very messages the daemon did not apply (``gpumemd._session.MessageLog``).
 
 The algorithm is the Java client's (``ClientCache``), with the daemon's size classes
 (``SizeClasses``, ported below):
@@ -77,11 +75,6 @@ class ClientCache:
         self._version_sent = 0
         self._scheduled = False  # a wake was asked for and its flush has not run yet
         self._drained = False
-        # What recent messages carried (lease id -> reused, or None for a release), the last
-        # MAX_ENTRIES: a stream that breaks may have lost its last messages unseen (a message
-        # handed to grpc after the connection died), so a reattached stream repeats them.
-        self._sent = {}
-        self._repeated = set()  # lease ids repeated at the last reattach (refusals expected)
         self._discarded = False
         self.local_hits = 0
 
@@ -265,8 +258,6 @@ class ClientCache:
             if releases:
                 n = min(room, len(releases))
                 message.releases.extend(pb.StreamRelease(lease_id=lease_id) for lease_id in releases[:n])
-                for lease_id in releases[:n]:
-                    self._record(lease_id, None)
                 del releases[:n]
                 room -= n
             notices = self._notices
@@ -274,7 +265,6 @@ class ClientCache:
                 lease_id = next(iter(notices))
                 reused = notices.pop(lease_id)
                 message.cache_notices.add(lease_id=lease_id, reused=reused)
-                self._record(lease_id, reused)
                 room -= 1
             if self._version != self._version_sent and room >= len(self._counters):
                 for device, (hits, returns) in self._counters.items():
@@ -285,42 +275,9 @@ class ClientCache:
                 self._scheduled = True
             return left
 
-    def _record(self, lease_id, reused):
-        """Remembers what a message carried about a lease (the latest only); under the lock."""
-        sent = self._sent
-        sent.pop(lease_id, None)
-        sent[lease_id] = reused
-        if len(sent) > MAX_ENTRIES:
-            del sent[next(iter(sent))]
-
-    def attached(self, again):
-        """The KeepAlive stream attached; ``again``: it replaces one that broke, whose last
-        messages may never have reached the daemon. Their leases' state is sent again, as the
-        tier has it now: a release again, a cached lease as closed into the cache, any other
-        as handed out (the daemon refuses what it already applied: NOT_FOUND, see
-        :meth:`repeated`), and the counters. Then a flush of what is pending (a wake may have gone to the broken
-        stream)."""
+    def attached(self):
+        """The KeepAlive stream attached: a flush of what is pending (a wake may have gone to
+        the broken stream)."""
         with self._lock:
-            self._repeated = set()
-            if again:
-                self._version_sent = -1  # the counters too (cumulative: sending them twice is harmless)
-            if again and not self._discarded:
-                in_tier = {lease.id for lease in self._by_age.values()}
-                pending = set(self._releases)
-                for lease_id, reused in self._sent.items():
-                    if lease_id in pending:
-                        continue  # released since: that release is still to go
-                    if reused is None:
-                        self._notices.pop(lease_id, None)
-                        self._releases.append(lease_id)
-                    else:
-                        self._notices[lease_id] = lease_id not in in_tier
-                    self._repeated.add(lease_id)
-            self._sent = {}
             self._scheduled = True
         self._wake(False)
-
-    def repeated(self, lease_id):
-        """True when the daemon's refusal of a notice about ``lease_id`` may be of one repeated
-        at a reattach (it had applied the first): nothing to tell anyone."""
-        return lease_id in self._repeated

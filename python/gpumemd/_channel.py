@@ -1,5 +1,15 @@
-"""Channels to the daemon: Unix socket or TCP, plaintext or TLS, with an optional bearer token."""
+"""Channels to the daemon: Unix socket or TCP, plaintext or TLS, with an optional bearer token;
+unary calls refused while the daemon moves to its successor are called again (:class:`MovingRetry`)."""
+import asyncio
+import collections
+import time
+
 import grpc
+
+MOVING = "gpumemd-moving"  # the trailer a moving daemon sets on the calls it did not serve ("1")
+MIN_BACKOFF = 0.02  # seconds before the first retry of a call refused while moving, doubling ...
+MAX_BACKOFF = 0.5   # ... up to this ...
+RETRY_BOUND = 30.0  # ... for at most this long from the first attempt (never past the call's timeout)
 
 # Never route the daemon's traffic through an HTTP proxy from the environment. Reconnect within
 # a second of the daemon coming back: gRPC's default backoff grows toward 120 s, which outlasts
@@ -38,7 +48,91 @@ def open_channel(target, credentials, aio=False):
     if credentials is not None and target.startswith("unix:"):
         raise ValueError("target: %r (expected: host:port with TLS; a Unix socket is local and "
                          "identifies its peer by SO_PEERCRED)" % target)
-    module = grpc.aio if aio else grpc
+    if aio:
+        if credentials is not None:
+            return grpc.aio.secure_channel(target, credentials, options=OPTIONS, interceptors=[AsyncMovingRetry()])
+        return grpc.aio.insecure_channel(target, options=OPTIONS, interceptors=[AsyncMovingRetry()])
     if credentials is not None:
-        return module.secure_channel(target, credentials, options=OPTIONS)
-    return module.insecure_channel(target, options=OPTIONS)
+        channel = grpc.secure_channel(target, credentials, options=OPTIONS)
+    else:
+        channel = grpc.insecure_channel(target, options=OPTIONS)
+    return grpc.intercept_channel(channel, MovingRetry())
+
+
+def is_moving(code, trailers):
+    """Whether a call that ended with ``code`` and ``trailers`` (metadata pairs) was refused
+    because the daemon is handing over to its successor (gpumemd --take-over): UNAVAILABLE with
+    ``gpumemd-moving: 1``; the call was not served. A draining daemon's UNAVAILABLE is not."""
+    return code == grpc.StatusCode.UNAVAILABLE and any(
+        key == MOVING and value == "1" for key, value in (trailers or ()))
+
+
+def backoff(n):
+    """Seconds before retry ``n`` (1 for the first): 20 ms doubling to 500 ms."""
+    return min(MAX_BACKOFF, MIN_BACKOFF * 2 ** min(n - 1, 10))
+
+
+def retries(code, trailers, n, elapsed):
+    """Whether to call again, after ``n`` retries and ``elapsed`` seconds since the first attempt."""
+    return is_moving(code, trailers) and elapsed + backoff(n + 1) <= RETRY_BOUND
+
+
+class _Details(collections.namedtuple("_Details", ("method", "timeout", "metadata", "credentials",
+                                                   "wait_for_ready", "compression")),
+               grpc.ClientCallDetails):
+    pass
+
+
+def _with_timeout(details, timeout):
+    return _Details(details.method, timeout, details.metadata, details.credentials,
+                    getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+
+class MovingRetry(grpc.UnaryUnaryClientInterceptor):
+    """Calls a unary method again, with backoff (:func:`backoff`, :data:`RETRY_BOUND`), while
+    the daemon answers that it is moving (:func:`is_moving`); any other answer, or the last
+    one past the bound or the call's timeout, goes to the caller. Every unary call of a
+    client's channel passes here (one place for all of them); streams do not (the KeepAlive
+    stream reattaches itself). Stateless: thread-safe."""
+
+    def intercept_unary_unary(self, continuation, details, request):
+        start = time.monotonic()
+        timeout = details.timeout  # covers every attempt
+        n = 0
+        while True:
+            outcome = continuation(details, request)
+            code = outcome.code()
+            elapsed = time.monotonic() - start
+            if not retries(code, outcome.trailing_metadata(), n, elapsed):
+                return outcome
+            n += 1
+            wait = backoff(n)
+            if timeout is not None:
+                left = timeout - elapsed - wait
+                if left <= 0:
+                    return outcome
+                details = _with_timeout(details, left)
+            time.sleep(wait)
+
+
+class AsyncMovingRetry(grpc.aio.UnaryUnaryClientInterceptor):
+    """:class:`MovingRetry` for the asyncio client's channel."""
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        start = time.monotonic()
+        timeout = details.timeout  # covers every attempt
+        n = 0
+        while True:
+            call = await continuation(details, request)
+            code = await call.code()
+            elapsed = time.monotonic() - start
+            if not retries(code, await call.trailing_metadata(), n, elapsed):
+                return call
+            n += 1
+            wait = backoff(n)
+            if timeout is not None:
+                left = timeout - elapsed - wait
+                if left <= 0:
+                    return call
+                details = _with_timeout(details, left)
+            await asyncio.sleep(wait)

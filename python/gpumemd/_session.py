@@ -60,6 +60,7 @@ FLUSH_NOW = object()  # ... at once (the daemon asked for memory back)
 MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
 MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
 MAX_BACKOFF = 2.0   # ... up to this, for gpumemd.client._REOPEN_SECONDS
+LOGGED = 8192       # sent KeepAlive messages kept until known to be applied (the oldest dropped beyond)
 
 
 def open_request(client_name, ttl_seconds, client_cache_bytes=None, stream=True):
@@ -113,8 +114,106 @@ def is_empty(message):
 
 
 def reattach_delay(s):
-    """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period."""
+    """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period;
+    none when the daemon said it is moving (its successor serves the same address)."""
+    if s.log.moving:
+        return 0.0
     return max(0.02, min(0.2, s.keepalive_grace_ms / 10000))
+
+
+class MessageLog:
+    """The KeepAlive messages of one session, numbered, for sending again what a broken stream
+    lost (the Java client's ``SessionStream``, without its I/O).
+
+    Every message the client hands to gRPC is numbered (1, 2, ... over all the session's
+    streams, the attaching message too) and kept until known to be applied, at most
+    :data:`LOGGED` (the oldest dropped beyond, with a DEBUG line): a lease's reply, or a refused
+    notice, tells that its message and all before it were applied. When a stream attaches, the
+    daemon says how many messages of the session it applied before it
+    (``StreamAttached.applied_messages``); :meth:`attached` answers the logged messages after
+    that count, to send again as new messages before anything else. A lease whose message was
+    applied but whose reply was lost with the connection (only when a connection breaks: a
+    moving daemon sends every reply first) is asked for again, with the same request id; the
+    daemon then keeps the first grant until the session ends (:attr:`replies_lost`).
+
+    Thread-safe (its own lock): the sync client numbers messages on gRPC's request thread and
+    learns of replies on its stream thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._numbered = 0
+        self._unconfirmed = collections.deque()  # (number, message), oldest first
+        self._unanswered = {}  # request id -> (StreamLease, number of its message)
+        #: The daemon said, on the stream that ended last, that it is moving: reattach at once.
+        self.moving = False
+        #: Messages sent again on a new stream, and leases asked for again (their reply lost).
+        self.resent = 0
+        self.replies_lost = 0
+
+    def hello(self):
+        """The attaching message of a new stream is sent (counted by the daemon, never sent again)."""
+        with self._lock:
+            self._numbered += 1
+            self.moving = False
+
+    def sent(self, message):
+        """``message`` (not the hello) is handed to gRPC: numbered and kept until known applied."""
+        with self._lock:
+            self._numbered += 1
+            number = self._numbered
+            self._unconfirmed.append((number, message))
+            for lease in message.leases:
+                self._unanswered[lease.request_id] = (lease, number)
+            if len(self._unconfirmed) > LOGGED:
+                dropped, _ = self._unconfirmed.popleft()
+                log.debug("gpumemd: dropping sent KeepAlive message %d from the resend log (more than %d "
+                          "unconfirmed)", dropped, LOGGED)
+
+    def _prune(self, upto):
+        while self._unconfirmed and self._unconfirmed[0][0] <= upto:
+            self._unconfirmed.popleft()
+
+    def answered(self, request_id):
+        """The lease ``request_id`` was answered: its message and all before it were applied."""
+        with self._lock:
+            entry = self._unanswered.pop(request_id, None)
+            if entry is not None:
+                self._prune(entry[1])
+
+    def refused(self, lease_id):
+        """A notice about ``lease_id`` was refused: the first message naming it was applied."""
+        with self._lock:
+            for number, message in self._unconfirmed:
+                if (any(r.lease_id == lease_id for r in message.releases)
+                        or any(n.lease_id == lease_id for n in message.cache_notices)):
+                    self._prune(number)
+                    return
+
+    def attached(self, applied):
+        """A stream attached, the daemon having applied ``applied`` messages of the session: the
+        messages to send again on it, in order, before anything else (see the class notes)."""
+        with self._lock:
+            self._prune(applied)
+            again = [message for _, message in self._unconfirmed]
+            self.resent += len(again)
+            self._unconfirmed.clear()
+            leases_again = {lease.request_id for message in again for lease in message.leases}
+            lost = 0
+            for request_id, (lease, number) in self._unanswered.items():
+                if request_id not in leases_again:  # applied, its reply lost; or dropped from the log
+                    again.append(pb.KeepAliveRequest(leases=[lease]))
+                    if number <= applied:
+                        lost += 1
+            self.replies_lost += lost
+            # The daemon's count is the truth: messages lost in a connection took numbers it did
+            # not count. This stream's hello was its message applied + 1.
+            self._numbered = applied + 1
+        if lost:
+            log.warning("gpumemd: the replies to %d lease request(s) were lost with the broken KeepAlive stream; "
+                        "asked again (the daemon holds the first grants until the session ends)", lost)
+        if again:
+            log.debug("gpumemd: the daemon applied %d messages of the session; sending %d again", applied, len(again))
+        return again
 
 
 def no_answer(timeout):
@@ -172,6 +271,10 @@ class SessionState:
         self.pending = {}
         self.queue = notices
         self.attached = attached
+        #: The numbered messages of the session's streams (see MessageLog).
+        self.log = MessageLog()
+        #: The current stream's turn: set by the client before each KeepAlive call (see _take_event).
+        self.turn = None
         #: The daemon's devices (its ordinal -> DeviceInfo), for their UUIDs.
         self.devices = {d.device: d for d in opened.devices}
         self.mappings = MappingCache(lambda segment_id: client._ack_unmapped(self, segment_id),
@@ -436,13 +539,14 @@ class ClientCore:
 
     def _stream_broke(self, s, code, details, elapsed):
         """The KeepAlive call of ``s`` ended with ``code``, ``elapsed`` seconds after its last
-        event (or its first attempt): fails the leases in flight on it (they get no reply, so
-        their callers may retry), and loses the session when the daemon ended it or the grace
-        period is over. True when the client should reattach after :func:`reattach_delay`."""
-        self._fail_pending(s, GpumemdError(grpc.StatusCode.UNAVAILABLE,
-                                           "the KeepAlive stream to gpumemd broke (%s); retry" % code.name))
+        event (or its first attempt): loses the session when the daemon ended it or the grace
+        period is over. True when the client should reattach after :func:`reattach_delay` (at
+        once when the daemon said it is moving). The leases in flight stay pending: the next
+        stream sends again what the daemon did not apply (:class:`MessageLog`)."""
         if self._closing or s.lost:
             return False
+        if s.log.moving:
+            return True  # the successor behind the same address has the session
         if code in (grpc.StatusCode.OK, grpc.StatusCode.NOT_FOUND):
             self._lose(s, "ended by the daemon: %s" % ("stream completed" if code == grpc.StatusCode.OK else details))
             return False
@@ -461,6 +565,7 @@ class ClientCore:
         kind = event.WhichOneof("event")
         if kind == "lease_reply":
             reply = event.lease_reply
+            s.log.answered(reply.request_id)
             waiter = s.pending.pop(reply.request_id, None)
             result = reply.lease if reply.HasField("lease") else GpumemdError.from_stream(reply.error)
             if (waiter is None or not waiter.settle(result)) and reply.HasField("lease"):
@@ -472,15 +577,21 @@ class ClientCore:
         elif kind == "cache_allowance":
             self._evicted(s, s.cache.set_allowance(event.cache_allowance.bytes))
         elif kind == "attached":
-            again = s.attached.is_set()
+            # What the daemon did not apply of the broken stream's messages goes first, then
+            # what waited meanwhile (the stream's request side waits for this turn).
+            again = s.log.attached(event.attached.applied_messages)
+            if s.turn is not None:
+                s.turn.go(again)
             s.attached.set()
-            s.cache.attached(again)  # what waited while the stream was away, and what it may have lost
+            s.cache.attached()  # a flush of what queued up while the stream was away
+        elif kind == "moving":
+            # The daemon hands the session to its successor and ends the stream next: reattach at once.
+            log.info("gpumemd is moving to its successor; session %s reattaches", s.id)
+            s.log.moving = True
         elif kind == "release_failed":
             failed = event.release_failed
+            s.log.refused(failed.lease_id)
             error = GpumemdError.from_stream(failed.error)
-            if error.code == grpc.StatusCode.NOT_FOUND and s.cache.repeated(failed.lease_id):
-                log.debug("gpumemd had already applied the repeated notice about lease %s", failed.lease_id)
-                return False
             self._release_failures += 1
             refused = (s.cache.refused(failed.lease_id)
                        if error.code == grpc.StatusCode.RESOURCE_EXHAUSTED else None)

@@ -72,6 +72,25 @@ class _AsyncSession(SessionState):
         self.task = None
 
 
+class _Turn:
+    """As :class:`gpumemd.client._Turn`, on the event loop: when one KeepAlive stream's request
+    side may send what is queued (``go``, with the messages to send again first), or never
+    (``end``)."""
+
+    def __init__(self):
+        self.event = asyncio.Event()
+        self.again = None
+        self.ended = False
+
+    def go(self, again):
+        self.again = again
+        self.event.set()
+
+    def end(self):
+        self.ended = True
+        self.event.set()
+
+
 class _Reply:
     """The reply to a stream lease, as a future its caller awaits."""
 
@@ -329,11 +348,20 @@ class AsyncClient(ClientCore):
                     pass
         self._abandon_deferred()
 
-    async def _requests(self, s, requests):
+    async def _requests(self, s, requests, turn):
         def take():
             return None if requests.empty() else requests.get_nowait()
 
+        s.log.hello()
         yield pb.KeepAliveRequest(session_id=s.id)
+        # Nothing more until the daemon confirms the stream: then what it did not apply of the
+        # broken streams' messages, in order, before anything composed since.
+        await turn.event.wait()
+        if turn.again is None:
+            return
+        for message in turn.again:
+            s.log.sent(message)
+            yield message
         while True:
             item = await requests.get()
             if item is FLUSH:
@@ -341,8 +369,15 @@ class AsyncClient(ClientCore):
                 # (A timer, not wait_for: that would make a task for every flush.)
                 asyncio.get_running_loop().call_later(FLUSH_DELAY, requests.put_nowait, FLUSH_NOW)
                 continue
+            if turn.ended:
+                # gRPC asks an ended call's requests for one more: what this stream would take
+                # now belongs to the next one (numbering it here would shift the count).
+                if item is not END:
+                    requests.put_nowait(item)
+                return
             message, end, more = keepalive_message(item, take, s.cache)
             if not is_empty(message):
+                s.log.sent(message)
                 yield message
             if end:
                 return
@@ -353,7 +388,8 @@ class AsyncClient(ClientCore):
         first_try = time.monotonic()
         while not s.lost:
             requests = s.queue
-            call = self._stub.KeepAlive(self._requests(s, requests), metadata=self._metadata)
+            turn = s.turn = _Turn()
+            call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             code, details = grpc.StatusCode.OK, ""
             try:
@@ -365,6 +401,7 @@ class AsyncClient(ClientCore):
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
             s.call = None
+            turn.end()  # a request side still waiting for the attach ends
             if not self._stream_broke(s, code, details, time.monotonic() - first_try):
                 break
             # Reattach with what is queued.

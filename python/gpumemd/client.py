@@ -39,6 +39,25 @@ class _Session(SessionState):
         self.thread = None
 
 
+class _Turn:
+    """When one KeepAlive stream's request side may send what is queued: once the daemon
+    confirmed the stream (``go``, with the messages to send again first), or never (``end``:
+    the stream is over; what is queued waits for the next)."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.again = None
+        self.ended = False
+
+    def go(self, again):
+        self.again = again
+        self.event.set()
+
+    def end(self):
+        self.ended = True
+        self.event.set()
+
+
 class _Waiter:
     """A caller of a stream lease, blocked until its reply or error is settled (once: by
     whoever popped it from the session's pending leases)."""
@@ -380,15 +399,25 @@ class Client(ClientCore):
 
     # ------------------------------------------------------------------ the KeepAlive stream
 
-    def _requests(self, s, requests):
-        """The stream's messages: the session id first, then whatever is queued, merged."""
+    def _requests(self, s, requests, turn):
+        """The stream's messages: the session id first, then (once ``turn`` comes) what to send
+        again, then whatever is queued, merged; each numbered (``s.log``)."""
         def take():
             try:
                 return requests.get_nowait()
             except queue.Empty:
                 return None
 
+        s.log.hello()
         yield pb.KeepAliveRequest(session_id=s.id)
+        # Nothing more until the daemon confirms the stream: then what it did not apply of the
+        # broken streams' messages, in order, before anything composed since.
+        turn.event.wait()
+        if turn.again is None:
+            return
+        for message in turn.again:
+            s.log.sent(message)
+            yield message
         while True:
             item = requests.get()
             if item is FLUSH:
@@ -396,9 +425,16 @@ class Client(ClientCore):
                     item = requests.get(timeout=FLUSH_DELAY)
                 except queue.Empty:
                     pass
+            if turn.ended:
+                # gRPC asks an ended call's requests for one more: what this stream would take
+                # now belongs to the next one (numbering it here would shift the count).
+                if item is not END:
+                    s.queue.put(item)
+                return
             # Once the queue was swapped this stream is broken: the tier's notices wait for the next.
             message, end, more = keepalive_message(item, take, s.cache if requests is s.queue else None)
             if not is_empty(message):
+                s.log.sent(message)
                 yield message
             if end:
                 return
@@ -409,7 +445,8 @@ class Client(ClientCore):
         first_try = time.monotonic()
         while not s.lost:
             requests = s.queue
-            call = self._stub.KeepAlive(self._requests(s, requests), metadata=self._metadata)
+            turn = s.turn = _Turn()
+            call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             if s.lost:  # lost (unary NOT_FOUND) while the call started: _lose may have missed it
                 call.cancel()
@@ -426,6 +463,7 @@ class Client(ClientCore):
                 call.cancel()
                 code = grpc.StatusCode.INTERNAL
             s.call = None
+            turn.end()  # a request side still waiting for the attach ends
             if not self._stream_broke(s, code, details, time.monotonic() - first_try):
                 break
             # Reattach on a fresh queue, carrying over what the old stream had not taken yet.

@@ -3,8 +3,8 @@ import grpc
 import pytest
 
 from gpumemd import GpumemdError
-from gpumemd._session import (END, FLUSH, MAX_NOTICES, ClientCore, Reopening, SessionState, is_empty,
-                              keepalive_message, reattach_delay)
+from gpumemd._session import (END, FLUSH, LOGGED, MAX_NOTICES, ClientCore, MessageLog, Reopening, SessionState,
+                              is_empty, keepalive_message, reattach_delay)
 from gpumemd._stubs import pb
 
 
@@ -127,7 +127,7 @@ def test_a_broken_stream_is_reattached_within_the_grace_period_then_lost():
     waiter = _Waiter()
     s.pending[1] = waiter
     assert client._stream_broke(s, grpc.StatusCode.UNAVAILABLE, "", 0.5) is True
-    assert waiter.result.code == grpc.StatusCode.UNAVAILABLE and not s.lost
+    assert waiter.result is None and not s.lost  # still pending: the next stream sends its lease again
     assert reattach_delay(s) == 0.1
     assert client._stream_broke(s, grpc.StatusCode.UNAVAILABLE, "", 1.5) is False
     assert s.lost and s.attached.is_set and s.queue.items == [END]
@@ -146,3 +146,74 @@ def test_a_stream_the_daemon_ended_loses_the_session(code):
     nxt = client._next_session(s, pb.OpenSessionResponse(session_id="s2"))
     client._adopt(s, nxt)
     assert (client.session_id, client.session_generation, client.session_lost) == ("s2", 2, False)
+
+
+def _message(*releases, lease=None):
+    m = pb.KeepAliveRequest(releases=[pb.StreamRelease(lease_id=r) for r in releases])
+    if lease is not None:
+        m.leases.add(request_id=lease, device=0, size_bytes=4096)
+    return m
+
+
+def test_message_log_sends_again_exactly_what_the_daemon_did_not_apply():
+    log = MessageLog()
+    log.hello()  # 1
+    sent = [_message("a"), _message(lease=7), _message("b"), _message("c")]  # 2, 3, 4, 5
+    for m in sent:
+        log.sent(m)
+    log.answered(7)  # its message (3) and all before were applied
+    log.hello()  # a new stream after a break: the daemon applied 4 ("b" arrived, "c" was lost)
+    assert log.attached(4) == [sent[3]]
+    assert log.resent == 1 and log.replies_lost == 0
+    log.sent(sent[3])  # "c" again: the daemon's message 6 (the hello was 5)
+    log.hello()
+    assert log.attached(6) == []  # applied this time: nothing twice
+
+
+def test_message_log_renumbers_from_the_daemons_count():
+    log = MessageLog()
+    log.hello()  # 1
+    log.sent(_message("a"))  # 2, lost with the connection
+    log.hello()  # 3 in the client's count: a stream that failed before it got through
+    log.hello()  # the stream that attaches: the daemon's message 2
+    again = log.attached(1)
+    assert [m.releases[0].lease_id for m in again] == ["a"]
+    log.sent(again[0])  # the daemon's 3
+    log.sent(_message("b"))  # 4
+    log.hello()
+    assert [m.releases[0].lease_id for m in log.attached(3)] == ["b"]
+
+
+def test_message_log_asks_again_for_a_lease_whose_reply_was_lost():
+    log = MessageLog()
+    log.hello()
+    log.sent(_message(lease=1))  # 2: applied, its reply lost with the connection
+    log.sent(_message(lease=2))  # 3: lost
+    log.hello()
+    again = log.attached(2)
+    assert [m.leases[0].request_id for m in again] == [2, 1] and log.replies_lost == 1
+
+
+def test_message_log_prunes_on_a_refused_notice_and_stays_bounded():
+    log = MessageLog()
+    log.hello()
+    log.sent(_message("a"))
+    log.sent(_message("b"))
+    log.refused("a")
+    log.hello()
+    assert [m.releases[0].lease_id for m in log.attached(1)] == ["b"]
+    for i in range(LOGGED + 10):
+        log.sent(_message(str(i)))
+    log.hello()
+    again = log.attached(0)
+    assert len(again) == LOGGED and again[0].releases[0].lease_id == "10"  # the oldest dropped
+
+
+def test_a_moving_notice_reattaches_at_once_even_when_the_stream_completes():
+    client = _Client()
+    s = client._s
+    assert client._take_event(s, pb.SessionEvent(moving=pb.MovingNotice())) is False
+    assert reattach_delay(s) == 0
+    assert client._stream_broke(s, grpc.StatusCode.OK, "", 0.0) is True and not s.lost
+    s.log.hello()  # the next stream
+    assert reattach_delay(s) > 0

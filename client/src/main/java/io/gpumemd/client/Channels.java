@@ -157,6 +157,8 @@ public final class Channels {
     if (security.bearerToken() != null) {
       builder.intercept(bearer(security.bearerToken()));
     }
+    // Added last, so run first: each retried attempt passes the others (the bearer token) again.
+    builder.intercept(new MovingRetry());
     ManagedChannel channel = builder.eventLoopGroup(group)
         .directExecutor()
         // gRPC's retry machinery wraps every call in a RetriableStream that buffers its messages

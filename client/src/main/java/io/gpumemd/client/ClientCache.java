@@ -4,15 +4,12 @@ import io.gpumemd.common.SizeClasses;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.TreeSet;
 import java.util.function.BooleanSupplier;
-import java.util.function.Consumer;
 
 /**
  * The client cache tier: closed leases this process keeps mapped, to serve its next leases
@@ -183,20 +180,6 @@ final class ClientCache {
         }
       }
       return null;
-    }
-  }
-
-  /**
-   * Runs {@code action} with the ids of the cached leases, under this cache's lock: no lease
-   * moves in or out meanwhile (its notice would be recorded after the action's).
-   */
-  void withCachedIds(Consumer<Set<String>> action) {
-    synchronized (lock) {
-      Set<String> ids = new HashSet<>();
-      for (Entry entry : byAge) {
-        ids.add(entry.lease.id());
-      }
-      action.accept(ids);
     }
   }
 

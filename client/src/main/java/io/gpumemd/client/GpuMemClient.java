@@ -267,6 +267,16 @@ public final class GpuMemClient implements AutoCloseable {
         cache.cachedBytes(), cache.cachedBlocks(), cache.allowance());
   }
 
+  /** KeepAlive messages the current session sent again after a broken stream (for tests). */
+  long messagesResent() {
+    return sessions.current().stream.resent();
+  }
+
+  /** Stream leases the current session asked for again because their reply was lost (for tests). */
+  long leaseRepliesLost() {
+    return sessions.current().stream.repliesLost();
+  }
+
   /** The current session's client cache tier, or null: for tests that bend what it believes. */
   ClientCache cache() {
     return sessions.current().cache;

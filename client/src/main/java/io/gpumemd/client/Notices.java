@@ -5,11 +5,9 @@ import io.gpumemd.proto.v1.ClientCacheCounters;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.StreamRelease;
 import java.util.ArrayList;
-import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
@@ -31,20 +29,14 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * stream's lock ({@link SessionStream#send}), so that two senders never reorder them. Once
  * discarded (the session is lost), nothing more is recorded or sent.
  *
- * <p>A message handed to gRPC as the connection dies is lost without an error, so what the last
- * {@link #REMEMBERED} sent entries said about each lease is remembered: when a broken stream is
- * reattached ({@link #reattached}), those leases' current state is sent again, and the counters.
- * The daemon refuses the releases it had already applied (NOT_FOUND), which is expected
- * ({@link #repeated}).
+ * <p>A message handed to gRPC as the connection dies is lost without an error: {@link
+ * SessionStream} sends again, on the next stream, exactly the messages the daemon did not apply.
  */
 final class Notices implements ClientCache.Listener {
   /** Notices per message, far below gRPC's 4 MiB message limit. */
   static final int NOTICES_PER_MESSAGE = 4096;
   /** Pending notices at which the caller sends them itself instead of waiting for the flush. */
   static final int FLUSH_AT = 1024;
-
-  /** Sent entries remembered for a reattach: the daemon's limit on entries in one KeepAliveRequest. */
-  static final int REMEMBERED = 8192;
 
   private final SessionStream stream;
   /** Null when the session has no client cache: no cache notices, no counters. */
@@ -53,15 +45,6 @@ final class Notices implements ClientCache.Listener {
   private final Object lock = new Object();
   private final LinkedHashMap<String, Boolean> cacheNotices = new LinkedHashMap<>();
   private final ArrayList<String> releases = new ArrayList<>();
-  /** What recent messages said about each lease (reused, or null for a release), the last {@link #REMEMBERED}. */
-  private final LinkedHashMap<String, Boolean> sent = new LinkedHashMap<>(16, 0.75f, false) {
-    @Override
-    protected boolean removeEldestEntry(Map.Entry<String, Boolean> eldest) {
-      return size() > REMEMBERED;
-    }
-  };
-  /** Leases whose state was sent again at the last reattach: a refusal of those is expected. */
-  private Set<String> repeated = Set.of();
   private boolean discarded;
   /** Pending notices reached {@link #FLUSH_AT}; written under the lock, read without it. */
   private volatile boolean full;
@@ -120,58 +103,7 @@ final class Notices implements ClientCache.Listener {
       discarded = true;
       cacheNotices.clear();
       releases.clear();
-      sent.clear();
       full = false;
-    }
-  }
-
-  /**
-   * The KeepAlive stream was reattached after a break: its last messages may never have reached
-   * the daemon. The leases they were about are sent again as the tier has them now: a release
-   * again, a cached lease as closed into the cache, any other as handed out; and the counters
-   * (cumulative: sending them twice is harmless). The caller then flushes.
-   */
-  void reattached() {
-    if (cache == null) {
-      repeatSent(Set.of());
-    } else {
-      cache.withCachedIds(this::repeatSent); // no lease moves meanwhile
-    }
-    countersVersionSent = -1;
-  }
-
-  private void repeatSent(Set<String> cached) {
-    synchronized (lock) {
-      Set<String> again = new HashSet<>();
-      if (!discarded) {
-        Set<String> pendingReleases = new HashSet<>(releases);
-        for (Map.Entry<String, Boolean> entry : sent.entrySet()) {
-          String leaseId = entry.getKey();
-          if (pendingReleases.contains(leaseId)) {
-            continue; // released since: that release is still to go
-          }
-          if (entry.getValue() == null) {
-            cacheNotices.remove(leaseId);
-            releases.add(leaseId);
-          } else {
-            cacheNotices.put(leaseId, !cached.contains(leaseId));
-          }
-          again.add(leaseId);
-        }
-      }
-      sent.clear();
-      repeated = again;
-      noteFull();
-    }
-  }
-
-  /**
-   * Whether the daemon's refusal of a notice about {@code leaseId} may be of one sent again at
-   * the last reattach, which it had applied the first time: nothing to report.
-   */
-  boolean repeated(String leaseId) {
-    synchronized (lock) {
-      return repeated.contains(leaseId);
     }
   }
 
@@ -229,11 +161,9 @@ final class Notices implements ClientCache.Listener {
       for (Map.Entry<String, Boolean> notice : cacheNotices.entrySet()) {
         messageFor(messages, n++).addCacheNotices(
             CacheNotice.newBuilder().setLeaseId(notice.getKey()).setReused(notice.getValue()));
-        remember(notice.getKey(), notice.getValue());
       }
       for (String leaseId : releases) {
         messageFor(messages, n++).addReleases(StreamRelease.newBuilder().setLeaseId(leaseId));
-        remember(leaseId, null);
       }
       cacheNotices.clear();
       releases.clear();
@@ -250,12 +180,6 @@ final class Notices implements ClientCache.Listener {
     List<KeepAliveRequest> built = new ArrayList<>(messages.size());
     messages.forEach(m -> built.add(m.build()));
     return built;
-  }
-
-  /** Remembers what a message said about a lease, as its latest entry; under the lock. */
-  private void remember(String leaseId, Boolean reused) {
-    sent.remove(leaseId);
-    sent.put(leaseId, reused);
   }
 
   private boolean countersChanged() {

@@ -51,17 +51,26 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
     ClientCache cache = s.cache;
     switch (event.getEventCase()) {
       case ATTACHED -> {
-        boolean again = s.firstAttach.getCount() == 0;
-        s.stream.attached();
+        // Sends again what the daemon did not apply of the broken stream's messages, then what
+        // was held meanwhile.
+        s.stream.attached(event.getAttached().getAppliedMessages());
         s.firstAttach.countDown();
-        if (again) {
-          s.notices.reattached(); // what the broken stream's last messages may have lost
-        }
         s.notices.flush(); // what queued up while the stream was away
       }
       case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
-      case LEASE_REPLY -> s.leaseReplied(event.getLeaseReply());
-      case RELEASE_FAILED -> refused(event.getReleaseFailed(), cache);
+      case LEASE_REPLY -> {
+        s.stream.leaseAnswered(event.getLeaseReply().getRequestId());
+        s.leaseReplied(event.getLeaseReply());
+      }
+      case RELEASE_FAILED -> {
+        s.stream.noticeRefused(event.getReleaseFailed().getLeaseId());
+        refused(event.getReleaseFailed(), cache);
+      }
+      case MOVING -> {
+        // The daemon hands the session to its successor and ends the stream next: reattach at once.
+        log.info("gpumemd is moving to its successor; session {} reattaches", s.id);
+        s.stream.moving();
+      }
       case RETURN_CACHE -> s.giveBack(cache == null ? List.of()
           : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
       case CACHE_ALLOWANCE -> s.giveBack(cache == null ? List.of()
@@ -85,10 +94,6 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
    */
   private void refused(ReleaseFailed failed, ClientCache cache) {
     Status.Code code = Status.fromCodeValue(failed.getError().getCode()).getCode();
-    if (code == Status.Code.NOT_FOUND && s.notices.repeated(failed.getLeaseId())) {
-      log.debug("gpumemd had already applied the repeated notice about lease {}", failed.getLeaseId());
-      return;
-    }
     Lease lease = code == Status.Code.RESOURCE_EXHAUSTED && cache != null ? cache.refused(failed.getLeaseId()) : null;
     if (lease != null) {
       s.giveBack(List.of(lease));

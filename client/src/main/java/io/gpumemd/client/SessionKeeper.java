@@ -30,6 +30,10 @@ import org.slf4j.LoggerFactory;
  * #REOPEN_WAIT_MS} ms a call); the backoff carries over from one call to the next until a
  * session opens.
  *
+ * <p>A broken stream loses nothing: the next one sends again what the daemon did not apply
+ * ({@link SessionStream}), and leases in flight wait for it. When the daemon says it is moving
+ * to its successor (MovingNotice), the stream is reattached as soon as it ends, without delay.
+ *
  * <p>Time comes from a {@link Ticker} and waits between attempts from a {@link Sleeper}, both
  * injected, so that the grace period and the backoff are tested without sleeping.
  *
@@ -270,9 +274,19 @@ final class SessionKeeper {
 
   /** The stream of {@code s} ended: the session is lost, or the stream is reattached within the grace period. */
   private void streamEnded(Session s, Status status) {
+    boolean moving = s.stream.wasMoving();
     long brokenSince = s.stream.broken(ticker.nanos());
-    s.failPending(status);
+    // Leases in flight stay pending: the next stream sends again what the daemon did not apply.
     if (closing || s.isLost()) {
+      return;
+    }
+    if (moving) {
+      // The daemon moved the session to its successor behind the same address: at once, no backoff.
+      try {
+        scheduler.execute(() -> openStream(s));
+      } catch (RejectedExecutionException e) {
+        // closing
+      }
       return;
     }
     if (status.getCode() == Status.Code.NOT_FOUND || status.isOk()) {

@@ -136,13 +136,13 @@ class SessionKeeperTest {
     SessionStream stream = new SessionStream(() -> false);
     long opened = ticker.nanos();
     ticker.advance(1, TimeUnit.HOURS);
-    stream.attached();
+    stream.attached(0);
     long firstBreak = ticker.nanos();
     assertEquals(firstBreak, stream.broken(firstBreak), "an hour after the session opened, the clock starts now");
     assertNotEquals(opened, firstBreak);
     ticker.advance(300, TimeUnit.MILLISECONDS);
     assertEquals(firstBreak, stream.broken(ticker.nanos()), "a reattach that fails again keeps counting");
-    stream.attached();
+    stream.attached(0);
     ticker.advance(5, TimeUnit.SECONDS);
     assertEquals(ticker.nanos(), stream.broken(ticker.nanos()), "a confirmed stream starts a new grace period");
   }

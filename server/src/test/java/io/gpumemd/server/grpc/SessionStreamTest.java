@@ -182,6 +182,38 @@ class SessionStreamTest {
   }
 
   @Test
+  void aNewStream_isToldHowManyMessagesOfTheSessionWereApplied_theAttachingOneToo() throws Exception {
+    open(OpenSessionRequest.newBuilder());
+    assertEquals(0, sessionInfo().getLeases());
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(1, 4096)).build());
+    runBackendTasks();
+    assertTrue(next().getLeaseReply().hasLease());
+    stream.onNext(KeepAliveRequest.getDefaultInstance()); // counted too: every message is
+    stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(2, 4096)).build());
+    runBackendTasks();
+    assertTrue(next().getLeaseReply().hasLease(), "the messages before it are applied");
+    stream.onCompleted(); // the session waits out its grace period for another stream
+    LinkedBlockingQueue<SessionEvent> second = new LinkedBlockingQueue<>();
+    StreamObserver<KeepAliveRequest> again = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
+      @Override
+      public void onNext(SessionEvent event) {
+        second.add(event);
+      }
+
+      @Override
+      public void onError(Throwable t) {}
+
+      @Override
+      public void onCompleted() {}
+    });
+    stream = again;
+    again.onNext(KeepAliveRequest.newBuilder().setSessionId(sessionId).build());
+    SessionEvent attached = second.poll(5, TimeUnit.SECONDS);
+    assertTrue(attached != null && attached.hasAttached(), String.valueOf(attached));
+    assertEquals(4, attached.getAttached().getAppliedMessages(), "the first stream's hello and its three messages");
+  }
+
+  @Test
   void leasesOnTheStream_areAnsweredByRequestId_andABadOneGetsTheUnaryStatus() throws Exception {
     open(OpenSessionRequest.newBuilder());
     stream.onNext(KeepAliveRequest.newBuilder().addLeases(lease(7, 4096)).addLeases(lease(8, 0)).build());

@@ -1,0 +1,88 @@
+package io.gpumemd.client;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.CloseSessionRequest;
+import io.gpumemd.proto.v1.CloseSessionResponse;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.Server;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.inprocess.InProcessChannelBuilder;
+import io.grpc.inprocess.InProcessServerBuilder;
+import io.grpc.stub.StreamObserver;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Which answers {@link MovingRetry} calls again, and that a refused call is sent again on a
+ * real (in-process) gRPC server until it is served.
+ */
+class MovingRetryTest {
+  private static Metadata moving(String value) {
+    Metadata trailers = new Metadata();
+    trailers.put(MovingRetry.MOVING, value);
+    return trailers;
+  }
+
+  @Test
+  void onlyUnavailableWithTheMovingTrailer_isRetried() {
+    assertTrue(MovingRetry.isMoving(Status.UNAVAILABLE, moving("1")));
+    assertFalse(MovingRetry.isMoving(Status.UNAVAILABLE, new Metadata()), "a draining daemon: not moving");
+    assertFalse(MovingRetry.isMoving(Status.UNAVAILABLE, null));
+    assertFalse(MovingRetry.isMoving(Status.UNAVAILABLE, moving("0")));
+    assertFalse(MovingRetry.isMoving(Status.NOT_FOUND, moving("1")));
+    assertFalse(MovingRetry.isMoving(Status.OK, moving("1")));
+  }
+
+  @Test
+  void backoff_doublesFrom20To500_andStopsAt30Seconds() {
+    assertEquals(20, MovingRetry.backoffMillis(1));
+    assertEquals(40, MovingRetry.backoffMillis(2));
+    assertEquals(320, MovingRetry.backoffMillis(5));
+    assertEquals(500, MovingRetry.backoffMillis(6));
+    assertEquals(500, MovingRetry.backoffMillis(100));
+    assertTrue(MovingRetry.retries(Status.UNAVAILABLE, moving("1"), 10, 29_000));
+    assertFalse(MovingRetry.retries(Status.UNAVAILABLE, moving("1"), 10, 29_600), "past the 30 s bound");
+    assertFalse(MovingRetry.retries(Status.UNAVAILABLE, new Metadata(), 0, 0));
+  }
+
+  @Test
+  void aCallRefusedWhileMoving_isServedByTheNextAttempt() throws Exception {
+    AtomicInteger calls = new AtomicInteger();
+    String name = InProcessServerBuilder.generateName();
+    Server server = InProcessServerBuilder.forName(name).directExecutor().addService(new AllocatorGrpc.AllocatorImplBase() {
+      @Override
+      public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
+        int n = calls.incrementAndGet();
+        if (request.getSessionId().equals("draining")) {
+          response.onError(Status.UNAVAILABLE.withDescription("draining").asRuntimeException());
+        } else if (n <= 3) {
+          response.onError(Status.UNAVAILABLE.withDescription("moving").asRuntimeException(moving("1")));
+        } else {
+          response.onNext(CloseSessionResponse.newBuilder().setReleasedLeases(n).build());
+          response.onCompleted();
+        }
+      }
+    }).build().start();
+    ManagedChannel channel = InProcessChannelBuilder.forName(name).intercept(new MovingRetry()).build();
+    try {
+      AllocatorGrpc.AllocatorBlockingStub stub = AllocatorGrpc.newBlockingStub(channel);
+      assertEquals(4, stub.closeSession(CloseSessionRequest.newBuilder().setSessionId("s").build()).getReleasedLeases(),
+          "served by the fourth attempt, the caller seeing no error");
+      calls.set(100);
+      StatusRuntimeException e = assertThrows(StatusRuntimeException.class,
+          () -> stub.closeSession(CloseSessionRequest.newBuilder().setSessionId("draining").build()));
+      assertEquals(Status.Code.UNAVAILABLE, e.getStatus().getCode());
+      assertEquals(101, calls.get(), "a draining daemon's UNAVAILABLE is not retried");
+    } finally {
+      channel.shutdownNow();
+      server.shutdownNow();
+    }
+  }
+}
