@@ -181,6 +181,25 @@ class KubernetesManifestsTest {
     assertEquals("gpumemd", config.tenancy().socketGroup());
   }
 
+  /**
+   * A rolling update takes over instead of restarting: the new pod starts beside the old one
+   * (surge), on the same socket directory, and takes its state; the old one waits for its pod's
+   * deletion instead of exiting into a container restart.
+   */
+  @Test
+  void daemonSet_updatesBySurgeAndTakeOver() {
+    Workload w = daemonSet();
+    assertEquals("RollingUpdate", string(w.workload, "spec", "updateStrategy", "type"));
+    assertEquals("1", string(w.workload, "spec", "updateStrategy", "rollingUpdate", "maxSurge"));
+    assertEquals("0", string(w.workload, "spec", "updateStrategy", "rollingUpdate", "maxUnavailable"));
+    ServerConfig config = w.daemonConfig();
+    assertTrue(config.takeOver().takeOver(), "--take-over");
+    assertFalse(config.takeOver().exitAfterHandOver(), "--after-hand-over wait");
+    assertEquals(config.listeners().socket().getParent(), config.takeOver().socket().getParent(),
+        "the take-over socket is in the shared socket directory");
+    assertEquals("vmm", config.backend().cudaHandles(), "legacy IPC handles cannot be taken over");
+  }
+
   @Test
   void daemonSet_runsOnGpuNodesWithoutTakingTheirGpus() {
     Workload w = daemonSet();

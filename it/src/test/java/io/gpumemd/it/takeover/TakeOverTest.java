@@ -1,0 +1,279 @@
+package io.gpumemd.it.takeover;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.Lease;
+import io.gpumemd.client.Share;
+import io.gpumemd.it.e2e.DeviceBooks;
+import io.gpumemd.proto.v1.AdminGrpc;
+import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.GetStatsRequest;
+import io.gpumemd.proto.v1.ListLeasesRequest;
+import io.gpumemd.proto.v1.TrimRequest;
+import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.OtherUser;
+import io.grpc.ManagedChannel;
+import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Assumptions;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * {@code gpumemd --take-over} with real daemon processes on the host backend: a Java worker
+ * holding leases, a shared hold and a published name keeps leasing in a loop while the daemon is
+ * taken over three times in a row; refused take-overs leave the running daemon serving; a
+ * running daemon SIGKILLed mid-hand-over leaves a successor that starts fresh and says so.
+ */
+class TakeOverTest {
+  /** Grace for a reattaching client, as a production daemon has it (the tests' 500 ms is for lost-session tests). */
+  private static final String[] FLAGS = {"--keepalive-grace-ms", "5000"};
+
+  private Path dir;
+  private final List<DaemonProcess> daemons = new ArrayList<>();
+
+  @BeforeEach
+  void directory() throws Exception {
+    dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-takeover-");
+  }
+
+  @AfterEach
+  void cleanUp() throws Exception {
+    daemons.forEach(DaemonProcess::close);
+    try (var walk = Files.walk(dir)) {
+      walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
+    }
+  }
+
+  private DaemonProcess start(String... extra) {
+    List<String> flags = new ArrayList<>(List.of(FLAGS));
+    flags.addAll(List.of(extra));
+    DaemonProcess d = DaemonProcess.startIn(dir, flags.toArray(String[]::new));
+    daemons.add(d);
+    return d;
+  }
+
+  @Test
+  void workerCarriesOnAcrossThreeTakeOvers_sameSessions_sameBytes_noIdTwice() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient owner = GpuMemClient.connect(daemon.unixTarget());
+         GpuMemClient holder = GpuMemClient.connect(daemon.unixTarget())) {
+      String ownerSession = owner.sessionId();
+      String holderSession = holder.sessionId();
+      Lease shared = owner.lease(0, 1 << 20);
+      fill(shared, (byte) 0x31);
+      Share share = shared.share();
+      Lease hold = holder.attach(share.token());
+      Lease named = owner.lease(1, 3 << 20);
+      fill(named, (byte) 0x32);
+      owner.publish(named, "weights");
+      Lease byName = holder.lookup("weights");
+      try (LeaseLoop loop = LeaseLoop.start(owner, 2)) {
+        loop.awaitMore(200, 30_000);
+        List<Integer> pids = new ArrayList<>();
+        for (int round = 1; round <= 3; round++) {
+          DaemonProcess next = start("--take-over");
+          assertEquals(0, daemon.awaitExit(30_000), "round " + round + ": the old daemon did not exit 0:\n"
+              + daemon.output());
+          assertTrue(daemon.output().contains("handed over to pid " + next.process().pid()), daemon.output());
+          assertTrue(next.output().contains("Took over from pid " + daemon.process().pid()), next.output());
+          pids.add((int) next.process().pid());
+          daemon = next;
+          loop.awaitMore(200, 30_000);
+        }
+        loop.stopAndAwait();
+        assertEquals(List.of(), loop.failures(), "calls failed across the take-overs");
+        assertTrue(loop.daemonServed() > 0, "no lease came from the daemons");
+        assertTrue(loop.leases() >= 800, loop.leases() + " leases");
+      }
+      assertEquals(ownerSession, owner.sessionId(), "the owner's session was not resumed");
+      assertEquals(holderSession, holder.sessionId(), "the holder's session was not resumed");
+      assertFalse(owner.sessionLost() || holder.sessionLost());
+      assertBytes(shared, (byte) 0x31);
+      assertBytes(hold, (byte) 0x31);
+      assertBytes(named, (byte) 0x32);
+      assertBytes(byName, (byte) 0x32);
+      // The successor's books hold exactly what the clients hold: 2 leases and 2 holds in use,
+      // and the owner's cache tier (closed leases it keeps, still its leases).
+      try (Admin admin = new Admin(daemon)) {
+        assertEquals(4 + owner.stats().cachedBlocks() + holder.stats().cachedBlocks(), admin.leases(), "the final daemon's leases");
+        fill(hold, (byte) 0x33); // a write through the hold reaches the lease: one memory
+        assertBytes(shared, (byte) 0x33);
+        hold.close();
+        byName.close();
+        shared.close();
+        named.close();
+        share.close();
+        owner.unpublish("weights");
+      }
+    }
+    // Both clients closed: their sessions ended on the last daemon, everything came back.
+    try (Admin admin = new Admin(daemon)) {
+      for (int device = 0; device < 2; device++) {
+        DeviceBooks.assertBalanced(admin.awaitLeased(device, 0));
+        admin.trim(device);
+        DeviceStats d = admin.stats(device);
+        assertEquals(0, d.getReservedBytes(), "device " + device + " after a trim: " + d);
+      }
+    }
+  }
+
+  @Test
+  void refusedTakeOver_leavesTheRunningDaemonServing() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Lease big = client.lease(0, 200L << 20); // more than the taker's budget below
+      fill(big, (byte) 0x41);
+      String session = client.sessionId();
+      Process taker = new ProcessBuilder(takerCommand("--host-device-bytes", "64MiB"))
+          .redirectErrorStream(true).start();
+      String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
+      assertEquals(1, taker.exitValue(), out);
+      assertTrue(out.contains("take-over refused by the running daemon") && out.contains("budget"), out);
+      assertTrue(daemon.process().isAlive());
+      assertTrue(daemon.output().contains("refused"), daemon.output());
+      // Untouched: the same session leases on, its bytes are there.
+      Lease more = client.lease(0, 1 << 20);
+      more.close();
+      assertEquals(session, client.sessionId());
+      assertBytes(big, (byte) 0x41);
+      big.close();
+    }
+  }
+
+  @Test
+  void takerUnderAnotherUid_isRefused() throws Exception {
+    Assumptions.assumeTrue(OtherUser.available(), "needs root and setpriv to start the taker as another uid");
+    DaemonProcess daemon = start();
+    OtherUser.openUp(dir);
+    // Its own shm-dir, which it may use: what stops it must be the take-over socket.
+    Path shm = Files.createDirectory(dir.resolve("shm-nobody"));
+    Files.setAttribute(shm, "unix:uid", OtherUser.NOBODY);
+    List<String> command = OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
+        "io.gpumemd.server.Main");
+    List<String> flags = takerCommand("--shm-dir", shm.toString());
+    command.addAll(flags.subList(DaemonProcess.javaCommand("io.gpumemd.server.Main").size(), flags.size()));
+    Process taker = new ProcessBuilder(command).redirectErrorStream(true).start();
+    String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
+    assertEquals(1, taker.exitValue(), out);
+    assertTrue(out.contains("permission denied") || out.contains("only uid"), out);
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 4096).close();
+    }
+    assertTrue(daemon.process().isAlive());
+  }
+
+  @Test
+  void runningDaemonKilledMidHandOver_successorStartsFreshAndSaysSo() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Lease lease = client.lease(0, 1 << 20);
+      String before = client.sessionId();
+      // Stopped, the daemon still has its socket: the successor connects and asks, and nobody
+      // answers; then it dies without a word.
+      new ProcessBuilder("kill", "-STOP", Long.toString(daemon.process().pid())).start().waitFor();
+      Process taker = new ProcessBuilder(takerCommand()).redirectErrorStream(true).start();
+      ProcessOutput out = ProcessOutput.of(taker);
+      Thread.sleep(1000); // the successor has connected and is waiting for an answer
+      daemon.process().destroyForcibly();
+      assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
+      assertTrue(out.await("gpumemd ready", 60_000), out.text());
+      assertTrue(out.text().contains("went away before its state was complete: starting fresh"), out.text());
+      // The client finds its session gone, and goes on with a new one.
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+      while (!lease.isLost() && System.nanoTime() < deadline) {
+        Thread.sleep(20);
+      }
+      assertTrue(lease.isLost());
+      Lease next = client.lease(0, 4096);
+      assertNotEquals(before, client.sessionId());
+      next.close();
+      taker.destroy();
+      assertTrue(taker.waitFor(30, TimeUnit.SECONDS));
+    }
+  }
+
+  private List<String> takerCommand(String... extra) {
+    List<String> command = new ArrayList<>(DaemonProcess.javaCommand("io.gpumemd.server.Main"));
+    command.addAll(List.of(io.gpumemd.server.testing.TestDaemon.defaultFlags(dir)));
+    command.addAll(List.of(FLAGS));
+    command.add("--take-over");
+    command.addAll(List.of(extra));
+    return command;
+  }
+
+  static void fill(Lease lease, byte value) {
+    ByteBuffer b = lease.buffer();
+    for (int i = 0; i < b.capacity(); i += 4096) {
+      b.put(i, value);
+    }
+    b.put(b.capacity() - 1, value);
+  }
+
+  static void assertBytes(Lease lease, byte value) {
+    ByteBuffer b = lease.buffer();
+    for (int i = 0; i < b.capacity(); i += 4096) {
+      assertEquals(value, b.get(i), "byte " + i + " of " + lease);
+    }
+    assertEquals(value, b.get(b.capacity() - 1));
+  }
+
+  /** Admin calls to a daemon over its socket. */
+  static final class Admin implements AutoCloseable {
+    private final EpollEventLoopGroup group = new EpollEventLoopGroup(1);
+    private final ManagedChannel channel;
+    private final AdminGrpc.AdminBlockingStub stub;
+
+    Admin(DaemonProcess daemon) {
+      channel = NettyChannelBuilder.forAddress(new DomainSocketAddress(daemon.dir().resolve("gpumemd.sock").toString()))
+          .eventLoopGroup(group).channelType(EpollDomainSocketChannel.class).usePlaintext().build();
+      stub = AdminGrpc.newBlockingStub(channel).withDeadlineAfter(30, TimeUnit.SECONDS);
+    }
+
+    DeviceStats stats(int device) {
+      return stub.getStats(GetStatsRequest.newBuilder().setDevice(device).build()).getDevices(0);
+    }
+
+    int leases() {
+      return stub.listLeases(ListLeasesRequest.newBuilder().build()).getLeasesCount();
+    }
+
+    DeviceStats awaitLeased(int device, long bytes) throws InterruptedException {
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+      DeviceStats d = stats(device);
+      while (d.getLeasedBytes() + d.getClientCachedBytes() != bytes && System.nanoTime() < deadline) {
+        Thread.sleep(20);
+        d = stats(device);
+      }
+      assertEquals(bytes, d.getLeasedBytes() + d.getClientCachedBytes(), "device " + device + ": " + d);
+      return d;
+    }
+
+    void trim(int device) {
+      stub.trim(TrimRequest.newBuilder().setDevice(device).setKeepBytes(0).build());
+    }
+
+    @Override
+    public void close() throws InterruptedException {
+      channel.shutdownNow().awaitTermination(5, TimeUnit.SECONDS);
+      group.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+    }
+  }
+}
