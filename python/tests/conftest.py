@@ -29,13 +29,13 @@ JAVA = os.environ.get("JAVA", "java")
 class Daemon:
     """A gpumemd process with its socket, shm directory and log."""
 
-    def __init__(self, directory, *extra):
+    def __init__(self, directory, *extra, log_name="gpumemd.log"):
         if not os.path.exists(JAR):
             pytest.fail("%s is missing: build it first (mvn -B -q package -DskipTests)" % JAR)
         os.makedirs(directory, exist_ok=True)
         self.socket = os.path.join(directory, "gpumemd.sock")
         self.target = "unix://" + self.socket
-        self.log_path = os.path.join(directory, "gpumemd.log")
+        self.log_path = os.path.join(directory, log_name)
         args = [JAVA, "-jar", JAR, "--socket", self.socket, "--shm-dir", os.path.join(directory, "shm"),
                 "--metrics-port", "0", "--keepalive-grace-ms", "500"] + list(extra)
         if "--backend" not in extra:
@@ -100,8 +100,8 @@ def daemon(tmp_path_factory):
 def start_daemon(tmp_path):
     started = []
 
-    def start(*extra, directory=None):
-        d = Daemon(directory or str(tmp_path / ("daemon%d" % len(started))), *extra)
+    def start(*extra, directory=None, log_name="gpumemd.log"):
+        d = Daemon(directory or str(tmp_path / ("daemon%d" % len(started))), *extra, log_name=log_name)
         started.append(d)
         return d
 
