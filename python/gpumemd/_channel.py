@@ -7,8 +7,8 @@ import time
 import grpc
 
 MOVING = "gpumemd-moving"  # the trailer a moving daemon sets on the calls it did not serve ("1")
-MIN_BACKOFF = 0.02  # seconds before the first retry of a call refused while moving, doubling ...
-MAX_BACKOFF = 0.5   # ... up to this ...
+MIN_BACKOFF = 0.01  # seconds before the first retry of a call refused while moving, doubling ...
+MAX_BACKOFF = 0.1   # ... up to this ...
 RETRY_BOUND = 30.0  # ... for at most this long from the first attempt (never past the call's timeout)
 
 # Never route the daemon's traffic through an HTTP proxy from the environment. Reconnect within
@@ -68,7 +68,8 @@ def is_moving(code, trailers):
 
 
 def backoff(n):
-    """Seconds before retry ``n`` (1 for the first): 20 ms doubling to 500 ms."""
+    """Seconds before retry ``n`` (1 for the first): 10 ms doubling to 100 ms (a hand-over refuses calls
+    for about a tenth of a second)."""
     return min(MAX_BACKOFF, MIN_BACKOFF * 2 ** min(n - 1, 10))
 
 

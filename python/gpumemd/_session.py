@@ -115,9 +115,10 @@ def is_empty(message):
 
 def reattach_delay(s):
     """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period;
-    none when the daemon said it is moving (its successor serves the same address)."""
+    10 ms when the daemon said it is moving (its successor serves the same address soon; until
+    then the old daemon refuses a new stream too)."""
     if s.log.moving:
-        return 0.0
+        return 0.01
     return max(0.02, min(0.2, s.keepalive_grace_ms / 10000))
 
 

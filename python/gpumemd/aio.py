@@ -20,7 +20,7 @@ import time
 
 import grpc
 
-from ._channel import open_channel, options
+from ._channel import is_moving, open_channel, options
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
@@ -398,6 +398,8 @@ class AsyncClient(ClientCore):
                     first_try = time.monotonic()
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
+                if is_moving(code, e.trailing_metadata()):
+                    s.log.moving = True  # not applied by the moving daemon: reattach soon, to its successor
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
             s.call = None

@@ -13,7 +13,7 @@ import time
 
 import grpc
 
-from ._channel import open_channel, options
+from ._channel import is_moving, open_channel, options
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
@@ -458,6 +458,8 @@ class Client(ClientCore):
                     first_try = time.monotonic()
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
+                if is_moving(code, e.trailing_metadata()):
+                    s.log.moving = True  # not applied by the moving daemon: reattach soon, to its successor
             except Exception:  # a bug in an event handler: do not lose the session silently
                 log.exception("gpumemd KeepAlive stream handler failed")
                 call.cancel()

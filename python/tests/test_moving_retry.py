@@ -20,11 +20,11 @@ def test_only_unavailable_with_the_moving_trailer_is_retried():
     assert not is_moving(grpc.StatusCode.NOT_FOUND, (("gpumemd-moving", "1"),))
 
 
-def test_backoff_doubles_from_20_ms_to_500_ms_for_30_s():
-    assert [backoff(n) for n in (1, 2, 5, 6, 50)] == [0.02, 0.04, 0.32, 0.5, 0.5]
+def test_backoff_doubles_from_10_ms_to_100_ms_for_30_s():
+    assert [backoff(n) for n in (1, 2, 4, 5, 50)] == [0.01, 0.02, 0.08, 0.1, 0.1]
     moving = (("gpumemd-moving", "1"),)
     assert retries(grpc.StatusCode.UNAVAILABLE, moving, 10, 29.0)
-    assert not retries(grpc.StatusCode.UNAVAILABLE, moving, 10, 29.6)
+    assert not retries(grpc.StatusCode.UNAVAILABLE, moving, 10, 29.95)
 
 
 class _Allocator(pb_grpc.AllocatorServicer):

@@ -27,8 +27,10 @@ import java.util.concurrent.TimeUnit;
 final class MovingRetry implements ClientInterceptor {
   /** The trailer a daemon that is moving sets on the calls it did not serve. */
   static final Metadata.Key<String> MOVING = Metadata.Key.of("gpumemd-moving", Metadata.ASCII_STRING_MARSHALLER);
-  static final long MIN_BACKOFF_MS = 20;
-  static final long MAX_BACKOFF_MS = 500;
+  // A hand-over refuses calls for about a tenth of a second: retry often, and the successor
+  // serves the call soon after it starts.
+  static final long MIN_BACKOFF_MS = 10;
+  static final long MAX_BACKOFF_MS = 100;
   static final long BOUND_MS = 30_000;
 
   /** Whether a call that ended with {@code status} and {@code trailers} was refused because the daemon is moving. */

@@ -108,7 +108,12 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
   @Override
   public void onError(Throwable t) {
     done.countDown();
-    ended.accept(Status.fromThrowable(t));
+    Status status = Status.fromThrowable(t);
+    if (MovingRetry.isMoving(status, Status.trailersFromThrowable(t))) {
+      // A message the moving daemon did not apply: the stream reattaches soon, to its successor.
+      s.stream.moving();
+    }
+    ended.accept(status);
   }
 
   @Override

@@ -47,6 +47,8 @@ final class SessionKeeper {
 
   static final long MIN_BACKOFF_MS = 50;
   static final long MAX_BACKOFF_MS = 2000;
+  /** How soon a stream the moving daemon refused is reattached. */
+  static final long MOVING_RETRY_MS = 10;
   /** How long a call waits for a new session after the old one was lost. */
   static final long REOPEN_WAIT_MS = 10_000;
 
@@ -281,9 +283,11 @@ final class SessionKeeper {
       return;
     }
     if (moving) {
-      // The daemon moved the session to its successor behind the same address: at once, no backoff.
+      // The daemon moved the session to its successor behind the same address: at once after its
+      // MovingNotice; after a refused message, in a few milliseconds (the old daemon, still there
+      // until its successor serves, refuses a new stream as well).
       try {
-        scheduler.execute(() -> openStream(s));
+        scheduler.schedule(() -> openStream(s), status.isOk() ? 0 : MOVING_RETRY_MS, TimeUnit.MILLISECONDS);
       } catch (RejectedExecutionException e) {
         // closing
       }

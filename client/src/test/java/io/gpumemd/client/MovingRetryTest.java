@@ -41,14 +41,14 @@ class MovingRetryTest {
   }
 
   @Test
-  void backoff_doublesFrom20To500_andStopsAt30Seconds() {
-    assertEquals(20, MovingRetry.backoffMillis(1));
-    assertEquals(40, MovingRetry.backoffMillis(2));
-    assertEquals(320, MovingRetry.backoffMillis(5));
-    assertEquals(500, MovingRetry.backoffMillis(6));
-    assertEquals(500, MovingRetry.backoffMillis(100));
+  void backoff_doublesFrom10To100_andStopsAt30Seconds() {
+    assertEquals(10, MovingRetry.backoffMillis(1));
+    assertEquals(20, MovingRetry.backoffMillis(2));
+    assertEquals(80, MovingRetry.backoffMillis(4));
+    assertEquals(100, MovingRetry.backoffMillis(5));
+    assertEquals(100, MovingRetry.backoffMillis(100));
     assertTrue(MovingRetry.retries(Status.UNAVAILABLE, moving("1"), 10, 29_000));
-    assertFalse(MovingRetry.retries(Status.UNAVAILABLE, moving("1"), 10, 29_600), "past the 30 s bound");
+    assertFalse(MovingRetry.retries(Status.UNAVAILABLE, moving("1"), 10, 29_950), "past the 30 s bound");
     assertFalse(MovingRetry.retries(Status.UNAVAILABLE, new Metadata(), 0, 0));
   }
 

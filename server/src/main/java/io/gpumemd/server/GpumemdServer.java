@@ -97,12 +97,7 @@ public final class GpumemdServer {
     return v == null ? "dev" : v;
   }
 
-  /**
-   * @param restored a predecessor's state to serve on (take-over), or null to start empty; its
-   *     descriptors are the pools' once this returns
-   */
-  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens,
-      TakeOver restored) {
+  private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
     this.backend = backend;
     this.ticker = ticker;
@@ -117,27 +112,12 @@ public final class GpumemdServer {
         log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
             pool.retentionCapBytes(), device.ordinal(), limit);
       }
-      PoolSettings settings =
-          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit));
-      try {
-        list.add(restored == null
-            ? new DevicePool(device, backend, settings, sessions, DevicePools.segmentIdBase(device.ordinal()), ticker)
-            : TakeOverState.restorePool(restored, device, backend, settings, sessions, ticker));
-      } catch (RuntimeException e) {
-        list.forEach(DevicePool::handOver); // the predecessor's memory: drop our references, free nothing
-        throw e;
-      }
+      list.add(new DevicePool(device, backend,
+          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit)),
+          sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     this.pools = new DevicePools(list);
     this.registry = new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions);
-    if (restored != null) {
-      try {
-        TakeOverState.restoreSessions(restored, registry);
-      } catch (RuntimeException e) {
-        pools.handOver();
-        throw e;
-      }
-    }
     // Misses and zeroing: backend calls that may take milliseconds, and a miss may wait for
     // unmaps. With an unbounded queue a ThreadPoolExecutor never grows past its core size, so
     // core = max, and idle threads time out.
@@ -203,35 +183,40 @@ public final class GpumemdServer {
         new BackendSelector.CudaOptions(wanted.cudaHandles(),
             fdSocket == null ? null : fdSocket.toAbsolutePath().toString()));
     MemoryBackend backend = selection.backend();
-    TakeOver takeOver;
-    try {
-      takeOver = config.takeOver().takeOver() ? TakeOverState.request(config, backend) : null;
-    } catch (IOException | RuntimeException e) {
+    boolean takingOver = config.takeOver().takeOver();
+    String cannotTakeOver = takingOver ? backend.takeOverRefusal() : null;
+    if (cannotTakeOver != null) {
       backend.close();
-      throw e;
+      throw new IOException("take-over: this daemon's configuration cannot hold a predecessor's memory: "
+          + cannotTakeOver);
     }
     GpumemdServer server;
     try {
-      server = new GpumemdServer(config, backend, ticker, tokens, takeOver);
+      server = new GpumemdServer(config, backend, ticker, tokens);
     } catch (RuntimeException e) {
-      if (takeOver != null) {
-        log.error("--take-over: restoring the state failed; the running daemon serves on", e);
-        takeOver.abort("restoring failed: " + e);
-        takeOver.close();
-        backend.close();
-        throw new IOException("take-over: restoring the state failed (" + e + "); the running daemon serves on");
-      }
       backend.close();
       throw e;
     }
+    TakeOver takeOver = null;
     try {
-      server.startServices(selection.reason(), takeOver);
+      // Everything that does not need the predecessor's state is built and bound first: its
+      // requests wait only for the state and its restore.
+      server.bindListeners(selection.reason(), takingOver);
+      if (takingOver) {
+        takeOver = TakeOverState.request(config, backend);
+        if (takeOver != null) {
+          server.restore(takeOver);
+        }
+      }
+      server.startServices(takeOver);
     } catch (IOException | RuntimeException e) {
       if (takeOver != null && !server.takenOver) {
-        takeOver.abort("starting failed: " + e.getMessage());
+        takeOver.abort(e.getMessage());
         takeOver.close();
         server.releaseAfterFailedTakeOver();
-        throw e;
+        throw e instanceof IOException io ? io
+            : new IOException("take-over: restoring the state failed (" + e.getMessage() + "); the running daemon "
+                + "serves on", e);
       }
       server.closeAfterFailedStart();
       throw e;
@@ -239,7 +224,19 @@ public final class GpumemdServer {
     return server;
   }
 
-  private void startServices(String backendReason, TakeOver takeOver) throws IOException {
+  /**
+   * Rebuilds the predecessor's pools and sessions in this daemon's, which are new and unserved;
+   * the pools take the segments' descriptors.
+   */
+  private void restore(TakeOver takeOver) {
+    for (DevicePool pool : pools.all()) {
+      TakeOverState.restorePool(takeOver, pool);
+    }
+    TakeOverState.restoreSessions(takeOver, registry);
+  }
+
+  /** Logs what this daemon serves and binds its listeners, where no client finds them yet ({@link Listeners#publish}). */
+  private void bindListeners(String backendReason, boolean takingOver) throws IOException {
     log.info("Backend: {} ({})", backend.name(), backendReason);
     for (DevicePool pool : pools.all()) {
       DeviceInfo d = pool.device();
@@ -247,12 +244,9 @@ public final class GpumemdServer {
           d.name(), d.uuid(), Sizes.format(d.capacityBytes()), Sizes.format(pool.limitBytes()),
           Sizes.format(pool.stats().get(PoolMetric.RETENTION_CAP_BYTES)));
     }
-    for (String service : SERVICES) {
-      health.setStatus(service, ServingStatus.SERVING);
-    }
     log.info("Identity: {}; {}", identities, config.tenancy().isolateSessions()
         ? "every session has segments of its own" : "sessions of one tenant share segments, tenants never do");
-    if (takeOver != null) {
+    if (takingOver) {
       listeners.takingOver();
     }
     ListenerConfig addresses = config.listeners();
@@ -266,6 +260,17 @@ public final class GpumemdServer {
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
     }
+  }
+
+  /**
+   * Starts serving: the sockets move to their paths (over a predecessor's, which is told), the
+   * take-over socket, metrics and housekeeping start.
+   */
+  private void startServices(TakeOver takeOver) throws IOException {
+    for (String service : SERVICES) {
+      health.setStatus(service, ServingStatus.SERVING);
+    }
+    ListenerConfig addresses = config.listeners();
     Path handOverSocket = config.takeOver().socket();
     Path handOverAt = null;
     if (handOverSocket != null) {

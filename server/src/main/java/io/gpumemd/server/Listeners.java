@@ -188,6 +188,11 @@ final class Listeners implements AutoCloseable {
    */
   void publish() throws IOException {
     for (Pending p : pending) {
+      if (Files.exists(p.path(), LinkOption.NOFOLLOW_LINKS)
+          && ((Integer) Files.getAttribute(p.path(), "unix:mode", LinkOption.NOFOLLOW_LINKS) & 0170000) != 0140000) {
+        throw new IOException(p.name() + ": " + p.path() + " exists and is not a socket; gpumemd replaces only a "
+            + "socket (expected: a free path)");
+      }
       Files.move(p.at(), p.path(), StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
       bound.add(BoundSocket.of(p.name(), p.path()));
     }

@@ -1,18 +1,14 @@
 package io.gpumemd.server;
 
-import io.gpumemd.common.Ticker;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.proto.takeover.v1.State;
-import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
-import io.gpumemd.server.pool.HolderRequests;
-import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.TakeOver;
 import io.gpumemd.server.pool.TakeOverRefusedException;
@@ -34,18 +30,14 @@ final class TakeOverState {
   }
 
   /**
-   * Asks the running daemon for its state, after checking that this daemon could hold it.
+   * Asks the running daemon for its state (this daemon's backend can hold one: checked before).
    *
    * @return the state, or null to start fresh
    */
   static TakeOver request(ServerConfig config, MemoryBackend backend) throws IOException {
-    String own = backend.takeOverRefusal();
-    if (own != null) {
-      throw new IOException("take-over: this daemon's configuration cannot hold a predecessor's memory: " + own);
-    }
     Hello.Builder hello = Hello.newBuilder().setVersion(GpumemdServer.VERSION).setBackend(backend.name())
         .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
-    for (DeviceInfo device : backend.devices()) {
+    for (io.gpumemd.server.backend.DeviceInfo device : backend.devices()) {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
     }
     return TakeOver.request(config.takeOver().socket(), hello.build());
@@ -96,20 +88,19 @@ final class TakeOverState {
   }
 
   /**
-   * A pool rebuilt from its predecessor's state; it takes the descriptors its segments name
-   * (whether it succeeds or not), which the take-over then no longer closes.
+   * Rebuilds the predecessor's pool of the same device in {@code pool}; it takes the descriptors
+   * its segments name (whether it succeeds or not), which the take-over then no longer closes.
    */
-  static DevicePool restorePool(TakeOver takeOver, DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      HolderRequests holders, Ticker ticker) {
-    PoolState state = takeOver.state().getPoolsList().stream().filter(p -> p.getDevice() == device.ordinal())
-        .findFirst().orElseThrow(() -> new IllegalStateException("the predecessor's state has no device "
-            + device.ordinal()));
+  static void restorePool(TakeOver takeOver, DevicePool pool) {
+    int device = pool.device().ordinal();
+    PoolState state = takeOver.state().getPoolsList().stream().filter(p -> p.getDevice() == device)
+        .findFirst().orElseThrow(() -> new IllegalStateException("the predecessor's state has no device " + device));
     int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
     takeOver.consumed(state.getSegmentsList().stream().mapToInt(SegmentState::getDescriptorIndex).toArray());
     try {
-      return DevicePool.restore(device, backend, settings, holders, ticker, state, fds);
+      pool.restore(state, fds);
     } catch (TakeOverRefusedException e) {
-      throw new IllegalStateException("device " + device.ordinal() + ": " + e.getMessage(), e);
+      throw new IllegalStateException(e.getMessage(), e);
     }
   }
 

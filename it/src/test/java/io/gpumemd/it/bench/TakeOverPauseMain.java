@@ -46,8 +46,9 @@ public final class TakeOverPauseMain {
         held.add(client.lease(i % 2, 1 << 20));
       }
       String session = client.sessionId();
+      java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
       Thread worker = new Thread(() -> {
-        while (!Thread.currentThread().isInterrupted()) {
+        while (!stop.get()) {
           long t0 = System.nanoTime();
           try (Lease lease = client.lease(0, 64 << 10)) {
             lease.buffer().put(0, (byte) 1);
@@ -77,7 +78,7 @@ public final class TakeOverPauseMain {
         daemon.close();
         daemon = next;
       }
-      worker.interrupt();
+      stop.set(true);
       worker.join(10_000);
       if (!session.equals(client.sessionId())) {
         throw new IllegalStateException("the session changed: " + session + " -> " + client.sessionId());

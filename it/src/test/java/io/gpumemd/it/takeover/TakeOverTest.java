@@ -162,7 +162,9 @@ class TakeOverTest {
     Assumptions.assumeTrue(OtherUser.available(), "needs root and setpriv to start the taker as another uid");
     DaemonProcess daemon = start();
     OtherUser.openUp(dir);
-    // Its own shm-dir, which it may use: what stops it must be the take-over socket.
+    // A socket directory it may bind in, and an shm-dir of its own: what stops it must be the
+    // take-over socket.
+    Files.setPosixFilePermissions(dir, java.nio.file.attribute.PosixFilePermissions.fromString("rwxrwxrwx"));
     Path shm = Files.createDirectory(dir.resolve("shm-nobody"));
     Files.setAttribute(shm, "unix:uid", OtherUser.NOBODY);
     List<String> command = OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
@@ -178,6 +180,38 @@ class TakeOverTest {
       client.lease(0, 4096).close();
     }
     assertTrue(daemon.process().isAlive());
+  }
+
+  /**
+   * The other way round: root may connect to any socket, so the daemon (uid 65534) itself must
+   * tell the kernel's word on the peer (SO_PEERCRED) from its own uid, and refuse.
+   */
+  @Test
+  void takerUnderAnotherUid_isRefusedByTheDaemon_evenWhereItCanConnect() throws Exception {
+    Assumptions.assumeTrue(OtherUser.available(), "needs root and setpriv to start the daemon as another uid");
+    OtherUser.openUp(dir);
+    Files.setPosixFilePermissions(dir, java.nio.file.attribute.PosixFilePermissions.fromString("rwxrwxrwx"));
+    List<String> command = OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
+        "io.gpumemd.server.Main");
+    List<String> flags = takerCommand();
+    flags.remove("--take-over");
+    command.addAll(flags.subList(DaemonProcess.javaCommand("io.gpumemd.server.Main").size(), flags.size()));
+    Process daemon = new ProcessBuilder(command).redirectErrorStream(true).start();
+    try {
+      ProcessOutput log = ProcessOutput.of(daemon);
+      assertTrue(log.await("gpumemd ready", 60_000), log.text());
+      Process taker = new ProcessBuilder(takerCommand("--shm-dir", dir.resolve("shm-root").toString()))
+          .redirectErrorStream(true).start();
+      String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
+      assertEquals(1, taker.exitValue(), out);
+      assertTrue(out.contains("take-over refused") && out.contains("serves only uid 65534"), out);
+      assertTrue(log.await("Take-over refused: pid", 10_000), log.text());
+      assertTrue(daemon.isAlive(), log.text());
+    } finally {
+      daemon.destroyForcibly();
+      daemon.waitFor(10, TimeUnit.SECONDS);
+    }
   }
 
   @Test

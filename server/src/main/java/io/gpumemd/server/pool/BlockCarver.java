@@ -183,6 +183,12 @@ final class BlockCarver {
   // ------------------------------------------------------------------ take-over (PoolTransfer)
 
   /** The id the next new segment gets. */
+  /** A restored pool goes on with its predecessor's segment ids (take-over). */
+  void continueSegmentIds(long next) {
+    assert lock.isHeldByCurrentThread() && live.isEmpty();
+    nextSegmentId = next;
+  }
+
   long nextSegmentId() {
     return nextSegmentId;
   }

@@ -520,6 +520,18 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
+   * Rebuilds a predecessor's pool from its state (take-over) in this pool, which must be new:
+   * no segment yet, nothing served. Takes every descriptor the state names, whatever happens.
+   *
+   * @throws TakeOverRefusedException when this pool cannot hold the state (a smaller budget, a
+   *     descriptor that is not a segment of the right size); the pool is then closed
+   */
+  public void restore(io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
+      throws TakeOverRefusedException {
+    PoolTransfer.restoreInto(this, state, descriptors);
+  }
+
+  /**
    * Ends the pool after a successor took it over: as {@link #close}, but every segment is
    * relinquished ({@link MemoryBackend#relinquish}: this process's references dropped, the
    * memory kept for the successor), never freed. Idempotent; afterwards the pool refuses

@@ -160,6 +160,21 @@ final class PoolTransfer {
   static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
       HolderRequests holderRequests, Ticker ticker, PoolState state, int[] descriptors)
       throws TakeOverRefusedException {
+    DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
+        DevicePools.segmentIdBase(device.ordinal()), ticker);
+    restoreInto(pool, state, descriptors);
+    return pool;
+  }
+
+  /**
+   * Rebuilds a predecessor's pool in {@code pool}, which must be new (no segment yet, nothing
+   * served): a successor builds and binds everything else before it asks for the state, so
+   * that only this is left for the pause. On failure the pool is closed and every descriptor the
+   * state names is closed or relinquished.
+   */
+  static void restoreInto(DevicePool pool, PoolState state, int[] descriptors) throws TakeOverRefusedException {
+    DeviceInfo device = pool.device();
+    MemoryBackend backend = pool.backend;
     List<SegmentState> segments = state.getSegmentsList();
     Map<Integer, SegmentState> byDescriptor = new HashMap<>();
     for (SegmentState s : segments) {
@@ -170,13 +185,25 @@ final class PoolTransfer {
             + descriptors.length + ")");
       }
     }
-    String why = check(device, backend, settings, state);
+    String why = check(device, backend, pool.limitBytes(), pool.publishedLimitBytes(), state);
     if (why != null) {
       closeAll(descriptors, byDescriptor.keySet());
       throw new TakeOverRefusedException("device " + device.ordinal() + ": " + why);
     }
-    PoolSettings effective = settings;
-    DevicePool pool = new DevicePool(device, backend, effective, holderRequests, state.getNextSegmentId(), ticker);
+    boolean fresh;
+    pool.lock.lock();
+    try {
+      fresh = pool.carver.live.isEmpty() && pool.carver.nextSegmentId() == DevicePools.segmentIdBase(device.ordinal());
+      if (fresh) {
+        pool.carver.continueSegmentIds(state.getNextSegmentId());
+      }
+    } finally {
+      pool.lock.unlock();
+    }
+    if (!fresh) {
+      closeAll(descriptors, byDescriptor.keySet());
+      throw new TakeOverRefusedException("device " + device.ordinal() + ": the pool already has segments of its own");
+    }
     List<SegmentMemory> adopted = new ArrayList<>(segments.size());
     try {
       for (SegmentState s : segments) {
@@ -203,7 +230,6 @@ final class PoolTransfer {
         pool.lock.unlock();
       }
       after.run();
-      return pool;
     } catch (TakeOverRefusedException e) {
       closeAll(descriptors, byDescriptor.keySet());
       pool.closed = true;
@@ -215,7 +241,8 @@ final class PoolTransfer {
   }
 
   /** What the successor's configuration cannot take, or null. The state is never shrunk to fit. */
-  private static String check(DeviceInfo device, MemoryBackend backend, PoolSettings settings, PoolState state) {
+  private static String check(DeviceInfo device, MemoryBackend backend, long limitBytes, long publishedLimitBytes,
+      PoolState state) {
     String refusal = backend.takeOverRefusal();
     if (refusal != null) {
       return refusal;
@@ -235,13 +262,13 @@ final class PoolTransfer {
             + (state.getNextSegmentId() - 1);
       }
     }
-    if (reserved > settings.limitBytes()) {
-      return "the pool holds " + reserved + " bytes of segments, over this daemon's budget of " + settings.limitBytes()
+    if (reserved > limitBytes) {
+      return "the pool holds " + reserved + " bytes of segments, over this daemon's budget of " + limitBytes
           + " bytes (--limit-bytes); what is leased stays leased, so give the new daemon at least that budget";
     }
-    if (state.getSharing().getPublishedBytes() > settings.publishedLimitBytes()) {
+    if (state.getSharing().getPublishedBytes() > publishedLimitBytes) {
       return "published objects hold " + state.getSharing().getPublishedBytes() + " bytes, over this daemon's "
-          + "published-bytes limit of " + settings.publishedLimitBytes();
+          + "published-bytes limit of " + publishedLimitBytes;
     }
     for (String name : state.getCountersMap().keySet()) {
       if (counter(name) == null) {
