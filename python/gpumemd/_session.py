@@ -115,10 +115,10 @@ def is_empty(message):
 
 def reattach_delay(s):
     """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period;
-    10 ms when the daemon said it is moving (its successor serves the same address soon; until
-    then the old daemon refuses a new stream too)."""
+    none after the daemon's MovingNotice (its successor serves the same address), 10 ms after it
+    refused a message as moving (until its successor serves, it refuses a new stream too)."""
     if s.log.moving:
-        return 0.01
+        return 0.01 if s.log.moving_refused else 0.0
     return max(0.02, min(0.2, s.keepalive_grace_ms / 10000))
 
 
@@ -145,8 +145,10 @@ class MessageLog:
         self._numbered = 0
         self._unconfirmed = collections.deque()  # (number, message), oldest first
         self._unanswered = {}  # request id -> (StreamLease, number of its message)
-        #: The daemon said, on the stream that ended last, that it is moving: reattach at once.
+        #: The daemon said, on the stream that ended last, that it is moving: reattach at once
+        #: after its MovingNotice, and soon after it refused a message as moving.
         self.moving = False
+        self.moving_refused = False
         #: Messages sent again on a new stream, and leases asked for again (their reply lost).
         self.resent = 0
         self.replies_lost = 0
@@ -156,6 +158,7 @@ class MessageLog:
         with self._lock:
             self._numbered += 1
             self.moving = False
+            self.moving_refused = False
 
     def sent(self, message):
         """``message`` (not the hello) is handed to gRPC: numbered and kept until known applied."""

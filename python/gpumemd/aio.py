@@ -399,7 +399,8 @@ class AsyncClient(ClientCore):
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
                 if is_moving(code, e.trailing_metadata()):
-                    s.log.moving = True  # not applied by the moving daemon: reattach soon, to its successor
+                    # not applied by the moving daemon: reattach soon, to its successor
+                    s.log.moving = s.log.moving_refused = True
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
             s.call = None

@@ -459,7 +459,8 @@ class Client(ClientCore):
             except grpc.RpcError as e:
                 code, details = e.code(), e.details()
                 if is_moving(code, e.trailing_metadata()):
-                    s.log.moving = True  # not applied by the moving daemon: reattach soon, to its successor
+                    # not applied by the moving daemon: reattach soon, to its successor
+                    s.log.moving = s.log.moving_refused = True
             except Exception:  # a bug in an event handler: do not lose the session silently
                 log.exception("gpumemd KeepAlive stream handler failed")
                 call.cancel()
