@@ -538,24 +538,7 @@ public final class DevicePool implements AutoCloseable {
    * everything as a closed one does, and releases only settle its books.
    */
   public void handOver() {
-    List<Segment> all;
-    List<PendingEvents.Pending> pending;
-    lock.lock();
-    try {
-      if (closed) {
-        return;
-      }
-      closed = true;
-      all = eviction.giveUpAll(false);
-      pending = events.drain();
-      waiters.closed();
-    } finally {
-      lock.unlock();
-    }
-    pending.forEach(p -> p.event().close());
-    for (Segment s : all) {
-      PoolTransfer.relinquishQuietly(backend, s.memory);
-    }
+    end(false);
   }
 
   // ------------------------------------------------------------------------------ reporting
@@ -605,6 +588,11 @@ public final class DevicePool implements AutoCloseable {
    */
   @Override
   public void close() {
+    end(true);
+  }
+
+  /** Closes the pool once: each segment is freed, or relinquished to a successor. */
+  private void end(boolean free) {
     List<Segment> all;
     List<PendingEvents.Pending> pending;
     lock.lock();
@@ -613,7 +601,7 @@ public final class DevicePool implements AutoCloseable {
         return;
       }
       closed = true;
-      all = eviction.giveUpAll(true);
+      all = eviction.giveUpAll(free);
       pending = events.drain();
       waiters.closed();
     } finally {
@@ -621,7 +609,11 @@ public final class DevicePool implements AutoCloseable {
     }
     pending.forEach(p -> p.event().close());
     for (Segment s : all) {
-      backend.free(s.memory);
+      if (free) {
+        backend.free(s.memory);
+      } else {
+        PoolTransfer.relinquishQuietly(backend, s.memory);
+      }
     }
   }
 }

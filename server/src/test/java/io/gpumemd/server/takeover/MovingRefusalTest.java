@@ -1,0 +1,156 @@
+package io.gpumemd.server.takeover;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.OpenSessionRequest;
+import io.gpumemd.proto.v1.SessionEvent;
+import io.gpumemd.proto.v1.StreamLease;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.grpc.AllocatorService;
+import io.gpumemd.server.grpc.StreamWatchdog;
+import io.gpumemd.server.metrics.ServerMetrics;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.PoolSettings;
+import io.gpumemd.server.session.LiveSessions;
+import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.testing.FakeTicker;
+import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.Server;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.grpc.inprocess.InProcessChannelBuilder;
+import io.grpc.inprocess.InProcessServerBuilder;
+import io.grpc.stub.StreamObserver;
+import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
+import java.nio.file.Path;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * While a hand-over has the gate closed, the real services serve nothing and say so: a unary
+ * call and a KeepAlive message are answered UNAVAILABLE with the trailer {@code gpumemd-moving:
+ * 1}, unapplied (no lease made, the session's applied count unchanged); with the gate open again
+ * they are served as before.
+ */
+class MovingRefusalTest {
+  private static final long MIB = 1 << 20;
+
+  @TempDir
+  Path dir;
+
+  private final FakeTicker ticker = new FakeTicker();
+  private final HandOverGate gate = new HandOverGate();
+  private HostShmBackend backend;
+  private DevicePools pools;
+  private SessionRegistry registry;
+  private Server server;
+  private ManagedChannel channel;
+
+  @BeforeEach
+  void start() throws Exception {
+    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+    LiveSessions sessions = new LiveSessions();
+    DevicePool pool = new DevicePool(backend.devices().get(0), backend, new PoolSettings(32 * MIB, 32 * MIB, 20 * MIB),
+        sessions, DevicePools.segmentIdBase(0), ticker);
+    pools = new DevicePools(List.of(pool));
+    registry = new SessionRegistry(pools, backend,
+        new SessionSettings(30, 3600, 2000, 0, new Quota(0, 0), Map.of()), ticker, sessions);
+    String name = InProcessServerBuilder.generateName();
+    server = InProcessServerBuilder.forName(name).directExecutor()
+        .addService(new AllocatorService(registry, Runnable::run,
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount),
+            new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker), gate))
+        .intercept(Callers.fixed(Caller.DAEMON))
+        .intercept(new HandOverInterceptor(gate))
+        .build().start();
+    channel = InProcessChannelBuilder.forName(name).directExecutor().build();
+  }
+
+  @AfterEach
+  void stop() throws Exception {
+    channel.shutdownNow();
+    server.shutdownNow();
+    assertTrue(server.awaitTermination(5, TimeUnit.SECONDS));
+    registry.endAll("test over");
+    pools.close();
+    backend.close();
+  }
+
+  @Test
+  void closedGate_refusesUnaryCallsAndStreamMessagesUnapplied_openGateServes() throws Exception {
+    AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(channel);
+    String session = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
+    LeaseRequest lease = LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(MIB).build();
+    allocator.lease(lease);
+    assertEquals(1, registry.liveLeases());
+
+    assertEquals(0, gate.close(1000));
+    StatusRuntimeException refused = assertThrows(StatusRuntimeException.class, () -> allocator.lease(lease));
+    assertEquals(Status.Code.UNAVAILABLE, refused.getStatus().getCode());
+    assertTrue(refused.getStatus().getDescription().contains("handing over"), refused.getStatus().toString());
+    assertEquals("1", trailer(refused));
+    assertEquals(1, registry.liveLeases(), "a refused call made a lease");
+
+    KeepAliveRequest message = KeepAliveRequest.newBuilder().setSessionId(session)
+        .addLeases(StreamLease.newBuilder().setRequestId(1).setDevice(0).setSizeBytes(MIB)).build();
+    Throwable ended = keepAlive(message).get(10, TimeUnit.SECONDS);
+    StatusRuntimeException streamRefused = (StatusRuntimeException) ended;
+    assertEquals(Status.Code.UNAVAILABLE, streamRefused.getStatus().getCode());
+    assertEquals("1", trailer(streamRefused));
+    assertEquals(1, registry.liveLeases(), "a refused message made a lease");
+    assertEquals(0, registry.session(Caller.DAEMON, session).appliedMessages(), "a refused message was counted");
+
+    gate.open();
+    allocator.lease(lease);
+    assertEquals(2, registry.liveLeases());
+  }
+
+  private static String trailer(StatusRuntimeException e) {
+    Metadata trailers = e.getTrailers();
+    assertNotNull(trailers, "no trailers");
+    return trailers.get(HandOverInterceptor.MOVING);
+  }
+
+  /** Sends one message on a new KeepAlive stream; completes with how the stream ended. */
+  private CompletableFuture<Throwable> keepAlive(KeepAliveRequest message) {
+    CompletableFuture<Throwable> ended = new CompletableFuture<>();
+    LinkedBlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
+    StreamObserver<KeepAliveRequest> requests = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
+      @Override
+      public void onNext(SessionEvent event) {
+        events.add(event);
+      }
+
+      @Override
+      public void onError(Throwable t) {
+        ended.complete(t);
+      }
+
+      @Override
+      public void onCompleted() {
+        ended.complete(new AssertionError("the stream completed; events: " + events));
+      }
+    });
+    requests.onNext(message);
+    return ended;
+  }
+}
