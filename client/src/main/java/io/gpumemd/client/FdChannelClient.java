@@ -5,6 +5,7 @@ import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.grpc.Status;
+import io.gpumemd.common.unix.ErrnoCalls;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
@@ -132,7 +133,7 @@ public final class FdChannelClient implements AutoCloseable {
           drop();
           // A connection the daemon closed (restart, idle) is tried once more on a new one; a
           // timeout is not: the daemon is there and did not answer.
-          if (attempt == 2 || e instanceof Libc.TimedOut || closed) {
+          if (attempt == 2 || e instanceof ErrnoCalls.ErrnoException errno && errno.timedOut() || closed) {
             throw new GpuMemException(Status.Code.UNAVAILABLE, "cannot fetch segment " + segmentId
                 + " from the fd channel " + defaultPath + ": " + e.getMessage(), e);
           }

@@ -1,5 +1,8 @@
 package io.gpumemd.client;
 
+import static io.gpumemd.common.unix.ErrnoCalls.call;
+import static io.gpumemd.common.unix.ErrnoCalls.retryOnInterrupt;
+
 import com.sun.jna.LastErrorException;
 import com.sun.jna.Memory;
 import com.sun.jna.Native;
@@ -35,8 +38,6 @@ final class Libc {
   static final int PROT_READ = 1;
   static final int PROT_WRITE = 2;
   static final int MAP_SHARED = 1;
-  static final int EINTR = 4;
-  static final int EAGAIN = 11;
 
   private static final int SUN_PATH_MAX = 108;
   /** sizeof(struct msghdr) and sizeof(struct iovec) on LP64. */
@@ -234,64 +235,6 @@ final class Libc {
       close(fd);
     } catch (LastErrorException e) {
       // EBADF/EIO: the number is released anyway (Linux never leaves it open after close)
-    }
-  }
-
-  // ------------------------------------------------------------------ errors
-
-  private interface IntCall {
-    int run() throws LastErrorException;
-  }
-
-  private interface LongCall {
-    long run() throws LastErrorException;
-  }
-
-  private interface PointerCall {
-    Pointer run() throws LastErrorException;
-  }
-
-  private static int call(IntCall c) throws IOException {
-    try {
-      return c.run();
-    } catch (LastErrorException e) {
-      throw failure(e);
-    }
-  }
-
-  private static Pointer call(PointerCall c) throws IOException {
-    try {
-      return c.run();
-    } catch (LastErrorException e) {
-      throw failure(e);
-    }
-  }
-
-  private static long retryOnInterrupt(LongCall c) throws IOException {
-    for (int attempt = 0; ; attempt++) {
-      try {
-        return c.run();
-      } catch (LastErrorException e) {
-        if (e.getErrorCode() != EINTR || attempt >= 100) {
-          throw failure(e);
-        }
-      }
-    }
-  }
-
-  private static IOException failure(LastErrorException e) {
-    if (e.getErrorCode() == EAGAIN) {
-      return new TimedOut();
-    }
-    return new IOException(e.getMessage());
-  }
-
-  /** A send or receive that ran past the socket's timeout. */
-  static final class TimedOut extends IOException {
-    private static final long serialVersionUID = 1L;
-
-    TimedOut() {
-      super("no answer within the fd channel's timeout");
     }
   }
 }

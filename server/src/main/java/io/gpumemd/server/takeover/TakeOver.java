@@ -1,5 +1,6 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.common.unix.ErrnoCalls;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Live;
@@ -58,12 +59,12 @@ public final class TakeOver implements AutoCloseable {
     TakeOverChannel channel;
     try {
       channel = TakeOverChannel.connect(path, HandOver.HELLO_MILLIS + HandOver.QUIESCE_MILLIS);
-    } catch (UnixSockets.ErrnoException e) {
-      if (e.errno == ENOENT || e.errno == ECONNREFUSED) {
+    } catch (ErrnoCalls.ErrnoException e) {
+      if (e.errno() == ENOENT || e.errno() == ECONNREFUSED) {
         log.info("--take-over: no daemon answers on {}; starting fresh", path);
         return null;
       }
-      if (e.errno == EACCES) {
+      if (e.errno() == EACCES) {
         throw new IOException("take-over: cannot connect to " + path + ": permission denied (only the running "
             + "daemon's uid may take over: run as that user)");
       }
@@ -111,7 +112,7 @@ public final class TakeOver implements AutoCloseable {
   /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
   private static boolean gone(IOException e) {
     return e instanceof EOFException
-        || e instanceof UnixSockets.ErrnoException errno && (errno.errno == ECONNRESET || errno.errno == EPIPE);
+        || e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == ECONNRESET || errno.errno() == EPIPE);
   }
 
   public State state() {

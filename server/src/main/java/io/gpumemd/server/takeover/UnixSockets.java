@@ -1,5 +1,8 @@
 package io.gpumemd.server.takeover;
 
+import static io.gpumemd.common.unix.ErrnoCalls.call;
+import static io.gpumemd.common.unix.ErrnoCalls.retryOnInterrupt;
+
 import com.sun.jna.LastErrorException;
 import com.sun.jna.Memory;
 import com.sun.jna.Native;
@@ -35,8 +38,6 @@ final class UnixSockets {
   private static final int MSG_NOSIGNAL = 0x4000;
   private static final int MSG_CMSG_CLOEXEC = 0x40000000;
   private static final int SHUT_RDWR = 2;
-  private static final int EINTR = 4;
-  private static final int EAGAIN = 11;
   private static final int SUN_PATH_MAX = 108;
   private static final int MSGHDR = 56;
   private static final int IOVEC = 16;
@@ -123,15 +124,7 @@ final class UnixSockets {
 
   /** Waits for a connection; {@link #shutdownQuietly} of the listening socket ends the wait with an IOException. */
   static int accept(int listening) throws IOException {
-    for (int attempt = 0; ; attempt++) {
-      try {
-        return accept4(listening, null, null, SOCK_CLOEXEC);
-      } catch (LastErrorException e) {
-        if (e.getErrorCode() != EINTR || attempt >= 100) {
-          throw failure(e);
-        }
-      }
-    }
+    return (int) retryOnInterrupt(() -> accept4(listening, null, null, SOCK_CLOEXEC));
   }
 
   /** Connects to {@code path}. */
@@ -201,7 +194,7 @@ final class UnixSockets {
           block.setPointer(32, control);
           block.setLong(40, (length + 7) & ~7);
         }
-        long n = retry(() -> sendmsg(fd, block, MSG_NOSIGNAL));
+        long n = retryOnInterrupt(() -> sendmsg(fd, block, MSG_NOSIGNAL));
         sent += (int) n;
         withFds = false; // the descriptors went with the first byte sent
       }
@@ -232,7 +225,7 @@ final class UnixSockets {
         block.setLong(24, 1);
         block.setPointer(32, control);
         block.setLong(40, CONTROL_BYTES);
-        long got = retry(() -> recvmsg(fd, block, MSG_CMSG_CLOEXEC));
+        long got = retryOnInterrupt(() -> recvmsg(fd, block, MSG_CMSG_CLOEXEC));
         if (got == 0) {
           throw new java.io.EOFException("the peer closed the take-over connection");
         }
@@ -277,52 +270,6 @@ final class UnixSockets {
       close(fd);
     } catch (LastErrorException e) {
       // the number is released anyway on Linux
-    }
-  }
-
-  private interface IntCall {
-    int run() throws LastErrorException;
-  }
-
-  private interface LongCall {
-    long run() throws LastErrorException;
-  }
-
-  private static int call(IntCall c) throws IOException {
-    try {
-      return c.run();
-    } catch (LastErrorException e) {
-      throw failure(e);
-    }
-  }
-
-  private static long retry(LongCall c) throws IOException {
-    for (int attempt = 0; ; attempt++) {
-      try {
-        return c.run();
-      } catch (LastErrorException e) {
-        if (e.getErrorCode() != EINTR || attempt >= 100) {
-          throw failure(e);
-        }
-      }
-    }
-  }
-
-  private static IOException failure(LastErrorException e) {
-    if (e.getErrorCode() == EAGAIN) {
-      return new IOException("no answer within the take-over timeout");
-    }
-    return new ErrnoException(e.getErrorCode(), e.getMessage());
-  }
-
-  /** A failed call, with its errno (ENOENT 2, EACCES 13, ECONNREFUSED 111). */
-  static final class ErrnoException extends IOException {
-    private static final long serialVersionUID = 1L;
-    final int errno;
-
-    ErrnoException(int errno, String message) {
-      super(message);
-      this.errno = errno;
     }
   }
 }
