@@ -140,7 +140,8 @@ class LeaseAllocator:
         allocation of this allocator. ``after`` (CUDA): a stream; the release waits for the work
         queued on it (``Lease.close(after=...)``, the call does not wait). Without it, and with
         ``synchronize``, the device's context is synchronized first, as ``cudaFree`` does, so no
-        queued kernel touches the block once the daemon hands it on."""
+        queued kernel touches the block once the daemon hands it on. Returns "synchronized" when
+        it synchronized the device (a batch of frees needs that once per device)."""
         with self._lock:
             lease = self._by_pointer.pop(pointer, None)
             if lease is not None:
@@ -164,6 +165,8 @@ class LeaseAllocator:
                 _cuda.synchronize(lease.cuda_device)
             except GpumemdError as e:  # a broken context runs nothing more: release all the same
                 log.warning("gpumemd allocator: synchronize before releasing %s failed: %s", lease.id, e)
+            lease.close()
+            return "synchronized"
         lease.close()
         return True
 
@@ -285,8 +288,8 @@ class FreeQueue:
                     continue
                 try:
                     # One synchronize per device for the batch (PyTorch releases segments in bursts).
-                    allocator.free(pointer, synchronize=device not in synchronized)
-                    synchronized.add(device)
+                    if allocator.free(pointer, synchronize=device not in synchronized) == "synchronized":
+                        synchronized.add(device)  # only a real synchronize covers the rest of the batch
                 except Exception:
                     log.exception("gpumemd allocator: releasing 0x%x failed", pointer)
         finally:

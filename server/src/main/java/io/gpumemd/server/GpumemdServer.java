@@ -83,7 +83,8 @@ public final class GpumemdServer {
   private final Readiness readiness;
   private final StreamWatchdog streams;
   private final Ticker ticker;
-  private final HandOverGate gate = new HandOverGate();
+  /** Closed from the start in a successor: it applies nothing until it holds the predecessor's state. */
+  private final HandOverGate gate;
   private Housekeeping housekeeping;
   private HandOver handOver;
   private volatile boolean force;
@@ -99,6 +100,9 @@ public final class GpumemdServer {
 
   private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
+    // A successor's TCP listener shares its port with the predecessor's (SO_REUSEPORT) while it
+    // restores: what connects there meanwhile is told "moving" and calls again.
+    this.gate = new HandOverGate(config.takeOver().takeOver());
     this.backend = backend;
     this.ticker = ticker;
     // Sessions first: the pools send unmap requests to them, the registry owns them.
@@ -267,6 +271,9 @@ public final class GpumemdServer {
    * take-over socket, metrics and housekeeping start.
    */
   private void startServices(TakeOver takeOver) throws IOException {
+    if (takeOver == null) {
+      listeners.noPredecessor();
+    }
     for (String service : SERVICES) {
       health.setStatus(service, ServingStatus.SERVING);
     }
@@ -285,6 +292,7 @@ public final class GpumemdServer {
       takeOver.taken();
       takenOver = true;
     }
+    gate.open();
     listeners.publish();
     if (handOver != null && !handOverAt.equals(handOverSocket)) {
       HandOver.publishAt(handOverAt, handOverSocket);
@@ -296,8 +304,17 @@ public final class GpumemdServer {
           registry.sessionCount(), registry.liveLeases());
     }
     if (addresses.metricsPort() > 0) {
-      listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
-          readiness, takeOver == null ? 0 : METRICS_RETRY_MILLIS);
+      try {
+        listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
+            readiness, takeOver == null ? 0 : METRICS_RETRY_MILLIS);
+      } catch (IOException e) {
+        if (takeOver == null) {
+          throw e;
+        }
+        // Past the point of no return the sessions are this daemon's: serve them without metrics
+        // rather than free their memory.
+        log.error("{}; serving without metrics and probes", e.getMessage());
+      }
     }
     housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate);
     if (handOver != null) {
@@ -421,6 +438,9 @@ public final class GpumemdServer {
     if (force) {
       this.force = true;
     }
+    if (handOver != null) {
+      handOver.close(); // no new take-over; one in progress ends first, handed over or not
+    }
     if (shutdownState.compareAndSet(3, 2)) {
       log.info("Signalled after the hand-over: exiting");
       synchronized (terminated) {
@@ -431,9 +451,6 @@ public final class GpumemdServer {
     if (!shutdownState.compareAndSet(0, 1)) {
       awaitTermination();
       return;
-    }
-    if (handOver != null) {
-      handOver.close();
     }
     try {
       readiness.draining();

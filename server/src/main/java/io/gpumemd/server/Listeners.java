@@ -193,6 +193,10 @@ final class Listeners implements AutoCloseable {
         throw new IOException(p.name() + ": " + p.path() + " exists and is not a socket; gpumemd replaces only a "
             + "socket (expected: a free path)");
       }
+      if (!takingOver) {
+        // No predecessor handed over: a live socket there is another daemon's, never replaced.
+        prepareSocketPath(p.path(), p.name(), "its path");
+      }
       Files.move(p.at(), p.path(), StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
       bound.add(BoundSocket.of(p.name(), p.path()));
     }
@@ -203,6 +207,14 @@ final class Listeners implements AutoCloseable {
   /** The sockets are a successor's: their paths are a live predecessor's until {@link #publish}. */
   void takingOver() {
     takingOver = true;
+  }
+
+  /**
+   * There was no predecessor to take over from after all (nobody answered on the take-over
+   * socket): {@link #publish} replaces only stale sockets, as a fresh start does.
+   */
+  void noPredecessor() {
+    takingOver = false;
   }
 
   /** A socket's group as a gid, or -1 to leave the daemon's. */

@@ -157,6 +157,25 @@ class TakeOverTest {
     }
   }
 
+  /**
+   * A daemon that offers no take-over socket cannot be taken over, and its socket is never
+   * replaced: the would-be successor, finding nobody to take over from, refuses the live socket
+   * as a fresh start does.
+   */
+  @Test
+  void daemonWithoutTakeOverSocket_keepsItsSocket() throws Exception {
+    DaemonProcess daemon = start("--take-over-socket", "none");
+    Process taker = new ProcessBuilder(takerCommand()).redirectErrorStream(true).start();
+    String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
+    assertEquals(1, taker.exitValue(), out);
+    assertTrue(out.contains("no daemon answers") && out.contains("is in use by a running process"), out);
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      client.lease(0, 4096).close();
+    }
+    assertTrue(daemon.process().isAlive());
+  }
+
   @Test
   void takerUnderAnotherUid_isRefused() throws Exception {
     Assumptions.assumeTrue(OtherUser.available(), "needs root and setpriv to start the taker as another uid");

@@ -436,8 +436,13 @@ public final class SessionRegistry {
   public void moved() {
     for (Session session : sessions.all()) {
       SessionChannel channel = session.channel();
-      if (channel != null) {
-        channel.moving();
+      try {
+        if (channel != null) {
+          channel.moving();
+        }
+      } catch (RuntimeException e) {
+        // a stream cancelled under the notice: its client reconnects anyway
+        log.debug("Moving notice to {} not sent: {}", session, e.toString());
       }
     }
   }

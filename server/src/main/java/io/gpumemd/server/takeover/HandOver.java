@@ -153,8 +153,12 @@ public final class HandOver implements AutoCloseable {
       try (TakeOverChannel channel = new TakeOverChannel(fd)) {
         handle(channel);
       } catch (RuntimeException | Error e) {
-        log.error("Take-over failed unexpectedly; serving on", e);
-        gate.open();
+        if (done) {
+          log.error("Stopping after the hand-over failed unexpectedly", e);
+        } else {
+          log.error("Take-over failed unexpectedly; serving on", e);
+          gate.open();
+        }
       }
     }
   }
@@ -186,6 +190,10 @@ public final class HandOver implements AutoCloseable {
     if (refusal != null) {
       log.warn("Take-over by pid {} (gpumemd {}) refused: {}; serving on", peer[0], hello.getVersion(), refusal);
       refuse(channel, refusal);
+      return;
+    }
+    if (closed) {
+      refuse(channel, "this daemon is shutting down");
       return;
     }
     log.info("Take-over asked by pid {} (gpumemd {}): no longer applying requests", peer[0], hello.getVersion());
@@ -282,11 +290,21 @@ public final class HandOver implements AutoCloseable {
     }
   }
 
-  /** Stops listening; removes the socket file if it is still this daemon's. */
+  /**
+   * Stops listening, and waits for a hand-over in progress to end (a shutdown must not drain
+   * sessions a successor is taking); removes the socket file if it is still this daemon's.
+   */
   @Override
   public void close() {
     closed = true;
     UnixSockets.shutdownQuietly(listening);
+    if (Thread.currentThread() != thread && thread.isAlive()) {
+      try {
+        thread.join(RESTORE_MILLIS + LIVE_MILLIS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+    }
     UnixSockets.closeQuietly(listening);
     try {
       // A successor replaced the file with its own: leave that one alone.

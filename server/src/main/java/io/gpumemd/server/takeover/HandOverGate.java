@@ -1,8 +1,8 @@
 package io.gpumemd.server.takeover;
 
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.locks.Condition;
-import java.util.concurrent.locks.ReentrantLock;
+import java.util.concurrent.atomic.LongAdder;
+import java.util.concurrent.locks.LockSupport;
 
 /**
  * Whether the daemon applies requests, and how many it is applying: what lets a hand-over
@@ -12,16 +12,26 @@ import java.util.concurrent.locks.ReentrantLock;
  * request refused here was not applied at all, which is what lets the client send it again to
  * the successor.
  *
- * <p>Thread-safe: a short lock guards the count; entering an open gate is one lock round.
+ * <p>Thread-safe and lock-free on the way in and out (every call and message passes here): a
+ * volatile flag and a {@link LongAdder}. Entering counts first and then reads the flag; closing
+ * sets the flag and then reads the count: whichever comes second sees the other, so no work
+ * starts unseen after a close. A hand-over is rare, so {@link #close} polls the count.
  */
 public final class HandOverGate {
   /** A gate that is never closed: daemons without a take-over socket, tests. */
-  public static final HandOverGate ALWAYS_OPEN = new HandOverGate();
+  public static final HandOverGate ALWAYS_OPEN = new HandOverGate(false);
 
-  private final ReentrantLock lock = new ReentrantLock();
-  private final Condition idle = lock.newCondition();
-  private int inFlight;
-  private boolean closed;
+  private final LongAdder inFlight = new LongAdder();
+  private volatile boolean closed;
+
+  /** @param closed start closed: a successor serves nothing until it holds its predecessor's state */
+  public HandOverGate(boolean closed) {
+    this.closed = closed;
+  }
+
+  public HandOverGate() {
+    this(false);
+  }
 
   /**
    * Starts a piece of work.
@@ -29,16 +39,12 @@ public final class HandOverGate {
    * @return false when the gate is closed: the work must not be done (and not {@link #exit}ed)
    */
   public boolean enter() {
-    lock.lock();
-    try {
-      if (closed) {
-        return false;
-      }
-      inFlight++;
-      return true;
-    } finally {
-      lock.unlock();
+    inFlight.increment();
+    if (closed) {
+      inFlight.decrement();
+      return false;
     }
+    return true;
   }
 
   /**
@@ -47,34 +53,17 @@ public final class HandOverGate {
    * since the closing waits for its parent anyway.
    */
   public void join() {
-    lock.lock();
-    try {
-      inFlight++;
-    } finally {
-      lock.unlock();
-    }
+    inFlight.increment();
   }
 
   /** Ends a piece of work that {@link #enter} or {@link #join} let in. */
   public void exit() {
-    lock.lock();
-    try {
-      if (--inFlight == 0) {
-        idle.signalAll();
-      }
-    } finally {
-      lock.unlock();
-    }
+    inFlight.decrement();
   }
 
   /** True while closed: requests are answered as "moving", not applied. */
   public boolean closed() {
-    lock.lock();
-    try {
-      return closed;
-    } finally {
-      lock.unlock();
-    }
+    return closed;
   }
 
   /**
@@ -83,26 +72,19 @@ public final class HandOverGate {
    * @return the number of pieces of work still running when the wait ended (0: quiescent)
    */
   int close(long waitMillis) throws InterruptedException {
-    lock.lock();
-    try {
-      closed = true;
-      long nanos = TimeUnit.MILLISECONDS.toNanos(waitMillis);
-      while (inFlight > 0 && nanos > 0) {
-        nanos = idle.awaitNanos(nanos);
+    closed = true;
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMillis);
+    while (inFlight.sum() > 0 && System.nanoTime() < deadline) {
+      LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
+      if (Thread.interrupted()) {
+        throw new InterruptedException();
       }
-      return inFlight;
-    } finally {
-      lock.unlock();
     }
+    return (int) Math.min(Integer.MAX_VALUE, inFlight.sum());
   }
 
-  /** Opens the gate again: the hand-over did not happen. */
-  void open() {
-    lock.lock();
-    try {
-      closed = false;
-    } finally {
-      lock.unlock();
-    }
+  /** Opens the gate: the hand-over did not happen, or (a successor) the predecessor's state is here. */
+  public void open() {
+    closed = false;
   }
 }

@@ -14,8 +14,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * Runs every unary call of the gpumemd services through the {@link HandOverGate}: while a
  * hand-over has the gate closed, a call is answered UNAVAILABLE with the trailer {@code
  * gpumemd-moving: 1} before its handler runs, so the client knows it was not served and calls
- * again (it reaches the successor). A call let in counts as in flight until it is closed or
- * cancelled. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
+ * again (it reaches the successor). A call let in counts as in flight until its handler closes
+ * it, also after the client cancelled it: a miss may still be recording its lease then. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
  * go through the gate one by one in {@link io.gpumemd.server.grpc.SessionStream}).
  *
  * <p>Thread-safe; stateless beyond the gate.
@@ -63,18 +63,11 @@ public final class HandOverInterceptor implements ServerInterceptor {
         super.onHalfClose();
       }
 
-      @Override
-      public void onCancel() {
-        try {
-          super.onCancel();
-        } finally {
-          gated.leave();
-        }
-      }
+
     };
   }
 
-  /** A call that leaves the gate once, when it closes or is cancelled. */
+  /** A call that leaves the gate once, when its handler closes it. */
   private static final class GatedCall<Q, R> extends SimpleForwardingServerCall<Q, R> {
     private final HandOverGate gate;
     final AtomicBoolean entered = new AtomicBoolean();

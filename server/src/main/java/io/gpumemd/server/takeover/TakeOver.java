@@ -40,8 +40,11 @@ public final class TakeOver implements AutoCloseable {
   /** Indexes of {@link #fds} a restored pool took. */
   private final java.util.Set<Integer> consumed = new java.util.HashSet<>();
   private final int holderPid;
+  /** The predecessor's pid as the kernel saw it at connect (0: in another PID namespace). */
+  private final int peerPid;
 
-  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
+  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds, int peerPid) {
+    this.peerPid = peerPid;
     this.channel = channel;
     this.state = state;
     this.fds = fds;
@@ -102,7 +105,13 @@ public final class TakeOver implements AutoCloseable {
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} bytes of books",
           state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
           fds.size(), state.getSerializedSize());
-      return new TakeOver(channel, state, fds);
+      int peerPid;
+      try {
+        peerPid = channel.peer()[0];
+      } catch (IOException e) {
+        peerPid = 0;
+      }
+      return new TakeOver(channel, state, fds, peerPid);
     } catch (IOException | RuntimeException e) {
       channel.close();
       throw e;
@@ -148,12 +157,22 @@ public final class TakeOver implements AutoCloseable {
 
   /**
    * The state is this daemon's now. A predecessor that died after sending it cannot be told, and
-   * need not be: the memory is this daemon's either way.
+   * need not be: the memory is this daemon's either way. One that cannot be told but still runs
+   * (it gave up waiting) may serve again: then this daemon must not.
+   *
+   * @throws IOException when the predecessor still runs but did not take the message
    */
-  public void taken() {
+  public void taken() throws IOException {
     try {
       channel.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
     } catch (IOException e) {
+      // SO_PEERCRED's pid is 0 where the predecessor's PID namespace is not this one's: then
+      // only a dead predecessor closes the connection before Taken (it waits minutes for it).
+      int pid = peerPid;
+      if (pid > 0 && ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false)) {
+        throw new IOException("take-over: the previous daemon (pid " + pid + ") still runs but did not take the "
+            + "state back (" + e.getMessage() + "); this daemon does not serve its memory");
+      }
       log.warn("--take-over: the previous daemon (pid {}) went away after sending its state; carrying on with it",
           holderPid);
     }

@@ -14,7 +14,7 @@ import java.util.List;
  * frames. Owns its socket and every descriptor received and not yet taken ({@link #takeFds}),
  * and closes them all at {@link #close}.
  *
- * <p>Not thread-safe: one thread talks on it; {@link #interrupt} may come from another.
+ * <p>Not thread-safe: one thread talks on it.
  */
 final class TakeOverChannel implements AutoCloseable {
   /** The state of a large node is megabytes; a frame beyond this is a broken peer. */
@@ -96,11 +96,6 @@ final class TakeOverChannel implements AutoCloseable {
     List<Integer> out = new ArrayList<>(received);
     received.clear();
     return out;
-  }
-
-  /** Wakes a receive blocked on another thread. */
-  void interrupt() {
-    UnixSockets.shutdownQuietly(fd);
   }
 
   @Override
