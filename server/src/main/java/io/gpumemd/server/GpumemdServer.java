@@ -233,9 +233,7 @@ public final class GpumemdServer {
    * the pools take the segments' descriptors.
    */
   private void restore(TakeOver takeOver) {
-    for (DevicePool pool : pools.all()) {
-      TakeOverState.restorePool(takeOver, pool);
-    }
+    TakeOverState.restorePools(takeOver, pools);
     TakeOverState.restoreSessions(takeOver, registry);
   }
 

@@ -7,7 +7,6 @@ import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.config.ServerConfig;
-import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.TakeOver;
@@ -72,13 +71,10 @@ final class TakeOverState {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
-    State.Builder state = State.newBuilder();
-    for (DevicePool pool : pools.all()) {
-      state.addPools(pool.exportState(d -> {
-        descriptors.add(d);
-        return descriptors.size() - 1;
-      }));
-    }
+    State.Builder state = State.newBuilder().addAllPools(pools.exportStates(d -> {
+      descriptors.add(d);
+      return descriptors.size() - 1;
+    }));
     try {
       state.setSessions(registry.exportState());
     } catch (IllegalStateException e) {
@@ -88,17 +84,16 @@ final class TakeOverState {
   }
 
   /**
-   * Rebuilds the predecessor's pool of the same device in {@code pool}; it takes the descriptors
-   * its segments name (whether it succeeds or not), which the take-over then no longer closes.
+   * Rebuilds the predecessor's pools in this daemon's new ones; they take every descriptor the
+   * state names (whether they succeed or not), which the take-over then no longer closes.
    */
-  static void restorePool(TakeOver takeOver, DevicePool pool) {
-    int device = pool.device().ordinal();
-    PoolState state = takeOver.state().getPoolsList().stream().filter(p -> p.getDevice() == device)
-        .findFirst().orElseThrow(() -> new IllegalStateException("the predecessor's state has no device " + device));
+  static void restorePools(TakeOver takeOver, DevicePools pools) {
+    List<PoolState> states = takeOver.state().getPoolsList();
     int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
-    takeOver.consumed(state.getSegmentsList().stream().mapToInt(SegmentState::getDescriptorIndex).toArray());
+    takeOver.consumed(states.stream().flatMap(p -> p.getSegmentsList().stream())
+        .mapToInt(SegmentState::getDescriptorIndex).toArray());
     try {
-      pool.restore(state, fds);
+      pools.restore(states, fds);
     } catch (TakeOverRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }

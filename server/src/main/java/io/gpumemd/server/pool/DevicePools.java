@@ -119,48 +119,40 @@ public final class DevicePools implements AutoCloseable {
   }
 
   /**
-   * Rebuilds every device's pool from a predecessor's states ({@link DevicePool#restore}), one
-   * per device of {@code backend}, with this daemon's settings of each.
-   *
-   * @param settings by device ordinal
-   * @param descriptors every received descriptor, by index; those the states name are this
-   *     call's from now on (adopted, or closed on failure)
-   * @throws TakeOverRefusedException when the states do not match the devices or one pool cannot
-   *     be restored; the pools restored so far are handed back ({@link DevicePool#handOver}), so
-   *     this daemon holds nothing of the predecessor's memory
+   * Rebuilds a predecessor's pools (take-over) in these, which must be new: state {@code d} in
+   * pool {@code d}. Takes every descriptor the states name, whatever happens: on a refusal the
+   * pools restored so far are handed back (their segments relinquished, not freed) and the
+   * descriptors of the devices not reached are closed.
    */
-  public static DevicePools restore(io.gpumemd.server.backend.MemoryBackend backend, List<PoolSettings> settings,
-      HolderRequests holderRequests, io.gpumemd.common.Ticker ticker,
-      List<io.gpumemd.proto.takeover.v1.PoolState> states, int[] descriptors) throws TakeOverRefusedException {
-    var devices = backend.devices();
-    if (states.size() != devices.size() || settings.size() != devices.size()) {
-      throw new TakeOverRefusedException("the running daemon has " + states.size() + " devices, this one "
-          + devices.size() + " (expected: the same devices)");
-    }
-    List<DevicePool> restored = new java.util.ArrayList<>(devices.size());
+  public void restore(List<io.gpumemd.proto.takeover.v1.PoolState> states, int[] descriptors)
+      throws TakeOverRefusedException {
+    int done = 0;
     try {
-      for (int d = 0; d < devices.size(); d++) {
-        restored.add(DevicePool.restore(devices.get(d), backend, settings.get(d), holderRequests, ticker,
-            states.get(d), descriptors));
+      if (states.size() != pools.size()) {
+        throw new TakeOverRefusedException("the running daemon has " + states.size() + " devices, this one "
+            + pools.size() + " (expected: the same devices)");
+      }
+      for (; done < pools.size(); done++) {
+        pools.get(done).restore(states.get(done), descriptors);
       }
     } catch (TakeOverRefusedException | RuntimeException e) {
-      restored.forEach(DevicePool::handOver);
-      // The later devices' descriptors were never taken: close them (an index named twice is
-      // a corrupt state, refused above before any was taken).
-      for (int d = restored.size() + 1; d < states.size(); d++) {
+      for (int d = 0; d < done; d++) {
+        pools.get(d).handOver();
+      }
+      // The failed device closed its own; those after it were never taken.
+      for (int d = done + 1; d < states.size(); d++) {
         for (var s : states.get(d).getSegmentsList()) {
           if (s.getDescriptorIndex() < descriptors.length) {
             try {
               io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.getDescriptorIndex()], false).close();
             } catch (java.io.IOException | RuntimeException ignored) {
-              // already reported by the device's own restore, or not a descriptor at all
+              // not a descriptor at all: nothing to close
             }
           }
         }
       }
       throw e;
     }
-    return new DevicePools(restored);
   }
 
   /** Hands every pool over to a successor ({@link DevicePool#handOver}). Idempotent. */

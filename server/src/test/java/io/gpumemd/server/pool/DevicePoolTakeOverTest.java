@@ -343,9 +343,9 @@ class DevicePoolTakeOverTest {
 
     HostShmBackend twoNew = new HostShmBackend(tmp.resolve("two-new"), 2, CAPACITY, null, FD_SOCKET);
     cleanup.add(twoNew);
-    DevicePools news = DevicePools.restore(twoNew, List.of(settings(CAPACITY), settings(CAPACITY)),
-        new RecordingHolders(), Ticker.system(), states, passing.received());
+    DevicePools news = newPools(twoNew, settings(CAPACITY), settings(CAPACITY));
     cleanup.add(news);
+    news.restore(states, passing.received());
     for (int d = 0; d < 2; d++) {
       news.get(d).verifyInvariants();
       assertSameStats(olds.get(d).stats(), news.get(d).stats());
@@ -374,14 +374,24 @@ class DevicePoolTakeOverTest {
     List<PoolState> states = olds.exportStates(passing);
     long beforeRestore = openDescriptors();
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class, () -> DevicePools.restore(twoNew,
-        List.of(settings(CAPACITY), settings(4 * MiB)), new RecordingHolders(), Ticker.system(), states,
-        passing.received()));
+    DevicePools news = newPools(twoNew, settings(CAPACITY), settings(4 * MiB));
+    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
+        () -> news.restore(states, passing.received()));
     assertTrue(e.getMessage().startsWith("device 1: "), e.getMessage());
     assertEquals(beforeRestore - 2, openDescriptors(), "device 0's adopted segment handed back, device 1's closed");
     for (DevicePool p : olds.all()) {
       p.verifyInvariants();
     }
+  }
+
+  /** New pools of a successor, one per device of {@code backend}, with these settings. */
+  private static DevicePools newPools(HostShmBackend backend, PoolSettings... settings) {
+    List<DevicePool> list = new ArrayList<>();
+    for (DeviceInfo device : backend.devices()) {
+      list.add(new DevicePool(device, backend, settings[device.ordinal()], new RecordingHolders(),
+          DevicePools.segmentIdBase(device.ordinal()), Ticker.system()));
+    }
+    return new DevicePools(list);
   }
 
   // ---------------------------------------------------------------------------- refusals
