@@ -145,7 +145,8 @@ class TakeOverTest {
       String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
       assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
       assertEquals(1, taker.exitValue(), out);
-      assertTrue(out.contains("take-over refused by the running daemon") && out.contains("budget"), out);
+      assertTrue(out.contains("take-over refused by the running daemon") && out.contains("budget")
+          && out.contains("--device-limit-bytes"), out);
       assertTrue(daemon.process().isAlive());
       assertTrue(daemon.output().contains("refused"), daemon.output());
       // Untouched: the same session leases on, its bytes are there.

@@ -472,8 +472,8 @@ public final class DevicePool implements AutoCloseable {
       long held = budget.reservedBytes() + budget.inFlightBytes();
       if (held > successorLimitBytes) {
         return "device " + device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new one's "
-            + "budget is " + successorLimitBytes + " bytes (--limit-bytes); what is leased stays leased, so give the "
-            + "new daemon at least " + held + " bytes";
+            + "budget is " + successorLimitBytes + " bytes (--device-limit-bytes or --device-limit-fraction); what "
+            + "is leased stays leased, so give the new daemon at least " + held + " bytes";
       }
       return null;
     } finally {

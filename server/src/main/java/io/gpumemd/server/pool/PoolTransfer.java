@@ -264,7 +264,8 @@ final class PoolTransfer {
     }
     if (reserved > limitBytes) {
       return "the pool holds " + reserved + " bytes of segments, over this daemon's budget of " + limitBytes
-          + " bytes (--limit-bytes); what is leased stays leased, so give the new daemon at least that budget";
+          + " bytes (--device-limit-bytes or --device-limit-fraction); what is leased stays leased, so give the new "
+          + "daemon at least that budget";
     }
     if (state.getSharing().getPublishedBytes() > publishedLimitBytes) {
       return "published objects hold " + state.getSharing().getPublishedBytes() + " bytes, over this daemon's "
