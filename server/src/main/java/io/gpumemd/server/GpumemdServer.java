@@ -13,6 +13,7 @@ import io.gpumemd.server.config.BackendConfig;
 import io.gpumemd.server.config.ListenerConfig;
 import io.gpumemd.server.config.PoolConfig;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.fd.FdGrants;
 import io.gpumemd.server.grpc.AdminService;
@@ -86,6 +87,8 @@ public final class GpumemdServer {
   /** Closed from the start in a successor: it applies nothing until it holds the predecessor's state. */
   private final HandOverGate gate;
   private Housekeeping housekeeping;
+  /** Who was sent which segment's descriptor; null without an fd channel. */
+  private DescriptorPins pins;
   private HandOver handOver;
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
@@ -256,8 +259,9 @@ public final class GpumemdServer {
       listeners.startUnix(addresses.socket(), config.tenancy().socketMode(), config.tenancy().socketGroup());
     }
     if (backend.passesDescriptors()) {
+      pins = new DescriptorPins(pools, ticker);
       listeners.startFd(config.fdChannel().socket(), config.tenancy().socketMode(), config.tenancy().socketGroup(),
-          new FdChannel(identities, new FdGrants(registry), config.fdChannel(), ticker));
+          new FdChannel(identities, new FdGrants(registry, pins), config.fdChannel(), ticker));
     }
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());
@@ -314,7 +318,7 @@ public final class GpumemdServer {
         log.error("{}; serving without metrics and probes", e.getMessage());
       }
     }
-    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate);
+    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins);
     if (handOver != null) {
       handOver.start();
     }

@@ -1,5 +1,6 @@
 package io.gpumemd.server;
 
+import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.grpc.StreamWatchdog;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
@@ -12,7 +13,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The daemon's timers, on one thread: every 100 ms the session reaper (grace periods, TTLs,
- * leak warnings) and the stream watchdog (streams whose client stopped reading), and, on a
+ * leak warnings), the stream watchdog (streams whose client stopped reading) and, with an fd
+ * channel, the sweep of processes that were sent descriptors ({@link DescriptorPins}), and, on a
  * backend with completion events, every 2 ms the events of released blocks (cheap while none
  * is pending).
  *
@@ -39,9 +41,12 @@ final class Housekeeping implements AutoCloseable {
    *     changes the books (a round the gate refuses is skipped)
    */
   Housekeeping(SessionRegistry registry, DevicePools pools, StreamWatchdog streams, boolean pollEvents,
-      HandOverGate gate) {
+      HandOverGate gate, DescriptorPins pins) {
     scheduler.setRemoveOnCancelPolicy(true);
     every(100, new Task("Session housekeeping", gated(gate, registry::reap)));
+    if (pins != null) {
+      every(100, new Task("The descriptor holders' sweep", gated(gate, pins::sweep)));
+    }
     every(100, new Task("The stream watchdog", gated(gate, streams::closeStalled)));
     if (pollEvents) {
       for (DevicePool pool : pools.all()) {

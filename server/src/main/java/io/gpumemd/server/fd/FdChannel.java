@@ -127,7 +127,10 @@ public final class FdChannel implements AutoCloseable {
       return;
     }
     log.debug("fd channel: connection from {}", peer);
+    grants.pins().connected(peer);
+    connection.config().setAllowHalfClosure(true); // a peer's end of input goes through ConnectionEnd
     connection.pipeline()
+        .addLast(new ConnectionEnd(grants.pins(), peer))
         .addLast(new LengthFieldBasedFrameDecoder(4 + MAX_REQUEST_BYTES, 0, 4, 0, 4, true))
         .addLast(new FdConnection(this, peer));
   }

@@ -30,9 +30,16 @@ import java.io.UncheckedIOException;
  */
 public final class FdGrants {
   private final SessionRegistry registry;
+  private final DescriptorPins pins;
 
-  public FdGrants(SessionRegistry registry) {
+  public FdGrants(SessionRegistry registry, DescriptorPins pins) {
     this.registry = registry;
+    this.pins = pins;
+  }
+
+  /** Who was sent which segment's descriptor. */
+  DescriptorPins pins() {
+    return pins;
   }
 
   /** A reply, and the descriptor to send with it (null for a refusal); the sender closes it. */
@@ -47,6 +54,9 @@ public final class FdGrants {
             + "the MemoryHandle of its lease (host_shm_path or cuda_ipc_handle)");
       }
       boolean readOnly = request.getReadOnly() || !holding.writable();
+      // Before a descriptor exists: from here on the process may map the segment for good, and
+      // a segment with a holder is not freed, so the descriptor opened next is of a counted one.
+      pins.granted(peer, request.getSessionId(), request.getSegmentId());
       SegmentDescriptor descriptor = open(segment, readOnly);
       if (descriptor == null) {
         throw new NotFoundException("segment " + request.getSegmentId() + " was freed");

@@ -5,9 +5,12 @@ import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 
@@ -423,6 +426,52 @@ public final class DevicePool implements AutoCloseable {
   /** A holder ended: it maps nothing any more. */
   public void holderEnded(String holder) {
     eviction.holderEnded(holder);
+  }
+
+  /**
+   * The fd channel sent a process a descriptor of a segment: the process may map it from now on,
+   * whatever becomes of the session it asked for. Called before the descriptor is opened: a
+   * segment freed already is not tracked, and then no descriptor of it can be opened either.
+   */
+  public void descriptorSent(long segmentId, DescriptorHolder process) {
+    lock.lock();
+    try {
+      Segment segment = carver.live.get(segmentId);
+      if (segment == null) {
+        segment = holders.awaitingUnmap(segmentId); // released and evicted while being fetched
+      }
+      if (segment != null) {
+        holders.mapped(segment, process.key());
+      }
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A holder no longer maps one segment (a process found not to reach it): freed if evicted and it was the last. */
+  public void dropped(String holder, long segmentId) {
+    eviction.dropped(holder, segmentId);
+  }
+
+  /** Bytes of evicted segments that processes of the tenant may still map: see {@link HolderMappings#pinnedBytes}. */
+  public long pinnedBytes(String tenant) {
+    return AfterUnlock.locked(this, after -> holders.pinnedBytes(tenant));
+  }
+
+  /** The keys of the processes that may map segments of this pool ({@link DescriptorHolder#key}). */
+  public List<String> descriptorHolders() {
+    return AfterUnlock.locked(this, after -> holders.descriptorHolders());
+  }
+
+  /** The segments a holder may map: id and memory, for the fd channel's reach checks. */
+  public Map<Long, SegmentMemory> segmentsOf(String holder) {
+    return AfterUnlock.locked(this, after -> {
+      Map<Long, SegmentMemory> out = new LinkedHashMap<>();
+      for (Segment segment : holders.segmentsOf(holder)) {
+        out.put(segment.id, segment.memory);
+      }
+      return out;
+    });
   }
 
   /** Segments evicted and waiting for this holder's unmap (to ask again after a reconnect). */

@@ -3,7 +3,9 @@ package io.gpumemd.server.pool;
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.server.error.InvalidRequestException;
+import java.util.HashSet;
 import java.util.List;
+import java.util.Set;
 
 /**
  * The pools of every device, indexed by ordinal. Immutable after construction; thread-safe.
@@ -172,5 +174,30 @@ public final class DevicePools implements AutoCloseable {
       total += pool.mappedSegments(holder);
     }
     return total;
+  }
+
+  /** Bytes of evicted segments that processes of the tenant may still map, over all devices. */
+  public long pinnedBytes(String tenant) {
+    long total = 0;
+    for (DevicePool pool : all()) {
+      total += pool.pinnedBytes(tenant);
+    }
+    return total;
+  }
+
+  /** The processes that may map a segment of any device because they were sent its descriptor (keys). */
+  public Set<String> descriptorHolders() {
+    Set<String> keys = new HashSet<>();
+    for (DevicePool pool : all()) {
+      keys.addAll(pool.descriptorHolders());
+    }
+    return keys;
+  }
+
+  /** A holder ended on every device. */
+  public void holderEnded(String holder) {
+    for (DevicePool pool : all()) {
+      pool.holderEnded(holder);
+    }
   }
 }

@@ -118,6 +118,18 @@ final class Eviction {
     });
   }
 
+  /** A holder no longer maps one segment: freed when it was evicted and this was its last mapper. */
+  void dropped(String holder, long segmentId) {
+    AfterUnlock.locked(pool, after -> {
+      Segment segment = holders.dropped(holder, segmentId);
+      if (segment != null) {
+        free(segment, after);
+        pool.waiters.memoryCameBack();
+      }
+      return null;
+    });
+  }
+
   /** A holder ended: the segments it was the last mapper of are freed. */
   void holderEnded(String holder) {
     AfterUnlock.locked(pool, after -> {
@@ -191,7 +203,7 @@ final class Eviction {
     carver.retire(segment);
     counters.increment(PoolMetric.EVICTIONS);
     var mappers = holders.awaitUnmaps(segment);
-    if (mappers.isEmpty()) {
+    if (mappers == null) {
       free(segment, after);
     } else {
       for (String holder : mappers) {

@@ -19,6 +19,13 @@ import java.util.Set;
  * without mappers is freed at once; one with mappers waits here, and the call that drops its
  * last mapper returns it to be freed.
  *
+ * <p>A process that was sent the segment's descriptor is a mapper too ({@link
+ * DescriptorHolder}): its mapping does not end with its session. It is never asked to unmap;
+ * it stops being a mapper when the session it fetched for confirms the unmap (which speaks for
+ * its process), or when the fd channel finds that the process no longer reaches the segment
+ * ({@link #dropped}, {@link #holderEnded}). What such processes keep of evicted segments counts
+ * against their tenant ({@link #pinnedBytes}).
+ *
  * <p>Guarded by the owning {@link DevicePool}'s lock.
  */
 final class HolderMappings {
@@ -36,16 +43,23 @@ final class HolderMappings {
   /**
    * An evicted segment waits for its mappers to unmap it.
    *
-   * @return the holders to ask; empty when nobody maps it and it can be freed at once
+   * @return the holders to ask (sessions; possibly none, when only processes that were sent its
+   *     descriptor may map it); null when nobody maps it and it can be freed at once
    */
   Collection<String> awaitUnmaps(Segment segment) {
     if (segment.mappers.isEmpty()) {
-      return List.of();
+      return null;
     }
     segment.state = Segment.State.AWAITING_UNMAP;
     awaitingUnmap.put(segment.id, segment);
     awaitingUnmapBytes += segment.bytes;
-    return List.copyOf(segment.mappers);
+    List<String> ask = new ArrayList<>(segment.mappers.size());
+    for (String holder : segment.mappers) {
+      if (!DescriptorHolder.isKey(holder)) {
+        ask.add(holder); // a process that was sent a descriptor cannot be asked: it is watched
+      }
+    }
+    return ask;
   }
 
   /**
@@ -60,11 +74,83 @@ final class HolderMappings {
     if (segment == null) {
       return null;
     }
+    // The session speaks for the processes that fetched the segment's descriptor for it: the
+    // client library unmaps (and closes the descriptor) before it confirms.
+    List<String> processes = new ArrayList<>(0);
+    for (String mapper : segment.mappers) {
+      if (DescriptorHolder.isKey(mapper) && DescriptorHolder.parse(mapper).session().equals(holder)) {
+        processes.add(mapper);
+      }
+    }
+    boolean last = false;
+    for (String process : processes) {
+      last |= dropped(process, segment);
+    }
+    return dropped(holder, segment) || last ? segment : null;
+  }
+
+  /**
+   * A holder no longer maps a segment, whatever the segment's state (the fd channel found that a
+   * process reaches it no more).
+   *
+   * @return the segment, when it was evicted and this was its last mapper; else null
+   */
+  Segment dropped(String holder, long segmentId) {
+    Set<Segment> held = byHolder.get(holder);
+    if (held == null) {
+      return null;
+    }
+    for (Segment segment : held) {
+      if (segment.id == segmentId) {
+        return dropped(holder, segment) ? segment : null;
+      }
+    }
+    return null;
+  }
+
+  private boolean dropped(String holder, Segment segment) {
     Set<Segment> held = byHolder.get(holder);
     if (held != null) {
       held.remove(segment);
+      if (held.isEmpty()) {
+        byHolder.remove(holder);
+      }
     }
-    return dropMapper(segment, holder) ? segment : null;
+    return dropMapper(segment, holder);
+  }
+
+  /**
+   * Bytes of evicted segments that a process of the tenant that was sent their descriptor may
+   * still map: memory the daemon cannot free, counted against the tenant's quota.
+   */
+  long pinnedBytes(String tenant) {
+    long bytes = 0;
+    for (Segment segment : awaitingUnmap.values()) {
+      for (String mapper : segment.mappers) {
+        if (DescriptorHolder.isKey(mapper) && DescriptorHolder.parse(mapper).tenant().equals(tenant)) {
+          bytes += segment.bytes;
+          break;
+        }
+      }
+    }
+    return bytes;
+  }
+
+  /** The processes that may map a segment of the pool because they were sent its descriptor; a copy. */
+  List<String> descriptorHolders() {
+    List<String> keys = new ArrayList<>();
+    for (String holder : byHolder.keySet()) {
+      if (DescriptorHolder.isKey(holder)) {
+        keys.add(holder);
+      }
+    }
+    return keys;
+  }
+
+  /** The segments a holder may map, by id. */
+  List<Segment> segmentsOf(String holder) {
+    Set<Segment> held = byHolder.get(holder);
+    return held == null ? List.of() : List.copyOf(held);
   }
 
   /** A holder ended: it maps nothing any more. Returns the segments that can now be freed. */
@@ -121,6 +207,11 @@ final class HolderMappings {
   int mappedBy(String holder) {
     Set<Segment> held = byHolder.get(holder);
     return held == null ? 0 : held.size();
+  }
+
+  /** An evicted segment waiting for its mappers, or null. */
+  Segment awaitingUnmap(long segmentId) {
+    return awaitingUnmap.get(segmentId);
   }
 
   Collection<Segment> awaitingUnmap() {

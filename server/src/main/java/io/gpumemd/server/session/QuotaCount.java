@@ -31,15 +31,26 @@ final class QuotaCount {
    * @throws ExhaustedException when {@code quota} would be exceeded, having counted nothing
    */
   void take(long add, Quota quota, String prefix) {
+    take(add, 0, quota, prefix);
+  }
+
+  /**
+   * Counts one more lease of {@code add} bytes, where {@code pinned} bytes that are no lease
+   * count against the byte quota too (released memory the owner's processes may still map).
+   *
+   * @throws ExhaustedException when {@code quota} would be exceeded, having counted nothing
+   */
+  void take(long add, long pinned, Quota quota, String prefix) {
     if (quota.maxLeases() > 0 && leases + 1 > quota.maxLeases()) {
       throw new ExhaustedException(prefix + label.scope() + " quota max-leases=" + quota.maxLeases() + " reached"
           + label.forWhom() + " (" + leases + " leases held or in progress" + label.over() + "; flag "
           + label.leasesFlag() + ")");
     }
-    if (quota.maxLeasedBytes() > 0 && bytes + add > quota.maxLeasedBytes()) {
+    if (quota.maxLeasedBytes() > 0 && bytes + pinned + add > quota.maxLeasedBytes()) {
       throw new ExhaustedException(prefix + label.scope() + " quota max-leased-bytes=" + quota.maxLeasedBytes()
-          + " would be exceeded" + label.forWhom() + " (" + bytes + " held" + label.over() + ", " + add
-          + " requested; flag " + label.bytesFlag() + ")");
+          + " would be exceeded" + label.forWhom() + " (" + bytes + " held" + label.over() + (pinned == 0 ? ""
+          : ", " + pinned + " released but still mapped by its processes (they keep it until they exit or unmap "
+          + "it)") + ", " + add + " requested; flag " + label.bytesFlag() + ")");
     }
     leases++;
     bytes += add;

@@ -29,17 +29,20 @@ public final class Reservation implements AutoCloseable {
   /**
    * Reserves quota for a lease of {@code roundedBytes}: the session's, then its tenant's.
    *
+   * @param pinnedBytes released memory the tenant's processes may still map, which its byte
+   *     quota counts besides its leases ({@code DevicePools#pinnedBytes})
+   *
    * @throws ExhaustedException naming the quota that would be exceeded, having taken nothing
    * @throws NotFoundException when the session has ended
    */
-  static Reservation forLease(Session session, long roundedBytes, Quota tenantQuota) {
+  static Reservation forLease(Session session, long roundedBytes, Quota tenantQuota, long pinnedBytes) {
     try {
       session.reserve(roundedBytes);
     } catch (IllegalStateException e) {
       throw ended(session);
     }
     try {
-      session.tenantUsage().reserve(roundedBytes, tenantQuota, session + ": ");
+      session.tenantUsage().reserve(roundedBytes, pinnedBytes, tenantQuota, session + ": ");
     } catch (ExhaustedException e) {
       session.unreserve(roundedBytes);
       throw e;

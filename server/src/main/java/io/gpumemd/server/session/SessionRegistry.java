@@ -304,7 +304,11 @@ public final class SessionRegistry {
     DevicePool pool = pools.get(device);
     Validation.leaseSize(size, pool);
     Validation.label("tag", tag);
-    Reservation quota = Reservation.forLease(session, SizeClasses.roundUp(size), settings.tenantQuota());
+    Quota tenantQuota = settings.tenantQuota();
+    // Released memory the tenant's processes may still map counts against its quota: without
+    // it, leasing, mapping and ending the session in a loop pins memory outside every bound.
+    long pinned = tenantQuota.maxLeasedBytes() > 0 ? pools.pinnedBytes(session.tenant()) : 0;
+    Reservation quota = Reservation.forLease(session, SizeClasses.roundUp(size), tenantQuota, pinned);
     return new PendingLease(quota, pool, size, zero, tag);
   }
 

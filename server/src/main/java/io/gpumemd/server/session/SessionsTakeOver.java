@@ -320,12 +320,12 @@ final class SessionsTakeOver {
       if (r.attached()) {
         tenant.reserveHold(0, "");
       } else if (r.shared() == null) {
-        tenant.reserve(SizeClasses.roundUp(r.sizeBytes()), Quota.UNLIMITED, "");
+        tenant.reserve(SizeClasses.roundUp(r.sizeBytes()), 0, Quota.UNLIMITED, "");
       }
     }
     for (SharedBlock b : blocks) {
       // A shared block's bytes stay its leasing tenant's until its last hold goes (LeaseBook#giveBack).
-      b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), Quota.UNLIMITED, "");
+      b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), 0, Quota.UNLIMITED, "");
     }
     tokens.forEach(t -> directory.tenant(t.tenant).addShare(0));
     objects.forEach(o -> directory.tenant(o.tenant()).addShare(0));

@@ -30,13 +30,14 @@ final class Tenant {
   }
 
   /**
-   * Counts a lease about to be made against {@code quota}.
+   * Counts a lease about to be made against {@code quota}, besides {@code pinnedBytes} of
+   * released memory its processes may still map.
    *
    * @param prefix what a refusal begins with (who asked)
    * @throws ExhaustedException naming the quota and its flag, having counted nothing
    */
-  synchronized void reserve(long leaseBytes, Quota quota, String prefix) {
-    usage.take(leaseBytes, quota, prefix);
+  synchronized void reserve(long leaseBytes, long pinnedBytes, Quota quota, String prefix) {
+    usage.take(leaseBytes, pinnedBytes, quota, prefix);
   }
 
   /** A lease counted by {@link #reserve} is gone (released, refused, or its session ended). */

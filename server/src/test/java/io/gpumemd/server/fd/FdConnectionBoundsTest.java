@@ -97,7 +97,7 @@ class FdConnectionBoundsTest {
   }
 
   private FdChannel channel(int maxInFlight) {
-    return new FdChannel(IdentityPolicy.defaults(), new FdGrants(daemon.server().registry()),
+    return new FdChannel(IdentityPolicy.defaults(), new FdGrants(daemon.server().registry(), new DescriptorPins(daemon.server().pools(), io.gpumemd.common.Ticker.system())),
         new FdChannelConfig(null, 0, maxInFlight), System::nanoTime);
   }
 
