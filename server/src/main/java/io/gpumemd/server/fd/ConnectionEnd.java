@@ -43,7 +43,7 @@ final class ConnectionEnd extends ChannelDuplexHandler {
   @Override
   public void userEventTriggered(ChannelHandlerContext ctx, Object event) throws Exception {
     if (event instanceof ChannelInputShutdownEvent) {
-      ctx.close(); // the peer sends nothing more: this side has nothing to wait for
+      ctx.channel().close(); // through the whole pipeline, this handler included: the peer sends nothing more
     }
     super.userEventTriggered(ctx, event);
   }

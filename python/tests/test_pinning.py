@@ -1,0 +1,143 @@
+"""Memory a process maps stays on the books (issue 32, item 2): a tenant that leases, maps the
+segment's descriptor and ends its session in a loop used to leave the daemon counting the memory
+free while the process still mapped it (1.8 GB past a 100 MiB quota in 2 s). Now every segment
+whose descriptor a live process was sent stays allocated and counted against that process's
+tenant until the process exits or, for a process that closed its fd-channel connection, until the
+kernel shows it maps the segment no more. The attacker runs as uid 65534 with a raw gRPC client."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+import gpumemd
+from conftest import HERE, PYTHON_DIR, Daemon
+from gpumemd._stubs import pb
+
+MiB = 1 << 20
+QUOTA = 100 * MiB
+SIZE = 20 * MiB  # a large request: a segment of its own each round
+ROUNDS = 30  # 600 MiB: far past the quota, within the device
+
+needs_other_uid = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                     reason="another uid needs root and setpriv")
+
+
+@pytest.fixture
+def quota_daemon():
+    """A node daemon: every local user may connect, a 100 MiB tenant quota, and no cache, so
+    that every released segment is evicted at once (what a trim or the retention cap does)."""
+    directory = tempfile.mkdtemp(prefix="gpumemd-pin-", dir="/tmp")
+    os.chmod(directory, 0o711)
+    d = Daemon(directory, "--backend", "host", "--host-devices", "1", "--host-device-bytes", "1GiB", "--socket-mode", "0666",
+               "--tenant-max-leased-bytes", str(QUOTA), "--retention-cap-bytes", "0", "--client-cache-bytes", "0")
+    yield d
+    d.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def start_pinner(daemon, mode):
+    env = dict(os.environ, GPUMEMD_PYTHON_DIR=PYTHON_DIR)
+    process = subprocess.Popen(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+         os.path.join(HERE, "pin_loop.py"), daemon.target, daemon.socket + ".fd", str(ROUNDS), str(SIZE), mode],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = process.stdout.readline()
+    if not line:
+        process.kill()
+        pytest.fail("pin_loop.py failed:\n" + process.stderr.read())
+    return process, json.loads(line)
+
+
+def finish(process):
+    """Lets the attacker go on to its end (it waits for a line at each step), or kills it."""
+    try:
+        process.stdin.write("go on\ndone\n")
+        process.stdin.flush()
+        process.wait(30)
+    except (BrokenPipeError, subprocess.TimeoutExpired):
+        process.kill()
+        process.wait()
+
+
+def awaiting_bytes(daemon):
+    return daemon.stats(0).awaiting_unmap_bytes
+
+
+def wait_until(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "%s not reached within %.0f s" % (what, timeout)
+        time.sleep(0.05)
+
+
+@needs_other_uid
+@pytest.mark.parametrize("mode", ["keep", "close-connection"])
+def test_the_pinning_loop_ends_at_the_tenants_quota_and_root_leases_on(quota_daemon, mode):
+    process, result = start_pinner(quota_daemon, mode)
+    try:
+        assert result["uid"] == 65534
+        refusal = result["refusal"]
+        assert refusal is not None, "the loop was never refused: %d rounds, %d bytes mapped past the books" % (
+            result["rounds"], result["mapped_bytes"])
+        assert refusal["code"] == "RESOURCE_EXHAUSTED"
+        assert "--tenant-max-leased-bytes" in refusal["message"]
+        assert "still mapped by its processes" in refusal["message"]
+        # What it maps is what the daemon keeps for it, within its quota.
+        assert result["mapped_bytes"] <= QUOTA
+        assert 1 <= result["rounds"] <= QUOTA // SIZE
+        assert awaiting_bytes(quota_daemon) >= result["mapped_bytes"]
+
+        # Another tenant (root) is untouched: the rest of the device is there.
+        with gpumemd.connect(quota_daemon.target, client_name="root") as gm:
+            with gm.lease(0, QUOTA) as lease:
+                lease.buffer()[:4] = b"root"
+    finally:
+        finish(process)
+    # The process is gone: what it kept goes back to the device.
+    wait_until(lambda: awaiting_bytes(quota_daemon) == 0, 10, "the exited process's segments freed")
+    assert quota_daemon.stats(0).reserved_bytes == 0
+
+
+def test_a_client_that_closed_and_unmapped_keeps_nothing_on_the_books(quota_daemon):
+    # The well-behaved library: it unmaps and closes its fd-channel connection when it closes,
+    # and the daemon then sees (in /proc) that this live process maps the segment no more.
+    with gpumemd.connect(quota_daemon.target, client_name="tidy") as gm:
+        with gm.lease(0, SIZE) as lease:
+            lease.buffer()[:4] = b"tidy"
+    wait_until(lambda: quota_daemon.stats(0).reserved_bytes == 0, 10, "the closed client's segment freed")
+    # And its tenant's quota is whole again.
+    with gpumemd.connect(quota_daemon.target, client_name="tidy-again") as gm:
+        with gm.lease(0, QUOTA) as lease:
+            assert lease.block_bytes >= QUOTA
+
+
+@needs_other_uid
+def test_a_descriptor_left_unread_in_a_half_closed_socket_keeps_its_segment(quota_daemon):
+    # The process shuts its socket down for writing and never reads the reply: /proc shows no
+    # mapping and no descriptor, yet the descriptor waits in its receive queue. The daemon asked
+    # the kernel (SIOCOUTQ) before it closed its end, so it keeps the segment until the process exits.
+    process, result = start_pinner(quota_daemon, "unread")
+    try:
+        assert result["uid"] == 65534
+        # A sweep runs after a connection ends: a tidy client's segment freed shows one has run
+        # since the attacker's connection ended.
+        with gpumemd.connect(quota_daemon.target, client_name="tidy") as gm:
+            with gm.lease(0, SIZE) as lease:
+                lease.buffer()[:4] = b"tidy"
+        wait_until(lambda: awaiting_bytes(quota_daemon) <= result["segment_bytes"], 10, "the tidy segment freed")
+        assert awaiting_bytes(quota_daemon) == result["segment_bytes"]
+
+        # And the threat was real: the process maps the segment from the descriptor it left unread.
+        process.stdin.write("read\n")
+        process.stdin.flush()
+        late = json.loads(process.stdout.readline())
+        assert late == {"granted": True, "mapped": True}
+        assert awaiting_bytes(quota_daemon) == result["segment_bytes"]
+    finally:
+        finish(process)
+    wait_until(lambda: awaiting_bytes(quota_daemon) == 0, 10, "the exited process's segment freed")
