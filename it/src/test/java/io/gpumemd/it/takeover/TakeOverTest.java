@@ -127,7 +127,9 @@ class TakeOverTest {
       for (int device = 0; device < 2; device++) {
         DeviceBooks.assertBalanced(admin.awaitLeased(device, 0));
         admin.trim(device);
-        DeviceStats d = admin.stats(device);
+        // A segment this JVM was sent the descriptor of goes once the daemon has seen (in /proc,
+        // within a second) that the process maps it no more.
+        DeviceStats d = admin.awaitReserved(device, 0);
         assertEquals(0, d.getReservedBytes(), "device " + device + " after a trim: " + d);
       }
     }
@@ -317,6 +319,16 @@ class TakeOverTest {
         d = stats(device);
       }
       assertEquals(bytes, d.getLeasedBytes() + d.getClientCachedBytes(), "device " + device + ": " + d);
+      return d;
+    }
+
+    DeviceStats awaitReserved(int device, long bytes) throws InterruptedException {
+      long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+      DeviceStats d = stats(device);
+      while (d.getReservedBytes() != bytes && System.nanoTime() < deadline) {
+        Thread.sleep(20);
+        d = stats(device);
+      }
       return d;
     }
 
