@@ -42,7 +42,7 @@ class FdChannelOptionsTest {
     ServerConfig c = load("--host-segments", "fd", "--socket", "/run/g/g.sock", "--fd-max-connections", "7",
         "--fd-max-in-flight", "9");
     assertTrue(c.backend().hostSegmentsByFd());
-    assertEquals(new FdChannelConfig(Path.of("/run/g/g.sock.fd"), 7, 9), c.fdChannel());
+    assertEquals(new FdChannelConfig(Path.of("/run/g/g.sock.fd"), 7, 100, 9, 128, 10_000, 300, 30_000), c.fdChannel());
     assertEquals(Path.of("/x/fd.sock"), ServerOptions.parse(new String[0],
         Map.of("GPUMEMD_HOST_SEGMENTS", "fd", "GPUMEMD_FD_SOCKET", "/x/fd.sock")).fdChannel().socket());
 
