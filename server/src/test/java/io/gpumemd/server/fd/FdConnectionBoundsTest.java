@@ -22,6 +22,7 @@ import io.grpc.netty.shaded.io.netty.channel.ChannelPromise;
 import io.grpc.netty.shaded.io.netty.channel.embedded.EmbeddedChannel;
 import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
 import io.grpc.netty.shaded.io.netty.handler.codec.LengthFieldBasedFrameDecoder;
+import java.nio.ByteBuffer;
 import java.nio.channels.ClosedChannelException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -39,7 +40,8 @@ import org.junit.jupiter.api.Test;
  * connection, on a connection whose writes the test holds back (an {@link EmbeddedChannel} in
  * front of the real {@link FdConnection}, with a real daemon's grants); the deadlines (stall,
  * first request, idle) on a {@link FakeTicker} that moves with the embedded event loop's clock;
- * and, over the real socket, a peer that asks and never reads.
+ * and, over the real socket, a peer that asks and never reads, and one that never reads even its
+ * refusals.
  */
 class FdConnectionBoundsTest {
   private TestDaemon daemon;
@@ -332,6 +334,40 @@ class FdConnectionBoundsTest {
   private static long openDescriptors() throws Exception {
     try (Stream<Path> fds = Files.list(Path.of("/proc/self/fd"))) {
       return fds.count();
+    }
+  }
+
+  @Test
+  void aPeerThatNeverReadsEvenItsRefusals_isReadNoMore_onceItsRepliesQueue() throws Exception {
+    // 10 MiB of requests the daemon refuses (an unknown session): each costs it a reply frame.
+    FdRequest unknown = FdRequest.newBuilder().setRequestId(1).setSessionId("0123456789abcdef0123456789abcdef")
+        .setSegmentId(1).build();
+    byte[] body = unknown.toByteArray();
+    ByteBuffer requests = ByteBuffer.allocateDirect(10 << 20);
+    while (requests.remaining() >= 4 + body.length) {
+      requests.putInt(body.length).put(body);
+    }
+    requests.flip();
+
+    try (FdTestClient flooder = new FdTestClient(daemon.server().fdSocketPath())) {
+      long lastProgress = System.nanoTime();
+      while (requests.hasRemaining() && System.nanoTime() - lastProgress < TimeUnit.SECONDS.toNanos(2)) {
+        if (flooder.offer(requests) > 0) {
+          lastProgress = System.nanoTime();
+        } else {
+          Thread.sleep(5);
+        }
+      }
+      // What the daemon took: the socket buffers, one read, and the replies up to the write-buffer mark.
+      assertTrue(requests.position() < (2 << 20), requests.position() + " bytes of requests taken from a peer "
+          + "that reads none of its replies");
+
+      try (FdTestClient other = new FdTestClient(daemon.server().fdSocketPath())) {
+        other.send(FdRequest.newBuilder().setRequestId(7).setSessionId(session).setSegmentId(segment).build());
+        FdTestClient.Reply reply = other.receive();
+        FdTestClient.closeQuietly(reply.fd());
+        assertEquals(FdReply.ResultCase.GRANTED, reply.reply().getResultCase(), "another connection is served");
+      }
     }
   }
 }
