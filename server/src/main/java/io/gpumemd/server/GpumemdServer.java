@@ -430,6 +430,11 @@ public final class GpumemdServer {
     return listeners.fdSocketPath();
   }
 
+  /** The fd channel (its counts, for tests and operators), or null when the backend passes no descriptors. */
+  public FdChannel fdChannel() {
+    return listeners.fdChannel();
+  }
+
   /**
    * Drains and stops: /readyz 503 and health NOT_SERVING, new leases UNAVAILABLE, clients told,
    * leases drain up to the configured timeout (or not at all with {@code force}), then every

@@ -443,6 +443,10 @@ final class Listeners implements AutoCloseable {
     return fdSocketPath;
   }
 
+  FdChannel fdChannel() {
+    return fdChannel;
+  }
+
   int tcpPort() {
     return tcpPort;
   }

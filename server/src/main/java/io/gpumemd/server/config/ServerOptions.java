@@ -153,6 +153,31 @@ public final class ServerOptions {
           + "connections; beyond it requests are refused (RESOURCE_EXHAUSTED)")
   String fdMaxInFlight;
 
+  @Option(names = "--fd-max-connections-per-tenant", paramLabel = "N", defaultValue = "100",
+      description = "live fd channel connections of one tenant; its further connections are closed at once while "
+          + "other tenants' go on (0 = no limit)")
+  String fdMaxConnectionsPerTenant;
+
+  @Option(names = "--fd-max-in-flight-per-tenant", paramLabel = "N", defaultValue = "128",
+      description = "descriptors in flight (as --fd-max-in-flight) for the connections of one tenant; beyond it "
+          + "that tenant's requests are refused (RESOURCE_EXHAUSTED) while other tenants' go on")
+  String fdMaxInFlightPerTenant;
+
+  @Option(names = "--fd-first-request-timeout-ms", paramLabel = "MS", defaultValue = "10000",
+      description = "close an fd channel connection that has not sent one complete request this long after it "
+          + "connected")
+  String fdFirstRequestTimeoutMs;
+
+  @Option(names = "--fd-idle-timeout-seconds", paramLabel = "N", defaultValue = "300",
+      description = "close an fd channel connection that sends no complete request and is owed no reply for this "
+          + "long (clients reconnect on their next fetch; 0 = never)")
+  String fdIdleTimeoutSeconds;
+
+  @Option(names = "--fd-stall-timeout-ms", paramLabel = "MS", defaultValue = "30000",
+      description = "close an fd channel connection whose client reads none of the replies it is owed for this "
+          + "long; the descriptors it was not sent are closed and their places in flight given back")
+  String fdStallTimeoutMs;
+
   @Option(names = "--device-limit-fraction", paramLabel = "F", defaultValue = "0.9",
       description = "device budget as a fraction of device memory")
   String deviceLimitFraction;

@@ -9,7 +9,9 @@ import io.grpc.Status;
 import io.grpc.netty.shaded.io.netty.bootstrap.ServerBootstrap;
 import io.grpc.netty.shaded.io.netty.channel.Channel;
 import io.grpc.netty.shaded.io.netty.channel.ChannelInitializer;
+import io.grpc.netty.shaded.io.netty.channel.ChannelOption;
 import io.grpc.netty.shaded.io.netty.channel.EventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.WriteBufferWaterMark;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
@@ -42,11 +44,28 @@ import org.slf4j.LoggerFactory;
  * <p>Who connects: anyone the socket's mode and group let in (the gRPC socket's); who they are
  * is the kernel's word, read once per connection and turned into a {@link Caller} by the
  * daemon's {@link IdentityPolicy}, as on the gRPC socket; what they get is {@link FdGrants}'
- * decision. Bounds: live connections ({@code --fd-max-connections}; more are closed at once),
- * descriptors in flight over all connections ({@code --fd-max-in-flight}), and per connection
- * {@link #REQUESTS_PER_SECOND} and {@link #MAX_UNSENT_PER_CONNECTION} (see {@link
- * FdConnection}). Refusals are logged one WARN line a minute at most per kind ({@link
- * RefusalLog}).
+ * decision.
+ *
+ * <p>Bounds, so that no peer and no tenant can fill the channel for the others:
+ *
+ * <ul>
+ *   <li>live connections ({@code --fd-max-connections}) and live connections of one tenant
+ *       ({@code --fd-max-connections-per-tenant}): more are closed as they are accepted;
+ *   <li>descriptors in flight, opened for replies and not yet sent ({@code --fd-max-in-flight}),
+ *       and those of one tenant's connections ({@code --fd-max-in-flight-per-tenant}): beyond
+ *       either a request is refused RESOURCE_EXHAUSTED naming the flag;
+ *   <li>time: a connection without a complete request {@code --fd-first-request-timeout-ms}
+ *       after it connected, one idle for {@code --fd-idle-timeout-seconds} (no complete request,
+ *       no reply owed), and one whose owed replies go unwritten for {@code
+ *       --fd-stall-timeout-ms} are closed, the last with its unsent descriptors, so that their
+ *       places in flight come back;
+ *   <li>per connection {@link #REQUESTS_PER_SECOND}, {@link #MAX_UNSENT_PER_CONNECTION} and the
+ *       reply bytes Netty queues ({@link #WRITE_BUFFER}; see {@link FdConnection}).
+ * </ul>
+ *
+ * Refusals are logged one WARN line a minute at most per kind ({@link RefusalLog}); so are the
+ * connections closed for a first request that never came or replies never read. Idle closes
+ * are routine (a client reconnects on its next fetch) and logged at DEBUG only.
  *
  * <p>Thread-safety: {@link #bind} and {@link #close} are called by one thread (the daemon's
  * start and shutdown); the counts are atomic and may be read from any thread.
@@ -59,16 +78,29 @@ public final class FdChannel implements AutoCloseable {
   static final int MAX_UNSENT_PER_CONNECTION = 16;
   /** Longest request frame; an FdRequest is under 100 bytes. */
   static final int MAX_REQUEST_BYTES = 4096;
+  /**
+   * Reply bytes Netty may queue for one connection before it counts as not writable, and its
+   * requests wait unread and unanswered: 16 replies with descriptors take about 4 KiB with
+   * Netty's per-message overhead, so only a peer that does not read its replies (refusals
+   * included) reaches it. 1,000 connections at the mark hold 32 MiB.
+   */
+  static final WriteBufferWaterMark WRITE_BUFFER = new WriteBufferWaterMark(16 << 10, 32 << 10);
 
   private final IdentityPolicy identities;
   private final FdGrants grants;
   private final int maxConnections;
   private final int maxInFlight;
+  private final long firstRequestNanos;
+  private final long idleNanos;
+  private final long stallNanos;
   private final Ticker ticker;
   private final AtomicInteger live = new AtomicInteger();
   private final AtomicInteger inFlight = new AtomicInteger();
+  private final TenantCounts liveByTenant;
+  private final TenantCounts inFlightByTenant;
   private final RefusalLog connectionRefusals;
   private final RefusalLog requestRefusals;
+  private final RefusalLog deadlineCloses;
   private EventLoopGroup group;
   private Channel server;
 
@@ -77,9 +109,15 @@ public final class FdChannel implements AutoCloseable {
     this.grants = grants;
     this.maxConnections = config.maxConnections();
     this.maxInFlight = config.maxInFlight();
+    this.firstRequestNanos = TimeUnit.MILLISECONDS.toNanos(config.firstRequestMillis());
+    this.idleNanos = TimeUnit.SECONDS.toNanos(config.idleSeconds());
+    this.stallNanos = TimeUnit.MILLISECONDS.toNanos(config.stallMillis());
     this.ticker = ticker;
+    this.liveByTenant = new TenantCounts(config.maxConnectionsPerTenant());
+    this.inFlightByTenant = new TenantCounts(config.maxInFlightPerTenant());
     this.connectionRefusals = new RefusalLog(log, "connection", ticker);
     this.requestRefusals = new RefusalLog(log, "request", ticker);
+    this.deadlineCloses = new RefusalLog(log, "closed", "connection", ticker);
   }
 
   /**
@@ -92,6 +130,7 @@ public final class FdChannel implements AutoCloseable {
     group = new EpollEventLoopGroup(1, new DefaultThreadFactory("gpumemd-fd", true));
     ServerBootstrap bootstrap = new ServerBootstrap().group(group)
         .channel(EpollServerDomainSocketChannel.class)
+        .childOption(ChannelOption.WRITE_BUFFER_WATER_MARK, WRITE_BUFFER)
         .childHandler(new ChannelInitializer<EpollDomainSocketChannel>() {
           @Override
           protected void initChannel(EpollDomainSocketChannel connection) {
@@ -107,7 +146,10 @@ public final class FdChannel implements AutoCloseable {
     }
   }
 
-  /** Counts a new connection and learns its peer, or closes it. */
+  /**
+   * Counts a new connection and learns its peer, or closes it: beyond the channel's bound, where
+   * the credentials cannot be read, or beyond its tenant's bound.
+   */
   private void accept(EpollDomainSocketChannel connection) {
     if (live.incrementAndGet() > maxConnections && maxConnections > 0) {
       live.decrementAndGet();
@@ -126,6 +168,14 @@ public final class FdChannel implements AutoCloseable {
       connection.close();
       return;
     }
+    String tenant = peer.tenant();
+    if (!liveByTenant.take(tenant)) {
+      connectionRefusals.refused(peer + ": tenant " + tenant + " has " + liveByTenant.bound()
+          + " live connections, its limit (flag --fd-max-connections-per-tenant)");
+      connection.close();
+      return;
+    }
+    connection.closeFuture().addListener(f -> liveByTenant.give(tenant));
     log.debug("fd channel: connection from {}", peer);
     grants.pins().connected(peer);
     connection.config().setAllowHalfClosure(true); // a peer's end of input goes through ConnectionEnd
@@ -143,22 +193,58 @@ public final class FdChannel implements AutoCloseable {
     return ticker;
   }
 
-  int maxInFlight() {
-    return maxInFlight;
+  long firstRequestNanos() {
+    return firstRequestNanos;
   }
 
-  /** Takes a place for one descriptor about to be opened; false at the limit. */
-  boolean reserveInFlight() {
+  /** 0 = never. */
+  long idleNanos() {
+    return idleNanos;
+  }
+
+  long stallNanos() {
+    return stallNanos;
+  }
+
+  /**
+   * How long a connection's deadline check may sleep: the shortest deadline, so that a check
+   * armed for a later deadline (idle) never oversleeps one that a change of state starts (a
+   * stall) by more than that deadline's own length.
+   */
+  long checkEveryNanos() {
+    long shortest = Math.min(firstRequestNanos, stallNanos);
+    return idleNanos > 0 ? Math.min(shortest, idleNanos) : shortest;
+  }
+
+  /**
+   * Takes a place for one descriptor of {@code tenant} about to be opened: null when taken, else
+   * the refusal. The tenant's bound is checked first: a tenant at its own bound is told so even
+   * when the channel is full too.
+   */
+  Status reserveInFlight(String tenant) {
+    if (!inFlightByTenant.take(tenant)) {
+      return Status.RESOURCE_EXHAUSTED.withDescription("fd channel: " + inFlightByTenant.bound() + " descriptors for "
+          + "tenant " + tenant + " are waiting to be sent, its limit (flag --fd-max-in-flight-per-tenant); read the "
+          + "replies, or retry later");
+    }
     if (inFlight.incrementAndGet() > maxInFlight) {
       inFlight.decrementAndGet();
-      return false;
+      inFlightByTenant.give(tenant);
+      return Status.RESOURCE_EXHAUSTED.withDescription("fd channel: " + maxInFlight + " descriptors are waiting to "
+          + "be sent, the limit (flag --fd-max-in-flight); retry later");
     }
-    return true;
+    return null;
   }
 
-  /** A descriptor was sent and closed, or never opened. */
-  void releaseInFlight() {
+  /** A descriptor of {@code tenant} was sent and closed, or never opened. */
+  void releaseInFlight(String tenant) {
     inFlight.decrementAndGet();
+    inFlightByTenant.give(tenant);
+  }
+
+  /** A connection closed for a deadline that a well-behaved client never meets (counted, WARN a minute). */
+  void closedPastDeadline(Caller peer, String why) {
+    deadlineCloses.refused(peer + ": " + why);
   }
 
   void refusedRequest(Caller peer, FdReply reply) {
@@ -171,9 +257,19 @@ public final class FdChannel implements AutoCloseable {
     return live.get();
   }
 
+  /** Live connections of {@code tenant}. */
+  public int liveConnections(String tenant) {
+    return liveByTenant.held(tenant);
+  }
+
   /** Descriptors opened for replies and not yet sent and closed. */
   public int inFlight() {
     return inFlight.get();
+  }
+
+  /** Descriptors opened for replies to {@code tenant} and not yet sent and closed. */
+  public int inFlight(String tenant) {
+    return inFlightByTenant.held(tenant);
   }
 
   /** Stops listening and closes every connection (descriptors still queued are closed unsent). */

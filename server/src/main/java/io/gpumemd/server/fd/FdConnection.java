@@ -8,6 +8,7 @@ import io.gpumemd.server.backend.SegmentDescriptor;
 import io.grpc.Status;
 import io.grpc.netty.shaded.io.netty.buffer.ByteBuf;
 import io.grpc.netty.shaded.io.netty.buffer.ByteBufUtil;
+import io.grpc.netty.shaded.io.netty.channel.ChannelFuture;
 import io.grpc.netty.shaded.io.netty.channel.ChannelFutureListener;
 import io.grpc.netty.shaded.io.netty.channel.ChannelHandlerContext;
 import io.grpc.netty.shaded.io.netty.channel.ChannelInboundHandlerAdapter;
@@ -15,6 +16,8 @@ import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
 import io.grpc.netty.shaded.io.netty.handler.codec.TooLongFrameException;
 import java.io.IOException;
 import java.util.ArrayDeque;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -23,22 +26,32 @@ import org.slf4j.LoggerFactory;
  * with {@link FdGrants}, and writes the reply's frame, then the descriptor when it grants one
  * (see the framing in {@code gpumemd.proto}, FdRequest).
  *
- * <p>Bounds, besides the channel's connection count: {@link FdChannel#REQUESTS_PER_SECOND}
- * per connection (a token bucket, full at first; beyond it RESOURCE_EXHAUSTED); the channel's
- * descriptors in flight ({@code --fd-max-in-flight}; beyond it RESOURCE_EXHAUSTED); and while
- * {@link FdChannel#MAX_UNSENT_PER_CONNECTION} of its descriptors wait unsent, its further
- * requests wait unanswered (holding no descriptor) and the connection is not read. A
- * descriptor is closed as soon as its write is done or has failed, and a failed write closes
- * the connection: Netty cannot queue a descriptor behind a full socket buffer (its {@code
- * sendFd} fails the write), so a peer that sends requests and never reads the replies may lose
- * its connection once its buffer is full.
+ * <p>Bounds, besides the channel's connection counts: {@link FdChannel#REQUESTS_PER_SECOND}
+ * per connection (a token bucket, full at first; beyond it RESOURCE_EXHAUSTED); the descriptors
+ * in flight of the channel and of the peer's tenant ({@code --fd-max-in-flight}, {@code
+ * --fd-max-in-flight-per-tenant}; beyond either RESOURCE_EXHAUSTED); and while {@link
+ * FdChannel#MAX_UNSENT_PER_CONNECTION} of its descriptors wait unsent, or its queued replies
+ * pass {@link FdChannel#WRITE_BUFFER} (a peer that does not read even its refusals), its further
+ * requests wait unanswered (holding no descriptor) and the connection is not read. A descriptor
+ * is closed as soon as its write is done or has failed, and a failed write closes the
+ * connection.
+ *
+ * <p>Deadlines, checked by one task per connection on its event loop against the channel's
+ * {@link io.gpumemd.common.Ticker}: while replies are owed (a write not done, or a request
+ * waiting), the connection is closed once none of its writes has been done for {@code
+ * --fd-stall-timeout-ms}: a descriptor queues behind the frames of a peer that does not read
+ * (Netty writes in order), so only closing the connection gives its places in flight back (the
+ * failed writes close the descriptors). Else it is closed when its first complete request has
+ * not come {@code --fd-first-request-timeout-ms} after it connected, or, later, after {@code
+ * --fd-idle-timeout-seconds} without a complete request. Bytes of a frame do not count: a peer
+ * that sends two bytes of a frame and stops is closed like one that sends nothing.
  *
  * <p>Replies go out in request order: a request waits in {@link #waiting} until the ones before
  * it are answered, and a write's listener (which Netty may run at once, within the write)
  * answers the next ones from the same queue.
  *
  * <p>Thread-safety: every method runs on the connection's event loop; the channel's in-flight
- * count is shared and atomic.
+ * counts are shared and atomic.
  */
 final class FdConnection extends ChannelInboundHandlerAdapter {
   private static final Logger log = LoggerFactory.getLogger(FdChannel.class);
@@ -46,21 +59,60 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
 
   private final FdChannel channel;
   private final Caller peer;
+  private final String tenant;
   private double tokens = FdChannel.REQUESTS_PER_SECOND;
   private long tokensAtNanos;
   private int unsent;
   /** Requests read and not answered yet: more than one read's worth never waits. */
   private final ArrayDeque<FdRequest> waiting = new ArrayDeque<>();
+  /** Writes (frames and descriptors) handed to Netty and not done yet. */
+  private int pendingWrites;
+  private final long connectedNanos;
+  /** Whether a complete request has come. */
+  private boolean requested;
+  /** The last complete request, or the last write done: when the connection fell quiet. */
+  private long quietSinceNanos;
+  /** The last write done, or when writes began to wait after none did: what a stall counts from. */
+  private long progressNanos;
+  private ScheduledFuture<?> deadlineCheck;
 
   FdConnection(FdChannel channel, Caller peer) {
     this.channel = channel;
     this.peer = peer;
+    this.tenant = peer.tenant();
     this.tokensAtNanos = channel.ticker().nanos();
+    this.connectedNanos = tokensAtNanos;
+  }
+
+  @Override
+  public void handlerAdded(ChannelHandlerContext ctx) {
+    armDeadlineCheck(ctx, Math.min(channel.firstRequestNanos(), channel.checkEveryNanos()));
+  }
+
+  @Override
+  public void channelInactive(ChannelHandlerContext ctx) {
+    cancelDeadlineCheck();
+    ctx.fireChannelInactive();
+  }
+
+  @Override
+  public void handlerRemoved(ChannelHandlerContext ctx) {
+    cancelDeadlineCheck();
+  }
+
+  @Override
+  public void channelWritabilityChanged(ChannelHandlerContext ctx) {
+    if (ctx.channel().isWritable()) {
+      answerWaiting(ctx);
+    }
+    ctx.fireChannelWritabilityChanged();
   }
 
   @Override
   public void channelRead(ChannelHandlerContext ctx, Object msg) {
     ByteBuf frame = (ByteBuf) msg;
+    requested = true;
+    quietSinceNanos = channel.ticker().nanos();
     FdRequest request;
     try {
       request = FdRequest.parseFrom(ByteBufUtil.getBytes(frame));
@@ -77,18 +129,19 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
 
   /**
    * Answers waiting requests in order while fewer than {@link #MAX_UNSENT} descriptors of this
-   * connection wait unsent, and reads the connection only while none is left waiting. One read
-   * may bring many frames: they wait here (bytes, not descriptors) rather than each opening one.
+   * connection wait unsent and its queued replies leave it writable, and reads the connection
+   * only while none is left waiting. One read may bring many frames: they wait here (bytes, not
+   * descriptors) rather than each opening one.
    */
   private void answerWaiting(ChannelHandlerContext ctx) {
-    while (unsent < MAX_UNSENT && !waiting.isEmpty()) {
+    while (unsent < MAX_UNSENT && ctx.channel().isWritable() && !waiting.isEmpty()) {
       FdGrants.Answer answer = admit(waiting.poll());
       if (answer.descriptor() == null) {
         channel.refusedRequest(peer, answer.reply());
       }
       send(ctx, answer);
     }
-    boolean read = waiting.isEmpty() && unsent < MAX_UNSENT;
+    boolean read = waiting.isEmpty() && unsent < MAX_UNSENT && ctx.channel().isWritable();
     if (ctx.channel().config().isAutoRead() != read) {
       ctx.channel().config().setAutoRead(read);
     }
@@ -100,13 +153,13 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
       return refusal(request, Status.RESOURCE_EXHAUSTED.withDescription("fd channel: more than "
           + FdChannel.REQUESTS_PER_SECOND + " requests per second on one connection; retry later"));
     }
-    if (!channel.reserveInFlight()) {
-      return refusal(request, Status.RESOURCE_EXHAUSTED.withDescription("fd channel: " + channel.maxInFlight()
-          + " descriptors are waiting to be sent, the limit (flag --fd-max-in-flight); retry later"));
+    Status full = channel.reserveInFlight(tenant);
+    if (full != null) {
+      return refusal(request, full);
     }
     FdGrants.Answer answer = channel.grants().answer(peer, request);
     if (answer.descriptor() == null) {
-      channel.releaseInFlight();
+      channel.releaseInFlight(tenant);
     }
     return answer;
   }
@@ -133,16 +186,17 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     ByteBuf frame = ctx.alloc().buffer(4 + reply.length).writeInt(reply.length).writeBytes(reply);
     SegmentDescriptor descriptor = answer.descriptor();
     if (descriptor == null) {
-      ctx.writeAndFlush(frame).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
+      write(ctx, frame, true).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
       return;
     }
-    ctx.write(frame).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
+    write(ctx, frame, false).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
     unsent++;
     // Netty's sendFd sends one byte with the descriptor (SCM_RIGHTS); the kernel gives the peer a
-    // descriptor of its own at once, so ours is closed as soon as the write is done.
-    ctx.writeAndFlush(new FileDescriptor(descriptor.number())).addListener(f -> {
+    // descriptor of its own at once, so ours is closed as soon as the write is done. A write that
+    // fails, also because the connection closed with it still queued, closes it just the same.
+    write(ctx, new FileDescriptor(descriptor.number()), true).addListener(f -> {
       closeQuietly(descriptor);
-      channel.releaseInFlight();
+      channel.releaseInFlight(tenant);
       unsent--;
       if (!f.isSuccess()) {
         log.debug("fd channel: sending a descriptor to {} failed: {}", peer, f.cause().toString());
@@ -154,12 +208,87 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     });
   }
 
+  /** Hands one message to Netty, keeping the count of writes not done that the stall deadline watches. */
+  private ChannelFuture write(ChannelHandlerContext ctx, Object message, boolean flush) {
+    if (pendingWrites++ == 0) {
+      progressNanos = channel.ticker().nanos();
+    }
+    ChannelFuture written = flush ? ctx.writeAndFlush(message) : ctx.write(message);
+    written.addListener(f -> {
+      pendingWrites--;
+      progressNanos = channel.ticker().nanos();
+      if (pendingWrites == 0) {
+        quietSinceNanos = progressNanos;
+      }
+    });
+    return written;
+  }
+
+  private void armDeadlineCheck(ChannelHandlerContext ctx, long delayNanos) {
+    deadlineCheck = ctx.executor().schedule(() -> checkDeadlines(ctx), Math.max(delayNanos, 1), TimeUnit.NANOSECONDS);
+  }
+
+  private void cancelDeadlineCheck() {
+    if (deadlineCheck != null) {
+      deadlineCheck.cancel(false);
+      deadlineCheck = null;
+    }
+  }
+
+  /**
+   * Closes the connection past the deadline that applies to its state (see the class comment),
+   * or checks again when it may be due: at the latest after {@link FdChannel#checkEveryNanos},
+   * since a change of state (a reply owed) can start a shorter deadline than the one checked.
+   */
+  private void checkDeadlines(ChannelHandlerContext ctx) {
+    deadlineCheck = null;
+    if (!ctx.channel().isActive()) {
+      return;
+    }
+    long now = channel.ticker().nanos();
+    long left;
+    if (pendingWrites > 0 || !waiting.isEmpty()) {
+      left = channel.stallNanos() - (now - progressNanos);
+      if (left <= 0) {
+        closePastDeadline(ctx, "its replies went unread for " + TimeUnit.NANOSECONDS.toMillis(channel.stallNanos())
+            + " ms (flag --fd-stall-timeout-ms); " + unsent + " descriptor(s) it was not sent are closed");
+        return;
+      }
+    } else if (!requested) {
+      left = channel.firstRequestNanos() - (now - connectedNanos);
+      if (left <= 0) {
+        closePastDeadline(ctx, "no complete request within " + TimeUnit.NANOSECONDS.toMillis(channel.firstRequestNanos())
+            + " ms of connecting (flag --fd-first-request-timeout-ms)");
+        return;
+      }
+    } else if (channel.idleNanos() > 0) {
+      left = channel.idleNanos() - (now - quietSinceNanos);
+      if (left <= 0) {
+        log.debug("fd channel: closing the idle connection of {}: no request for {} s (flag "
+            + "--fd-idle-timeout-seconds)", peer, TimeUnit.NANOSECONDS.toSeconds(channel.idleNanos()));
+        waiting.clear();
+        ctx.close();
+        return;
+      }
+    } else {
+      left = Long.MAX_VALUE;
+    }
+    armDeadlineCheck(ctx, Math.min(left, channel.checkEveryNanos()));
+  }
+
+  private void closePastDeadline(ChannelHandlerContext ctx, String why) {
+    channel.closedPastDeadline(peer, why);
+    waiting.clear();
+    ctx.close();
+  }
+
   private void refuseAndClose(ChannelHandlerContext ctx, String why) {
     FdReply reply = FdGrants.refusal(0, Status.INVALID_ARGUMENT.withDescription(why));
     channel.refusedRequest(peer, reply);
     byte[] bytes = reply.toByteArray();
     ByteBuf frame = ctx.alloc().buffer(4 + bytes.length).writeInt(bytes.length).writeBytes(bytes);
-    ctx.writeAndFlush(frame).addListener(ChannelFutureListener.CLOSE);
+    // A peer that does not read this either is closed by the stall deadline.
+    write(ctx, frame, true).addListener(ChannelFutureListener.CLOSE);
   }
 
   @Override

@@ -54,6 +54,26 @@ final class FdTestClient implements AutoCloseable {
     }
   }
 
+  /**
+   * Writes as much of {@code bytes} as the socket takes now, without waiting: what a peer that
+   * floods the daemon and never reads does.
+   *
+   * @return the bytes written
+   */
+  int offer(ByteBuffer bytes) throws IOException {
+    ByteBuffer direct = bytes.isDirect() ? bytes : ByteBuffer.allocateDirect(bytes.remaining()).put(bytes).flip();
+    int total = 0;
+    while (direct.hasRemaining()) {
+      int written = socket.write(direct, direct.position(), direct.limit());
+      if (written <= 0) {
+        break;
+      }
+      direct.position(direct.position() + written);
+      total += written;
+    }
+    return total;
+  }
+
   /** The next reply, or null when the daemon closed the connection instead. */
   Reply receive() throws IOException {
     long deadline = System.nanoTime() + DEADLINE_NANOS;
