@@ -1,5 +1,6 @@
 package io.gpumemd.server.backend.host;
 
+import io.gpumemd.common.unix.ErrnoCalls.ErrnoException;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentDescriptor;
@@ -91,7 +92,13 @@ final class SealedSegments {
         throw new BackendException("descriptor " + fd + " names " + target + " (expected: a memfd named "
             + Memfds.NAME_PREFIX + "..., a segment of a host backend with --host-segments fd)");
       }
-      int seals = Memfds.seals(fd);
+      int seals;
+      try {
+        seals = Memfds.seals(fd);
+      } catch (ErrnoException e) {
+        throw new BackendException("descriptor " + fd + " (" + target + ") takes no seals (F_GET_SEALS: "
+            + e.getMessage() + "; expected: a sealed memfd, a segment of a host backend with --host-segments fd)", e);
+      }
       if ((seals & RESIZE_SEALS) != RESIZE_SEALS) {
         throw new BackendException("descriptor " + fd + " (" + target + ") has seals " + Memfds.describe(seals)
             + " (expected: F_SEAL_GROW and F_SEAL_SHRINK: an unsealed segment could have been resized by any "
