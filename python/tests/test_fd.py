@@ -70,9 +70,10 @@ def wait_until(predicate, timeout=10.0, what="condition"):
 
 
 def deleted_mappings():
-    """This process's mappings of files that have no path any more (segments by descriptor)."""
+    """This process's mappings of files that have no path (segments by descriptor: the daemon's
+    sealed memfds)."""
     with open("/proc/self/maps") as maps:
-        return [line for line in maps if "/seg-" in line and line.rstrip().endswith("(deleted)")]
+        return [line for line in maps if "/memfd:gpumemd-seg-" in line and line.rstrip().endswith("(deleted)")]
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])

@@ -8,11 +8,12 @@ import java.io.RandomAccessFile;
 import java.nio.channels.FileChannel;
 
 /**
- * A host segment held only as an open file whose path was removed at once ({@code
- * --host-segments fd}): the daemon writes it through {@link #channel}, and clients get
- * descriptors of it ({@link #open}) over the fd channel. Its memory lives as long as the
- * daemon's descriptor or any client's mapping, so nothing of it is left on a path, and a client
- * keeps what it mapped when the daemon dies.
+ * A host segment held only as an open memfd, sealed against growing and shrinking ({@code
+ * --host-segments fd}, {@link SealedSegments}): the daemon writes it through {@link #channel}, and
+ * clients get descriptors of it ({@link #open}) over the fd channel. Its memory lives as long as
+ * the daemon's descriptor or any client's mapping, so nothing of it is on a path, and a client
+ * keeps what it mapped when the daemon dies. Its size is fixed: the seals bind every descriptor
+ * of it, the clients' too.
  *
  * <p>Thread-safety: {@link #open} and {@link #close} are ordered by this object's monitor, so
  * a descriptor is opened only through the segment's own number while that number is still
@@ -63,8 +64,9 @@ final class HostFdSegment implements DescriptorSegment {
   /**
    * A new open file description of the segment, through {@code /proc/self/fd}: unlike a {@code
    * dup}, it has an access mode of its own, so a read-only one cannot be mapped writable. The
-   * file is the daemon's, mode 0600, so a client of another user cannot reopen its read-only
-   * descriptor read-write through its own {@code /proc/self/fd} either.
+   * memfd is the daemon's, mode 0600 ({@link Memfds#create}), so a client of another user cannot
+   * reopen its read-only descriptor read-write through its own {@code /proc/self/fd} either. The
+   * seals are the inode's, so a reopened descriptor carries them.
    */
   @Override
   public synchronized SegmentDescriptor open(boolean readOnly) throws IOException {
@@ -97,6 +99,6 @@ final class HostFdSegment implements DescriptorSegment {
 
   @Override
   public String toString() {
-    return "host segment of " + bytes + " bytes on device " + device + " (fd " + number + ", no path)";
+    return "host segment of " + bytes + " bytes on device " + device + " (fd " + number + ", a sealed memfd)";
   }
 }

@@ -38,8 +38,9 @@ import org.slf4j.LoggerFactory;
  * The {@code host} backend: simulated devices whose memory is shared-memory files, so that two
  * processes that lease the same block see the same bytes. Real memory, not a mock.
  *
- * <p>Layout: {@code <shmDir>/dev<N>/seg-<n>}, one file per segment. The client maps the file
- * named by the handle, so the file's owner and mode decide who can map a segment:
+ * <p>With paths ({@code --host-segments path}), the layout is {@code <shmDir>/dev<N>/seg-<n>}, one
+ * file per segment. The client maps the file named by the handle, so the file's owner and mode
+ * decide who can map a segment:
  *
  * <ul>
  *   <li>a segment of an owner with a user id ({@link SegmentOwner#uid()}) is given to that user
@@ -52,9 +53,16 @@ import org.slf4j.LoggerFactory;
  *       the daemon's user (and that group) can open it.
  * </ul>
  *
- * <p>Segment files are backed (written with zeros) when allocated, not sparse: a file system
- * that fills up refuses the allocation ({@link BackendOutOfMemoryException}, RESOURCE_EXHAUSTED
- * at Lease) instead of faulting a client with SIGBUS when it first touches a page.
+ * <p>Such a file cannot be sealed (only {@code memfd_create} makes files that take seals), so
+ * whoever may open it read-write (the owner's processes) may also resize it: shrinking it faults
+ * only the processes that map it, all of the owner's tenant (a segment never changes tenant);
+ * growing it takes room in the directory's file system that no budget counts, until the daemon
+ * removes the file when it frees the segment. Descriptor mode (below) has neither.
+ *
+ * <p>Segments are backed (written with zeros) when allocated, not sparse: a file system (or, for
+ * memfds, memory) that fills up refuses the allocation ({@link BackendOutOfMemoryException},
+ * RESOURCE_EXHAUSTED at Lease) instead of faulting a client with SIGBUS when it first touches a
+ * page.
  *
  * <p>The directories are mode 0711 (0751 with a configured group): anyone may pass through to a
  * file given to them, nobody else may list the segments. A lock file in {@code shmDir} keeps
@@ -64,12 +72,15 @@ import org.slf4j.LoggerFactory;
  * predecessor still runs; only the last daemon to leave removes the directories.
  *
  * <p>With descriptors ({@code --host-segments fd}, {@link #HostShmBackend(Path, int, long, String,
- * String)}) no segment lives on a path: its file is created (the daemon's, mode 0600), opened and
- * removed at once, then backed; the daemon keeps the open file ({@link HostFdSegment}) and the
- * fd channel hands clients descriptors of it. A daemon killed with SIGKILL leaves no segment
- * file (only if killed in the microseconds between create and remove, which the next start
- * cleans up), a client's mapping outlives the daemon, and nobody without a descriptor can map a
- * segment: file owners and modes, and {@code --shm-group}, play no part.
+ * String)}) no segment lives on a path: each is a memfd (the daemon's, mode 0600), backed, then
+ * sealed against growing and shrinking before any descriptor of it leaves the daemon ({@link
+ * SealedSegments}); the daemon keeps the open file ({@link HostFdSegment}) and the fd channel
+ * hands clients descriptors of it. A daemon killed with SIGKILL leaves no segment file, a
+ * client's mapping outlives the daemon, no client can resize a segment, and nobody without a
+ * descriptor can map one: file owners and modes, and {@code --shm-group}, play no part. The
+ * directory is still taken (its lock is what a successor's take-over shares) but holds no
+ * segment; memfds take their pages from the kernel's own tmpfs, bounded by memory, not by the
+ * size of the directory's file system.
  *
  * <p>Each device has a configured capacity enforced here: an allocation beyond it fails with
  * {@link BackendOutOfMemoryException}, as {@code cuMemAlloc} would on a full GPU.
@@ -101,7 +112,7 @@ public final class HostShmBackend implements MemoryBackend {
   /** The fd channel's socket when segments are passed as descriptors, else null (paths). */
   private final String fdSocket;
   /** Descriptor mode's segments, or null (paths). */
-  private final UnlinkedSegments unlinked;
+  private final SealedSegments sealed;
   private volatile boolean closed;
 
   /**
@@ -130,7 +141,7 @@ public final class HostShmBackend implements MemoryBackend {
       DescriptorNumbers.check();
     }
     this.fdSocket = fdSocket;
-    this.unlinked = fdSocket == null ? null : new UnlinkedSegments(fdSocket);
+    this.sealed = fdSocket == null ? null : new SealedSegments(fdSocket);
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
@@ -152,8 +163,7 @@ public final class HostShmBackend implements MemoryBackend {
           StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
       // Alone in the directory (exclusive lock): files left there are a dead daemon's. In
       // descriptor mode the lock is then shared, so that a successor (--take-over) can start
-      // beside this daemon in the same directory: nothing of a live segment is on a path, and
-      // each daemon names the files it creates (for microseconds) with its pid.
+      // beside this daemon in the same directory: its segments are memfds, on no path.
       FileLock taken = tryLock(lockChannel, false);
       boolean alone = taken != null;
       if (taken == null && fdSocket != null) {
@@ -188,11 +198,12 @@ public final class HostShmBackend implements MemoryBackend {
         }
       }
       this.lock = taken;
-      warnIfFileSystemTooSmall(deviceCount);
-      if (fdSocket != null) {
-        log.info("Host segments are passed as file descriptors over {}; their files in {} are removed as soon as "
-            + "they are open{}", fdSocket, root, group == null ? "" : " (--shm-group plays no part: a descriptor is "
-            + "the only way to a segment)");
+      if (fdSocket == null) {
+        warnIfFileSystemTooSmall(deviceCount);
+      } else {
+        log.info("Host segments are sealed memfds passed as file descriptors over {}; none is on a path (in {} "
+            + "or elsewhere){}", fdSocket, root, group == null ? "" : " (--shm-group plays no part: a descriptor "
+            + "is the only way to a segment)");
       }
     } catch (IOException e) {
       throw new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
@@ -288,13 +299,11 @@ public final class HostShmBackend implements MemoryBackend {
       throw new BackendOutOfMemoryException("host device " + device + ": " + bytes
           + " bytes requested, " + (used - bytes) + " of " + capacityBytes + " in use");
     }
-    // Descriptor mode may share the directory with a successor: names carry the pid.
-    Path path = deviceDir(device).resolve(fdSocket == null ? "seg-" + nextFile.incrementAndGet()
-        : "seg-" + ProcessHandle.current().pid() + "-" + nextFile.incrementAndGet());
+    if (fdSocket != null) {
+      return allocateSealed(device, bytes);
+    }
+    Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
     try {
-      if (fdSocket != null) {
-        return unlinked.allocate(device, bytes, path);
-      }
       Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
       if (!giveToOwner(path, owner)) {
         // createFile honours the umask; set the mode (and group) explicitly.
@@ -310,6 +319,25 @@ public final class HostShmBackend implements MemoryBackend {
             + " has no room for " + bytes + " more bytes (ENOSPC; its size, not --host-device-bytes, is the limit)");
       }
       throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
+    }
+  }
+
+  /** Descriptor mode: a sealed memfd ({@link SealedSegments#allocate}), on no path and no file system of ours. */
+  private SegmentMemory allocateSealed(int device, long bytes) {
+    String name = Memfds.NAME_PREFIX + device + "-" + nextFile.incrementAndGet();
+    try {
+      return sealed.allocate(device, bytes, name);
+    } catch (IOException | RuntimeException e) {
+      usedBytes.addAndGet(device, -bytes);
+      if (e instanceof IOException io && (isNoSpace(io) || isNoMemory(io))) {
+        // A memfd's pages come from the kernel's own tmpfs, bounded by memory (and the daemon's
+        // memory cgroup), not by the size of shm-dir.
+        throw new BackendOutOfMemoryException("host device " + device + ": no memory for " + bytes
+            + " more bytes (memfd " + name + ": " + io.getMessage() + "; host memory, not --host-device-bytes, is the "
+            + "limit)");
+      }
+      throw e instanceof BackendException b ? b
+          : new BackendException("host allocate memfd " + name + " (" + bytes + " bytes): " + e, e);
     }
   }
 
@@ -337,6 +365,10 @@ public final class HostShmBackend implements MemoryBackend {
 
   private static boolean isNoSpace(IOException e) {
     return String.valueOf(e.getMessage()).contains("No space left on device");
+  }
+
+  private static boolean isNoMemory(IOException e) {
+    return String.valueOf(e.getMessage()).contains("Cannot allocate memory");
   }
 
   /**
@@ -373,7 +405,7 @@ public final class HostShmBackend implements MemoryBackend {
   @Override
   public void free(SegmentMemory segment) {
     if (segment instanceof HostFdSegment fd) {
-      if (unlinked.free(fd)) {
+      if (sealed.free(fd)) {
         usedBytes.addAndGet(fd.device(), -fd.bytes());
       }
       return;
@@ -397,11 +429,11 @@ public final class HostShmBackend implements MemoryBackend {
 
   @Override
   public void zero(SegmentMemory segment, long offset, long length) {
-    if (segment instanceof HostFdSegment unlinked) {
+    if (segment instanceof HostFdSegment memfd) {
       try {
-        writeZeros(unlinked.channel(), offset, length);
+        writeZeros(memfd.channel(), offset, length); // within its size: the seals allow it
       } catch (IOException e) {
-        throw new BackendException("host zero " + unlinked + " [" + offset + ", +" + length + "): " + e, e);
+        throw new BackendException("host zero " + memfd + " [" + offset + ", +" + length + "): " + e, e);
       }
       return;
     }
@@ -431,7 +463,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   /**
-   * Null in descriptor mode: a segment is an unlinked file, which lives on in a successor that
+   * Null in descriptor mode: a segment is a memfd, which lives on in a successor that
    * was sent a descriptor of it. With paths, a successor would have to share this daemon's
    * directory, which its lock and its clean-up at start forbid.
    */
@@ -442,29 +474,29 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   /**
-   * Adopts an unlinked segment file from a descriptor ({@link UnlinkedSegments#adopt}); its
-   * bytes count against the device's capacity like a new segment's.
+   * Adopts a sealed segment memfd from a descriptor ({@link SealedSegments#adopt}); its bytes
+   * count against the device's capacity like a new segment's.
    */
   @Override
   public SegmentMemory adopt(int device, int fd, long bytes) {
     if (fdSocket == null) {
-      UnlinkedSegments.closeReceived(fd);
+      SealedSegments.closeReceived(fd);
       throw new UnsupportedOperationException(takeOverRefusal());
     }
     if (closed || device < 0 || device >= devices.size()) {
-      UnlinkedSegments.closeReceived(fd);
+      SealedSegments.closeReceived(fd);
       throw new BackendException(closed ? "host backend is closed" : "adopt: device " + device + " (expected: 0.."
           + (devices.size() - 1) + ")");
     }
     long used = usedBytes.addAndGet(device, bytes);
     if (used > capacityBytes) {
       usedBytes.addAndGet(device, -bytes);
-      UnlinkedSegments.closeReceived(fd);
+      SealedSegments.closeReceived(fd);
       throw new BackendOutOfMemoryException("host device " + device + ": cannot adopt a " + bytes
           + "-byte segment, " + (used - bytes) + " of " + capacityBytes + " in use (--host-device-bytes)");
     }
     try {
-      return unlinked.adopt(device, fd, bytes);
+      return sealed.adopt(device, fd, bytes);
     } catch (IOException | RuntimeException e) {
       usedBytes.addAndGet(device, -bytes);
       throw e instanceof BackendException b ? b
@@ -473,7 +505,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   /**
-   * Closes the daemon's descriptor of an unlinked segment, as {@link #free} does: the file lives
+   * Closes the daemon's descriptor of a segment memfd, as {@link #free} does: the memfd lives
    * on while the successor's descriptor (or a client's mapping) holds it.
    */
   @Override
@@ -496,8 +528,8 @@ public final class HostShmBackend implements MemoryBackend {
     }
     closed = true;
     int removed = 0;
-    if (unlinked != null) {
-      for (HostFdSegment segment : unlinked.open()) {
+    if (sealed != null) {
+      for (HostFdSegment segment : sealed.open()) {
         free(segment);
         removed++;
       }

@@ -4,6 +4,7 @@ import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertNull;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.backend.DescriptorSegment;
@@ -13,11 +14,14 @@ import io.gpumemd.server.backend.MemoryBackendContractTest;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
+import java.io.IOException;
+import java.io.RandomAccessFile;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.List;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.Test;
@@ -117,9 +121,32 @@ class HostFdBackendTest extends MemoryBackendContractTest {
     assertEquals(List.of(), filesUnder(shmDir()), "no segment file on a path");
     try (SegmentDescriptor descriptor = open(segment, false)) {
       String target = Files.readSymbolicLink(procPath(descriptor)).toString();
-      assertTrue(target.startsWith(shmDir().resolve("dev1").toString()) && target.endsWith(" (deleted)"), target);
+      assertTrue(target.startsWith("/memfd:gpumemd-seg-1-") && target.endsWith(" (deleted)"), target);
       assertEquals(4 * MiB, Files.size(procPath(descriptor)));
     }
+  }
+
+  @Test
+  void segment_isAMemfdSealedAgainstResizing_notWriting_mode0600() throws Exception {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+
+    try (SegmentDescriptor writable = open(segment, false)) {
+      int seals = Memfds.seals(writable.number());
+      assertEquals(Memfds.SEGMENT_SEALS, seals & Memfds.SEGMENT_SEALS, Memfds.describe(seals));
+      assertEquals(0, seals & (Memfds.F_SEAL_WRITE | Memfds.F_SEAL_FUTURE_WRITE), Memfds.describe(seals));
+      assertEquals("rw-------", PosixFilePermissions.toString(Files.getPosixFilePermissions(procPath(writable))));
+      // Even the daemon's own uid cannot resize it through a writable descriptor.
+      try (RandomAccessFile file = new RandomAccessFile(procPath(writable).toFile(), "rw")) {
+        IOException grow = assertThrows(IOException.class, () -> file.setLength(4 * MiB));
+        assertTrue(grow.getMessage().contains("Operation not permitted"), grow.getMessage());
+        IOException shrink = assertThrows(IOException.class, () -> file.setLength(MiB));
+        assertTrue(shrink.getMessage().contains("Operation not permitted"), shrink.getMessage());
+      }
+      assertEquals(2 * MiB, Files.size(procPath(writable)));
+    }
+    write(segment, 2 * MiB - 3, new byte[] {1, 2, 3});
+    backend.zero(segment, 0, 2 * MiB);
+    assertArrayEquals(new byte[3], read(segment, 2 * MiB - 3, 3), "writes up to the end work, the daemon's too");
   }
 
   @Test

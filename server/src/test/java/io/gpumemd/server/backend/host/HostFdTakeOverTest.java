@@ -6,6 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
@@ -135,7 +136,74 @@ class HostFdTakeOverTest {
     int fd = passing.received()[0];
 
     BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, fd, MiB));
-    assertTrue(e.getMessage().contains("unlinked segment file"), e.getMessage());
+    assertTrue(e.getMessage().contains("names " + file + " (expected: a memfd named gpumemd-seg-"), e.getMessage());
+  }
+
+  // ------------------------------------------------------------------ only sealed segments
+
+  /** A memfd made by hand, named as a segment, of {@code bytes}, sealed or not; passed as a predecessor would. */
+  private int handMadeMemfd(String name, long bytes, boolean sealed) throws Exception {
+    int raw = Memfds.create(Memfds.NAME_PREFIX + name);
+    try (RandomAccessFile file = new RandomAccessFile("/proc/self/fd/" + raw, "rw")) {
+      file.setLength(bytes);
+    }
+    if (sealed) {
+      Memfds.seal(raw);
+    }
+    DescriptorPassing passing = new DescriptorPassing(tmp.resolve(name + ".sock"));
+    cleanup.add(passing);
+    passing.add(SegmentDescriptor.ofNative(raw, false)); // sends it, then closes our number
+    return passing.received()[0];
+  }
+
+  @Test
+  void adopt_ofAnUnsealedMemfd_isRefused_andItsBytesDoNotCount() throws Exception {
+    HostShmBackend taker = fdBackend("new", 16 * MiB);
+    int fd = handMadeMemfd("0-1", 2 * MiB, false);
+    String seals = Memfds.describe(Memfds.seals(fd)); // none, or F_SEAL_EXEC on Linux 6.3+
+
+    BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, fd, 2 * MiB));
+    assertTrue(e.getMessage().contains("descriptor " + fd + " (/memfd:gpumemd-seg-0-1 (deleted)) has seals " + seals
+        + " (expected: F_SEAL_GROW and F_SEAL_SHRINK"), e.getMessage());
+    taker.free(taker.allocate(0, 16 * MiB, SegmentOwner.DAEMON));
+  }
+
+  @Test
+  void adopt_ofAnUnlinkedTmpfsFile_isRefused() throws Exception {
+    HostShmBackend taker = fdBackend("new", 16 * MiB);
+    // What a daemon before sealed memfds handed over: a removed file on tmpfs, unsealable.
+    assumeTrue(Files.isDirectory(Path.of("/dev/shm")) && "tmpfs".equals(Files.getFileStore(Path.of("/dev/shm")).type()),
+        "needs a tmpfs at /dev/shm");
+    Path file = Files.createTempFile(Path.of("/dev/shm"), "gpumemd-seg-", "");
+    RandomAccessFile open = new RandomAccessFile(file.toFile(), "rw");
+    cleanup.add(open);
+    open.setLength(2 * MiB);
+    Files.delete(file);
+    DescriptorPassing passing = new DescriptorPassing(tmp.resolve("tmpfs.sock"));
+    cleanup.add(passing);
+    passing.add(new SegmentDescriptor(open, DescriptorNumbers.of(open.getFD()), false));
+    int fd = passing.received()[0];
+
+    BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, fd, 2 * MiB));
+    assertTrue(e.getMessage().contains("names " + file + " (deleted) (expected: a memfd named gpumemd-seg-"),
+        e.getMessage());
+  }
+
+  @Test
+  void adopt_ofASealedMemfd_takesItAtTheStatedSizeOnly() throws Exception {
+    HostShmBackend taker = fdBackend("new", 16 * MiB);
+    int wrongSize = handMadeMemfd("0-2", MiB, true);
+    int rightSize = handMadeMemfd("0-3", 2 * MiB, true);
+
+    BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, wrongSize, 2 * MiB));
+    assertTrue(e.getMessage().contains(MiB + " bytes (expected: " + 2 * MiB), e.getMessage());
+    SegmentMemory adopted = taker.adopt(0, rightSize, 2 * MiB);
+    try (SegmentDescriptor descriptor = ((DescriptorSegment) adopted).open(false)) {
+      int seals = Memfds.seals(descriptor.number());
+      assertEquals(Memfds.SEGMENT_SEALS, seals & Memfds.SEGMENT_SEALS, Memfds.describe(seals));
+    }
+    assertEquals(2 * MiB, adopted.bytes());
+    taker.free(adopted);
   }
 
   @Test
