@@ -181,12 +181,13 @@ def _close_quietly(mapping):
 class _Entry:
     __slots__ = ("mappings", "leases", "unmap_requested", "segment_bytes")
 
-    def __init__(self, segment_bytes, mappings=None):
+    def __init__(self, mappings=None, segment_bytes=None):
         self.mappings = mappings or {}  # read_only (bool) -> mapping
         self.leases = 0
         self.unmap_requested = False
-        # The segment_bytes its mappings were checked against: a later reply on the segment must
-        # say the same (a segment never changes size), since its offsets are checked against it.
+        # The segment_bytes its mappings were checked against (None: unknown, a test's entry): a
+        # later reply on the segment must say the same (a segment never changes size), since its
+        # offsets are checked against it.
         self.segment_bytes = segment_bytes
 
 
@@ -237,16 +238,16 @@ class MappingCache:
             waiting = None
             if entry is None:
                 waiting = self._waiting.get(segment_id)
-                mapped = waiting[0][0].segment_bytes if waiting else handle.segment_bytes
+                mapped = getattr(waiting[0][0], "segment_bytes", None) if waiting else None
             else:
                 mapped = entry.segment_bytes
-            if mapped != handle.segment_bytes:
+            if mapped is not None and mapped != handle.segment_bytes:
                 raise inconsistent("segment %d is mapped here with segment_bytes %d, this reply says %d"
                                    % (segment_id, mapped, handle.segment_bytes))
             if entry is None:
                 waiting = self._waiting.pop(segment_id, None)
                 # never unmapped, still valid: take them back
-                entry = _Entry(handle.segment_bytes, {m.read_only: m for m in waiting[0]} if waiting else None)
+                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None, handle.segment_bytes)
             mapping = entry.mappings.get(key)
             if mapping is None:
                 try:
