@@ -101,7 +101,7 @@ final class LeasePaths {
     }
     if (streamCalls) {
       return leaseOnStream(s, device, sizeBytes, zero, tag)
-          .thenApply(response -> wrap(s, response, device, sizeBytes, tag, false, false));
+          .thenApply(response -> wrapAsync(s, response, device, sizeBytes, tag));
     }
     CompletableFuture<Lease> result = new CompletableFuture<>();
     async.lease(request(s, device, sizeBytes, zero, tag), new StreamObserver<>() {
@@ -109,7 +109,7 @@ final class LeasePaths {
       public void onNext(LeaseResponse response) {
         try {
           counters.daemonLeases.incrementAndGet();
-          result.complete(wrap(s, response, device, sizeBytes, tag, false, false));
+          result.complete(wrapAsync(s, response, device, sizeBytes, tag));
         } catch (RuntimeException e) {
           result.completeExceptionally(e);
         }
@@ -181,6 +181,20 @@ final class LeasePaths {
    */
   Lease wrap(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag, boolean hold,
       boolean readOnly) {
+    return wrap(s, granted, deviceAsked, sizeAsked, tag, hold, readOnly, true);
+  }
+
+  /**
+   * As {@link #wrap} for leaseAsync, which runs it on a transport thread (the channel's direct
+   * executor): a lease it cannot hand out is given back without waiting, since a blocking call
+   * there would wait for a reply that same thread has to read.
+   */
+  private Lease wrapAsync(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag) {
+    return wrap(s, granted, deviceAsked, sizeAsked, tag, false, false, false);
+  }
+
+  private Lease wrap(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag, boolean hold,
+      boolean readOnly, boolean mayBlock) {
     String what = hold ? "hold" : "lease";
     SegmentMapping mapping;
     try {
@@ -190,7 +204,11 @@ final class LeasePaths {
       }
       mapping = s.mappings.acquire(granted.getDevice(), granted.getHandle(), readOnly);
     } catch (RuntimeException | LinkageError e) {
-      releaseQuietly(s, granted.getLeaseId());
+      if (mayBlock) {
+        releaseQuietly(s, granted.getLeaseId());
+      } else {
+        releaseWithoutWaiting(s, granted.getLeaseId());
+      }
       if (e instanceof LinkageError) {
         throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "a CUDA " + what + " needs JCuda and its "
             + "natives on the classpath (org.jcuda:jcuda): " + e, e);
@@ -200,13 +218,24 @@ final class LeasePaths {
     return new Lease(s.owner, granted, mapping, tag, hold, readOnly);
   }
 
-  /**
-   * Gives back a lease that is not handed out, without waiting: wrap runs on a transport thread
-   * for leaseAsync (the channel's direct executor), where a blocking call would wait for a
-   * reply that same thread has to read. On the stream a release notice; else a Release call
-   * whose answer nobody waits for (on failure the session's end takes the lease back).
-   */
+  /** Gives back a lease that is not handed out; done when this returns (tests rely on it). */
   private void releaseQuietly(Session s, String leaseId) {
+    if (s.isLost()) {
+      return;
+    }
+    try {
+      blocking.release(ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(leaseId).build());
+    } catch (StatusRuntimeException ignored) {
+      // the session end will take it back
+    }
+  }
+
+  /**
+   * Gives back a lease that is not handed out, without waiting (on a transport thread): on the
+   * stream a release notice; else a Release call whose answer nobody waits for (on failure the
+   * session's end takes the lease back).
+   */
+  private void releaseWithoutWaiting(Session s, String leaseId) {
     if (s.isLost()) {
       return;
     }
