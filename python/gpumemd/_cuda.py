@@ -24,6 +24,7 @@ import threading
 import grpc
 
 from ._errors import GpumemdError
+from ._replies import inconsistent
 
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1
 CU_EVENT_DISABLE_TIMING = 0x2
@@ -32,6 +33,7 @@ CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READ = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+CUDA_ERROR_INVALID_VALUE = 1
 
 _lock = threading.Lock()
 _lib = None
@@ -83,6 +85,7 @@ def _load():
         "cuCtxSynchronize": [],
         "cuIpcOpenMemHandle_v2": [ctypes.POINTER(u64), IpcHandle, ctypes.c_uint],
         "cuIpcCloseMemHandle": [u64],
+        "cuMemGetAddressRange_v2": [ctypes.POINTER(u64), ctypes.POINTER(size), u64],
         "cuMemImportFromShareableHandle": [ctypes.POINTER(u64), p, ctypes.c_int],
         "cuMemAddressReserve": [ctypes.POINTER(u64), size, size, u64, flags],
         "cuMemMap": [u64, size, size, u64, flags],
@@ -250,6 +253,14 @@ def open_mem_handle(device, handle_bytes):
         return base.value
 
 
+def address_range(device, pointer):
+    """cuMemGetAddressRange: ``(base, size)`` of the allocation that holds ``pointer``."""
+    with context(device) as lib:
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        check(lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), pointer), "cuMemGetAddressRange")
+        return base.value, size.value
+
+
 def close_mem_handle(device, base):
     """Synchronizes the context (work still queued on the memory), then cuIpcCloseMemHandle.
     A list of the calls that failed (empty when all went well): closing goes on regardless."""
@@ -267,11 +278,13 @@ def _call(result, what, failed):
 
 # ---------------------------------------------------------------------------- VMM
 
-def import_and_map(device, fd, segment_bytes, read_only):
+def import_and_map(device, fd, segment_bytes, read_only, segment_id=None):
     """Imports a VMM allocation passed as a POSIX descriptor (the caller closes ``fd``),
     reserves ``segment_bytes`` of address space, maps it and sets access for ``device``
     (read-only when asked: the driver then faults writes through this mapping).
-    ``(base, handle)``; on failure, whatever was done is undone."""
+    ``(base, handle)``; on failure, whatever was done is undone. An allocation smaller than
+    ``segment_bytes`` fails ``INTERNAL``, the daemon's reply inconsistent: cuMemMap refuses to
+    map past an allocation's end (its documented check, which is the size check)."""
     with context(device) as lib:
         handle = ctypes.c_uint64()
         check(lib.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd),
@@ -282,7 +295,13 @@ def import_and_map(device, fd, segment_bytes, read_only):
         try:
             check(lib.cuMemAddressReserve(ctypes.byref(base), segment_bytes, 0, 0, 0),
                   "cuMemAddressReserve(%d bytes)" % segment_bytes)
-            check(lib.cuMemMap(base, segment_bytes, 0, handle, 0), "cuMemMap")
+            result = lib.cuMemMap(base, segment_bytes, 0, handle, 0)
+            if result == CUDA_ERROR_INVALID_VALUE:
+                raise inconsistent("the CUDA VMM allocation of segment %s cannot be mapped whole at segment_bytes %d "
+                                   "(cuMemMap: CUDA_ERROR_INVALID_VALUE: the allocation is smaller, or "
+                                   "segment_bytes is not a multiple of its granularity)"
+                                   % ("?" if segment_id is None else segment_id, segment_bytes))
+            check(result, "cuMemMap")
             mapped = True
             access = MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device),
                                    CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE)

@@ -44,6 +44,7 @@ import grpc
 
 from . import _cuda
 from ._errors import GpumemdError
+from ._replies import check_segment_size, inconsistent
 
 log = logging.getLogger("gpumemd")
 
@@ -57,16 +58,24 @@ class HostMapping:
 
     kind = "host"
 
-    def __init__(self, device, path, segment_bytes, read_only=False, fd=None):
+    def __init__(self, device, path, segment_bytes, read_only=False, fd=None, source="the lease's reply"):
         self.device = device
         self.path = path
         self.read_only = read_only
+        self.segment_bytes = segment_bytes
+        what = "host segment file %s" % path
         if fd is None:
             try:
                 fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
             except OSError as e:
                 raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
+        else:
+            what = "the descriptor of %s (fstat)" % path
         try:
+            # Before mapping: touching a mapping past its file's end is SIGBUS (Python's mmap
+            # refuses a file shorter than asked only with a ValueError, and a longer one not at
+            # all): the file must be the segment the daemon described.
+            check_segment_size(what, os.fstat(fd).st_size, source, segment_bytes)
             prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
             self.mmap = mmap.mmap(fd, segment_bytes, mmap.MAP_SHARED, prot)
         except (OSError, ValueError) as e:
@@ -77,7 +86,8 @@ class HostMapping:
     @classmethod
     def from_descriptor(cls, device, segment_id, fd, segment_bytes, read_only):
         """Maps a descriptor from the fd channel, and closes it (also when mapping fails)."""
-        return cls(device, "segment %d (by descriptor)" % segment_id, segment_bytes, read_only, fd=fd)
+        return cls(device, "segment %d" % segment_id, segment_bytes, read_only, fd=fd,
+                   source="the fd channel's grant")
 
     def view(self, offset, size):
         """A memoryview of the block; read-only (``view.readonly``) on a read-only mapping."""
@@ -98,10 +108,22 @@ class CudaMapping:
     kind = "cuda"
     read_only = False  # one mapping per segment and context: read-only is advisory with legacy handles
 
-    def __init__(self, device, segment_id, handle_bytes):
+    def __init__(self, device, segment_id, handle_bytes, segment_bytes):
         self.device = device
         self.segment_id = segment_id
+        self.segment_bytes = segment_bytes
         self.base = _cuda.open_mem_handle(device, handle_bytes)
+        try:
+            # The allocation opened must start here and cover segment_bytes, within which the
+            # lease was checked to lie: a device pointer beyond it reaches someone else's memory.
+            start, size = _cuda.address_range(device, self.base)
+            if start != self.base or size < segment_bytes:
+                raise inconsistent("the CUDA allocation of segment %d opened from its IPC handle is %d bytes at %#x "
+                                   "(its range starts at %#x), the lease's reply says segment_bytes %d"
+                                   % (segment_id, size, self.base, start, segment_bytes))
+        except BaseException:
+            _log_failures(self, _cuda.close_mem_handle(device, self.base))
+            raise
         self._closed = False
 
     def try_close(self):
@@ -125,7 +147,7 @@ class VmmMapping:
         self.segment_bytes = segment_bytes
         self.read_only = read_only
         try:
-            self.base, self._handle = _cuda.import_and_map(device, fd, segment_bytes, read_only)
+            self.base, self._handle = _cuda.import_and_map(device, fd, segment_bytes, read_only, segment_id)
         finally:
             os.close(fd)
         self._closed = False
@@ -157,12 +179,16 @@ def _close_quietly(mapping):
 
 
 class _Entry:
-    __slots__ = ("mappings", "leases", "unmap_requested")
+    __slots__ = ("mappings", "leases", "unmap_requested", "segment_bytes")
 
-    def __init__(self, mappings=None):
+    def __init__(self, mappings=None, segment_bytes=None):
         self.mappings = mappings or {}  # read_only (bool) -> mapping
         self.leases = 0
         self.unmap_requested = False
+        # The segment_bytes its mappings were checked against (None: unknown, a test's entry): a
+        # later reply on the segment must say the same (a segment never changes size), since its
+        # offsets are checked against it.
+        self.segment_bytes = segment_bytes
 
 
 class MappingCache:
@@ -211,9 +237,17 @@ class MappingCache:
             entry = self._entries.get(segment_id)
             waiting = None
             if entry is None:
+                waiting = self._waiting.get(segment_id)
+                mapped = getattr(waiting[0][0], "segment_bytes", None) if waiting else None
+            else:
+                mapped = entry.segment_bytes
+            if mapped is not None and mapped != handle.segment_bytes:
+                raise inconsistent("segment %d is mapped here with segment_bytes %d, this reply says %d"
+                                   % (segment_id, mapped, handle.segment_bytes))
+            if entry is None:
                 waiting = self._waiting.pop(segment_id, None)
                 # never unmapped, still valid: take them back
-                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None)
+                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None, handle.segment_bytes)
             mapping = entry.mappings.get(key)
             if mapping is None:
                 try:
@@ -222,7 +256,8 @@ class MappingCache:
                     elif kind in _DESCRIPTOR_KINDS:
                         mapping = self._map_descriptor(device, handle, kind, key, descriptor)
                     elif kind == "cuda_ipc_handle":
-                        mapping = CudaMapping(self._cuda_device(device), segment_id, handle.cuda_ipc_handle)
+                        mapping = CudaMapping(self._cuda_device(device), segment_id, handle.cuda_ipc_handle,
+                                              handle.segment_bytes)
                     else:
                         raise GpumemdError(grpc.StatusCode.INTERNAL, "lease response carries no memory handle")
                 except BaseException:
@@ -249,13 +284,17 @@ class MappingCache:
             descriptor = self._fetch(handle, read_only)
         grant = descriptor.grant
         fd = descriptor.take()  # ours now: mapping closes it, also when it fails
-        if grant.read_only != read_only or grant.segment_bytes != handle.segment_bytes:
+        if grant.segment_bytes != handle.segment_bytes:
             os.close(fd)
-            raise GpumemdError(grpc.StatusCode.INTERNAL, "fd channel: segment %d granted %s of %d bytes, asked %s of %d"
+            raise inconsistent("segment %d: the fd channel's grant says segment_bytes %d, the lease's reply %d"
+                               % (handle.segment_id, grant.segment_bytes, handle.segment_bytes))
+        if grant.read_only != read_only:
+            os.close(fd)
+            raise GpumemdError(grpc.StatusCode.INTERNAL, "fd channel: segment %d granted %s, asked %s"
                                % (handle.segment_id, "read-only" if grant.read_only else "writable",
-                                  grant.segment_bytes, "read-only" if read_only else "writable",
-                                  handle.segment_bytes))
+                                  "read-only" if read_only else "writable"))
         if kind == "cuda_vmm":
+            # A VMM descriptor has no file size to fstat: cuMemMap of segment_bytes checks the allocation.
             return VmmMapping(local, handle.segment_id, fd, handle.segment_bytes, read_only)
         return HostMapping.from_descriptor(device, handle.segment_id, fd, handle.segment_bytes, read_only)
 

@@ -32,6 +32,7 @@ from ._cache import DEFAULT_MAX_OVERSIZE, MAX_ENTRIES, ClientCache
 from ._deferred import DeferredReleases
 from ._errors import GpumemdError
 from ._mapping import MappingCache
+from ._replies import check_lease
 from ._sharing import closed_client
 from ._stubs import pb
 
@@ -398,6 +399,17 @@ class ClientCore:
                 lease.close()
                 raise
         return lease
+
+    def _check_reply(self, s, response, device=None, size=None):
+        """Checks a lease's reply (``device`` and ``size`` asked) or a hold's (``size`` None)
+        before anything is fetched or mapped for it (see :mod:`gpumemd._replies`); one that is
+        inconsistent is given back at once, so that it is not held until the session ends, and
+        raises ``INTERNAL``."""
+        try:
+            check_lease(response, device, size)
+        except GpumemdError:
+            self._give_back(s, response.lease_id)
+            raise
 
     def _granted(self, s, response, descriptor=None):
         """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when

@@ -14,6 +14,7 @@ import math
 import grpc
 
 from ._errors import GpumemdError
+from ._replies import check_lease
 from ._stubs import pb
 
 _MAX_UINT32 = (1 << 32) - 1
@@ -54,13 +55,17 @@ def publish_request(client, lease, name, read_only):
 
 def make_hold(client, s, response, tag, lease_class, give_back, descriptor=None):
     """The Lease for an AttachResponse: the block mapped in this process (read-only for a
-    read-only hold on the host backend). ``give_back()`` releases the hold when it cannot be
-    mapped here, so that it is not held until the session ends. ``descriptor``: its segment's,
-    fetched beforehand (the asyncio client)."""
+    read-only hold on the host backend), once its reply is checked (:mod:`gpumemd._replies`).
+    ``give_back()`` releases the hold when it is inconsistent or cannot be mapped here, so that
+    it is not held until the session ends. ``descriptor``: its segment's, fetched beforehand
+    (the asyncio client)."""
     granted = response.lease
     try:
+        check_lease(granted)  # a hold asks for no size: its block must lie in its segment
         mapping = s.mappings.acquire(granted.device, granted.handle, response.read_only, descriptor=descriptor)
     except BaseException:
+        if descriptor is not None:
+            descriptor.close()  # acquire closes it, but the check may have refused before it
         give_back(granted.lease_id)
         raise
     client._holds += 1

@@ -168,6 +168,7 @@ class AsyncClient(ClientCore):
             except GpumemdError:
                 if not (s.lost and attempt == 1):
                     raise  # else lost while this lease waited: once more, on a new session
+        self._check_reply(s, response, device, size)  # before a descriptor is fetched for it
         descriptor = await self._descriptor(s, response.handle, False, response.lease_id)
         return AsyncLease(self, response, self._granted(s, response, descriptor), tag, stream, session=s)
 
@@ -211,6 +212,7 @@ class AsyncClient(ClientCore):
         """As :meth:`gpumemd.Client.attach`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
+        self._check_reply(s, response.lease)  # before a descriptor is fetched for it
         descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
         return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 
@@ -218,6 +220,7 @@ class AsyncClient(ClientCore):
         """As :meth:`gpumemd.Client.lookup`; an :class:`AsyncLease`."""
         s = await self._live_session()
         response = await self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
+        self._check_reply(s, response.lease)  # before a descriptor is fetched for it
         descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
         return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
 

@@ -198,6 +198,7 @@ class Client(ClientCore):
             except GpumemdError:
                 if not (s.lost and attempt == 1):
                     raise  # else lost while this lease waited: once more, on a new session
+        self._check_reply(s, response, device, size)
         return Lease(self, response, self._granted(s, response), tag, stream, session=s)
 
     def _lease_once(self, s, device, size, zero, tag, timeout):

@@ -3,6 +3,7 @@ package io.gpumemd.client;
 import static jcuda.driver.JCudaDriver.cuCtxSynchronize;
 import static jcuda.driver.JCudaDriver.cuIpcCloseMemHandle;
 import static jcuda.driver.JCudaDriver.cuIpcOpenMemHandle;
+import static jcuda.driver.JCudaDriver.cuMemGetAddressRange;
 import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
 import io.gpumemd.common.cuda.CudaHandles;
@@ -97,14 +98,33 @@ final class CudaMappings {
 
   /**
    * Opens a segment's legacy IPC handle on a device of this process (CUDA allows one open per
-   * context: {@link MappingCache} keeps it per segment).
+   * context: {@link MappingCache} keeps it per segment), and checks that the allocation opened
+   * (its range, {@code cuMemGetAddressRange}) starts at the address opened and covers {@code
+   * segmentBytes}, within which the lease's reply was checked to lie; else the handle is closed
+   * again and the call fails INTERNAL: a device pointer past the allocation would let a kernel
+   * write into whatever lies beyond.
    */
-  static SegmentMapping openLegacy(int localDevice, byte[] handleBytes) {
+  static SegmentMapping openLegacy(int localDevice, byte[] handleBytes, long segmentId, long segmentBytes) {
     CUipcMemHandle handle = CudaHandles.memHandle(handleBytes);
     return CudaContexts.in(localDevice, () -> {
       CUdeviceptr base = new CUdeviceptr();
       CudaContexts.check(() -> cuIpcOpenMemHandle(base, handle, CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
           "cuIpcOpenMemHandle on device " + localDevice);
+      try {
+        CUdeviceptr rangeBase = new CUdeviceptr();
+        long[] rangeBytes = new long[1];
+        CudaContexts.check(() -> cuMemGetAddressRange(rangeBase, rangeBytes, base), "cuMemGetAddressRange");
+        long opened = CudaHandles.address(base);
+        if (CudaHandles.address(rangeBase) != opened || rangeBytes[0] < segmentBytes) {
+          throw ReplyCheck.inconsistent("the CUDA allocation of segment " + Long.toUnsignedString(segmentId)
+              + " opened from its IPC handle is " + rangeBytes[0] + " bytes at 0x" + Long.toHexString(opened)
+              + " (its range starts at 0x" + Long.toHexString(CudaHandles.address(rangeBase))
+              + "), the lease's reply says segment_bytes " + segmentBytes);
+        }
+      } catch (RuntimeException e) {
+        CudaContexts.result(() -> cuIpcCloseMemHandle(base), "cuIpcCloseMemHandle");
+        throw e;
+      }
       return new LegacyMapping(localDevice, base);
     });
   }

@@ -69,7 +69,7 @@ final class CudaVmm {
    *
    * @param readOnly map with read-only access (a read-only grant, or a read-only hold)
    */
-  static SegmentMapping importSegment(int localDevice, int fd, long segmentBytes, boolean readOnly) {
+  static SegmentMapping importSegment(int localDevice, int fd, long segmentId, long segmentBytes, boolean readOnly) {
     return CudaContexts.in(localDevice, () -> {
       CUmemGenericAllocationHandle handle = new CUmemGenericAllocationHandle();
       CudaContexts.check(() -> cuMemImportFromShareableHandle(handle, CudaHandles.osHandle(fd),
@@ -81,7 +81,17 @@ final class CudaVmm {
         CudaContexts.check(() -> cuMemAddressReserve(base, segmentBytes, 0, new CUdeviceptr(), 0),
             "cuMemAddressReserve(" + segmentBytes + ")");
         undo.add(0, () -> CudaContexts.result(() -> cuMemAddressFree(base, segmentBytes), "cuMemAddressFree"));
-        CudaContexts.check(() -> cuMemMap(base, segmentBytes, 0, handle, 0), "cuMemMap");
+        // The driver refuses to map more than the imported allocation holds (cuMemMap: offset +
+        // size within the allocation): its documented check is the allocation's size check, so
+        // a refusal here means the reply's segment_bytes is not this allocation's.
+        int mapped = CudaContexts.result(() -> cuMemMap(base, segmentBytes, 0, handle, 0), "cuMemMap");
+        if (mapped == CUresult.CUDA_ERROR_INVALID_VALUE) {
+          throw ReplyCheck.inconsistent("the CUDA VMM allocation of segment " + Long.toUnsignedString(segmentId)
+              + " cannot be mapped whole at segment_bytes " + segmentBytes + " (cuMemMap: CUDA_ERROR_INVALID_VALUE: "
+              + "the allocation is smaller, or segment_bytes is not a multiple of its granularity)");
+        } else if (mapped != CUresult.CUDA_SUCCESS) {
+          throw CudaContexts.failed("cuMemMap", mapped);
+        }
         undo.add(0, () -> CudaContexts.result(() -> cuMemUnmap(base, segmentBytes), "cuMemUnmap"));
         int flags = readOnly ? CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
             : CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;

@@ -19,6 +19,11 @@ import java.nio.file.StandardOpenOption;
  * read-only grant's descriptor is O_RDONLY and mapped PROT_READ, so not even this process's
  * native code could write through it).
  *
+ * <p>Nothing is mapped before the file's real size (its {@code fstat}) is checked against the
+ * segment_bytes the daemon gave ({@link ReplyCheck#segmentSize}): a mapping longer than its file
+ * faults (SIGBUS) where it is touched past the end, and a writable map of a path would grow the
+ * daemon's file.
+ *
  * <p>Unmapping is immediate on {@link #close()} rather than left to the garbage collector. A
  * mapping never closed (an abandoned session's) is unmapped by the collector once no buffer
  * derived from it is reachable: a path mapping by the JDK's own cleaner, a descriptor mapping
@@ -44,6 +49,9 @@ final class HostMapping implements SegmentMapping {
     MappedByteBuffer mapped;
     try (FileChannel channel = readOnly ? FileChannel.open(Path.of(path), StandardOpenOption.READ)
         : FileChannel.open(Path.of(path), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+      // Before mapping: a writable map of more than the file grows the daemon's file, and
+      // touching a mapping past a file's end is SIGBUS.
+      ReplyCheck.segmentSize("host segment file " + path, channel.size(), "the lease's reply", segmentBytes);
       mapped = channel.map(readOnly ? FileChannel.MapMode.READ_ONLY : FileChannel.MapMode.READ_WRITE, 0, segmentBytes);
     } catch (IOException e) {
       throw new GpuMemException(io.grpc.Status.Code.FAILED_PRECONDITION,
@@ -66,6 +74,17 @@ final class HostMapping implements SegmentMapping {
   static HostMapping ofDescriptor(ReceivedDescriptor descriptor) {
     long bytes = descriptor.segmentBytes();
     checkSize(bytes);
+    // Touching a mapping past the end of the file behind the descriptor is SIGBUS: the file's
+    // own size must be what the grant says, before anything is mapped.
+    long actual;
+    try {
+      actual = Libc.fileSize(descriptor.number());
+    } catch (IOException e) {
+      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot fstat the descriptor of segment "
+          + Long.toUnsignedString(descriptor.segmentId()) + ": " + e.getMessage(), e);
+    }
+    ReplyCheck.segmentSize("the descriptor of segment " + Long.toUnsignedString(descriptor.segmentId()) + " (fstat)",
+        actual, "the fd channel's grant", bytes);
     Pointer address;
     try {
       address = Libc.mapShared(descriptor.number(), bytes, descriptor.readOnly());

@@ -66,7 +66,7 @@ final class LeasePaths {
       Session s = sessions.awaitStream(current);
       CompletableFuture<LeaseResponse> reply = leaseOnStream(s, device, sizeBytes, zero, tag);
       try {
-        return wrap(s, reply.get(), tag, false, false);
+        return wrap(s, reply.get(), device, sizeBytes, tag, false, false);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
         // Nobody will take the lease if the daemon grants it after all: give it straight back.
@@ -83,7 +83,7 @@ final class LeasePaths {
       throw sessions.failed(current, e);
     }
     counters.daemonLeases.incrementAndGet();
-    return wrap(current, response, tag, false, false);
+    return wrap(current, response, device, sizeBytes, tag, false, false);
   }
 
   /** GpuMemClient#leaseAsync: as {@link #lease}, the wait for the daemon in the future. */
@@ -100,7 +100,8 @@ final class LeasePaths {
       return CompletableFuture.completedFuture(local);
     }
     if (streamCalls) {
-      return leaseOnStream(s, device, sizeBytes, zero, tag).thenApply(response -> wrap(s, response, tag, false, false));
+      return leaseOnStream(s, device, sizeBytes, zero, tag)
+          .thenApply(response -> wrapAsync(s, response, device, sizeBytes, tag));
     }
     CompletableFuture<Lease> result = new CompletableFuture<>();
     async.lease(request(s, device, sizeBytes, zero, tag), new StreamObserver<>() {
@@ -108,7 +109,7 @@ final class LeasePaths {
       public void onNext(LeaseResponse response) {
         try {
           counters.daemonLeases.incrementAndGet();
-          result.complete(wrap(s, response, tag, false, false));
+          result.complete(wrapAsync(s, response, device, sizeBytes, tag));
         } catch (RuntimeException e) {
           result.completeExceptionally(e);
         }
@@ -171,18 +172,43 @@ final class LeasePaths {
   /**
    * Maps a granted lease, or with {@code hold} a hold on a shared block (read-only when the
    * hold is), and hands it out; one that cannot be mapped is released at once, so that it is
-   * not held until the session ends.
+   * not held until the session ends. The reply is checked first ({@link ReplyCheck}): one whose
+   * block does not lie inside its segment, or is smaller than asked, is released unmapped and
+   * fails INTERNAL, so that no buffer or pointer past the block is ever handed out.
+   *
+   * @param deviceAsked the device a lease asked for (ignored for a hold)
+   * @param sizeAsked the bytes a lease asked for (ignored for a hold, which asks for no size)
    */
-  Lease wrap(Session s, LeaseResponse granted, String tag, boolean hold, boolean readOnly) {
+  Lease wrap(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag, boolean hold,
+      boolean readOnly) {
+    return wrap(s, granted, deviceAsked, sizeAsked, tag, hold, readOnly, true);
+  }
+
+  /**
+   * As {@link #wrap} for leaseAsync, which runs it on a transport thread (the channel's direct
+   * executor): a lease it cannot hand out is given back without waiting, since a blocking call
+   * there would wait for a reply that same thread has to read.
+   */
+  private Lease wrapAsync(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag) {
+    return wrap(s, granted, deviceAsked, sizeAsked, tag, false, false, false);
+  }
+
+  private Lease wrap(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag, boolean hold,
+      boolean readOnly, boolean mayBlock) {
     String what = hold ? "hold" : "lease";
     SegmentMapping mapping;
     try {
+      ReplyCheck.lease(granted, deviceAsked, hold ? 0 : sizeAsked);
       if (s.isLost()) {
         throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost while the " + what + " was granted; retry", null);
       }
       mapping = s.mappings.acquire(granted.getDevice(), granted.getHandle(), readOnly);
     } catch (RuntimeException | LinkageError e) {
-      releaseQuietly(s, granted.getLeaseId());
+      if (mayBlock) {
+        releaseQuietly(s, granted.getLeaseId());
+      } else {
+        releaseWithoutWaiting(s, granted.getLeaseId());
+      }
       if (e instanceof LinkageError) {
         throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "a CUDA " + what + " needs JCuda and its "
             + "natives on the classpath (org.jcuda:jcuda): " + e, e);
@@ -192,6 +218,7 @@ final class LeasePaths {
     return new Lease(s.owner, granted, mapping, tag, hold, readOnly);
   }
 
+  /** Gives back a lease that is not handed out; done when this returns (tests rely on it). */
   private void releaseQuietly(Session s, String leaseId) {
     if (s.isLost()) {
       return;
@@ -201,6 +228,31 @@ final class LeasePaths {
     } catch (StatusRuntimeException ignored) {
       // the session end will take it back
     }
+  }
+
+  /**
+   * Gives back a lease that is not handed out, without waiting (on a transport thread): on the
+   * stream a release notice; else a Release call whose answer nobody waits for (on failure the
+   * session's end takes the lease back).
+   */
+  private void releaseWithoutWaiting(Session s, String leaseId) {
+    if (s.isLost()) {
+      return;
+    }
+    if (streamCalls) {
+      s.releaseUnwrapped(leaseId);
+      return;
+    }
+    async.release(ReleaseRequest.newBuilder().setSessionId(s.id).setLeaseId(leaseId).build(), new StreamObserver<>() {
+      @Override
+      public void onNext(ReleaseResponse value) {}
+
+      @Override
+      public void onError(Throwable t) {}
+
+      @Override
+      public void onCompleted() {}
+    });
   }
 
   /** Lease#close of a lease of {@code s}: into the client cache, or released (a notice, or a call). */

@@ -3,23 +3,28 @@ package io.gpumemd.client;
 import static io.gpumemd.common.unix.ErrnoCalls.call;
 import static io.gpumemd.common.unix.ErrnoCalls.retryOnInterrupt;
 
+import com.sun.jna.Function;
 import com.sun.jna.LastErrorException;
 import com.sun.jna.Memory;
 import com.sun.jna.Native;
+import com.sun.jna.NativeLibrary;
 import com.sun.jna.Platform;
 import com.sun.jna.Pointer;
 import java.io.IOException;
 import java.lang.ref.Reference;
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 
 /**
  * The few libc calls the fd channel needs and the JDK lacks for a raw descriptor: a Unix stream
- * socket, {@code recvmsg} with room for one {@code SCM_RIGHTS} descriptor, {@code mmap} and
- * {@code munmap}. Bound through JNA (direct mapping) on first use.
+ * socket, {@code recvmsg} with room for one {@code SCM_RIGHTS} descriptor, {@code fstat} (a
+ * received descriptor's size), {@code mmap} and {@code munmap}. Bound through JNA (direct
+ * mapping) on first use.
  *
  * <p>Linux on a 64-bit (LP64) architecture only: the struct layouts below ({@code msghdr},
- * {@code cmsghdr}, {@code timeval}, {@code sockaddr_un}) and the constants are Linux's, the same
- * on x86-64 and aarch64. {@link #check()} says so on any other platform.
+ * {@code cmsghdr}, {@code timeval}, {@code sockaddr_un}, the offset of {@code stat.st_size}) and
+ * the constants are Linux's, the same on x86-64 and aarch64. {@link #check()} says so on any other platform.
  *
  * <p>Stateless and thread-safe; each call's native buffers are its own.
  */
@@ -47,6 +52,10 @@ final class Libc {
   private static final int CMSG_SPACE_ONE_FD = 24;
   /** CMSG_LEN(sizeof(int)): the header and one descriptor. */
   private static final int CMSG_LEN_ONE_FD = 20;
+  /** offsetof(struct stat, st_size): 48 on x86-64 and on aarch64 (the generic layout). */
+  private static final int STAT_ST_SIZE = 48;
+  /** Room for struct stat: 144 bytes on x86-64, 128 on aarch64. */
+  private static final int STAT_BYTES = 256;
 
   private static volatile boolean bound;
 
@@ -211,6 +220,30 @@ final class Libc {
       throw new IOException("mmap failed");
     }
     return address;
+  }
+
+  /**
+   * The size of the file behind {@code fd}: {@code fstat}'s {@code st_size}. glibc exports
+   * {@code fstat} since 2.33 only (before, {@code __fxstat}), so it is looked up on its own, not
+   * bound with the others, which must not fail with it; without it, {@code stat} of {@code
+   * /proc/self/fd/N}, which follows the descriptor to the same file.
+   */
+  static long fileSize(int fd) throws IOException {
+    check();
+    Function fstat;
+    try {
+      fstat = NativeLibrary.getInstance(Platform.C_LIBRARY_NAME).getFunction("fstat", Function.THROW_LAST_ERROR);
+    } catch (UnsatisfiedLinkError e) {
+      return Files.size(Path.of("/proc/self/fd/" + fd));
+    }
+    Memory stat = new Memory(STAT_BYTES);
+    stat.clear();
+    try {
+      fstat.invokeInt(new Object[] {fd, stat});
+    } catch (LastErrorException e) {
+      throw new IOException("fstat: " + e.getMessage(), e);
+    }
+    return stat.getLong(STAT_ST_SIZE);
   }
 
   static void unmap(Pointer address, long length) {

@@ -42,6 +42,16 @@ final class MappingCache {
     SegmentMapping readOnly;
     int leases;
     boolean unmapRequested;
+    /**
+     * The segment_bytes of the reply that opened the entry, which its mappings were checked
+     * against: a later reply on the same segment must say the same (a segment never changes
+     * size), since its offsets are checked against what it says.
+     */
+    final long segmentBytes;
+
+    Entry(long segmentBytes) {
+      this.segmentBytes = segmentBytes;
+    }
 
     /** Every mapping of the entry (one or two). */
     List<SegmentMapping> all() {
@@ -90,8 +100,11 @@ final class MappingCache {
     Entry entry = entries.get(handle.getSegmentId());
     boolean opened = false;
     if (entry == null) {
-      entry = new Entry();
+      entry = new Entry(handle.getSegmentBytes());
       opened = true;
+    } else if (entry.segmentBytes != handle.getSegmentBytes()) {
+      throw ReplyCheck.inconsistent("segment " + Long.toUnsignedString(handle.getSegmentId())
+          + " is mapped here with segment_bytes " + entry.segmentBytes + ", this reply says " + handle.getSegmentBytes());
     }
     SegmentMapping mapping;
     switch (handle.getKindCase()) {
@@ -125,7 +138,7 @@ final class MappingCache {
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
           entry.mapping = CudaMappings.openLegacy(CudaContexts.localDevice(device, deviceUuids),
-              handle.getCudaIpcHandle().toByteArray());
+              handle.getCudaIpcHandle().toByteArray(), handle.getSegmentId(), handle.getSegmentBytes());
           mapsOpened++;
         }
         mapping = entry.mapping;
@@ -171,12 +184,13 @@ final class MappingCache {
           + e.serverMessage() + ". Sessions of bearer-token or certificate tenants cannot receive descriptors: "
           + "the daemon needs --host-segments path for them", e);
     }
-    if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+    try {
+      checkGrant(descriptor, handle);
+    } catch (GpuMemException e) {
       descriptor.close();
-      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
-          + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
+      throw e;
     }
-    return descriptor.mapHost();
+    return descriptor.mapHost(); // which checks the descriptor's own size (fstat) against the grant
   }
 
   /**
@@ -187,12 +201,18 @@ final class MappingCache {
     int localDevice = CudaContexts.localDevice(device, deviceUuids);
     try (ReceivedDescriptor descriptor = fdChannel.fetch(handle.getCudaVmm().getFdSocket(), sessionId,
         handle.getSegmentId(), readOnly)) {
-      if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
-        throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "segment " + handle.getSegmentId() + ": the fd "
-            + "channel granted " + descriptor.segmentBytes() + " bytes, the lease says " + handle.getSegmentBytes(), null);
-      }
-      return CudaVmm.importSegment(localDevice, descriptor.number(), descriptor.segmentBytes(),
+      checkGrant(descriptor, handle);
+      // A VMM descriptor has no file size to fstat: cuMemMap of segment_bytes checks the allocation.
+      return CudaVmm.importSegment(localDevice, descriptor.number(), handle.getSegmentId(), descriptor.segmentBytes(),
           readOnly || descriptor.readOnly());
+    }
+  }
+
+  /** The fd channel's grant must give the segment the size the lease's reply gave it. */
+  private static void checkGrant(ReceivedDescriptor descriptor, MemoryHandle handle) {
+    if (descriptor.segmentBytes() != handle.getSegmentBytes()) {
+      throw ReplyCheck.inconsistent("segment " + Long.toUnsignedString(handle.getSegmentId()) + ": the fd channel's "
+          + "grant says segment_bytes " + descriptor.segmentBytes() + ", the lease's reply " + handle.getSegmentBytes());
     }
   }
 
@@ -201,7 +221,7 @@ final class MappingCache {
    * (a mapping that fails to close exists only on a GPU).
    */
   synchronized void track(long segmentId, SegmentMapping mapping) {
-    Entry entry = entries.computeIfAbsent(segmentId, id -> new Entry());
+    Entry entry = entries.computeIfAbsent(segmentId, id -> new Entry(-1)); // no reply: no size to hold to
     entry.mapping = mapping;
     entry.leases++;
   }

@@ -178,7 +178,7 @@ final class SharingCalls implements Share.Revoker, Published.Unpublisher {
   private Lease hold(Function<Session, AttachResponse> attach, String tag) {
     return call(s -> {
       AttachResponse response = attach.apply(s);
-      return leases.wrap(s, response.getLease(), tag, true, response.getReadOnly());
+      return leases.wrap(s, response.getLease(), -1, 0, tag, true, response.getReadOnly());
     });
   }
 }
