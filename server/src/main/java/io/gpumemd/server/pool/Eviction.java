@@ -108,26 +108,21 @@ final class Eviction {
 
   /** A holder confirmed an unmap: the segment is freed when that was its last mapper. */
   void unmapped(String holder, long segmentId) {
-    AfterUnlock.locked(pool, after -> {
-      Segment segment = holders.unmapped(holder, segmentId);
-      if (segment != null) {
-        free(segment, after);
-        pool.waiters.memoryCameBack();
-      }
-      return null;
-    });
+    AfterUnlock.locked(pool, after -> freeIfLast(holders.unmapped(holder, segmentId), after));
   }
 
   /** A holder no longer maps one segment: freed when it was evicted and this was its last mapper. */
   void dropped(String holder, long segmentId) {
-    AfterUnlock.locked(pool, after -> {
-      Segment segment = holders.dropped(holder, segmentId);
-      if (segment != null) {
-        free(segment, after);
-        pool.waiters.memoryCameBack();
-      }
-      return null;
-    });
+    AfterUnlock.locked(pool, after -> freeIfLast(holders.dropped(holder, segmentId), after));
+  }
+
+  /** Frees an evicted segment whose last mapper just went (null: none did). */
+  private Void freeIfLast(Segment segment, AfterUnlock after) {
+    if (segment != null) {
+      free(segment, after);
+      pool.waiters.memoryCameBack();
+    }
+    return null;
   }
 
   /** A holder ended: the segments it was the last mapper of are freed. */
