@@ -37,6 +37,7 @@ final class UnixSockets {
   private static final int MSG_CTRUNC = 0x8;
   private static final int MSG_NOSIGNAL = 0x4000;
   private static final int MSG_CMSG_CLOEXEC = 0x40000000;
+  private static final int SHUT_RD = 0;
   private static final int SHUT_RDWR = 2;
   private static final int SUN_PATH_MAX = 108;
   private static final int MSGHDR = 56;
@@ -45,6 +46,8 @@ final class UnixSockets {
   /** Most descriptors one frame carries (the kernel's SCM_MAX_FD is 253). */
   static final int MAX_FDS_PER_FRAME = 200;
   private static final int CONTROL_BYTES = CMSG_HEADER + 4 * MAX_FDS_PER_FRAME + 8;
+  /** The most bytes one {@code recvmsg} reads: the native buffer of a receive. */
+  static final int MAX_CHUNK_BYTES = 1 << 20;
 
   private static volatile boolean bound;
 
@@ -204,14 +207,16 @@ final class UnixSockets {
   }
 
   /**
-   * Reads exactly {@code n} bytes; descriptors that arrive with them are appended to {@code fds}
-   * (received close-on-exec).
+   * Reads exactly {@code n} bytes into {@code out} from {@code offset}; descriptors that arrive
+   * with them are appended to {@code fds} (received close-on-exec). The native buffer is at most
+   * {@link #MAX_CHUNK_BYTES} whatever {@code n} is: a caller reads a large frame chunk by chunk
+   * and grows its array only as bytes really arrive.
    *
    * @throws java.io.EOFException when the peer closed first
    */
-  static byte[] receive(int fd, int n, ArrayDeque<Integer> fds) throws IOException {
-    Memory block = new Memory(MSGHDR + IOVEC + CONTROL_BYTES + Math.max(1, n));
-    byte[] out = new byte[n];
+  static void receive(int fd, byte[] out, int offset, int n, ArrayDeque<Integer> fds) throws IOException {
+    int chunk = Math.max(1, Math.min(n, MAX_CHUNK_BYTES));
+    Memory block = new Memory(MSGHDR + IOVEC + CONTROL_BYTES + chunk);
     int read = 0;
     try {
       while (read < n) {
@@ -220,7 +225,7 @@ final class UnixSockets {
         Pointer control = block.share(MSGHDR + IOVEC);
         Pointer data = block.share(MSGHDR + IOVEC + CONTROL_BYTES);
         iov.setPointer(0, data);
-        iov.setLong(8, n - read);
+        iov.setLong(8, Math.min(chunk, n - read));
         block.setPointer(16, iov);
         block.setLong(24, 1);
         block.setPointer(32, control);
@@ -239,13 +244,21 @@ final class UnixSockets {
         if ((block.getInt(48) & MSG_CTRUNC) != 0) {
           throw new IOException("descriptors were cut off (more than " + MAX_FDS_PER_FRAME + " in one frame)");
         }
-        data.read(0, out, read, (int) got);
+        data.read(0, out, offset + read, (int) got);
         read += (int) got;
       }
-      return out;
     } finally {
       Reference.reachabilityFence(block);
     }
+  }
+
+  /**
+   * Stops receiving on {@code fd}: from now on the peer's sends fail ({@code EPIPE}), while what
+   * it sent before stays readable here. What lets a hand-over that gives up tell apart a Taken
+   * that arrived in time (queued, read next) from one that did not (refused to the sender).
+   */
+  static void shutdownInput(int fd) throws IOException {
+    call(() -> shutdown(fd, SHUT_RD));
   }
 
   /** A second descriptor of the same open file. */
