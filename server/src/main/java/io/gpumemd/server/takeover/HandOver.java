@@ -226,6 +226,7 @@ public final class HandOver implements AutoCloseable {
       return;
     }
     List<SegmentDescriptor> descriptors = new ArrayList<>();
+    long answerBy;
     try {
       State state;
       try {
@@ -241,7 +242,7 @@ public final class HandOver implements AutoCloseable {
         refuse(channel, reason);
         return;
       }
-      long answerBy = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS);
+      answerBy = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS);
       channel.timeout(ANSWER_MILLIS);
       List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
       channel.sendFds(fds);
@@ -251,7 +252,6 @@ public final class HandOver implements AutoCloseable {
       log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", peer[0],
           fds.size(), state.getSerializedSize(),
           (System.nanoTime() - started) / 1_000_000);
-      channel.timeout(millisLeft(answerBy));
     } catch (IOException e) {
       gate.open();
       log.warn("Take-over by pid {} failed while sending the state ({}); serving on", peer[0], e.getMessage());
@@ -267,6 +267,9 @@ public final class HandOver implements AutoCloseable {
     }
     TakeOverFrame answer;
     try {
+      // From here the successor may hold the whole state: any way out but its Taken goes
+      // through giveUp, which tells it (see there).
+      channel.timeout(millisLeft(answerBy));
       answer = channel.receiveFromTaker();
     } catch (EOFException e) {
       gate.open();
