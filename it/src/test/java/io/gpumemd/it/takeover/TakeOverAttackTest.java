@@ -23,7 +23,6 @@ import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
-import java.util.stream.Stream;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeEach;
@@ -187,12 +186,12 @@ class TakeOverAttackTest {
       signal("STOP", holder);
       Process taker = launch(daemonCommand("--take-over"));
       ProcessOutput takerOut = ProcessOutput.of(taker);
-      awaitBlockedOnUnixRead(taker.pid()); // its Hello is sent; it waits for the state
+      KernelWaits.awaitBlockedOnUnixRead(taker.pid()); // its Hello is sent; it waits for the state
       signal("STOP", taker.pid());
       signal("CONT", holder);
       assertTrue(holderOut.await("State sent to pid " + taker.pid(), 60_000), holderOut.text());
       signal("KILL", holder);
-      awaitZombie(holder);
+      KernelWaits.awaitZombie(holder);
       signal("CONT", taker.pid());
 
       assertTrue(takerOut.await("gpumemd ready", 60_000), takerOut.text());
@@ -303,37 +302,5 @@ class TakeOverAttackTest {
     try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
       client.lease(0, 4096).close();
     }
-  }
-
-  /** Waits until a thread of {@code pid} blocks reading a Unix stream socket (the kernel's wait channel). */
-  private static void awaitBlockedOnUnixRead(long pid) throws Exception {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-    while (System.nanoTime() < deadline) {
-      try (Stream<Path> tasks = Files.list(Path.of("/proc/" + pid + "/task"))) {
-        for (Path task : tasks.toList()) {
-          try {
-            if (Files.readString(task.resolve("wchan")).startsWith("unix_stream")) {
-              return;
-            }
-          } catch (IOException e) {
-            // the thread ended
-          }
-        }
-      }
-      Thread.sleep(20);
-    }
-    throw new AssertionError("pid " + pid + " never blocked reading its take-over socket");
-  }
-
-  private static void awaitZombie(long pid) throws Exception {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
-    while (System.nanoTime() < deadline) {
-      String stat = Files.readString(Path.of("/proc/" + pid + "/stat"));
-      if (stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z")) {
-        return;
-      }
-      Thread.sleep(20);
-    }
-    throw new AssertionError("pid " + pid + " did not die");
   }
 }

@@ -247,7 +247,8 @@ class TakeOverTest {
       new ProcessBuilder("kill", "-STOP", Long.toString(daemon.process().pid())).start().waitFor();
       Process taker = new ProcessBuilder(takerCommand()).redirectErrorStream(true).start();
       ProcessOutput out = ProcessOutput.of(taker);
-      Thread.sleep(1000); // the successor has connected and is waiting for an answer
+      // The successor has connected and sent its Hello once it blocks reading the answer.
+      KernelWaits.awaitBlockedOnUnixRead(taker.pid());
       daemon.process().destroyForcibly();
       assertTrue(daemon.process().waitFor(10, TimeUnit.SECONDS));
       assertTrue(out.await("gpumemd ready", 60_000), out.text());
