@@ -1,6 +1,5 @@
 package io.gpumemd.server.takeover;
 
-import io.gpumemd.common.unix.ErrnoCalls;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
@@ -226,7 +225,6 @@ public final class HandOver implements AutoCloseable {
       return;
     }
     List<SegmentDescriptor> descriptors = new ArrayList<>();
-    long answerBy;
     try {
       State state;
       try {
@@ -242,11 +240,10 @@ public final class HandOver implements AutoCloseable {
         refuse(channel, reason);
         return;
       }
-      answerBy = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS);
-      channel.timeout(ANSWER_MILLIS);
+      // One bound for the whole rest, however the successor paces its reads and its answer.
+      channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS));
       List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
       channel.sendFds(fds);
-      channel.timeout(millisLeft(answerBy));
       channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
       log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", peer[0],
@@ -268,8 +265,7 @@ public final class HandOver implements AutoCloseable {
     TakeOverFrame answer;
     try {
       // From here the successor may hold the whole state: any way out but its Taken goes
-      // through giveUp, which tells it (see there).
-      channel.timeout(millisLeft(answerBy));
+      // through giveUp, which tells it (see there). Still by the deadline set before the state.
       answer = channel.receiveFromTaker();
     } catch (EOFException e) {
       gate.open();
@@ -277,7 +273,7 @@ public final class HandOver implements AutoCloseable {
           peer[0]);
       return;
     } catch (IOException e) {
-      String why = e instanceof ErrnoCalls.ErrnoException errno && errno.timedOut()
+      String why = TakeOverChannel.timedOut(e)
           ? "no answer within " + ANSWER_MILLIS + " ms of the state" : "a broken answer (" + e.getMessage() + ")";
       answer = giveUp(channel, peer[0], why);
       if (answer == null) {
@@ -325,6 +321,8 @@ public final class HandOver implements AutoCloseable {
   private TakeOverFrame giveUp(TakeOverChannel channel, int pid, String why) {
     try {
       channel.shutdownInput();
+      // Past the deadline now: what is queued is read at once, the Refusal below may wait.
+      channel.timeout(LIVE_MILLIS);
       // Input is shut: what is queued can be read, then EOF at once; nothing more comes.
       while (true) {
         TakeOverFrame queued = channel.receiveFromTaker();
@@ -338,17 +336,8 @@ public final class HandOver implements AutoCloseable {
     }
     gate.open();
     log.warn("Take-over by pid {} given up: {}; the gate is open again and this daemon serves on", pid, why);
-    try {
-      channel.timeout(LIVE_MILLIS);
-    } catch (IOException e) {
-      // the send below then waits without bound only as long as the peer keeps its end open
-    }
     refuse(channel, "the running daemon gave the take-over up (" + why + ") and serves on");
     return null;
-  }
-
-  private static long millisLeft(long deadlineNanos) {
-    return Math.max(1, TimeUnit.NANOSECONDS.toMillis(deadlineNanos - System.nanoTime()));
   }
 
   private static void refuse(TakeOverChannel channel, String reason) {

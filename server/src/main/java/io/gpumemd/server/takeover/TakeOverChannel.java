@@ -38,6 +38,8 @@ final class TakeOverChannel implements AutoCloseable {
 
   private final int fd;
   private final ArrayDeque<Integer> received = new ArrayDeque<>();
+  /** When set ({@code System.nanoTime()}), every send and receive must end by then; 0: none. */
+  private long deadlineNanos;
   private boolean closed;
 
   TakeOverChannel(int fd) {
@@ -60,8 +62,24 @@ final class TakeOverChannel implements AutoCloseable {
     return fd;
   }
 
+  /** Bounds each later send and receive call on the socket (0 = wait forever); clears a {@link #deadline}. */
   void timeout(long millis) throws IOException {
+    deadlineNanos = 0;
     UnixSockets.timeouts(fd, millis);
+  }
+
+  /**
+   * Every later send and receive must end by {@code nanos} ({@code System.nanoTime()}), however
+   * the peer paces its bytes: what bounds a wait on a peer as a whole, not per call.
+   */
+  void deadline(long nanos) {
+    deadlineNanos = nanos;
+  }
+
+  /** A send or receive that ended because the peer was silent past its timeout or deadline. */
+  static boolean timedOut(IOException e) {
+    return e instanceof UnixSockets.DeadlinePassed
+        || e instanceof io.gpumemd.common.unix.ErrnoCalls.ErrnoException errno && errno.timedOut();
   }
 
   /** The peer's {pid, uid, gid}. */
@@ -76,7 +94,7 @@ final class TakeOverChannel implements AutoCloseable {
   private void send(TakeOverFrame frame, List<Integer> fds) throws IOException {
     byte[] body = frame.toByteArray();
     byte[] bytes = ByteBuffer.allocate(4 + body.length).putInt(body.length).put(body).array();
-    UnixSockets.send(fd, bytes, fds);
+    UnixSockets.send(fd, bytes, fds, deadlineNanos);
   }
 
   /** Sends descriptors in batches of at most {@link UnixSockets#MAX_FDS_PER_FRAME}; the caller keeps its own. */
@@ -146,7 +164,7 @@ final class TakeOverChannel implements AutoCloseable {
    */
   private TakeOverFrame receiveFrame(int maxBytes) throws IOException {
     byte[] header = new byte[4];
-    UnixSockets.receive(fd, header, 0, 4, received);
+    UnixSockets.receive(fd, header, 0, 4, received, deadlineNanos);
     int length = ByteBuffer.wrap(header).getInt();
     if (length < 0 || length > maxBytes) {
       throw new IOException("take-over frame of " + Integer.toUnsignedString(length) + " bytes (expected: at most "
@@ -159,7 +177,7 @@ final class TakeOverChannel implements AutoCloseable {
       if (body.length < read + n) {
         body = Arrays.copyOf(body, (int) Math.min(length, Math.max(read + n, 2L * body.length)));
       }
-      UnixSockets.receive(fd, body, read, n, received);
+      UnixSockets.receive(fd, body, read, n, received, deadlineNanos);
       read += n;
     }
     return TakeOverFrame.parseFrom(body);

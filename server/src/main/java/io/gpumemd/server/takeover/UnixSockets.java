@@ -165,8 +165,38 @@ final class UnixSockets {
     return new int[] {ucred.getInt(0), ucred.getInt(4), ucred.getInt(8)};
   }
 
-  /** Sends all of {@code bytes}, with {@code fds} attached to the first byte (at most {@link #MAX_FDS_PER_FRAME}). */
+  /** The deadline of a send or receive passed (see {@link #send}). */
+  static final class DeadlinePassed extends IOException {
+    DeadlinePassed() {
+      super("the peer did not keep up within the deadline");
+    }
+  }
+
+  /**
+   * Before each {@code sendmsg}/{@code recvmsg} of one send or receive: with a deadline ({@code
+   * System.nanoTime()} based, 0 for none), the socket's timeouts become what is left of it, so a
+   * peer that trickles a byte at a time cannot stretch the whole beyond it.
+   */
+  private static void towards(int fd, long deadlineNanos) throws IOException {
+    if (deadlineNanos == 0) {
+      return;
+    }
+    long left = deadlineNanos - System.nanoTime();
+    if (left <= 0) {
+      throw new DeadlinePassed();
+    }
+    timeouts(fd, Math.max(1, left / 1_000_000));
+  }
+
   static void send(int fd, byte[] bytes, List<Integer> fds) throws IOException {
+    send(fd, bytes, fds, 0);
+  }
+
+  /**
+   * Sends all of {@code bytes}, with {@code fds} attached to the first byte (at most {@link
+   * #MAX_FDS_PER_FRAME}), by {@code deadlineNanos} if not 0.
+   */
+  static void send(int fd, byte[] bytes, List<Integer> fds, long deadlineNanos) throws IOException {
     if (fds.size() > MAX_FDS_PER_FRAME) {
       throw new IllegalArgumentException(fds.size() + " descriptors in one frame");
     }
@@ -197,6 +227,7 @@ final class UnixSockets {
           block.setPointer(32, control);
           block.setLong(40, (length + 7) & ~7);
         }
+        towards(fd, deadlineNanos);
         long n = retryOnInterrupt(() -> sendmsg(fd, block, MSG_NOSIGNAL));
         sent += (int) n;
         withFds = false; // the descriptors went with the first byte sent
@@ -215,6 +246,12 @@ final class UnixSockets {
    * @throws java.io.EOFException when the peer closed first
    */
   static void receive(int fd, byte[] out, int offset, int n, ArrayDeque<Integer> fds) throws IOException {
+    receive(fd, out, offset, n, fds, 0);
+  }
+
+  /** {@link #receive(int, byte[], int, int, ArrayDeque)} by {@code deadlineNanos} if not 0. */
+  static void receive(int fd, byte[] out, int offset, int n, ArrayDeque<Integer> fds, long deadlineNanos)
+      throws IOException {
     int chunk = Math.max(1, Math.min(n, MAX_CHUNK_BYTES));
     Memory block = new Memory(MSGHDR + IOVEC + CONTROL_BYTES + chunk);
     int read = 0;
@@ -230,6 +267,7 @@ final class UnixSockets {
         block.setLong(24, 1);
         block.setPointer(32, control);
         block.setLong(40, CONTROL_BYTES);
+        towards(fd, deadlineNanos);
         long got = retryOnInterrupt(() -> recvmsg(fd, block, MSG_CMSG_CLOEXEC));
         if (got == 0) {
           throw new java.io.EOFException("the peer closed the take-over connection");
