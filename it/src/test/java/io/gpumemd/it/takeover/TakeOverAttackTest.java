@@ -211,6 +211,41 @@ class TakeOverAttackTest {
   }
 
   /**
+   * The other side of item 5: a holder that gave the hand-over up (its successor was silent past
+   * the bound) serves on, and a successor whose Taken then fails reads the holder's Refusal and
+   * stops, rather than take that EPIPE for a dead holder. The successor is held silent by
+   * SIGSTOP while the holder sends, and let go once the holder logs that it gave up.
+   */
+  @Test
+  void holderThatGaveUp_isNotTakenForDead_theSuccessorStops() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Lease lease = client.lease(0, 1 << 20);
+      TakeOverTest.fill(lease, (byte) 0x6b);
+      String session = client.sessionId();
+      long holder = daemon.process().pid();
+
+      signal("STOP", holder);
+      Process taker = launch(daemonCommand("--take-over"));
+      ProcessOutput takerOut = ProcessOutput.of(taker);
+      KernelWaits.awaitBlockedOnUnixRead(taker.pid());
+      signal("STOP", taker.pid());
+      signal("CONT", holder);
+      assertTrue(daemon.awaitLine("State sent to pid " + taker.pid(), 60_000), daemon.output());
+      assertTrue(daemon.awaitLine("given up: no answer within 10000 ms of the state", 60_000), daemon.output());
+      signal("CONT", taker.pid());
+
+      assertTrue(taker.waitFor(60, TimeUnit.SECONDS), takerOut.text());
+      assertEquals(1, taker.exitValue(), takerOut.text());
+      assertTrue(takerOut.text().contains("gave the hand-over up and serves on"), takerOut.text());
+      assertServing(daemon);
+      assertEquals(session, client.sessionId());
+      TakeOverTest.assertBytes(lease, (byte) 0x6b);
+      lease.close();
+    }
+  }
+
+  /**
    * Issue 32, item 6: a length that announces 1 GiB, and one byte. The old daemon allocated it
    * and died of an OutOfMemoryError (-XX:+ExitOnOutOfMemoryError, as deployed); now it refuses
    * the frame before allocating and serves on.

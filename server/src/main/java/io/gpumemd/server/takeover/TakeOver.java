@@ -215,25 +215,24 @@ public final class TakeOver implements AutoCloseable {
       log.info("--take-over: Taken could not be sent to pid {} ({}); reading what it left", holderPid,
           e.getMessage());
     }
+    TakeOverFrame left;
     try {
       // A giving-up holder queues its Refusal before it closes (it may still be sending it).
       channel.timeout(HandOver.LIVE_MILLIS + HandOver.ANSWER_MILLIS);
-      TakeOverFrame left = channel.receiveFromHolder();
-      if (left.hasRefusal()) {
-        throw new IOException("take-over: the previous daemon (pid " + holderPid + ") gave the hand-over up and "
-            + "serves on: " + left.getRefusal().getReason() + "; this daemon does not serve its memory");
-      }
-      throw new IOException("take-over: the previous daemon (pid " + holderPid + ") answered " + left.getFrameCase()
-          + " after its state; this daemon does not serve its memory");
+      left = channel.receiveFromHolder();
     } catch (IOException e) {
-      if (!gone(e)) {
-        throw e.getMessage() != null && e.getMessage().startsWith("take-over:") ? e
-            : new IOException("take-over: cannot tell whether the previous daemon (pid " + holderPid + ") gave the "
-                + "hand-over up (" + e.getMessage() + "); this daemon does not serve its memory");
+      if (gone(e)) {
+        log.warn("--take-over: the previous daemon (pid {}) went away after sending its state (the connection "
+            + "closed with no word, as only a dead holder's does); carrying on with it", holderPid);
+        return;
       }
+      throw new IOException("take-over: cannot tell whether the previous daemon (pid " + holderPid + ") gave the "
+          + "hand-over up (" + e.getMessage() + "); this daemon does not serve its memory");
     }
-    log.warn("--take-over: the previous daemon (pid {}) went away after sending its state (the connection closed "
-        + "with no word, as only a dead holder's does); carrying on with it", holderPid);
+    throw new IOException("take-over: the previous daemon (pid " + holderPid + ") "
+        + (left.hasRefusal() ? "gave the hand-over up and serves on: " + left.getRefusal().getReason()
+            : "answered " + left.getFrameCase() + " after its state")
+        + "; this daemon does not serve its memory");
   }
 
   /** This daemon serves on the socket path: the predecessor may stop. */
