@@ -283,6 +283,7 @@ public final class GpumemdServer {
     Path handOverSocket = config.takeOver().socket();
     Path handOverAt = null;
     if (handOverSocket != null) {
+      Listeners.removeStaleTemporaries(handOverSocket);
       if (takeOver == null) {
         HandOver.clearStale(handOverSocket);
       }

@@ -162,6 +162,7 @@ final class Listeners implements AutoCloseable {
       prepareSocketPath(path, listener, flag);
     }
     Files.createDirectories(path.getParent());
+    removeStaleTemporaries(path);
     Path at = temporaryPath(path);
     Files.deleteIfExists(at);
     return at;
@@ -170,6 +171,46 @@ final class Listeners implements AutoCloseable {
   /** The path a successor binds before it replaces {@code path}: beside it, named by this process. */
   static Path temporaryPath(Path path) {
     return path.resolveSibling(path.getFileName() + ".new-" + ProcessHandle.current().pid());
+  }
+
+  /**
+   * Removes the temporary sockets ({@link #temporaryPath}) beside {@code path} of processes that
+   * no longer run: a daemon killed between binding and publishing leaves them, and nothing else
+   * would. A file whose pid is a live process is left alone (it may be a daemon starting now), as
+   * is anything that is not a socket of this uid. Logged at INFO, one line per file.
+   */
+  static void removeStaleTemporaries(Path path) {
+    Path dir = path.toAbsolutePath().getParent();
+    String prefix = path.getFileName() + ".new-";
+    int uid = IdentityPolicy.currentUid();
+    List<Path> candidates = new ArrayList<>();
+    try (var files = Files.newDirectoryStream(dir, p -> p.getFileName().toString().startsWith(prefix))) {
+      files.forEach(candidates::add);
+    } catch (IOException e) {
+      return; // no directory yet, or not readable: nothing this daemon left there
+    }
+    for (Path p : candidates) {
+      String digits = p.getFileName().toString().substring(prefix.length());
+      if (digits.isEmpty() || digits.length() > 10 || !digits.chars().allMatch(Character::isDigit)) {
+        continue;
+      }
+      long pid = Long.parseLong(digits);
+      if (ProcessHandle.of(pid).isPresent()) {
+        continue;
+      }
+      try {
+        int mode = (Integer) Files.getAttribute(p, "unix:mode", LinkOption.NOFOLLOW_LINKS);
+        int owner = (Integer) Files.getAttribute(p, "unix:uid", LinkOption.NOFOLLOW_LINKS);
+        if ((mode & 0170000) != 0140000 || owner != uid) {
+          continue;
+        }
+        Files.deleteIfExists(p);
+        log.info("Removed {}: a temporary socket of pid {}, which no longer runs (a start that did not finish)", p,
+            pid);
+      } catch (IOException e) {
+        log.warn("Cannot remove {}, a temporary socket of pid {}, which no longer runs: {}", p, pid, e.toString());
+      }
+    }
   }
 
   /** Records a socket file this daemon bound at {@code at}, which belongs at {@code path}. */

@@ -15,6 +15,7 @@ import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -30,7 +31,11 @@ import org.slf4j.LoggerFactory;
  *       request is applied, so the state sent is exactly the state served;
  *   <li>sends every segment's descriptor and the books ({@link Daemon#exportState});
  *   <li>on {@code Abort}, or when the successor goes away, opens the gate and serves on as if
- *       nothing happened (its descriptors were copies);
+ *       nothing happened (its descriptors were copies); a successor that does not answer within
+ *       {@link #ANSWER_MILLIS} of the state (silent, stuck or hostile) is given up: the gate
+ *       reopens with a WARN, and the successor is told so by a {@code Refusal} before the
+ *       connection closes ({@link #giveUp}), which is what lets a successor tell a holder that
+ *       gave up from one that died;
  *   <li>on {@code Taken} the memory is the successor's: it waits for {@code Live} (the successor
  *       serves on the socket path) and stops for good without freeing memory ({@link
  *       Daemon#handedOver}).
@@ -44,7 +49,13 @@ public final class HandOver implements AutoCloseable {
   static final long QUIESCE_MILLIS = 5_000;
   /** How long the successor may take to say who it is, and to restore the state. */
   static final long HELLO_MILLIS = 10_000;
-  static final long RESTORE_MILLIS = 120_000;
+  /**
+   * How long the gate stays closed for a successor once the state is exported: its sends must
+   * progress and its answer (Taken or Abort) must come within this, else the hand-over is given
+   * up and the daemon serves on. Restoring takes milliseconds (41 ms for 130 leases): 10 s leave
+   * a loaded node a wide margin, while a silent peer holds every call UNAVAILABLE only that long.
+   */
+  static final long ANSWER_MILLIS = 10_000;
   /** How long the successor may take from Taken to serving on the socket path. */
   static final long LIVE_MILLIS = 15_000;
 
@@ -176,7 +187,7 @@ public final class HandOver implements AutoCloseable {
             + peer[1]);
         return;
       }
-      TakeOverFrame first = channel.receive();
+      TakeOverFrame first = channel.receiveFromTaker();
       if (!first.hasHello()) {
         log.warn("Take-over refused: pid {} did not start with a Hello", peer[0]);
         return;
@@ -229,7 +240,8 @@ public final class HandOver implements AutoCloseable {
         refuse(channel, reason);
         return;
       }
-      channel.timeout(RESTORE_MILLIS);
+      // One bound for the whole rest, however the successor paces its reads and its answer.
+      channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS));
       List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
       channel.sendFds(fds);
       channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
@@ -252,18 +264,31 @@ public final class HandOver implements AutoCloseable {
     }
     TakeOverFrame answer;
     try {
-      answer = channel.receive();
-    } catch (IOException e) {
+      // From here the successor may hold the whole state: any way out but its Taken goes
+      // through giveUp, which tells it (see there). Still by the deadline set before the state.
+      answer = channel.receiveFromTaker();
+    } catch (EOFException e) {
       gate.open();
-      log.warn("Take-over by pid {} failed: it went away before taking the state ({}); serving on", peer[0],
-          e instanceof EOFException ? "connection closed" : e.getMessage());
+      log.warn("Take-over by pid {} failed: it went away before taking the state (connection closed); serving on",
+          peer[0]);
       return;
+    } catch (IOException e) {
+      String why = TakeOverChannel.timedOut(e)
+          ? "no answer within " + ANSWER_MILLIS + " ms of the state" : "a broken answer (" + e.getMessage() + ")";
+      answer = giveUp(channel, peer[0], why);
+      if (answer == null) {
+        return;
+      }
     }
     if (!answer.hasTaken()) {
       gate.open();
       Abort abort = answer.getAbort();
       log.warn("Take-over by pid {} failed: it could not restore the state ({}); serving on", peer[0],
           answer.hasAbort() ? abort.getReason() : "unexpected answer");
+      if (!answer.hasAbort()) {
+        // Never close before Taken without saying so (see giveUp).
+        refuse(channel, "the running daemon expected Taken or Abort, not " + answer.getFrameCase() + ", and serves on");
+      }
       return;
     }
     done = true;
@@ -271,7 +296,7 @@ public final class HandOver implements AutoCloseable {
         (System.nanoTime() - started) / 1_000_000);
     try {
       channel.timeout(LIVE_MILLIS);
-      TakeOverFrame live = channel.receive();
+      TakeOverFrame live = channel.receiveFromTaker();
       if (!live.hasLive()) {
         log.warn("The successor (pid {}) answered {} instead of Live", peer[0], live.getFrameCase());
       }
@@ -280,6 +305,39 @@ public final class HandOver implements AutoCloseable {
           peer[0], e.getMessage());
     }
     daemon.handedOver(peer[0]);
+  }
+
+  /**
+   * Gives up a hand-over whose state was sent: stops hearing the successor, honours a Taken it
+   * queued in time (the memory is its own then), else reopens the gate (WARN) and tells it so
+   * with a Refusal before the connection closes. The order is the protocol's guarantee to the
+   * successor ({@link TakeOver#taken}): once input is shut, its Taken fails with EPIPE instead of
+   * going unread, and the connection never closes without that Refusal first, so a successor
+   * that finds it closed without one knows this daemon is gone. (Only a successor that leaves its
+   * state unread for {@link #LIVE_MILLIS} more can miss the Refusal.)
+   *
+   * @return the Taken that came in time, or null: this daemon serves on
+   */
+  private TakeOverFrame giveUp(TakeOverChannel channel, int pid, String why) {
+    try {
+      channel.shutdownInput();
+      // Past the deadline now: what is queued is read at once, the Refusal below may wait.
+      channel.timeout(LIVE_MILLIS);
+      // Input is shut: what is queued can be read, then EOF at once; nothing more comes.
+      while (true) {
+        TakeOverFrame queued = channel.receiveFromTaker();
+        if (queued.hasTaken()) {
+          log.info("Take-over by pid {}: its Taken came as the wait ended; handing over", pid);
+          return queued;
+        }
+      }
+    } catch (IOException e) {
+      // EOF after the queue, or a broken frame: no Taken came
+    }
+    gate.open();
+    log.warn("Take-over by pid {} given up: {}; the gate is open again and this daemon serves on", pid, why);
+    refuse(channel, "the running daemon gave the take-over up (" + why + ") and serves on");
+    return null;
   }
 
   private static void refuse(TakeOverChannel channel, String reason) {
@@ -300,7 +358,7 @@ public final class HandOver implements AutoCloseable {
     UnixSockets.shutdownQuietly(listening);
     if (Thread.currentThread() != thread && thread.isAlive()) {
       try {
-        thread.join(RESTORE_MILLIS + LIVE_MILLIS);
+        thread.join(QUIESCE_MILLIS + 2 * ANSWER_MILLIS + 2 * LIVE_MILLIS);
       } catch (InterruptedException e) {
         Thread.currentThread().interrupt();
       }

@@ -9,6 +9,8 @@ import io.gpumemd.proto.takeover.v1.Taken;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import java.io.EOFException;
 import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.util.List;
 import org.slf4j.Logger;
@@ -24,6 +26,17 @@ import org.slf4j.LoggerFactory;
  * died before its state was complete (then this daemon starts fresh and says so); or an
  * IOException for a refusal, which leaves the running daemon serving and stops this one.
  *
+ * <p>Whom it trusts: a state is memory this daemon will serve, so it is taken only from a holder
+ * that runs as this daemon's uid (SO_PEERCRED of the connection), whose socket file this uid
+ * owns, in a directory that no other user can write to or, if others may write there, with the
+ * sticky bit (as /tmp: others cannot rename or remove this uid's file there). Anything else may
+ * be another user squatting the take-over path, and is refused before a word is sent to it.
+ *
+ * <p>After the state came, the holder closes the connection before Taken only when it dies:
+ * when it gives the hand-over up it says so first (a Refusal; {@link HandOver}). So a Taken that
+ * cannot be sent is told apart by what is left to read ({@link #taken}), never by whether a pid
+ * looks alive (a SIGKILLed process is a zombie, "alive", until its parent reaps it).
+ *
  * <p>Not thread-safe: the starting thread uses it.
  */
 public final class TakeOver implements AutoCloseable {
@@ -33,6 +46,8 @@ public final class TakeOver implements AutoCloseable {
   private static final int ECONNREFUSED = 111;
   private static final int ECONNRESET = 104;
   private static final int EPIPE = 32;
+  private static final int S_IWGRP_IWOTH = 0022;
+  private static final int S_ISVTX = 01000;
 
   private final TakeOverChannel channel;
   private final State state;
@@ -40,11 +55,8 @@ public final class TakeOver implements AutoCloseable {
   /** Indexes of {@link #fds} a restored pool took. */
   private final java.util.Set<Integer> consumed = new java.util.HashSet<>();
   private final int holderPid;
-  /** The predecessor's pid as the kernel saw it at connect (0: in another PID namespace). */
-  private final int peerPid;
 
-  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds, int peerPid) {
-    this.peerPid = peerPid;
+  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
     this.channel = channel;
     this.state = state;
     this.fds = fds;
@@ -74,11 +86,16 @@ public final class TakeOver implements AutoCloseable {
       throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
     }
     try {
+      String untrusted = untrustedHolder(socket.toAbsolutePath(), channel);
+      if (untrusted != null) {
+        throw new IOException("take-over: refusing the state offered on " + path + ": " + untrusted
+            + "; nothing was taken, and this daemon does not start");
+      }
       channel.send(TakeOverFrame.newBuilder().setHello(hello).build());
       long started = System.nanoTime();
       TakeOverFrame frame;
       try {
-        frame = channel.receive();
+        frame = channel.receiveFromHolder();
       } catch (IOException e) {
         if (!gone(e)) {
           throw new IOException("take-over: the running daemon did not answer: " + e.getMessage());
@@ -105,17 +122,43 @@ public final class TakeOver implements AutoCloseable {
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} bytes of books",
           state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
           fds.size(), state.getSerializedSize());
-      int peerPid;
-      try {
-        peerPid = channel.peer()[0];
-      } catch (IOException e) {
-        peerPid = 0;
-      }
-      return new TakeOver(channel, state, fds, peerPid);
+      return new TakeOver(channel, state, fds);
     } catch (IOException | RuntimeException e) {
       channel.close();
       throw e;
     }
+  }
+
+  /**
+   * Why the holder on the other end of {@code channel}, connected at {@code socket}, may be
+   * another user's, or null when it is this uid's own: its directory is writable by no other
+   * user (or sticky, and owned by this uid or root), the socket file is this uid's, and the
+   * process listening there runs as this uid.
+   */
+  static String untrustedHolder(Path socket, TakeOverChannel channel) throws IOException {
+    int uid = (int) new com.sun.security.auth.module.UnixSystem().getUid();
+    Path dir = socket.getParent().toRealPath();
+    int dirMode = (Integer) Files.getAttribute(dir, "unix:mode");
+    int dirOwner = (Integer) Files.getAttribute(dir, "unix:uid");
+    if (dirOwner != uid && dirOwner != 0) {
+      return "its directory " + dir + " is owned by uid " + dirOwner + ", who may replace the socket there (expected: "
+          + "a directory of uid " + uid + " or root)";
+    }
+    if ((dirMode & S_IWGRP_IWOTH) != 0 && (dirMode & S_ISVTX) == 0) {
+      return "its directory " + dir + " (mode " + String.format("%04o", dirMode & 07777) + ") is writable by others "
+          + "without the sticky bit, so another user may have replaced the socket (expected: a directory only its "
+          + "owner writes to, or a sticky one like /tmp)";
+    }
+    int[] peer = channel.peer();
+    if (peer[1] != uid) {
+      return "the process listening there (pid " + peer[0] + ") runs as uid " + peer[1] + ", not as this daemon's uid "
+          + uid + " (a daemon to take over runs as the same uid; another user may have put it there)";
+    }
+    int fileOwner = (Integer) Files.getAttribute(socket, "unix:uid", LinkOption.NOFOLLOW_LINKS);
+    if (fileOwner != uid) {
+      return "the socket file is owned by uid " + fileOwner + ", not by this daemon's uid " + uid;
+    }
+    return null;
   }
 
   /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
@@ -156,26 +199,40 @@ public final class TakeOver implements AutoCloseable {
   }
 
   /**
-   * The state is this daemon's now. A predecessor that died after sending it cannot be told, and
-   * need not be: the memory is this daemon's either way. One that cannot be told but still runs
-   * (it gave up waiting) may serve again: then this daemon must not.
+   * The state is this daemon's now. A holder that gave the hand-over up (it waited too long for
+   * this) said so before it closed: its Refusal is read here, and this daemon must not serve.
+   * A connection closed with no Refusal is a holder that died after sending the state (it never
+   * closes otherwise before Taken; {@link HandOver#giveUp}): the memory is this daemon's, and it
+   * serves, whatever state that process is in (a zombie looks alive until it is reaped).
    *
-   * @throws IOException when the predecessor still runs but did not take the message
+   * @throws IOException when the holder gave the hand-over up, or cannot be told apart from one
    */
   public void taken() throws IOException {
     try {
       channel.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
+      return;
     } catch (IOException e) {
-      // SO_PEERCRED's pid is 0 where the predecessor's PID namespace is not this one's: then
-      // only a dead predecessor closes the connection before Taken (it waits minutes for it).
-      int pid = peerPid;
-      if (pid > 0 && ProcessHandle.of(pid).map(ProcessHandle::isAlive).orElse(false)) {
-        throw new IOException("take-over: the previous daemon (pid " + pid + ") still runs but did not take the "
-            + "state back (" + e.getMessage() + "); this daemon does not serve its memory");
-      }
-      log.warn("--take-over: the previous daemon (pid {}) went away after sending its state; carrying on with it",
-          holderPid);
+      log.info("--take-over: Taken could not be sent to pid {} ({}); reading what it left", holderPid,
+          e.getMessage());
     }
+    TakeOverFrame left;
+    try {
+      // A giving-up holder queues its Refusal before it closes (it may still be sending it).
+      channel.timeout(HandOver.LIVE_MILLIS + HandOver.ANSWER_MILLIS);
+      left = channel.receiveFromHolder();
+    } catch (IOException e) {
+      if (gone(e)) {
+        log.warn("--take-over: the previous daemon (pid {}) went away after sending its state (the connection "
+            + "closed with no word, as only a dead holder's does); carrying on with it", holderPid);
+        return;
+      }
+      throw new IOException("take-over: cannot tell whether the previous daemon (pid " + holderPid + ") gave the "
+          + "hand-over up (" + e.getMessage() + "); this daemon does not serve its memory");
+    }
+    throw new IOException("take-over: the previous daemon (pid " + holderPid + ") "
+        + (left.hasRefusal() ? "gave the hand-over up and serves on: " + left.getRefusal().getReason()
+            : "answered " + left.getFrameCase() + " after its state")
+        + "; this daemon does not serve its memory");
   }
 
   /** This daemon serves on the socket path: the predecessor may stop. */

@@ -37,6 +37,7 @@ final class UnixSockets {
   private static final int MSG_CTRUNC = 0x8;
   private static final int MSG_NOSIGNAL = 0x4000;
   private static final int MSG_CMSG_CLOEXEC = 0x40000000;
+  private static final int SHUT_RD = 0;
   private static final int SHUT_RDWR = 2;
   private static final int SUN_PATH_MAX = 108;
   private static final int MSGHDR = 56;
@@ -45,6 +46,8 @@ final class UnixSockets {
   /** Most descriptors one frame carries (the kernel's SCM_MAX_FD is 253). */
   static final int MAX_FDS_PER_FRAME = 200;
   private static final int CONTROL_BYTES = CMSG_HEADER + 4 * MAX_FDS_PER_FRAME + 8;
+  /** The most bytes one {@code recvmsg} reads: the native buffer of a receive. */
+  static final int MAX_CHUNK_BYTES = 1 << 20;
 
   private static volatile boolean bound;
 
@@ -162,8 +165,38 @@ final class UnixSockets {
     return new int[] {ucred.getInt(0), ucred.getInt(4), ucred.getInt(8)};
   }
 
-  /** Sends all of {@code bytes}, with {@code fds} attached to the first byte (at most {@link #MAX_FDS_PER_FRAME}). */
+  /** The deadline of a send or receive passed (see {@link #send}). */
+  static final class DeadlinePassed extends IOException {
+    DeadlinePassed() {
+      super("the peer did not keep up within the deadline");
+    }
+  }
+
+  /**
+   * Before each {@code sendmsg}/{@code recvmsg} of one send or receive: with a deadline ({@code
+   * System.nanoTime()} based, 0 for none), the socket's timeouts become what is left of it, so a
+   * peer that trickles a byte at a time cannot stretch the whole beyond it.
+   */
+  private static void towards(int fd, long deadlineNanos) throws IOException {
+    if (deadlineNanos == 0) {
+      return;
+    }
+    long left = deadlineNanos - System.nanoTime();
+    if (left <= 0) {
+      throw new DeadlinePassed();
+    }
+    timeouts(fd, Math.max(1, left / 1_000_000));
+  }
+
   static void send(int fd, byte[] bytes, List<Integer> fds) throws IOException {
+    send(fd, bytes, fds, 0);
+  }
+
+  /**
+   * Sends all of {@code bytes}, with {@code fds} attached to the first byte (at most {@link
+   * #MAX_FDS_PER_FRAME}), by {@code deadlineNanos} if not 0.
+   */
+  static void send(int fd, byte[] bytes, List<Integer> fds, long deadlineNanos) throws IOException {
     if (fds.size() > MAX_FDS_PER_FRAME) {
       throw new IllegalArgumentException(fds.size() + " descriptors in one frame");
     }
@@ -194,6 +227,7 @@ final class UnixSockets {
           block.setPointer(32, control);
           block.setLong(40, (length + 7) & ~7);
         }
+        towards(fd, deadlineNanos);
         long n = retryOnInterrupt(() -> sendmsg(fd, block, MSG_NOSIGNAL));
         sent += (int) n;
         withFds = false; // the descriptors went with the first byte sent
@@ -204,14 +238,22 @@ final class UnixSockets {
   }
 
   /**
-   * Reads exactly {@code n} bytes; descriptors that arrive with them are appended to {@code fds}
-   * (received close-on-exec).
+   * Reads exactly {@code n} bytes into {@code out} from {@code offset}; descriptors that arrive
+   * with them are appended to {@code fds} (received close-on-exec). The native buffer is at most
+   * {@link #MAX_CHUNK_BYTES} whatever {@code n} is: a caller reads a large frame chunk by chunk
+   * and grows its array only as bytes really arrive.
    *
    * @throws java.io.EOFException when the peer closed first
    */
-  static byte[] receive(int fd, int n, ArrayDeque<Integer> fds) throws IOException {
-    Memory block = new Memory(MSGHDR + IOVEC + CONTROL_BYTES + Math.max(1, n));
-    byte[] out = new byte[n];
+  static void receive(int fd, byte[] out, int offset, int n, ArrayDeque<Integer> fds) throws IOException {
+    receive(fd, out, offset, n, fds, 0);
+  }
+
+  /** {@link #receive(int, byte[], int, int, ArrayDeque)} by {@code deadlineNanos} if not 0. */
+  static void receive(int fd, byte[] out, int offset, int n, ArrayDeque<Integer> fds, long deadlineNanos)
+      throws IOException {
+    int chunk = Math.max(1, Math.min(n, MAX_CHUNK_BYTES));
+    Memory block = new Memory(MSGHDR + IOVEC + CONTROL_BYTES + chunk);
     int read = 0;
     try {
       while (read < n) {
@@ -220,11 +262,12 @@ final class UnixSockets {
         Pointer control = block.share(MSGHDR + IOVEC);
         Pointer data = block.share(MSGHDR + IOVEC + CONTROL_BYTES);
         iov.setPointer(0, data);
-        iov.setLong(8, n - read);
+        iov.setLong(8, Math.min(chunk, n - read));
         block.setPointer(16, iov);
         block.setLong(24, 1);
         block.setPointer(32, control);
         block.setLong(40, CONTROL_BYTES);
+        towards(fd, deadlineNanos);
         long got = retryOnInterrupt(() -> recvmsg(fd, block, MSG_CMSG_CLOEXEC));
         if (got == 0) {
           throw new java.io.EOFException("the peer closed the take-over connection");
@@ -239,13 +282,21 @@ final class UnixSockets {
         if ((block.getInt(48) & MSG_CTRUNC) != 0) {
           throw new IOException("descriptors were cut off (more than " + MAX_FDS_PER_FRAME + " in one frame)");
         }
-        data.read(0, out, read, (int) got);
+        data.read(0, out, offset + read, (int) got);
         read += (int) got;
       }
-      return out;
     } finally {
       Reference.reachabilityFence(block);
     }
+  }
+
+  /**
+   * Stops receiving on {@code fd}: from now on the peer's sends fail ({@code EPIPE}), while what
+   * it sent before stays readable here. What lets a hand-over that gives up tell apart a Taken
+   * that arrived in time (queued, read next) from one that did not (refused to the sender).
+   */
+  static void shutdownInput(int fd) throws IOException {
+    call(() -> shutdown(fd, SHUT_RD));
   }
 
   /** A second descriptor of the same open file. */

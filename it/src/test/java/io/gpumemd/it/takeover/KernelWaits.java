@@ -1,0 +1,47 @@
+package io.gpumemd.it.takeover;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+
+/**
+ * Waits for a process to reach a state the kernel reports in /proc, so that tests order real
+ * processes by what they are doing rather than by sleeping. Stateless.
+ */
+final class KernelWaits {
+  private KernelWaits() {}
+
+  /** Waits until a thread of {@code pid} blocks reading a Unix stream socket (the kernel's wait channel). */
+  static void awaitBlockedOnUnixRead(long pid) throws Exception {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+    while (System.nanoTime() < deadline) {
+      try (Stream<Path> tasks = Files.list(Path.of("/proc/" + pid + "/task"))) {
+        for (Path task : tasks.toList()) {
+          try {
+            if (Files.readString(task.resolve("wchan")).startsWith("unix_stream")) {
+              return;
+            }
+          } catch (IOException e) {
+            // the thread ended
+          }
+        }
+      }
+      Thread.sleep(20);
+    }
+    throw new AssertionError("pid " + pid + " never blocked reading its take-over socket");
+  }
+
+  static void awaitZombie(long pid) throws Exception {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+    while (System.nanoTime() < deadline) {
+      String stat = Files.readString(Path.of("/proc/" + pid + "/stat"));
+      if (stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z")) {
+        return;
+      }
+      Thread.sleep(20);
+    }
+    throw new AssertionError("pid " + pid + " did not die");
+  }
+}
