@@ -125,6 +125,20 @@ public final class DevicePool implements AutoCloseable {
     return budget.limitBytes();
   }
 
+  /**
+   * The segment a miss would allocate for a request of {@code size} bytes: its size class's
+   * segment rounded up to the backend's granularity (CUDA VMM: 2 MiB or more). A request whose
+   * segment exceeds the budget can never be served, however much is freed.
+   */
+  public long segmentBytesFor(long size) {
+    return Miss.segmentBytes(SizeClasses.roundUp(size), segmentGranularity);
+  }
+
+  /** The backend's segment granularity on this device (new segments are multiples of it). */
+  public long segmentGranularity() {
+    return segmentGranularity;
+  }
+
   /** Most a cached block may exceed a large request and still serve it ({@link SizeClasses#largestFit}). */
   public long maxOversizeBytes() {
     return carver.free.maxOversizeBytes(); // immutable: no lock needed

@@ -30,6 +30,15 @@ public final class Validation {
           "at most " + budget + ", the budget of device " + pool.device().ordinal()
               + " (" + Sizes.format(budget) + ")");
     }
+    // The segment is rounded up to the backend's granularity: a request under the budget whose
+    // segment is over it would ask every holder to give memory back, wait, and fail anyway.
+    long segment = pool.segmentBytesFor(size);
+    if (segment > budget) {
+      throw InvalidRequestException.of("size_bytes", size,
+          "a size whose segment fits the budget of device " + pool.device().ordinal() + " (" + Sizes.format(budget)
+              + "); this one needs a segment of " + segment + " bytes, whole multiples of the device's "
+              + Sizes.format(pool.segmentGranularity()) + " granularity");
+    }
     return size;
   }
 

@@ -5,6 +5,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.SizeClasses;
+import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.session.Validation;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -70,5 +72,20 @@ class DevicePoolGranularityTest extends PoolTestBase {
         () -> new DevicePool(b.devices().get(0), b, new PoolSettings(64 * MiB, 0, 0), new RecordingHolders(),
             DevicePools.segmentIdBase(0), io.gpumemd.common.Ticker.system()));
     assertTrue(e.getMessage().contains("granularity"), e.getMessage());
+  }
+
+  @Test
+  void aRequestUnderTheBudgetWhoseSegmentIsOverIt_isABadRequest_notAnExhaustedPool() {
+    InMemoryBackend b = new InMemoryBackend(1, 256 * MiB, true).withSegmentGranularity(8 * MiB);
+    use(new CheckedPool(b, new PoolSettings(20 * MiB, 20 * MiB, SizeClasses.DEFAULT_MAX_OVERSIZE)));
+
+    assertEquals(16 * MiB, Validation.leaseSize(16 * MiB, pool), "a 16 MiB segment fits");
+    InvalidRequestException e = assertThrows(InvalidRequestException.class,
+        () -> Validation.leaseSize(17 * MiB, pool)); // under the 20 MiB budget; its segment is 24 MiB
+
+    assertTrue(e.getMessage().contains("size_bytes: 17825792"), e.getMessage());
+    assertTrue(e.getMessage().contains("needs a segment of " + 24 * MiB + " bytes"), e.getMessage());
+    assertTrue(e.getMessage().contains("8.0 MiB granularity"), e.getMessage());
+    assertEquals(0, backend.allocs(), "nothing was tried");
   }
 }
