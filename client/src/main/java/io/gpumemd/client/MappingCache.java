@@ -126,14 +126,10 @@ final class MappingCache {
       case FD_SEGMENT -> {
         if (readOnly ? entry.readOnly == null : entry.mapping == null) {
           HostMapping host = fetchHost(handle, readOnly);
-          if (readOnly) {
-            entry.readOnly = host;
-          } else {
-            entry.mapping = host;
-          }
-          mapsOpened++;
+          mapping = place(entry, handle.getSegmentId(), host, readOnly || host.readOnly());
+        } else {
+          mapping = readOnly ? entry.readOnly : entry.mapping;
         }
-        mapping = readOnly ? entry.readOnly : entry.mapping;
       }
       case CUDA_IPC_HANDLE -> {
         if (entry.mapping == null) {
@@ -145,15 +141,11 @@ final class MappingCache {
       }
       case CUDA_VMM -> {
         if (readOnly ? entry.readOnly == null : entry.mapping == null) {
-          SegmentMapping vmm = importVmm(device, handle, readOnly);
-          if (readOnly) {
-            entry.readOnly = vmm;
-          } else {
-            entry.mapping = vmm;
-          }
-          mapsOpened++;
+          Imported vmm = importVmm(device, handle, readOnly);
+          mapping = place(entry, handle.getSegmentId(), vmm.mapping(), vmm.readOnly());
+        } else {
+          mapping = readOnly ? entry.readOnly : entry.mapping;
         }
-        mapping = readOnly ? entry.readOnly : entry.mapping;
       }
       default -> throw new GpuMemException(io.grpc.Status.Code.INTERNAL,
           "lease response carries no memory handle", null);
@@ -197,15 +189,39 @@ final class MappingCache {
    * A CUDA VMM segment: the device matched by uuid (before anything is fetched), the descriptor
    * from the fd channel, imported and mapped (read-only access when asked or granted), and closed.
    */
-  private SegmentMapping importVmm(int device, MemoryHandle handle, boolean readOnly) {
+  private Imported importVmm(int device, MemoryHandle handle, boolean readOnly) {
     int localDevice = CudaContexts.localDevice(device, deviceUuids);
     try (ReceivedDescriptor descriptor = fdChannel.fetch(handle.getCudaVmm().getFdSocket(), sessionId,
         handle.getSegmentId(), readOnly)) {
       checkGrant(descriptor, handle);
+      boolean mappedReadOnly = readOnly || descriptor.readOnly();
       // A VMM descriptor has no file size to fstat: cuMemMap of segment_bytes checks the allocation.
-      return CudaVmm.importSegment(localDevice, descriptor.number(), handle.getSegmentId(), descriptor.segmentBytes(),
-          readOnly || descriptor.readOnly());
+      return new Imported(CudaVmm.importSegment(localDevice, descriptor.number(), handle.getSegmentId(),
+          descriptor.segmentBytes(), mappedReadOnly), mappedReadOnly);
     }
+  }
+
+  /** A VMM mapping and whether it has read-only access. */
+  private record Imported(SegmentMapping mapping, boolean readOnly) {}
+
+  /**
+   * Keeps a new mapping in the slot of what it is, not of what was asked: the daemon may grant
+   * only read-only when writable was asked (the session holds only read-only holds there by
+   * then), and a read-only mapping in the writable slot would fault a later writable lease on
+   * its first write. Where a read-only mapping is open already, it serves and the new one closes.
+   * Called with the monitor held.
+   */
+  private SegmentMapping place(Entry entry, long segmentId, SegmentMapping mapping, boolean mappedReadOnly) {
+    if (!mappedReadOnly) {
+      entry.mapping = mapping;
+    } else if (entry.readOnly == null) {
+      entry.readOnly = mapping;
+    } else {
+      closeQuietly(segmentId, List.of(mapping));
+      return entry.readOnly;
+    }
+    mapsOpened++;
+    return mapping;
   }
 
   /** The fd channel's grant must give the segment the size the lease's reply gave it. */

@@ -83,6 +83,8 @@ final class CraftedDaemon implements AutoCloseable {
   volatile long grantBytes;
   /** Size of the memfd sent with each grant. */
   volatile long fileBytes;
+  /** Grants read-only whatever was asked (a session that holds only read-only holds there). */
+  volatile boolean grantReadOnly;
   /** Lease ids released: by the Release call or by a release notice on the stream. */
   private final List<String> released = new ArrayList<>(); // guarded by itself
   /** The size of each memfd sent over the fd channel. */
@@ -255,7 +257,7 @@ final class CraftedDaemon implements AutoCloseable {
       }
       sentFiles.add(fileBytes);
       byte[] reply = FdReply.newBuilder().setRequestId(request.getRequestId()).setGranted(FdGrant.newBuilder()
-          .setSegmentId(request.getSegmentId()).setSegmentBytes(grantBytes).setReadOnly(request.getReadOnly()))
+          .setSegmentId(request.getSegmentId()).setSegmentBytes(grantBytes).setReadOnly(request.getReadOnly() || grantReadOnly))
           .build().toByteArray();
       ctx.write(ctx.alloc().buffer(4 + reply.length).writeInt(reply.length).writeBytes(reply));
       // the kernel gives the peer a descriptor of its own when the byte is sent: ours closes then

@@ -1,6 +1,7 @@
 package io.gpumemd.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -225,5 +226,26 @@ class InconsistentReplyTest {
     try (Lease hold = client.attach("0123456789abcdef0123456789abcdef")) {
       assertEquals(3000, hold.buffer().capacity());
     }
+  }
+
+  @Test
+  void aReadOnlyGrantForAWritableAsk_neverFillsTheWritableSlot() throws Exception {
+    daemon.grantBytes = MIB2;
+    daemon.fileBytes = MIB2;
+    daemon.grantReadOnly = true; // the daemon grants less than asked
+    daemon.replyWith(fdLease("lease-ro"), b -> b);
+    Lease first = client.lease(0, 4096);
+    assertTrue(first.buffer().isReadOnly(), "mapped as granted: read-only");
+
+    daemon.grantReadOnly = false;
+    daemon.replyWith(fdLease("lease-rw"), b -> b);
+    Lease second = client.lease(0, 4096);
+
+    assertFalse(second.buffer().isReadOnly(), "a writable lease on the segment got the read-only mapping");
+    second.buffer().putInt(0, 42); // would fault on a read-only mapping
+    assertEquals(42, second.buffer().getInt(0));
+    assertEquals(2, daemon.sentFiles.size(), "the writable mapping was fetched on its own");
+    first.close();
+    second.close();
   }
 }
