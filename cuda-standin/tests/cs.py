@@ -44,7 +44,7 @@ _sigs = {
     "cuCtxCreate_v2": [C.POINTER(VP), UINT, INT], "cuCtxDestroy_v2": [VP], "cuCtxSetCurrent": [VP],
     "cuCtxGetCurrent": [C.POINTER(VP)], "cuCtxPushCurrent_v2": [VP], "cuCtxPopCurrent_v2": [C.POINTER(VP)],
     "cuCtxGetDevice": [C.POINTER(INT)], "cuCtxSynchronize": [],
-    "cuMemAlloc_v2": [C.POINTER(U64), SZ], "cuMemAlloc": [C.POINTER(U64), SZ], "cuMemFree_v2": [U64],
+    "cuMemAlloc_v2": [C.POINTER(U64), SZ], "cuMemAlloc": [C.POINTER(U64), SZ], "cuMemFree_v2": [U64], "cuMemFree": [U64],
     "cuMemGetInfo_v2": [C.POINTER(SZ), C.POINTER(SZ)], "cuMemGetAddressRange_v2": [C.POINTER(U64), C.POINTER(SZ), U64],
     "cuMemsetD8_v2": [U64, C.c_ubyte, SZ], "cuMemsetD32_v2": [U64, UINT, SZ],
     "cuMemsetD8Async": [U64, C.c_ubyte, SZ, VP], "cuMemsetD32Async": [U64, UINT, SZ, VP],
