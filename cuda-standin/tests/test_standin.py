@@ -708,3 +708,118 @@ def test_dead_process_files_are_swept(state_dir):
     child.wait(10)
     ok("init(0)")     # cuInit of any process sweeps files of dead processes
     assert not (set(os.listdir(d)) & new)
+
+
+# ------------------------------------------------------------------ more strict rules
+def test_init_flags():
+    with Rule("cuInit", "CUDA_ERROR_INVALID_VALUE"):
+        assert cu.cuInit(1) == INVALID_VALUE
+    ok("assert cu.cuInit(0) == 100", env={"CUDA_VISIBLE_DEVICES": "MIG-abc,0"})
+
+
+def test_stream_of_another_context():
+    s = stream()
+    c = C.c_void_p()
+    ck(cu.cuCtxCreate_v2(C.byref(c), 0, 1))
+    try:
+        p = alloc(64)
+        with Rule("cuMemsetD8Async", "CUDA_ERROR_INVALID_HANDLE"):
+            assert cu.cuMemsetD8Async(p, 0, 8, s) == INVALID_HANDLE
+        ck(cu.cuMemFree_v2(p))
+    finally:
+        ck(cu.cuCtxPopCurrent_v2(C.byref(C.c_void_p())))
+        ck(cu.cuCtxDestroy_v2(c))
+    ck(cu.cuStreamDestroy_v2(s))
+    with Rule("cuStreamDestroy_v2", "CUDA_ERROR_INVALID_HANDLE"):
+        assert cu.cuStreamDestroy_v2(None) == INVALID_HANDLE
+
+
+def test_ipc_event_rules():
+    e = event(6)
+    h = Ipc64()
+    ck(cu.cuIpcGetEventHandle(C.byref(h), e))
+    hexh = bytes(h.reserved).hex()
+    ck(cu.cuEventDestroy_v2(e))
+    _, _, err = run(f"""
+        init(0); h = Ipc64(); C.memmove(C.addressof(h), bytes.fromhex("{hexh}"), 64)
+        e = C.c_void_p(); assert cu.cuIpcOpenEventHandle(C.byref(e), h) == 1
+        g = Ipc64(); C.memmove(C.addressof(g), b"\\x07" * 64, 64)
+        assert cu.cuIpcOpenEventHandle(C.byref(e), g) == 1""")
+    assert "cuIpcOpenEventHandle: the exported event was destroyed" in err
+    assert "cuIpcOpenEventHandle: the 64 bytes are not a handle from cuIpcGetEventHandle -> CUDA_ERROR_INVALID_VALUE" in err
+
+
+def test_legacy_ipc_exporter_exited():
+    out, _ = ok("""
+        init(0); p = alloc(4096); print(ipc_get(p).hex())""")
+    _, _, err = run(f"""
+        init(0); rc, d = ipc_open(bytes.fromhex("{out.strip()}")); assert rc == 1, rc""")
+    assert err.count("cuda-standin: cuIpcOpenMemHandle_v2:") == 1 and "-> CUDA_ERROR_INVALID_VALUE" in err
+
+
+def test_vmm_import_on_invisible_device_and_after_release():
+    g = gran()
+    h = vmm_create(g, dev=1)
+    fd = export_fd(h)
+    ck(cu.cuMemRelease(h))          # the exported descriptor keeps the allocation alive
+    a, b = socket.socketpair()
+    socket.send_fds(a, [b"x"], [fd])
+    _, _, err = run(f"""
+        init(0); s = socket.socket(fileno={b.fileno()}); _, fds, _, _ = socket.recv_fds(s, 16, 1)
+        h = U64(); assert cu.cuMemImportFromShareableHandle(C.byref(h), C.c_void_p(fds[0]), 1) == 101""",
+                    env={"CUDA_VISIBLE_DEVICES": "0"}, pass_fds=[b.fileno()])
+    assert "not visible to this process -> CUDA_ERROR_INVALID_DEVICE" in err
+    socket.send_fds(a, [b"x"], [fd])
+    ok(f"""
+        init(1); s = socket.socket(fileno={b.fileno()}); _, fds, _, _ = socket.recv_fds(s, 16, 1)
+        h = import_fd(fds[0]); v = vmm_map(h, {g}, dev=1); h2d(v, b"ok"); assert d2h(v, 2) == b"ok" """,
+       pass_fds=[b.fileno()])
+    for x in (fd, ):
+        os.close(x)
+    a.close()
+    b.close()
+
+
+def test_host_memory():
+    pp = C.c_void_p()
+    ck(cu.cuMemHostAlloc(C.byref(pp), 4096, 0))
+    d = U64()
+    ck(cu.cuMemHostGetDevicePointer_v2(C.byref(d), pp, 0))
+    assert d.value == pp.value
+    with Rule("cuMemHostRegister_v2", "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"):
+        assert cu.cuMemHostRegister_v2(pp, 4096, 0) == 712
+    ck(cu.cuMemFreeHost(pp))
+    with Rule("cuMemFreeHost", "CUDA_ERROR_INVALID_VALUE"):
+        assert cu.cuMemFreeHost(pp) == INVALID_VALUE
+    buf = C.create_string_buffer(8192)
+    ck(cu.cuMemHostRegister_v2(buf, 8192, 0))
+    ck(cu.cuMemHostUnregister(buf))
+    with Rule("cuMemHostUnregister", "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"):
+        assert cu.cuMemHostUnregister(buf) == 713
+
+
+def test_primary_context_reset():
+    ok("""
+        init(0); p = alloc(64); s = C.c_void_p(); ck(cu.cuStreamCreate(C.byref(s), 0))
+        ck(cu.cuDevicePrimaryCtxReset_v2(0))
+        assert cu.cuMemFree_v2(p) == 1 and cu.cuStreamQuery(s) == 400
+        q = alloc(64); ck(cu.cuMemFree_v2(q))""")
+
+
+def test_jcuda_native_resolves_against_the_standin():
+    jar = os.path.expanduser("~/.m2/repository/org/jcuda/jcuda-natives/12.0.0/jcuda-natives-12.0.0-linux-x86_64.jar")
+    if not os.path.exists(jar):
+        pytest.skip("JCuda natives jar not in ~/.m2")
+    import tempfile
+    import zipfile
+    with tempfile.TemporaryDirectory() as t:
+        with zipfile.ZipFile(jar) as z:
+            so = z.extract("lib/libJCudaDriver-12.0.0-linux-x86_64.so", t)
+        r = subprocess.run(["ldd", "-r", so], capture_output=True, text=True, env=os.environ)
+    out = r.stdout + r.stderr
+    lib = [l for l in out.splitlines() if "libcuda.so.1" in l]
+    assert lib and "not found" not in lib[0], out
+    cu_undefined = [l for l in out.splitlines() if "undefined symbol: cu" in l]
+    assert not cu_undefined, cu_undefined[:5]
+    with open(os.path.join(HERE, "..", "jcuda-symbols.txt")) as f:
+        assert len(f.read().split()) == 307
