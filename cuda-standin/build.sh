@@ -10,7 +10,7 @@ obj="$out/obj"
 rm -rf "$obj"
 mkdir -p "$obj"
 CC=${CC:-gcc}
-CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -fvisibility=hidden"
+CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -fvisibility=hidden ${EXTRA_CFLAGS:-}"  # EXTRA_CFLAGS: e.g. -fsanitize=address,undefined
 
 # 1. the implementation, one object per source file
 pids=()
@@ -35,6 +35,6 @@ grep -E '^cu[A-Za-z0-9_]+$' "$here/jcuda-symbols.txt" | sort -u > "$obj/wanted.t
 "$CC" $CFLAGS -c "$obj/stubs.c" -o "$obj/stubs.o"
 
 # 3. link
-"$CC" -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,-z,defs -o "$out/libcuda.so.1" "$obj"/*.o
+"$CC" ${EXTRA_CFLAGS:-} -shared -pthread -Wl,-soname,libcuda.so.1 -Wl,-z,defs -o "$out/libcuda.so.1" "$obj"/*.o
 ln -sfn libcuda.so.1 "$out/libcuda.so"
 echo "cuda-standin: built $out/libcuda.so.1 ($(comm -12 "$obj/wanted.txt" "$obj/defined.txt" | wc -l) of $(wc -l < "$obj/wanted.txt") JCuda symbols implemented, the rest stubbed)"

@@ -18,7 +18,7 @@ os.environ["CUDA_STANDIN_DIR"] = os.path.join(_state, "state")
 os.environ["CUDA_STANDIN_LOG"] = os.path.join(_state, "main.log")
 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 os.environ.pop("CUDA_STANDIN_VMM", None)
-os.environ["CUDA_STANDIN_STREAM_DELAY_MS"] = "20"
+os.environ["CUDA_STANDIN_STREAM_DELAY_MS"] = "100"   # wide enough that "not landed yet" checks are not racy
 STATE = _state
 
 

@@ -3,7 +3,11 @@ libcuda.so.1 is resolved through LD_LIBRARY_PATH (the build output directory).""
 import ctypes as C
 import os
 
-cu = C.CDLL("libcuda.so.1")
+try:
+    cu = C.CDLL("libcuda.so.1")
+except OSError as e:
+    raise RuntimeError("libcuda.so.1 not found: build it with `bash cuda-standin/build.sh OUT` and run with "
+                       "LD_LIBRARY_PATH=OUT") from e
 
 U64, SZ, VP, UINT, INT = C.c_uint64, C.c_size_t, C.c_void_p, C.c_uint, C.c_int
 

@@ -823,3 +823,31 @@ def test_jcuda_native_resolves_against_the_standin():
     assert not cu_undefined, cu_undefined[:5]
     with open(os.path.join(HERE, "..", "jcuda-symbols.txt")) as f:
         assert len(f.read().split()) == 307
+
+
+def test_threads_share_the_driver(primary):
+    errors = []
+
+    def work(i):
+        try:
+            ck(cu.cuCtxSetCurrent(primary))
+            s = stream(i % 2)
+            e = event(2)
+            for k in range(10):
+                p = alloc(4096 + k)
+                ck(cu.cuMemsetD8Async(p, (i + k) & 0xff, 4096, s))
+                ck(cu.cuEventRecord(e, s))
+                if k % 5 == 0:
+                    ck(cu.cuEventSynchronize(e))
+                    assert cs.peek(p, 4096) == bytes([(i + k) & 0xff]) * 4096
+                ck(cu.cuMemFree_v2(p))   # synchronizes the context first
+            ck(cu.cuStreamDestroy_v2(s))
+            ck(cu.cuEventDestroy_v2(e))
+        except Exception as x:  # noqa: BLE001
+            errors.append(x)
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors, errors
