@@ -8,6 +8,7 @@ mkdir -p "$1"
 out=$(cd "$1" && pwd)
 obj="$out/obj"
 rm -rf "$obj"
+rm -f "$out/libcuda.so.1"   # never leave a stale library behind a failed build
 mkdir -p "$obj"
 CC=${CC:-gcc}
 CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -fvisibility=hidden ${EXTRA_CFLAGS:-}"  # EXTRA_CFLAGS: e.g. -fsanitize=address,undefined

@@ -252,6 +252,8 @@ static CUresult init_locked(void) {
     cfg.delay_ms = (long)x;
     env_long("CUDA_STANDIN_VMM", 1, &x);
     cfg.vmm = x != 0;
+    env_long("CUDA_STANDIN_MEMSET_ASYNC", 0, &x);
+    cfg.memset_async = x != 0;
     const char *d = getenv("CUDA_STANDIN_DIR");
     snprintf(cfg.dir, sizeof cfg.dir, "%s", d && *d ? d : "/dev/shm/cuda-standin");
     const char *l = getenv("CUDA_STANDIN_LOG");

@@ -264,6 +264,7 @@ static CUresult copy_common(const char *call, uintptr_t dst, int ddev, uintptr_t
     if (kind == IT_COPY && sdev && (rc = check_range(src, bytes, ACC_READ, c->dev, &why))) { rc = bad_range(call, rc, "source", src, bytes, why); goto out; }
     if (!ddev && kind != IT_COPY) { rc = violation(CUDA_ERROR_INVALID_VALUE, call, "0x%" PRIxPTR " is not device memory of this process", dst); goto out; }
     if (kind == IT_COPY && (!dst || !src)) { rc = violation(CUDA_ERROR_INVALID_VALUE, call, "NULL pointer"); goto out; }
+    if (!async && kind != IT_COPY && cfg.memset_async) async = 1;   /* as on a GPU: the memset lands later */
     if (async) {
         struct stream *s = stream_resolve(c, hs, call, &rc);
         if (!s) goto out;

@@ -72,6 +72,7 @@ struct config {
     size_t granularity;
     long delay_ms;
     int vmm;
+    int memset_async;         /* CUDA_STANDIN_MEMSET_ASYNC: plain cuMemsetD* queue on the legacy stream */
     char dir[512];
     char log[512];
 };

@@ -851,3 +851,11 @@ def test_threads_share_the_driver(primary):
     for t in ts:
         t.join(120)
     assert not errors, errors
+
+
+def test_memset_async_option():
+    ok("""
+        init(0); p = alloc(64); h2d(p, b"\\0" * 64)
+        ck(cu.cuMemsetD8_v2(p, 0x66, 64)); assert C.string_at(p, 1) == b"\\0"   # queued, not landed
+        assert d2h(p, 1) == b"\\x66"   # a synchronous copy waits for the legacy stream""",
+       env={"CUDA_STANDIN_MEMSET_ASYNC": "1", "CUDA_STANDIN_STREAM_DELAY_MS": "200"})
