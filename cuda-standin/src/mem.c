@@ -368,12 +368,20 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle handle, uns
     if (h.pidns != self_pidns) { rc = violation(CUDA_ERROR_INVALID_VALUE, call, "the handle was exported in another PID namespace (ns %" PRIu64 ", this process %" PRIu64 ")", h.pidns, self_pidns); goto out; }
     if (h.kpid == self_pid && h.kstart == self_start) { rc = violation(CUDA_ERROR_INVALID_CONTEXT, call, "the handle was exported by this same process (use the pointer itself)"); goto out; }
     if (!proc_alive(h.kpid, h.kstart)) { rc = violation(CUDA_ERROR_INVALID_VALUE, call, "the exporting process %" PRIu64 " has exited; its allocation is gone", h.kpid); goto out; }
-    for (struct alloc *a = allocs; a; a = a->next)
-        if (a->alive && a->kind == AK_IPCOPEN && a->kpid == h.kpid && a->kstart == h.kstart && a->kseq == h.kseq) {
+    for (struct alloc *a = allocs; a; a = a->next) {
+        if (!a->alive || a->kind != AK_IPCOPEN || a->kpid != h.kpid || a->kstart != h.kstart) continue;
+        if (a->ctx == c && a->kseq == h.kseq) {   /* opened by this context already: one more reference */
             a->refs++;
             *p = a->base;
             goto out;
         }
+        if (a->ctx != c && a->ctx->dev == c->dev && a->phys == (int)h.phys) {
+            rc = violation(CUDA_ERROR_INVALID_CONTEXT, call,
+                           "handles from process %" PRIu64 "'s device %u are already opened by another context on device %d of this process "
+                           "(only one context per device may open them)", h.kpid, h.phys, c->dev);
+            goto out;
+        }
+    }
     char path[600];
     snprintf(path, sizeof path, "%s/mem-%" PRIu64 "-%" PRIu64 "-%" PRIu64, cfg.dir, h.kpid, h.kstart, h.kseq);
     int fd = open(path, O_RDWR | O_CLOEXEC);

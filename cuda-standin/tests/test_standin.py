@@ -859,3 +859,21 @@ def test_memset_async_option():
         ck(cu.cuMemsetD8_v2(p, 0x66, 64)); assert C.string_at(p, 1) == b"\\0"   # queued, not landed
         assert d2h(p, 1) == b"\\x66"   # a synchronous copy waits for the legacy stream""",
        env={"CUDA_STANDIN_MEMSET_ASYNC": "1", "CUDA_STANDIN_STREAM_DELAY_MS": "200"})
+
+
+def test_legacy_ipc_one_context_per_device():
+    p = alloc(4096)
+    q = alloc(4096)
+    h1, h2 = ipc_get(p).hex(), ipc_get(q).hex()
+    _, err = ok(f"""
+        init(0); rc, d = ipc_open(bytes.fromhex("{h1}")); ck(rc)
+        c2 = C.c_void_p(); ck(cu.cuCtxCreate_v2(C.byref(c2), 0, 0))
+        rc, _ = ipc_open(bytes.fromhex("{h2}")); assert rc == 201, rc      # same exporter, same device, other context
+        ck(cu.cuCtxDestroy_v2(c2))
+        ck(cu.cuCtxCreate_v2(C.byref(c2), 0, 1))                           # a context on another device may
+        rc, d1 = ipc_open(bytes.fromhex("{h1}")); ck(rc); assert d1 != d
+        ck(cu.cuIpcCloseMemHandle(d1)); ck(cu.cuCtxDestroy_v2(c2))
+        ck(cu.cuIpcCloseMemHandle(d))""")
+    assert err.count("only one context per device may open them) -> CUDA_ERROR_INVALID_CONTEXT") == 1
+    ck(cu.cuMemFree_v2(p))
+    ck(cu.cuMemFree_v2(q))
