@@ -40,7 +40,9 @@ class DaemonLifecycleTest {
   private static Object[] runMain(String... args) throws Exception {
     List<String> command = DaemonProcess.javaCommand("io.gpumemd.server.Main");
     command.addAll(List.of(args));
-    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+    // Without a GPU: the CUDA driver (real, or the tests' stand-in) sees no device.
+    Process p = DaemonProcess.withEnvironment(new ProcessBuilder(command), DaemonProcess.NO_GPU)
+        .redirectErrorStream(true).start();
     String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
     assertTrue(p.waitFor(30, TimeUnit.SECONDS));
     return new Object[] {p.exitValue(), out};
@@ -125,7 +127,7 @@ class DaemonLifecycleTest {
 
   @Test
   void backendAuto_withoutGpu_picksHostAndSaysWhy() throws Exception {
-    DaemonProcess daemon = DaemonProcess.start("--backend", "auto");
+    DaemonProcess daemon = DaemonProcess.startWith(DaemonProcess.NO_GPU, "--backend", "auto");
     try {
       assertTrue(daemon.output().contains("Backend: host (--backend auto: CUDA is not usable ("), daemon.output());
     } finally {

@@ -10,6 +10,7 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
@@ -47,7 +48,7 @@ public final class DaemonProcess implements AutoCloseable {
   /** Starts the daemon with {@link TestDaemon#defaultFlags} then {@code extraFlags}. */
   public static DaemonProcess start(String... extraFlags) {
     try {
-      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, extraFlags);
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, Map.of(), extraFlags);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
@@ -59,15 +60,46 @@ public final class DaemonProcess implements AutoCloseable {
    * directory is the same daemon restarted, on the same socket path. The caller deletes it.
    */
   public static DaemonProcess startIn(Path dir, String... extraFlags) {
-    return launch(dir, false, extraFlags);
+    return launch(dir, false, Map.of(), extraFlags);
   }
 
-  private static DaemonProcess launch(Path dir, boolean ownsDir, String... extraFlags) {
+  /**
+   * {@link #start} with these environment variables added to (or, mapped to null, removed from)
+   * the test's own: e.g. {@link #NO_GPU}, or another {@code CUDA_VISIBLE_DEVICES}.
+   */
+  public static DaemonProcess startWith(Map<String, String> environment, String... extraFlags) {
+    try {
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, environment, extraFlags);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  /**
+   * The environment of a machine whose driver sees no GPU: the real driver and the stand-in
+   * (cuda-standin/) both report no device when {@code CUDA_VISIBLE_DEVICES} is empty.
+   */
+  public static final Map<String, String> NO_GPU = Map.of("CUDA_VISIBLE_DEVICES", "");
+
+  /** Applies {@code environment} to a process about to start (null values remove the name). */
+  public static ProcessBuilder withEnvironment(ProcessBuilder builder, Map<String, String> environment) {
+    environment.forEach((name, value) -> {
+      if (value == null) {
+        builder.environment().remove(name);
+      } else {
+        builder.environment().put(name, value);
+      }
+    });
+    return builder;
+  }
+
+  private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment,
+      String... extraFlags) {
     try {
       List<String> command = new ArrayList<>(javaCommand("io.gpumemd.server.Main"));
       command.addAll(List.of(TestDaemon.defaultFlags(dir)));
       command.addAll(List.of(extraFlags));
-      Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+      Process p = withEnvironment(new ProcessBuilder(command), environment).redirectErrorStream(true).start();
       DaemonProcess daemon = new DaemonProcess(p, dir, ownsDir);
       if (!daemon.ready.await(30, TimeUnit.SECONDS)) {
         daemon.close();
