@@ -131,7 +131,8 @@ class CudaVmmTest {
         try (Lease zeroed = client.lease(0, SIZE, true, "local zero")) {
           assertTrue(zeroed.localHit());
           assertEquals(own, current(), "after a locally zeroed lease");
-          check(cuCtxSetCurrent(CudaLeases.context(zeroed)), "cuCtxSetCurrent");
+          CUcontext leaseContext = CudaLeases.context(zeroed);
+          check(cuCtxSetCurrent(leaseContext), "cuCtxSetCurrent");
           CUstream stream = new CUstream();
           check(cuStreamCreate(stream, 0), "cuStreamCreate");
           check(cuCtxSetCurrent(own), "cuCtxSetCurrent");
@@ -142,7 +143,10 @@ class CudaVmmTest {
             Thread.sleep(1);
           }
           assertEquals(0, client.pendingReleases(), "the release went out once its event completed");
+          // in the stream's own context: a stream belongs to the context it was created in
+          check(cuCtxSetCurrent(leaseContext), "cuCtxSetCurrent");
           check(cuStreamDestroy(stream), "cuStreamDestroy");
+          check(cuCtxSetCurrent(own), "cuCtxSetCurrent");
         }
       } finally {
         check(cuCtxDestroy(own), "cuCtxDestroy");

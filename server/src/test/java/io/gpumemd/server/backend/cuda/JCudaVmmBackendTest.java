@@ -1,13 +1,6 @@
 package io.gpumemd.server.backend.cuda;
 
-import static jcuda.driver.JCudaDriver.cuMemAddressFree;
-import static jcuda.driver.JCudaDriver.cuMemAddressReserve;
 import static jcuda.driver.JCudaDriver.cuMemGetAddressRange;
-import static jcuda.driver.JCudaDriver.cuMemImportFromShareableHandle;
-import static jcuda.driver.JCudaDriver.cuMemMap;
-import static jcuda.driver.JCudaDriver.cuMemRelease;
-import static jcuda.driver.JCudaDriver.cuMemSetAccess;
-import static jcuda.driver.JCudaDriver.cuMemUnmap;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertDoesNotThrow;
@@ -19,6 +12,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
+import io.gpumemd.common.cuda.CudaHandles;
+import io.gpumemd.common.cuda.VmmDriver;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.DescriptorSegment;
@@ -30,12 +25,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import jcuda.Pointer;
 import jcuda.driver.CUdeviceptr;
-import jcuda.driver.CUmemAccessDesc;
-import jcuda.driver.CUmemAccess_flags;
-import jcuda.driver.CUmemAllocationHandleType;
-import jcuda.driver.CUmemGenericAllocationHandle;
-import jcuda.driver.CUmemLocation;
-import jcuda.driver.CUmemLocationType;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -138,7 +127,7 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
       assertTrue(Files.exists(Path.of("/proc/self/fd/" + first.number())));
       assertTrue(second.readOnly(), "the grant carries read-only; the descriptor cannot");
 
-      assertArrayEquals(bytes, readThroughImport(segment, first.number(), MiB, bytes.length));
+      assertArrayEquals(bytes, readThroughImport(segment, first.number(), MiB, bytes.length, true));
       first.close();
       assertDoesNotThrow(first::close, "closed once, however often asked");
     }
@@ -196,39 +185,42 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
 
       assertNull(exported.open(false), "nothing is exported from a released allocation");
       // The descriptor holds the allocation: a client that got it still maps the same bytes.
-      assertArrayEquals(bytes, readThroughImport(segment, descriptor.number(), 0, bytes.length));
+      assertArrayEquals(bytes, readThroughImport(segment, descriptor.number(), 0, bytes.length, false));
     }
   }
 
   /**
    * Imports a descriptor as a client does (import, reserve, map, set access read-only), reads
-   * through that second mapping and undoes it all.
+   * through that second mapping and undoes it all; while the daemon's own mapping stands
+   * ({@code stillMapped}) the import lies at another address (after a free the address may be
+   * reused). Through {@link VmmDriver}, as the clients do:
+   * JCuda 12.0.0's own {@code cuMemSetAccess} hands the driver the access flags as the location
+   * type, and a real driver refuses it.
    */
-  private static byte[] readThroughImport(SegmentMemory segment, int fd, long offset, int length) {
+  private static byte[] readThroughImport(SegmentMemory segment, int fd, long offset, int length,
+      boolean stillMapped) {
     current(segment);
     long bytes = segment.bytes();
-    CUmemGenericAllocationHandle imported = new CUmemGenericAllocationHandle();
-    // The POSIX fd is passed as the pointer's value, (void*)(uintptr_t) fd, as in the reference.
-    CudaCalls.check(cuMemImportFromShareableHandle(imported, new Pointer().withByteOffset(fd),
-        CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle");
-    CUdeviceptr at = new CUdeviceptr();
+    long[] imported = new long[1];
+    CudaCalls.check(VmmDriver.importDescriptor(fd, imported), "cuMemImportFromShareableHandle");
+    long[] at = new long[1];
     try {
-      CudaCalls.check(cuMemAddressReserve(at, bytes, 0, new CUdeviceptr(), 0), "cuMemAddressReserve");
-      CudaCalls.check(cuMemMap(at, bytes, 0, imported, 0), "cuMemMap");
-      CUmemAccessDesc access = new CUmemAccessDesc();
-      access.location = new CUmemLocation();
-      access.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE;
-      access.location.id = segment.device();
-      access.flags = CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ;
-      CudaCalls.check(cuMemSetAccess(at, bytes, new CUmemAccessDesc[] {access}, 1), "cuMemSetAccess");
+      CudaCalls.check(VmmDriver.reserve(bytes, at), "cuMemAddressReserve");
+      CudaCalls.check(VmmDriver.map(at[0], bytes, imported[0]), "cuMemMap");
+      CudaCalls.check(VmmDriver.setAccess(at[0], bytes, segment.device(), VmmDriver.PROT_READ), "cuMemSetAccess");
       byte[] out = new byte[length];
-      CudaCalls.check(cuMemcpyDtoH(Pointer.to(out), at.withByteOffset(offset), length), "cuMemcpyDtoH");
-      assertNotEquals(((DeviceSegment) segment).pointer(), at, "a mapping of its own");
+      CudaCalls.check(cuMemcpyDtoH(Pointer.to(out), new CUdeviceptr().withByteOffset(at[0] + offset), length),
+          "cuMemcpyDtoH");
+      if (stillMapped) {
+        assertNotEquals(CudaHandles.address(((DeviceSegment) segment).pointer()), at[0], "a mapping of its own");
+      }
       return out;
     } finally {
-      cuMemUnmap(at, bytes);
-      cuMemAddressFree(at, bytes);
-      cuMemRelease(imported);
+      if (at[0] != 0) {
+        VmmDriver.unmap(at[0], bytes);
+        VmmDriver.addressFree(at[0], bytes);
+      }
+      VmmDriver.release(imported[0]);
     }
   }
 }
