@@ -131,7 +131,7 @@ public final class GpumemdServer {
     this.blockingExecutor = new ThreadPoolExecutor(BACKEND_THREADS, BACKEND_THREADS, 30, TimeUnit.SECONDS,
         new LinkedBlockingQueue<>(), Listeners.daemonThreads("gpumemd-backend"));
     blockingExecutor.allowCoreThreadTimeOut(true);
-    this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount);
+    this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount, backend);
     this.streams = new StreamWatchdog(config.transport().streamStallMillis(), ticker);
     List<ServerServiceDefinition> services = List.of(
         DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate)),

@@ -37,6 +37,15 @@ public interface MemoryBackend extends AutoCloseable {
     return 1;
   }
 
+  /**
+   * Bytes of the device in use that this backend's live segments do not explain (other
+   * processes, driver contexts, freed segments still mapped elsewhere), or -1 where the backend
+   * cannot tell. A gauge for operators: memory the daemon's budget cannot see.
+   */
+  default long bytesOutsideBooks(int device) {
+    return -1;
+  }
+
   /** Gives a segment back. Never throws for a segment this backend allocated; logs instead. */
   void free(SegmentMemory segment);
 

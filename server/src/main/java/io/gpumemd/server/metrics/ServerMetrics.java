@@ -1,5 +1,6 @@
 package io.gpumemd.server.metrics;
 
+import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolMetric;
@@ -16,7 +17,8 @@ import java.util.function.IntSupplier;
 
 /**
  * The daemon's meters: one per {@link PoolMetric} and device (tagged {@code device}, the same
- * figures as {@code Admin.GetStats}), the live sessions, and a lease-latency timer with
+ * figures as {@code Admin.GetStats}), the live sessions, the device memory in use outside the
+ * daemon's books where the backend can tell ({@code gpumemd_device_unaccounted_bytes}), and a lease-latency timer with
  * percentiles per device and result.
  *
  * <p>Pool meters read a snapshot that {@link #refresh()} takes once per scrape (one {@link
@@ -31,13 +33,15 @@ import java.util.function.IntSupplier;
 public final class ServerMetrics implements MeterBinder {
   private final DevicePools pools;
   private final IntSupplier sessions;
+  private final MemoryBackend backend;
   private volatile PoolStats[] latest;
   private Timer[][] leaseTimers;
 
   /** Binds to {@code registry} at once, so that {@link #recordLease} may be called. */
-  public ServerMetrics(MeterRegistry registry, DevicePools pools, IntSupplier sessions) {
+  public ServerMetrics(MeterRegistry registry, DevicePools pools, IntSupplier sessions, MemoryBackend backend) {
     this.pools = pools;
     this.sessions = sessions;
+    this.backend = backend;
     refresh();
     bindTo(registry);
   }
@@ -78,6 +82,13 @@ public final class ServerMetrics implements MeterBinder {
               .description(metric.description()).tags(tags)
               .baseUnit(metric.isBytes() ? "bytes" : null).register(registry);
         }
+      }
+      if (backend.bytesOutsideBooks(device) >= 0) {
+        // Read from the driver at each scrape (a microsecond call): memory the budget cannot see.
+        Gauge.builder("gpumemd.device.unaccounted", backend, b -> b.bytesOutsideBooks(device))
+            .description("device memory in use that the daemon's segments do not explain: other processes, "
+                + "driver contexts, released segments still mapped by a client")
+            .tags(tags).baseUnit("bytes").register(registry);
       }
       for (int hit = 0; hit < 2; hit++) {
         timers[device][hit] = Timer.builder("gpumemd.lease.latency")

@@ -104,7 +104,7 @@ class AdminSharesTest {
     String name = InProcessServerBuilder.generateName();
     servers.add(InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount),
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount, backend),
             new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker)))
         .addService(new AdminService(pools, registry, Runnable::run))
         .intercept(Callers.fixed(caller))

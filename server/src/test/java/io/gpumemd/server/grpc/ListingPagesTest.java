@@ -79,7 +79,7 @@ class ListingPagesTest {
     servers.add(InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AdminService(pools, registry, Runnable::run))
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount, backend), watchdog))
         .intercept(Callers.fixed(caller))
         .build().start());
     ManagedChannel channel = InProcessChannelBuilder.forName(name).directExecutor().build();

@@ -96,7 +96,7 @@ class SessionStreamTest {
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, backendTasks::add,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount, backend), watchdog))
         .addService(new AdminService(pools, registry, r -> new Thread(r).start()))
         // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
         .intercept(Callers.fixed(Caller.DAEMON))

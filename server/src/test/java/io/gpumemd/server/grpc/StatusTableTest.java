@@ -93,7 +93,7 @@ class StatusTableTest {
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount), watchdog))
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount, backend), watchdog))
         .addService(new AdminService(pools, registry, Runnable::run))
         // in-process calls identify nobody: they act as the daemon (an admin), as embedded callers do
         .intercept(Callers.fixed(Caller.DAEMON))

@@ -38,7 +38,7 @@ class ServerMetricsTest {
 
   @Test
   void everyPoolMetric_isOneMeterPerDevice() {
-    new ServerMetrics(registry, pools, () -> 3);
+    new ServerMetrics(registry, pools, () -> 3, backend);
     for (PoolMetric metric : PoolMetric.values()) {
       for (int device = 0; device < 2; device++) {
         assertEquals(1, registry.find(ServerMetrics.meterName(metric)).tag("device", Integer.toString(device)).meters().size(),
@@ -55,7 +55,7 @@ class ServerMetricsTest {
 
   @Test
   void meters_showTheSnapshotOfTheLastRefresh() {
-    ServerMetrics metrics = new ServerMetrics(registry, pools, () -> 0);
+    ServerMetrics metrics = new ServerMetrics(registry, pools, () -> 0, backend);
     pools.get(1).lease(4 << 20, false, "holder", SegmentOwner.DAEMON);
 
     // Not refreshed yet: the lease happened after the snapshot.

@@ -77,7 +77,7 @@ class MovingRefusalTest {
     String name = InProcessServerBuilder.generateName();
     server = InProcessServerBuilder.forName(name).directExecutor()
         .addService(new AllocatorService(registry, Runnable::run,
-            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount),
+            new ServerMetrics(new SimpleMeterRegistry(), pools, registry::sessionCount, backend),
             new StreamWatchdog(StreamWatchdog.DEFAULT_STALL_MILLIS, ticker), gate))
         .intercept(Callers.fixed(Caller.DAEMON))
         .intercept(new HandOverInterceptor(gate))

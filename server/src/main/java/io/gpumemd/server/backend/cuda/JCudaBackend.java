@@ -21,6 +21,7 @@ import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
 import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
@@ -224,6 +225,7 @@ public final class JCudaBackend implements MemoryBackend {
       throw new BackendException("cuda backend is closed");
     }
     makeCurrent(device);
+    checkRoom(device, bytes);
     if (vmm[device] != null) {
       VmmSegment segment = vmm[device].allocate(bytes);
       live.add(segment);
@@ -241,6 +243,55 @@ public final class JCudaBackend implements MemoryBackend {
       cuMemFree(pointer);
       throw e;
     }
+  }
+
+  /**
+   * Refuses a segment the device cannot hold by the driver's own count ({@code cuMemGetInfo}),
+   * naming how much of the device is in use outside this daemon's live segments: other
+   * processes, driver contexts, and VMM segments this daemon released that a client still maps
+   * ({@code cuMemRelease} frees nothing while another process maps the allocation). Without it
+   * such memory would be handed out again by the daemon's budget; a real driver may then fail
+   * or, where memory can be oversubscribed, fault later.
+   */
+  private void checkRoom(int device, long bytes) {
+    long[] free = new long[1];
+    long[] total = new long[1];
+    CudaCalls.check(cuMemGetInfo(free, total), "cuMemGetInfo(" + device + ")");
+    if (free[0] < bytes) {
+      throw new BackendOutOfMemoryException("device " + device + " has " + free[0] + " of " + total[0]
+          + " bytes free by the driver's count for a " + bytes + "-byte segment; "
+          + outsideBooks(device, free[0], total[0]) + " bytes of it are in use outside gpumemd's books (other "
+          + "processes, driver contexts, or released segments a client still maps)");
+    }
+  }
+
+  /** Device memory in use that this backend's live segments do not explain. */
+  private long outsideBooks(int device, long free, long total) {
+    long ours = 0;
+    for (DeviceSegment segment : live) {
+      if (segment.device() == device) {
+        ours += segment.bytes();
+      }
+    }
+    return Math.max(0, total - free - ours);
+  }
+
+  /**
+   * {@inheritDoc} By {@code cuMemGetInfo}: what the device has in use minus this daemon's live
+   * segments.
+   */
+  @Override
+  public long bytesOutsideBooks(int device) {
+    if (closed) {
+      return -1;
+    }
+    makeCurrent(device);
+    long[] free = new long[1];
+    long[] total = new long[1];
+    if (cuMemGetInfo(free, total) != CUresult.CUDA_SUCCESS) {
+      return -1;
+    }
+    return outsideBooks(device, free[0], total[0]);
   }
 
   @Override
