@@ -5,7 +5,8 @@
 
 Each round opens a session, leases SIZE bytes on device 0, fetches the segment's descriptor over
 the fd channel, maps it, closes the descriptor and ends the session with CloseSession, keeping the
-mapping. With close-connection the fd-channel connection is also closed each round (the mapping
+mapping (a host segment with mmap, a CUDA VMM segment with the driver's import and map). With
+close-connection the fd-channel connection is also closed each round (the mapping
 stays). It stops at the first refused lease or after ROUNDS rounds, prints one JSON object (the
 rounds done, the bytes it still maps, the refusal's code and message), then waits for a line on
 stdin before it exits, so that the test can look at the daemon's books while it lives.
@@ -26,7 +27,7 @@ sys.path.insert(0, os.environ["GPUMEMD_PYTHON_DIR"])
 
 import grpc  # noqa: E402
 
-from gpumemd import _fdchannel  # noqa: E402
+from gpumemd import _cuda, _fdchannel  # noqa: E402
 from gpumemd._stubs import pb, pb_grpc  # noqa: E402
 
 
@@ -85,15 +86,21 @@ def main(target, fd_socket, rounds, size, mode="keep"):
             break
         handle = lease.handle
         descriptor = fds.fetch(session.session_id, handle.segment_id, False)
-        mapping = mmap.mmap(descriptor.fd, handle.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        descriptor.close()
-        mapping[handle.offset:handle.offset + 4] = b"pin!"
-        mappings.append(mapping)
+        if handle.WhichOneof("kind") == "cuda_vmm":  # a CUDA VMM segment: imported and mapped by the driver
+            base, _ = _cuda.import_and_map(0, descriptor.fd, handle.segment_bytes, False)
+            descriptor.close()
+            _cuda.copy_to_device(0, base + handle.offset, b"pin!")
+            mappings.append(handle.segment_bytes)
+        else:
+            mapping = mmap.mmap(descriptor.fd, handle.segment_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            descriptor.close()
+            mapping[handle.offset:handle.offset + 4] = b"pin!"
+            mappings.append(mapping)
         allocator.CloseSession(pb.CloseSessionRequest(session_id=session.session_id))
         if mode == "close-connection":
             fds.close()
         result["rounds"] += 1
-    result["mapped_bytes"] = sum(len(m) for m in mappings)
+    result["mapped_bytes"] = sum(m if isinstance(m, int) else len(m) for m in mappings)
     print(json.dumps(result), flush=True)
     sys.stdin.readline()
     fds.close()

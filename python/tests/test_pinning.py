@@ -40,6 +40,22 @@ def quota_daemon():
     shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture
+def vmm_quota_daemon():
+    """quota_daemon on CUDA VMM segments (issue 33 item 3): cuMemRelease frees nothing while
+    another process maps the allocation, so the same books must hold there."""
+    if not gpumemd.cuda_available():
+        pytest.skip("no usable CUDA device (libcuda.so.1 missing or no GPU reported)")
+    directory = tempfile.mkdtemp(prefix="gpumemd-pin-vmm-", dir="/tmp")
+    os.chmod(directory, 0o711)
+    d = Daemon(directory, "--backend", "cuda", "--cuda-handles", "vmm", "--device-limit-bytes", "1GiB",
+               "--socket-mode", "0666", "--tenant-max-leased-bytes", str(QUOTA), "--retention-cap-bytes", "0",
+               "--client-cache-bytes", "0")
+    yield d
+    d.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 def start_pinner(daemon, mode):
     env = dict(os.environ, GPUMEMD_PYTHON_DIR=PYTHON_DIR)
     process = subprocess.Popen(
@@ -141,3 +157,23 @@ def test_a_descriptor_left_unread_in_a_half_closed_socket_keeps_its_segment(quot
     finally:
         finish(process)
     wait_until(lambda: awaiting_bytes(quota_daemon) == 0, 10, "the exited process's segment freed")
+
+
+@needs_other_uid
+def test_the_pinning_loop_on_cuda_vmm_segments_ends_at_the_quota_and_frees_at_exit(vmm_quota_daemon):
+    """The loop with VMM segments mapped through the driver: refused at the quota while it maps
+    them, and their memory back once it exits (on the stand-in driver, cuMemGetInfo counts an
+    allocation still mapped anywhere; on a GPU, the device does)."""
+    process, result = start_pinner(vmm_quota_daemon, "keep")
+    try:
+        refusal = result["refusal"]
+        assert refusal is not None, "the loop was never refused: %d rounds, %d bytes mapped past the books" % (
+            result["rounds"], result["mapped_bytes"])
+        assert refusal["code"] == "RESOURCE_EXHAUSTED" and "--tenant-max-leased-bytes" in refusal["message"]
+        assert "still mapped by its processes" in refusal["message"]
+        assert 1 <= result["rounds"] <= QUOTA // SIZE
+        assert awaiting_bytes(vmm_quota_daemon) >= result["mapped_bytes"]
+    finally:
+        finish(process)
+    wait_until(lambda: awaiting_bytes(vmm_quota_daemon) == 0, 10, "the exited process's segments freed")
+    assert vmm_quota_daemon.stats(0).reserved_bytes == 0
