@@ -110,6 +110,22 @@ def start_daemon(tmp_path):
         d.stop()
 
 
+def on_standin():
+    """True where libcuda.so.1 is the tests' stand-in driver (cuda-standin/), not NVIDIA's: its
+    devices are named so. Tests that only a real GPU can answer (kernels, their faults, peer
+    access, timings) skip there, saying so."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    name = ctypes.create_string_buffer(256)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetName(name, 256, 0) != 0:
+        return False
+    return name.value.startswith(b"gpumemd stand-in")
+
+
 def run_worker(*args, timeout=60):
     """Runs tests/worker.py in a new Python process; its stdout."""
     result = subprocess.run([sys.executable, os.path.join(HERE, "worker.py")] + [str(a) for a in args],

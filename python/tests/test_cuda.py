@@ -212,6 +212,47 @@ def test_a_write_through_a_read_only_vmm_hold_is_refused(vmm_daemon):
         assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, SIZE) == expected  # unchanged
 
 
+KERNEL_WRITE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import gpumemd, torch
+with gpumemd.connect(sys.argv[2]) as gm:
+    hold = gm.attach(sys.argv[3])
+    print(type(hold._mapping).__name__, int(hold._mapping.read_only), flush=True)
+    try:
+        torch.as_tensor(hold, device="cuda").fill_(1)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        print("faulted", str(e).splitlines()[0].replace(" ", "_"), flush=True)
+        import os
+        os._exit(0)  # the context is lost after the fault
+    print("written", flush=True)
+"""
+
+
+def test_a_kernel_write_through_a_read_only_vmm_hold_faults(vmm_daemon):
+    """What the stand-in cannot show: a kernel (not a driver copy) writing through a read-only
+    VMM mapping faults on the GPU, and the owner's bytes stay as they were."""
+    from conftest import on_standin
+
+    if on_standin():
+        pytest.skip("only a real GPU runs kernels: the stand-in driver has none")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("PyTorch is not installed (it launches the kernel)")
+    with gpumemd.connect(vmm_daemon.target) as gm, gm.lease(0, 1 << 20) as lease:
+        _cuda.copy_to_device(lease.cuda_device, lease.device_ptr, b"\x07" * 64)
+        _cuda.synchronize(lease.cuda_device)
+        share = lease.share(read_only=True, max_attaches=1)
+        run = subprocess.run([sys.executable, "-c", KERNEL_WRITE, PYTHON_DIR, vmm_daemon.target, share.token],
+                             capture_output=True, text=True, timeout=120)
+        lines = run.stdout.split("\n")
+        assert lines[0] == "VmmMapping 1", run.stdout + run.stderr
+        assert lines[1].startswith("faulted "), run.stdout + run.stderr
+        assert _cuda.copy_from_device(lease.cuda_device, lease.device_ptr, 64) == b"\x07" * 64
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="another uid needs root and setpriv")
 def test_another_uid_gets_only_its_own_tenants_vmm_descriptors(vmm_daemon):
     package = tempfile.mkdtemp(prefix="gpumemd-py-", dir="/tmp")  # readable by nobody
