@@ -77,7 +77,6 @@ def _load():
         "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
         "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
         "cuDeviceGetCount": [ctypes.POINTER(ctypes.c_int)],
-        "cuDeviceGetUuid": [ctypes.POINTER(Uuid), ctypes.c_int],
         "cuDevicePrimaryCtxRetain": [ctypes.POINTER(p), ctypes.c_int],
         "cuCtxPushCurrent_v2": [p],
         "cuCtxPopCurrent_v2": [ctypes.POINTER(p)],
@@ -109,6 +108,19 @@ def _load():
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int
+    # cuDeviceGetUuid_v2, as the daemon and the Java client read it: the first version names every
+    # MIG instance by its parent GPU's UUID, so two instances would look like one device. Only a
+    # driver older than CUDA 11.4 lacks _v2 (and has no MIG UUIDs to tell apart): it is asked the
+    # first version.
+    try:
+        uuid_fn = lib.cuDeviceGetUuid_v2
+        uuid_fn.name_ = "cuDeviceGetUuid_v2"
+    except AttributeError:
+        uuid_fn = lib.cuDeviceGetUuid
+        uuid_fn.name_ = "cuDeviceGetUuid"
+    uuid_fn.argtypes = [ctypes.POINTER(Uuid), ctypes.c_int]
+    uuid_fn.restype = ctypes.c_int
+    lib.device_uuid = uuid_fn
     _lib = lib
     return lib
 
@@ -184,7 +196,7 @@ def visible_uuids():
                 dev = ctypes.c_int()
                 check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)" % ordinal)
                 raw = Uuid()
-                check(lib.cuDeviceGetUuid(ctypes.byref(raw), dev), "cuDeviceGetUuid(%d)" % ordinal)
+                check(lib.device_uuid(ctypes.byref(raw), dev), "%s(%d)" % (lib.device_uuid.name_, ordinal))
                 uuids.append(format_uuid(raw.bytes))
             _uuids = uuids
         return _uuids

@@ -4,11 +4,11 @@ import static jcuda.driver.JCudaDriver.cuCtxPopCurrent;
 import static jcuda.driver.JCudaDriver.cuCtxPushCurrent;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
-import static jcuda.driver.JCudaDriver.cuDeviceGetUuid;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuInit;
 
 import io.gpumemd.common.cuda.CudaUuids;
+import io.gpumemd.common.cuda.DeviceUuidDriver;
 import io.grpc.Status;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -19,7 +19,6 @@ import jcuda.CudaException;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
 import jcuda.driver.CUresult;
-import jcuda.driver.CUuuid;
 
 /**
  * This process's CUDA devices as the client uses them: their uuids (to find the daemon's
@@ -57,11 +56,12 @@ final class CudaContexts {
       check(() -> cuDeviceGetCount(count), "cuDeviceGetCount");
       List<String> uuids = new ArrayList<>(count[0]);
       for (int d = 0; d < count[0]; d++) {
-        CUdevice device = device(d);
-        CUuuid uuid = new CUuuid();
+        // _v2 through JNA, as the daemon reads it: JCuda's binds the first version, which names
+        // a MIG instance by its parent GPU (DeviceUuidDriver).
+        byte[] uuid = new byte[CudaUuids.UUID_BYTES];
         final int ordinal = d;
-        check(() -> cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + ordinal + ")");
-        uuids.add(CudaUuids.format(uuid.bytes));
+        check(() -> DeviceUuidDriver.uuid(ordinal, uuid), DeviceUuidDriver.symbol() + "(" + ordinal + ")");
+        uuids.add(CudaUuids.format(uuid));
       }
       visible = List.copyOf(uuids);
     }
