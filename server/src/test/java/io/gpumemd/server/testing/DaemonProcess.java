@@ -10,6 +10,7 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.regex.Matcher;
@@ -59,15 +60,36 @@ public final class DaemonProcess implements AutoCloseable {
    * directory is the same daemon restarted, on the same socket path. The caller deletes it.
    */
   public static DaemonProcess startIn(Path dir, String... extraFlags) {
-    return launch(dir, false, extraFlags);
+    return launch(dir, false, Map.of(), extraFlags);
+  }
+
+  /**
+   * {@link #startIn} with {@code environment} added to (or, for a null value, removed from) the
+   * test JVM's, e.g. {@code CUDA_VISIBLE_DEVICES} for a daemon that sees other GPUs.
+   */
+  public static DaemonProcess startIn(Path dir, Map<String, String> environment, String... extraFlags) {
+    return launch(dir, false, environment, extraFlags);
   }
 
   private static DaemonProcess launch(Path dir, boolean ownsDir, String... extraFlags) {
+    return launch(dir, ownsDir, Map.of(), extraFlags);
+  }
+
+  private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment,
+      String... extraFlags) {
     try {
       List<String> command = new ArrayList<>(javaCommand("io.gpumemd.server.Main"));
       command.addAll(List.of(TestDaemon.defaultFlags(dir)));
       command.addAll(List.of(extraFlags));
-      Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
+      ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true);
+      environment.forEach((name, value) -> {
+        if (value == null) {
+          builder.environment().remove(name);
+        } else {
+          builder.environment().put(name, value);
+        }
+      });
+      Process p = builder.start();
       DaemonProcess daemon = new DaemonProcess(p, dir, ownsDir);
       if (!daemon.ready.await(30, TimeUnit.SECONDS)) {
         daemon.close();
