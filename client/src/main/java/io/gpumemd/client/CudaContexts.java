@@ -2,6 +2,7 @@ package io.gpumemd.client;
 
 import static jcuda.driver.JCudaDriver.cuCtxPopCurrent;
 import static jcuda.driver.JCudaDriver.cuCtxPushCurrent;
+import static jcuda.driver.JCudaDriver.cuDeviceCanAccessPeer;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
@@ -38,6 +39,7 @@ import jcuda.driver.CUresult;
  */
 final class CudaContexts {
   private static final Map<Integer, CUcontext> CONTEXTS = new HashMap<>();
+  private static final Map<Integer, int[]> ACCESSORS = new HashMap<>();
   private static List<String> visible;
 
   private CudaContexts() {}
@@ -129,6 +131,33 @@ final class CudaContexts {
   private static void pop(int localDevice) {
     CUcontext popped = new CUcontext();
     check(() -> cuCtxPopCurrent(popped), "cuCtxPopCurrent(" + localDevice + ")");
+  }
+
+  /**
+   * The devices of this process whose contexts can access memory on {@code localDevice}
+   * directly ({@code cuDeviceCanAccessPeer}), {@code localDevice} first; read once per device.
+   * A VMM mapping grants them access as a legacy handle opened with {@code
+   * CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS} lets them in. A device the driver cannot answer for is
+   * left out (it gets no access; the lease's own device still maps).
+   */
+  static synchronized int[] accessors(int localDevice) {
+    return ACCESSORS.computeIfAbsent(localDevice, own -> {
+      int count = visibleUuids().size();
+      CUdevice owner = device(own);
+      List<Integer> devices = new ArrayList<>(List.of(own));
+      for (int d = 0; d < count; d++) {
+        if (d == own) {
+          continue;
+        }
+        int[] can = new int[1];
+        final int peer = d;
+        if (result(() -> cuDeviceCanAccessPeer(can, device(peer), owner), "cuDeviceCanAccessPeer") == CUresult.CUDA_SUCCESS
+            && can[0] == 1) {
+          devices.add(d);
+        }
+      }
+      return devices.stream().mapToInt(Integer::intValue).toArray();
+    }).clone();
   }
 
   private static CUdevice device(int ordinal) {

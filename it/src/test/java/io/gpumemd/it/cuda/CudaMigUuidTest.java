@@ -25,7 +25,7 @@ import org.junit.jupiter.api.Test;
 /**
  * The daemon and the Java client name a device by {@code cuDeviceGetUuid_v2} (issue 33 item 6),
  * on a driver whose first version answers one parent UUID for two devices, as under MIG ({@link
- * MigStandIn}): the daemon reports each device's own UUID, and a client process finds the
+ * StandInVariant#mig}): the daemon reports each device's own UUID, and a client process finds the
  * daemon's device 1 as its own device 1. With the first version (JCuda's binding), the daemon
  * reported the parent UUID twice and the client matched both devices to its device 0.
  */
@@ -36,7 +36,7 @@ class CudaMigUuidTest {
   void setUp() throws Exception {
     CudaAvailability.assumeUsable();
     dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-mig-");
-    String why = MigStandIn.build(dir);
+    String why = StandInVariant.mig(dir);
     Assumptions.assumeTrue(why == null, "MIG-like driver not built: " + why);
   }
 
@@ -69,7 +69,7 @@ class CudaMigUuidTest {
         }
       }
       assertEquals(own, reported, "the daemon's device UUIDs:\n" + daemon.output());
-      assertNotEquals(MigStandIn.PARENT_UUID, reported.get(0));
+      assertNotEquals(StandInVariant.PARENT_UUID, reported.get(0));
 
       List<String> command = DaemonProcess.javaCommand(CudaUuidProcessMain.class.getName());
       command.add(daemon.unixTarget());
