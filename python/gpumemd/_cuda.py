@@ -77,7 +77,7 @@ def _load():
         "cuGetErrorString": [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)],
         "cuDeviceGet": [ctypes.POINTER(ctypes.c_int), ctypes.c_int],
         "cuDeviceGetCount": [ctypes.POINTER(ctypes.c_int)],
-        "cuDeviceGetUuid": [ctypes.POINTER(Uuid), ctypes.c_int],
+        "cuDeviceCanAccessPeer": [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_int],
         "cuDevicePrimaryCtxRetain": [ctypes.POINTER(p), ctypes.c_int],
         "cuCtxPushCurrent_v2": [p],
         "cuCtxPopCurrent_v2": [ctypes.POINTER(p)],
@@ -109,6 +109,19 @@ def _load():
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = ctypes.c_int
+    # cuDeviceGetUuid_v2, as the daemon and the Java client read it: the first version names every
+    # MIG instance by its parent GPU's UUID, so two instances would look like one device. Only a
+    # driver older than CUDA 11.4 lacks _v2 (and has no MIG UUIDs to tell apart): it is asked the
+    # first version.
+    try:
+        uuid_fn = lib.cuDeviceGetUuid_v2
+        uuid_fn.name_ = "cuDeviceGetUuid_v2"
+    except AttributeError:
+        uuid_fn = lib.cuDeviceGetUuid
+        uuid_fn.name_ = "cuDeviceGetUuid"
+    uuid_fn.argtypes = [ctypes.POINTER(Uuid), ctypes.c_int]
+    uuid_fn.restype = ctypes.c_int
+    lib.device_uuid = uuid_fn
     _lib = lib
     return lib
 
@@ -184,7 +197,7 @@ def visible_uuids():
                 dev = ctypes.c_int()
                 check(lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet(%d)" % ordinal)
                 raw = Uuid()
-                check(lib.cuDeviceGetUuid(ctypes.byref(raw), dev), "cuDeviceGetUuid(%d)" % ordinal)
+                check(lib.device_uuid(ctypes.byref(raw), dev), "%s(%d)" % (lib.device_uuid.name_, ordinal))
                 uuids.append(format_uuid(raw.bytes))
             _uuids = uuids
         return _uuids
@@ -278,6 +291,34 @@ def _call(result, what, failed):
 
 # ---------------------------------------------------------------------------- VMM
 
+_accessors = {}  # device -> the devices of this process that can access its memory
+
+
+def accessors(device):
+    """The devices of this process whose contexts can access memory on ``device`` directly
+    (``cuDeviceCanAccessPeer``), ``device`` first; read once per device. A VMM mapping grants
+    them the lease's access, as a legacy handle opened with ``CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS``
+    lets them in, so that the two modes differ in nothing a kernel sees. A device the driver
+    cannot answer for is left out (it gets no access; the lease's own device still maps)."""
+    lib = _load()
+    count = len(visible_uuids())
+    with _lock:
+        found = _accessors.get(device)
+        if found is None:
+            found = [device]
+            owner = ctypes.c_int()
+            check(lib.cuDeviceGet(ctypes.byref(owner), device), "cuDeviceGet(%d)" % device)
+            for peer in range(count):
+                if peer == device:
+                    continue
+                dev, can = ctypes.c_int(), ctypes.c_int()
+                if (lib.cuDeviceGet(ctypes.byref(dev), peer) == 0
+                        and lib.cuDeviceCanAccessPeer(ctypes.byref(can), dev, owner) == 0 and can.value == 1):
+                    found.append(peer)
+            _accessors[device] = found
+        return list(found)
+
+
 def import_and_map(device, fd, segment_bytes, read_only, segment_id=None):
     """Imports a VMM allocation passed as a POSIX descriptor (the caller closes ``fd``),
     reserves ``segment_bytes`` of address space, maps it and sets access for ``device``
@@ -303,9 +344,13 @@ def import_and_map(device, fd, segment_bytes, read_only, segment_id=None):
                                    % ("?" if segment_id is None else segment_id, segment_bytes))
             check(result, "cuMemMap")
             mapped = True
-            access = MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, device),
-                                   CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
-            check(lib.cuMemSetAccess(base, segment_bytes, ctypes.byref(access), 1),
+            # The lease's device and its peers, as a legacy handle opened with
+            # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS lets them in (see accessors).
+            flags = CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            devices = accessors(device)
+            access = (MemAccessDesc * len(devices))(
+                *[MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, d), flags) for d in devices])
+            check(lib.cuMemSetAccess(base, segment_bytes, access, len(devices)),
                   "cuMemSetAccess(%s)" % ("read-only" if read_only else "read-write"))
         except GpumemdError:
             if mapped:

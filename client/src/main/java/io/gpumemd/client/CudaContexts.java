@@ -2,13 +2,14 @@ package io.gpumemd.client;
 
 import static jcuda.driver.JCudaDriver.cuCtxPopCurrent;
 import static jcuda.driver.JCudaDriver.cuCtxPushCurrent;
+import static jcuda.driver.JCudaDriver.cuDeviceCanAccessPeer;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
-import static jcuda.driver.JCudaDriver.cuDeviceGetUuid;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuInit;
 
 import io.gpumemd.common.cuda.CudaUuids;
+import io.gpumemd.common.cuda.DeviceUuidDriver;
 import io.grpc.Status;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -19,7 +20,6 @@ import jcuda.CudaException;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdevice;
 import jcuda.driver.CUresult;
-import jcuda.driver.CUuuid;
 
 /**
  * This process's CUDA devices as the client uses them: their uuids (to find the daemon's
@@ -39,6 +39,7 @@ import jcuda.driver.CUuuid;
  */
 final class CudaContexts {
   private static final Map<Integer, CUcontext> CONTEXTS = new HashMap<>();
+  private static final Map<Integer, int[]> ACCESSORS = new HashMap<>();
   private static List<String> visible;
 
   private CudaContexts() {}
@@ -57,11 +58,12 @@ final class CudaContexts {
       check(() -> cuDeviceGetCount(count), "cuDeviceGetCount");
       List<String> uuids = new ArrayList<>(count[0]);
       for (int d = 0; d < count[0]; d++) {
-        CUdevice device = device(d);
-        CUuuid uuid = new CUuuid();
+        // _v2 through JNA, as the daemon reads it: JCuda's binds the first version, which names
+        // a MIG instance by its parent GPU (DeviceUuidDriver).
+        byte[] uuid = new byte[CudaUuids.UUID_BYTES];
         final int ordinal = d;
-        check(() -> cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + ordinal + ")");
-        uuids.add(CudaUuids.format(uuid.bytes));
+        check(() -> DeviceUuidDriver.uuid(ordinal, uuid), DeviceUuidDriver.symbol() + "(" + ordinal + ")");
+        uuids.add(CudaUuids.format(uuid));
       }
       visible = List.copyOf(uuids);
     }
@@ -129,6 +131,33 @@ final class CudaContexts {
   private static void pop(int localDevice) {
     CUcontext popped = new CUcontext();
     check(() -> cuCtxPopCurrent(popped), "cuCtxPopCurrent(" + localDevice + ")");
+  }
+
+  /**
+   * The devices of this process whose contexts can access memory on {@code localDevice}
+   * directly ({@code cuDeviceCanAccessPeer}), {@code localDevice} first; read once per device.
+   * A VMM mapping grants them access as a legacy handle opened with {@code
+   * CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS} lets them in. A device the driver cannot answer for is
+   * left out (it gets no access; the lease's own device still maps).
+   */
+  static synchronized int[] accessors(int localDevice) {
+    return ACCESSORS.computeIfAbsent(localDevice, own -> {
+      int count = visibleUuids().size();
+      CUdevice owner = device(own);
+      List<Integer> devices = new ArrayList<>(List.of(own));
+      for (int d = 0; d < count; d++) {
+        if (d == own) {
+          continue;
+        }
+        int[] can = new int[1];
+        final int peer = d;
+        if (result(() -> cuDeviceCanAccessPeer(can, device(peer), owner), "cuDeviceCanAccessPeer") == CUresult.CUDA_SUCCESS
+            && can[0] == 1) {
+          devices.add(d);
+        }
+      }
+      return devices.stream().mapToInt(Integer::intValue).toArray();
+    }).clone();
   }
 
   private static CUdevice device(int ordinal) {

@@ -24,7 +24,11 @@ import jcuda.driver.CUresult;
  * cuMemImportFromShareableHandle}), a range of addresses of the segment's size is reserved
  * ({@code cuMemAddressReserve}), the allocation mapped there ({@code cuMemMap}) and made
  * accessible to the device ({@code cuMemSetAccess}): read-write, or read-only for a read-only
- * grant, which the driver then enforces (a kernel's write faults). Unmapping is the reverse:
+ * grant, which the driver then enforces (a kernel's write faults); to the lease's device and to
+ * every device of this process that {@code cuDeviceCanAccessPeer} says can reach it, with the
+ * same flags, as a legacy handle opened with {@code CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS} lets
+ * peers in, so that the two modes differ in nothing a kernel sees ({@link
+ * CudaContexts#accessors}). Unmapping is the reverse:
  * {@code cuMemUnmap}, {@code cuMemAddressFree}, {@code cuMemRelease} of the imported handle
  * (after {@link CudaMappings.CudaMapping#close()} has waited for queued work). The calls are
  * those of {@code vmm_reference.py}, checked on an H100.
@@ -95,7 +99,10 @@ final class CudaVmm {
         undo.add(0, () -> CudaContexts.result(() -> cuMemUnmap(base, segmentBytes), "cuMemUnmap"));
         int flags = readOnly ? CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
             : CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        int result = VmmDriver.setAccess(CudaHandles.address(base), segmentBytes, localDevice, flags);
+        // The lease's device and its peers, as a legacy handle (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        // lets them in: a kernel or copy on a peer GPU reaches the lease in either mode.
+        int result = VmmDriver.setAccess(CudaHandles.address(base), segmentBytes,
+            CudaContexts.accessors(localDevice), flags);
         if (result != CUresult.CUDA_SUCCESS) {
           throw CudaContexts.failed("cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")", result);
         }

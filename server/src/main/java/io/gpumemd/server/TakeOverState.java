@@ -38,6 +38,7 @@ final class TakeOverState {
         .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
     for (io.gpumemd.server.backend.DeviceInfo device : backend.devices()) {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
+      hello.addDeviceUuids(device.uuid());
     }
     return TakeOver.request(config.takeOver().socket(), hello.build());
   }
@@ -59,10 +60,46 @@ final class TakeOverState {
     if (hello.getLimitBytesCount() != pools.size()) {
       return "the successor serves " + hello.getLimitBytesCount() + " device(s) and this daemon " + pools.size();
     }
+    if (backend.devicesMatchByUuid()) {
+      String mismatch = deviceMismatch(backend.devices(), hello.getDeviceUuidsList());
+      if (mismatch != null) {
+        return mismatch;
+      }
+    }
     if (registry.draining()) {
       return "this daemon is shutting down";
     }
     return pools.takeOverRefusal(hello.getLimitBytesList());
+  }
+
+  /**
+   * Why a successor whose devices are {@code successorUuids} (by ordinal) cannot take over these
+   * devices, or null when its device n is this daemon's device n, UUID for UUID. Memory of one
+   * GPU is never adopted as another's: a successor that sees the same GPUs in another order is
+   * refused too (sessions, leases and segment ids name devices by ordinal, and clients mapped
+   * them by the UUID they were told at OpenSession).
+   */
+  static String deviceMismatch(List<io.gpumemd.server.backend.DeviceInfo> own, List<String> successorUuids) {
+    if (successorUuids.size() != own.size()) {
+      return "the successor names " + successorUuids.size() + " device UUID(s) for " + own.size() + " device(s) "
+          + "(expected: one per device, as every gpumemd of this version sends)";
+    }
+    for (io.gpumemd.server.backend.DeviceInfo d : own) {
+      String theirs = successorUuids.get(d.ordinal());
+      if (!d.uuid().equalsIgnoreCase(theirs)) {
+        int at = -1;
+        for (int i = 0; i < successorUuids.size(); i++) {
+          if (d.uuid().equalsIgnoreCase(successorUuids.get(i))) {
+            at = i;
+          }
+        }
+        return "device " + d.ordinal() + " is " + d.uuid() + " here and " + theirs + " in the successor ("
+            + (at < 0 ? "which does not see " + d.uuid() + " at all" : "which sees " + d.uuid() + " as its device " + at)
+            + "): a successor must see the same GPUs in the same order (start it with this daemon's "
+            + "CUDA_VISIBLE_DEVICES), else one GPU's memory would be served as another's";
+      }
+    }
+    return null;
   }
 
   /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */

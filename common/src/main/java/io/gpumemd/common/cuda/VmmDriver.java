@@ -85,6 +85,21 @@ public final class VmmDriver {
     }
   }
 
+  /**
+   * {@code cuMemSetAccess(address, bytes, desc, n)}: the same {@code flags} for each of {@code
+   * devices}, in one call (the driver applies all or none).
+   */
+  public static int setAccess(long address, long bytes, int[] devices, int flags) {
+    try (Memory desc = new Memory((long) ACCESS_DESC_BYTES * devices.length)) {
+      for (int i = 0; i < devices.length; i++) {
+        desc.setInt((long) i * ACCESS_DESC_BYTES, LOCATION_TYPE_DEVICE);
+        desc.setInt((long) i * ACCESS_DESC_BYTES + 4, devices[i]);
+        desc.setInt((long) i * ACCESS_DESC_BYTES + 8, flags);
+      }
+      return Calls.SET_ACCESS.invokeInt(new Object[] {address, bytes, desc, (long) devices.length});
+    }
+  }
+
   /** {@code cuMemUnmap}. */
   public static int unmap(long address, long bytes) {
     return Calls.UNMAP.invokeInt(new Object[] {address, bytes});

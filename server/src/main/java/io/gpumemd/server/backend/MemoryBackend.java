@@ -93,6 +93,16 @@ public interface MemoryBackend extends AutoCloseable {
   }
 
   /**
+   * True when each device is a piece of hardware that {@link DeviceInfo#uuid} names and an
+   * ordinal does not (a CUDA GPU: ordinals follow {@code CUDA_VISIBLE_DEVICES}): a take-over then
+   * hands device n's memory over only to a successor whose device n has the same UUID. False
+   * where devices are budgets over one memory (host), which a take-over matches by ordinal.
+   */
+  default boolean devicesMatchByUuid() {
+    return false;
+  }
+
+  /**
    * Adopts a segment a predecessor daemon handed over as a descriptor (one its {@link
    * DescriptorSegment#open} made, received with {@code SCM_RIGHTS}): the segment is this
    * backend's from now on, freed by {@link #free} or handed on by {@link #relinquish}, and counts

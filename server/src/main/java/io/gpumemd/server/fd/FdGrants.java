@@ -75,7 +75,11 @@ public final class FdGrants {
   private static SegmentDescriptor open(DescriptorSegment segment, boolean readOnly) {
     try {
       return segment.open(readOnly);
+    } catch (io.gpumemd.server.backend.DescriptorExhaustedException e) {
+      // A CUDA VMM export: the backend found out which resource ran out and says so.
+      throw new ExhaustedException(e.getMessage());
     } catch (IOException e) {
+      // A host segment's open(2) through /proc/self/fd says EMFILE in Java's own words.
       if (String.valueOf(e.getMessage()).contains("Too many open files")) {
         // The daemon's own limit, not a failure to log with a trace on every request.
         throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "

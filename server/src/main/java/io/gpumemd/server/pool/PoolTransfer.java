@@ -103,6 +103,7 @@ final class PoolTransfer {
           .setRetentionCapSetAtRuntime(pool.eviction.capSetAtRuntime())
           .setPeakLeasedBytes(pool.carver.peakLeasedBytes())
           .setLimitBytes(pool.limitBytes())
+          .setDeviceUuid(pool.device().uuid())
           .setClientCache(cache)
           .setSharing(SharingState.newBuilder()
               .setShares(sharing.shares())
@@ -249,6 +250,13 @@ final class PoolTransfer {
     }
     if (state.getDevice() != device.ordinal()) {
       return "the state is of device " + state.getDevice();
+    }
+    // The holder checked the Hello's UUIDs too; this side holds whatever the holder was.
+    if (backend.devicesMatchByUuid() && !device.uuid().equalsIgnoreCase(state.getDeviceUuid())) {
+      return "the running daemon's device " + state.getDevice() + " is "
+          + (state.getDeviceUuid().isEmpty() ? "unnamed (no UUID in its state)" : state.getDeviceUuid())
+          + " and this daemon's device " + device.ordinal() + " is " + device.uuid() + ": a successor must see the "
+          + "same GPUs in the same order (start it with the running daemon's CUDA_VISIBLE_DEVICES)";
     }
     if (DevicePools.deviceOfSegment(state.getNextSegmentId()) != device.ordinal()
         || state.getNextSegmentId() < DevicePools.segmentIdBase(device.ordinal())) {

@@ -505,6 +505,45 @@ class DevicePoolTakeOverTest {
     oldPool.verifyInvariants();
   }
 
+  /**
+   * Where devices are hardware named by UUID (CUDA), the successor refuses a pool whose device is
+   * another one than its own of that ordinal, whatever the holder checked: the memory of one GPU
+   * is never served as another's. (Host devices match by ordinal: restoredPool_isTheSamePool
+   * restores a pool of another directory, whose device UUID differs.)
+   */
+  @Test
+  void restore_refused_whereDevicesMatchByUuid_andTheStateIsOfAnotherDevice() throws Exception {
+    Block block = lease(oldPool, 3 * MiB, "s1");
+    byte[] bytes = pattern(4096, 7);
+    write(block, bytes);
+    HostShmBackend newBackend = hostFdBackend("new");
+    MemoryBackend byUuid = (MemoryBackend) java.lang.reflect.Proxy.newProxyInstance(
+        MemoryBackend.class.getClassLoader(), new Class<?>[] {MemoryBackend.class}, (proxy, method, args) -> {
+          if (method.getName().equals("devicesMatchByUuid")) {
+            return true;
+          }
+          try {
+            return method.invoke(newBackend, args);
+          } catch (java.lang.reflect.InvocationTargetException e) {
+            throw e.getCause();
+          }
+        });
+    DescriptorPassing passing = passing("uuid");
+    PoolState state = oldPool.exportState(passing);
+    String oldUuid = oldBackend.devices().get(0).uuid();
+    String newUuid = newBackend.devices().get(0).uuid();
+    assertEquals(oldUuid, state.getDeviceUuid(), "the state names its device");
+    long beforeRestore = openDescriptors();
+
+    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
+        () -> restore(byUuid, settings(CAPACITY), new RecordingHolders(), state, passing.received()));
+    assertTrue(e.getMessage().contains("device 0 is " + oldUuid) && e.getMessage().contains(newUuid)
+        && e.getMessage().contains("CUDA_VISIBLE_DEVICES"), e.getMessage());
+    assertEquals(beforeRestore - 1, openDescriptors(), "the received descriptor is closed");
+    assertArrayEquals(bytes, read(block, bytes.length));
+    oldPool.verifyInvariants();
+  }
+
   // ---------------------------------------------------------------------------- test parts
 
   /** A client's completion event that never completes (the host backend has none of its own). */

@@ -93,6 +93,14 @@ public final class DaemonProcess implements AutoCloseable {
     return builder;
   }
 
+  /**
+   * {@link #startIn} with {@code environment} added to (or, for a null value, removed from) the
+   * test JVM's, e.g. {@code CUDA_VISIBLE_DEVICES} for a daemon that sees other GPUs.
+   */
+  public static DaemonProcess startIn(Path dir, Map<String, String> environment, String... extraFlags) {
+    return launch(dir, false, environment, extraFlags);
+  }
+
   private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment,
       String... extraFlags) {
     try {

@@ -5,7 +5,6 @@ import static jcuda.driver.JCudaDriver.cuDeviceGetAttribute;
 import static jcuda.driver.JCudaDriver.cuDeviceGet;
 import static jcuda.driver.JCudaDriver.cuDeviceGetCount;
 import static jcuda.driver.JCudaDriver.cuDeviceGetName;
-import static jcuda.driver.JCudaDriver.cuDeviceGetUuid;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRelease;
 import static jcuda.driver.JCudaDriver.cuDevicePrimaryCtxRetain;
 import static jcuda.driver.JCudaDriver.cuDeviceTotalMem;
@@ -20,6 +19,8 @@ import static jcuda.driver.JCudaDriver.cuMemGetInfo;
 import static jcuda.driver.JCudaDriver.cuMemsetD8;
 
 import io.gpumemd.common.cuda.CudaHandles;
+import io.gpumemd.common.cuda.CudaUuids;
+import io.gpumemd.common.cuda.DeviceUuidDriver;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
@@ -43,7 +44,6 @@ import jcuda.driver.CUevent;
 import jcuda.driver.CUipcMemHandle;
 import jcuda.driver.CUdevice_attribute;
 import jcuda.driver.CUresult;
-import jcuda.driver.CUuuid;
 import jcuda.driver.JCudaDriver;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -149,8 +149,10 @@ public final class JCudaBackend implements MemoryBackend {
     CudaCalls.check(cuDeviceGetName(name, name.length, device), "cuDeviceGetName(" + d + ")");
     long[] total = new long[1];
     CudaCalls.check(cuDeviceTotalMem(total, device), "cuDeviceTotalMem(" + d + ")");
-    CUuuid uuid = new CUuuid();
-    CudaCalls.check(cuDeviceGetUuid(uuid, device), "cuDeviceGetUuid(" + d + ")");
+    // Not JCuda's cuDeviceGetUuid: it binds the first version, which names a MIG instance by its
+    // parent GPU (DeviceUuidDriver); clients read _v2, so the daemon must too.
+    byte[] uuid = new byte[CudaUuids.UUID_BYTES];
+    CudaCalls.check(DeviceUuidDriver.uuid(d, uuid), DeviceUuidDriver.symbol() + "(" + d + ")");
     CUcontext context = new CUcontext();
     CudaCalls.check(cuDevicePrimaryCtxRetain(context, device), "cuDevicePrimaryCtxRetain(" + d + ")");
     contexts[d] = context; // retained: released by the caller if anything below fails
@@ -171,7 +173,7 @@ public final class JCudaBackend implements MemoryBackend {
       log.info("Device {}: CUDA handles legacy ({}); clients open them only within the daemon's PID namespace",
           d, decision.reason());
     }
-    return new DeviceInfo(d, cString(name), formatUuid(uuid.bytes), "cuda", total[0], free[0], decision.handles());
+    return new DeviceInfo(d, cString(name), formatUuid(uuid), "cuda", total[0], free[0], decision.handles());
   }
 
   /** A boolean device attribute; an attribute the driver does not know reads as unsupported. */
@@ -316,6 +318,12 @@ public final class JCudaBackend implements MemoryBackend {
    * Null when every device uses VMM handles: a VMM allocation lives on while the successor's
    * imported handle holds it. Legacy IPC handles ({@code cuMemAlloc}) die with this process.
    */
+  /** A GPU is the one its UUID names: the same ordinal is another GPU under another CUDA_VISIBLE_DEVICES. */
+  @Override
+  public boolean devicesMatchByUuid() {
+    return true;
+  }
+
   @Override
   public String takeOverRefusal() {
     for (int d = 0; d < vmm.length; d++) {

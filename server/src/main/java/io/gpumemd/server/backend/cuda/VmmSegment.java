@@ -3,6 +3,7 @@ package io.gpumemd.server.backend.cuda;
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 
 import io.gpumemd.common.cuda.VmmDriver;
+import io.gpumemd.server.backend.DescriptorExhaustedException;
 import io.gpumemd.server.backend.DescriptorSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentDescriptor;
@@ -86,11 +87,81 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
     int[] fd = new int[1];
     int result = VmmDriver.exportDescriptor(allocation, fd);
     if (result != CUresult.CUDA_SUCCESS) {
-      // Out of descriptors surfaces as a CUDA error; FdGrants maps this message's EMFILE case.
-      throw new IOException("cuMemExportToShareableHandle on device " + device + " failed: "
-          + CUresult.stringFor(result));
+      throw exportFailed(result);
     }
-    return SegmentDescriptor.ofNative(fd[0], readOnly);
+    return own(fd[0], readOnly, SegmentDescriptor::ofNative);
+  }
+
+  /** Wraps a number native code opened for this process; {@link SegmentDescriptor#ofNative} in the daemon. */
+  @FunctionalInterface
+  interface Wrapper {
+    SegmentDescriptor wrap(int number, boolean readOnly) throws IOException;
+  }
+
+  /**
+   * A descriptor that owns {@code fd}, or an exception with {@code fd} closed: nothing between the
+   * export and its owner may leak the number (a leaked descriptor of an allocation keeps its
+   * memory alive outside every budget, and counts against RLIMIT_NOFILE for good).
+   */
+  static SegmentDescriptor own(int fd, boolean readOnly, Wrapper wrapper) throws IOException {
+    try {
+      return wrapper.wrap(fd, readOnly);
+    } catch (IOException | RuntimeException | Error e) {
+      closeNumber(fd);
+      throw e;
+    }
+  }
+
+  /**
+   * What a failed {@code cuMemExportToShareableHandle} means. The driver documents no error for
+   * a process out of descriptors; it answers {@code CUDA_ERROR_OUT_OF_MEMORY} (or {@code
+   * CUDA_ERROR_OPERATING_SYSTEM}) when the descriptor cannot be made. So the daemon asks the
+   * kernel itself: when it cannot open a descriptor either, RLIMIT_NOFILE is the cause, and the
+   * request is refused RESOURCE_EXHAUSTED saying so; a driver out of memory is RESOURCE_EXHAUSTED
+   * too; anything else is the daemon's fault (INTERNAL).
+   */
+  IOException exportFailed(int result) {
+    String call = "cuMemExportToShareableHandle on device " + device + " failed: " + CUresult.stringFor(result);
+    if (result != CUresult.CUDA_ERROR_OUT_OF_MEMORY && result != CUDA_ERROR_OPERATING_SYSTEM) {
+      return new IOException(call);
+    }
+    if (!canOpenDescriptor()) {
+      return new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out ("
+          + call + ", and the daemon cannot open a descriptor either): its RLIMIT_NOFILE must exceed its live segments, "
+          + "descriptors in flight and connections; retry later, or raise the daemon's limit (LimitNOFILE=, ulimit -n)");
+    }
+    if (result == CUresult.CUDA_ERROR_OUT_OF_MEMORY) {
+      return new DescriptorExhaustedException(call + " (the driver has no memory for another export); retry later");
+    }
+    return new IOException(call);
+  }
+
+  /** {@code CUDA_ERROR_OPERATING_SYSTEM}, which JCuda 12.0.0's {@code CUresult} names too. */
+  private static final int CUDA_ERROR_OPERATING_SYSTEM = 304;
+
+  /** Whether this process can open one more descriptor now (it closes it at once). */
+  static boolean canOpenDescriptor() {
+    try (java.nio.channels.FileChannel probe = java.nio.channels.FileChannel.open(java.nio.file.Path.of("/dev/null"))) {
+      return true;
+    } catch (IOException e) {
+      return false;
+    }
+  }
+
+  private static void closeNumber(int fd) {
+    if (fd < 0) {
+      return;
+    }
+    try {
+      LibC.CLOSE.invokeInt(new Object[] {fd});
+    } catch (RuntimeException | UnsatisfiedLinkError e) {
+      // nothing else can close it
+    }
+  }
+
+  /** libc's close(2), for a number no Java object owns yet. */
+  private static final class LibC {
+    static final com.sun.jna.Function CLOSE = com.sun.jna.NativeLibrary.getInstance("c").getFunction("close");
   }
 
   /**
