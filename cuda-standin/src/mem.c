@@ -322,12 +322,7 @@ struct ipc_mem {                   /* the 64 bytes of a CUipcMemHandle */
 _Static_assert(sizeof(struct ipc_mem) == 64, "ipc handle");
 #define IPC_MEM_MAGIC 0x4d4d435049535343ULL
 
-static uint64_t ipc_check(const struct ipc_mem *h) {
-    uint64_t x = 0xcbf29ce484222325ull;
-    const unsigned char *b = (const unsigned char *)h;
-    for (size_t i = 0; i < offsetof(struct ipc_mem, check); i++) x = (x ^ b[i]) * 0x100000001b3ull;
-    return x;
-}
+static uint64_t ipc_check(const struct ipc_mem *h) { return fnv1a(h, offsetof(struct ipc_mem, check)); }
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *out, CUdeviceptr p) {
     const char *call = "cuIpcGetMemHandle";

@@ -192,4 +192,12 @@ void do_memset(int kind, void *dst, uint32_t val, size_t n);
 #define LOCK() pthread_mutex_lock(&G)
 #define UNLOCK() pthread_mutex_unlock(&G)
 
+/* FNV-1a over n bytes: the check word of the 64-byte IPC handles (memory and events). */
+static inline uint64_t fnv1a(const void *data, size_t n) {
+    uint64_t x = 0xcbf29ce484222325ull;
+    const unsigned char *b = (const unsigned char *)data;
+    for (size_t i = 0; i < n; i++) x = (x ^ b[i]) * 0x100000001b3ull;
+    return x;
+}
+
 #endif

@@ -414,12 +414,7 @@ struct ipc_ev {
 _Static_assert(sizeof(struct ipc_ev) == 64, "ipc event handle");
 #define IPC_EV_MAGIC 0x5645435049535343ULL
 
-static uint64_t ipc_ev_check(const struct ipc_ev *h) {
-    uint64_t x = 0xcbf29ce484222325ull;
-    const unsigned char *b = (const unsigned char *)h;
-    for (size_t i = 0; i < offsetof(struct ipc_ev, check); i++) x = (x ^ b[i]) * 0x100000001b3ull;
-    return x;
-}
+static uint64_t ipc_ev_check(const struct ipc_ev *h) { return fnv1a(h, offsetof(struct ipc_ev, check)); }
 
 EXPORT CUresult cuIpcGetEventHandle(CUipcEventHandle *out, CUevent h) {
     const char *call = "cuIpcGetEventHandle";
