@@ -100,6 +100,43 @@ public final class VmmDriver {
     }
   }
 
+  /**
+   * What {@link #mapWhole} did: the address of the mapping, or the call that failed and its
+   * result (everything it had done undone).
+   */
+  public record Mapped(long address, String failedCall, int result) {
+    /** Whether the allocation is mapped and accessible at {@link #address}. */
+    public boolean ok() {
+      return failedCall == null;
+    }
+  }
+
+  /**
+   * The one reserve, map and set-access of a whole allocation, and its undo: reserves {@code
+   * bytes} of address space, maps {@code allocation} there and grants {@code flags} to each of
+   * {@code devices}. On a failure it unmaps and frees what it did and says which call failed;
+   * the allocation handle stays the caller's, to release.
+   */
+  public static Mapped mapWhole(long allocation, long bytes, int[] devices, int flags) {
+    long[] address = new long[1];
+    int result = reserve(bytes, address);
+    if (result != 0) {
+      return new Mapped(0, "cuMemAddressReserve", result);
+    }
+    result = map(address[0], bytes, allocation);
+    if (result != 0) {
+      addressFree(address[0], bytes);
+      return new Mapped(0, "cuMemMap", result);
+    }
+    result = setAccess(address[0], bytes, devices, flags);
+    if (result != 0) {
+      unmap(address[0], bytes);
+      addressFree(address[0], bytes);
+      return new Mapped(0, "cuMemSetAccess", result);
+    }
+    return new Mapped(address[0], null, 0);
+  }
+
   /** {@code cuMemUnmap}. */
   public static int unmap(long address, long bytes) {
     return Calls.UNMAP.invokeInt(new Object[] {address, bytes});

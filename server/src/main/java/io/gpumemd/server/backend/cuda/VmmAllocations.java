@@ -63,29 +63,7 @@ final class VmmAllocations {
     }
     long[] out = new long[1];
     CudaCalls.check(VmmDriver.create(device, bytes, out), "cuMemCreate(" + bytes + ") on device " + device);
-    long allocation = out[0];
-    long address = 0;
-    int step = 0;
-    try {
-      CudaCalls.check(VmmDriver.reserve(bytes, out), "cuMemAddressReserve(" + bytes + ") on device " + device);
-      address = out[0];
-      step = 1;
-      CudaCalls.check(VmmDriver.map(address, bytes, allocation), "cuMemMap on device " + device);
-      step = 2;
-      CudaCalls.check(VmmDriver.setAccess(address, bytes, device, VmmDriver.PROT_READWRITE),
-          "cuMemSetAccess on device " + device);
-      // JCuda's calls (cuMemsetD8) take the address as a CUdeviceptr: a null one offset by it.
-      return new VmmSegment(device, bytes, context, allocation, new CUdeviceptr().withByteOffset(address), handle);
-    } catch (RuntimeException e) {
-      if (step >= 2) {
-        VmmDriver.unmap(address, bytes);
-      }
-      if (step >= 1) {
-        VmmDriver.addressFree(address, bytes);
-      }
-      VmmDriver.release(allocation);
-      throw e;
-    }
+    return mapOwn(out[0], bytes, "");
   }
 
   /**
@@ -106,29 +84,22 @@ final class VmmAllocations {
     long[] out = new long[1];
     CudaCalls.check(VmmDriver.importDescriptor(fd, out), "cuMemImportFromShareableHandle(fd " + fd + ") on device "
         + device);
-    long allocation = out[0];
-    long address = 0;
-    int step = 0;
-    try {
-      CudaCalls.check(VmmDriver.reserve(bytes, out), "cuMemAddressReserve(" + bytes + ") on device " + device);
-      address = out[0];
-      step = 1;
-      CudaCalls.check(VmmDriver.map(address, bytes, allocation), "cuMemMap of an adopted allocation on device "
-          + device);
-      step = 2;
-      CudaCalls.check(VmmDriver.setAccess(address, bytes, device, VmmDriver.PROT_READWRITE),
-          "cuMemSetAccess on device " + device);
-      return new VmmSegment(device, bytes, context, allocation, new CUdeviceptr().withByteOffset(address), handle);
-    } catch (RuntimeException e) {
-      if (step >= 2) {
-        VmmDriver.unmap(address, bytes);
-      }
-      if (step >= 1) {
-        VmmDriver.addressFree(address, bytes);
-      }
+    return mapOwn(out[0], bytes, " of an adopted allocation");
+  }
+
+  /**
+   * Maps a whole allocation read-write for the daemon's own device ({@link VmmDriver#mapWhole});
+   * on a failure it releases the allocation and throws naming the call.
+   */
+  private VmmSegment mapOwn(long allocation, long bytes, String what) {
+    VmmDriver.Mapped mapped = VmmDriver.mapWhole(allocation, bytes, new int[] {device}, VmmDriver.PROT_READWRITE);
+    if (!mapped.ok()) {
       VmmDriver.release(allocation);
-      throw e;
+      CudaCalls.check(mapped.result(), mapped.failedCall() + "(" + bytes + " bytes)" + what + " on device " + device);
     }
+    // JCuda's calls (cuMemsetD8) take the address as a CUdeviceptr: a null one offset by it.
+    CUdeviceptr pointer = new CUdeviceptr().withByteOffset(mapped.address());
+    return new VmmSegment(device, bytes, context, allocation, pointer, handle);
   }
 
   /**
