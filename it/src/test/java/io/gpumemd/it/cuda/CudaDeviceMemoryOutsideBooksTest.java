@@ -32,7 +32,7 @@ import org.junit.jupiter.api.Test;
  * same lease is served. On the stand-in driver the device is 2 GiB; on a real GPU that variable
  * is ignored and the test sizes itself by the device's free memory.
  */
-class DeviceMemoryOutsideBooksTest {
+class CudaDeviceMemoryOutsideBooksTest {
   private static final long MIB = 1L << 20;
 
   @Test
