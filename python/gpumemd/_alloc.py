@@ -68,6 +68,7 @@ class LeaseAllocator:
         self.last_error = None
         self._lock = threading.Lock()
         self._by_pointer = {}
+        self._kept = []  # freed, but kept open: their release could not be ordered after their stream
         self._pointers = []  # sorted, for lease_of
         self._allocations = self._frees = self._failures = self._unknown_frees = 0
         self._live_bytes = self._peak_bytes = 0
@@ -135,10 +136,14 @@ class LeaseAllocator:
 
     # ------------------------------------------------------------------ freeing
 
-    def free(self, pointer, after=None, synchronize=True):
+    def free(self, pointer, after=None, synchronize=True, keep_on_error=False):
         """Releases the lease at ``pointer``; False (counted, logged) when ``pointer`` is not an
         allocation of this allocator. ``after`` (CUDA): a stream; the release waits for the work
-        queued on it (``Lease.close(after=...)``, the call does not wait). Without it, and with
+        queued on it (``Lease.close(after=...)``, the call does not wait). With
+        ``keep_on_error``, an event that cannot be recorded on ``after`` (a stream of another
+        device, a broken context) does not raise: the lease is kept, open, until the session ends
+        (it is in :meth:`kept`), with a warning, since its work may still be queued; returns
+        "kept". Without ``after``, and with
         ``synchronize``, the device's context is synchronized first, as ``cudaFree`` does, so no
         queued kernel touches the block once the daemon hands it on. Returns "synchronized" when
         it synchronized the device (a batch of frees needs that once per device)."""
@@ -158,7 +163,17 @@ class LeaseAllocator:
             lease.close()
             return True
         if after is not None:
-            lease.close(after=after)
+            try:
+                lease.close(after=after)
+            except GpumemdError as e:
+                if not keep_on_error:
+                    raise
+                with self._lock:
+                    self._kept.append(lease)
+                log.warning("gpumemd allocator (daemon device %d, %s): the release of %s cannot be ordered after "
+                            "stream 0x%x (%s); the lease is kept, and the session's end gives it back",
+                            self.device, self.tag, lease.id, _cuda.stream_handle(after), e)
+                return "kept"
             return True
         if synchronize:
             try:
@@ -186,6 +201,12 @@ class LeaseAllocator:
         """The live leases, by pointer."""
         with self._lock:
             return [self._by_pointer[p] for p in self._pointers]
+
+    def kept(self):
+        """Leases freed by the framework but kept open, since their release could not be ordered
+        after their stream (see :meth:`free`); the session's end gives them back."""
+        with self._lock:
+            return list(self._kept)
 
     def stats(self):
         with self._lock:

@@ -18,10 +18,23 @@ What becomes of each pending release:
   its event is destroyed; the session's end gives the block back;
 - its session was lost: dropped with its event (the daemon took the lease back);
 - the client closes: :meth:`DeferredReleases.abandon` after a bounded wait, for those still
-  running: their events are destroyed and CloseSession takes the leases back.
+  running: their events are destroyed (which does not wait for their work), and the leases go
+  back with the session only once :class:`QueuedWork` has seen the work end (see below).
 
 An event is any object with ``query()`` (True once complete, False while not, raises on an
 error) and ``destroy()``; :class:`gpumemd._cuda.Event` on a GPU.
+
+Closing: nothing of the session goes back to the daemon (CloseSession) while this process's GPU
+work may still use it, since the daemon leases a returned block to the next process at once.
+:class:`QueuedWork` synchronizes the primary context of every CUDA device the session maps
+(``cuCtxSynchronize``: it covers the leases never closed and the pending releases, whose streams
+belong to that context) on a thread of its own, since it cannot be bounded; the client waits for
+it up to the rest of its close bound. ``DONE``: CloseSession, then the unmaps. ``RUNNING`` at the
+bound: the session is kept, its blocks leased (the close returns, the client refuses calls, and
+the stream and mappings stay until the synchronize returns; then the session is closed).
+``FAILED`` (a sticky context error: whether the work ran, or still may, is unknown): the session
+is kept until the process exits. The process's exit ends it either way (its GPU work ends with
+it; the daemon takes the session back after its grace period).
 
 Thread-safe: one lock guards the table; events are queried and destroyed outside it by the one
 poller (and by ``abandon``, once the poller is stopped).
@@ -107,3 +120,40 @@ def _destroy(item):
         item.event.destroy()
     except Exception as e:  # noqa: BLE001 (nothing more to do with it)
         log.warning("gpumemd: destroying the event of lease %s failed: %s", item.lease.id, e)
+
+
+DONE, RUNNING, FAILED = "done", "running", "failed"
+
+
+class QueuedWork:
+    """The GPU work that may still use a closing session's memory: ``synchronize(device)`` (a
+    :func:`gpumemd._cuda.synchronize`) of each of ``devices``, started at once on a daemon
+    thread; :meth:`wait` says ``DONE``, ``RUNNING`` or ``FAILED`` (see the module notes)."""
+
+    def __init__(self, devices, synchronize=None):
+        self.devices = list(devices)
+        self.failure = None
+        self._done = threading.Event()
+        if not self.devices:
+            self._done.set()
+            return
+        if synchronize is None:
+            from . import _cuda
+            synchronize = _cuda.synchronize
+        self._synchronize = synchronize
+        threading.Thread(target=self._run, daemon=True, name="gpumemd-gpu-sync").start()
+
+    def _run(self):
+        try:
+            for device in self.devices:
+                self._synchronize(device)
+        except Exception as e:  # noqa: BLE001 (a driver error: the work's state is unknown)
+            self.failure = e
+        finally:
+            self._done.set()
+
+    def wait(self, seconds=None):
+        """Waits up to ``seconds`` (None: until the synchronize returns)."""
+        if not self._done.wait(None if seconds is None else max(0.0, seconds)):
+            return RUNNING
+        return FAILED if self.failure is not None else DONE

@@ -355,6 +355,14 @@ class MappingCache:
         with self._lock:
             return len(self._entries)
 
+    def cuda_devices(self):
+        """This process's CUDA devices that the mappings live on (sorted): their contexts hold
+        the work that may still use the mapped memory."""
+        with self._lock:
+            mappings = [m for e in self._entries.values() for m in e.mappings.values()]
+            mappings += [m for ms, _ in self._waiting.values() for m in ms]
+        return sorted({m.device for m in mappings if m.kind == "cuda"})
+
     def close_all(self):
         """Closes every mapping (the client closes). Host mappings still exported stay mapped
         until the last exporting object is gone (the mmap object then unmaps itself)."""

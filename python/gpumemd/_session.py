@@ -29,7 +29,7 @@ import threading
 import grpc
 
 from ._cache import DEFAULT_MAX_OVERSIZE, MAX_ENTRIES, ClientCache
-from ._deferred import DeferredReleases
+from ._deferred import FAILED, DeferredReleases, QueuedWork
 from ._errors import GpumemdError
 from ._mapping import MappingCache
 from ._replies import check_lease
@@ -495,8 +495,27 @@ class ClientCore:
         leases = self._deferred.abandon()
         if leases:
             log.warning("gpumemd client %s closed while the GPU work of %d closed lease(s) was still running "
-                        "(%s): the session's end gives them back now", self.client_name, len(leases),
+                        "(%s): their events are destroyed; the session's end gives them back once the device's "
+                        "work is synchronized", self.client_name, len(leases),
                         ", ".join(lease.id for lease in leases[:8]) + (" ..." if len(leases) > 8 else ""))
+
+    def _queued_work(self, s):
+        """The client closes: starts synchronizing the CUDA devices that session ``s`` maps, whose
+        work may still use its blocks (see :class:`gpumemd._deferred.QueuedWork`)."""
+        return QueuedWork(s.mappings.cuda_devices())
+
+    def _keep_session(self, s, work, outcome, waited):
+        """Logs why session ``s`` is kept instead of closed (its GPU work did not end in time, or
+        its synchronize failed); True when it is to be closed once the work ends."""
+        if outcome == FAILED:
+            log.warning("gpumemd client %s closing: synchronizing CUDA device(s) %s failed (%s); the GPU work on "
+                        "session %s's blocks may not have ended, so they are not handed back: the session is kept "
+                        "until this process exits", self.client_name, work.devices, work.failure, s.id)
+            return False
+        log.warning("gpumemd client %s closing: GPU work on CUDA device(s) %s still running after %.1f s; session %s "
+                    "and its blocks are kept until it completes (or this process exits), then closed",
+                    self.client_name, work.devices, waited, s.id)
+        return True
 
     def _release_error(self, s, rpc_error):
         """The error of a Release call to raise, or None: NOT_FOUND is expected once the client

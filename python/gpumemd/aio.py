@@ -21,6 +21,7 @@ import time
 import grpc
 
 from ._channel import is_moving, open_channel, options
+from ._deferred import DONE, FAILED
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
@@ -426,7 +427,9 @@ class AsyncClient(ClientCore):
         s.mappings.retry()
 
     async def close(self):
-        """As :meth:`gpumemd.Client.close`."""
+        """As :meth:`gpumemd.Client.close`. A session kept past the bound is closed by a task on
+        this loop once its GPU work ends; should the loop end first, the task is cancelled, the
+        stream with it, and the daemon takes the session back after its grace period."""
         if self._closed or self._closing:
             while not self._closed:
                 await asyncio.sleep(0.01)
@@ -434,9 +437,37 @@ class AsyncClient(ClientCore):
         self._closing = True
         async with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
             s = self._s
+        deadline = time.monotonic() + self._timeout
         try:
             # Releases waiting for GPU work go out first (bounded), before the stream ends.
             await self._drain_deferred(self._timeout)
+            if not s.lost:
+                work = self._queued_work(s)
+                loop = asyncio.get_running_loop()
+                left = max(deadline - time.monotonic(), _sync.Client.MIN_SYNC_WAIT)
+                outcome = await loop.run_in_executor(None, work.wait, left)
+                if outcome != DONE:
+                    if self._keep_session(s, work, outcome, self._timeout):
+                        self._linger_task = loop.create_task(self._close_when_idle(s, work))
+                    self._closed = True
+                    return
+        except BaseException:
+            await self._end_session(s)
+            raise
+        await self._end_session(s)
+
+    async def _close_when_idle(self, s, work):
+        """A kept session: closed once its GPU work has ended (kept for good if it failed)."""
+        outcome = await asyncio.get_running_loop().run_in_executor(None, work.wait)
+        if outcome == DONE:
+            await self._end_session(s)
+            log.info("gpumemd: the GPU work on session %s's blocks completed; the session is closed", s.id)
+        else:
+            self._keep_session(s, work, FAILED, 0)
+
+    async def _end_session(self, s):
+        """CloseSession (after the stream's pending releases), then unmaps, closes the channel."""
+        try:
             s.cache.drain(discard=False)  # no more local leases; CloseSession takes the cached ones
             if self._tasks:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)

@@ -14,6 +14,7 @@ import time
 import grpc
 
 from ._channel import is_moving, open_channel, options
+from ._deferred import DONE, FAILED
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
@@ -495,40 +496,74 @@ class Client(ClientCore):
 
     # ------------------------------------------------------------------ closing
 
+    #: The GPU work on the session's memory is given this long at least, even when the
+    #: deferred releases took the whole close bound.
+    MIN_SYNC_WAIT = 0.1
+
     def close(self):
         """Closes the session (the daemon releases what it still holds), unmaps every segment
-        and closes the channel. Idempotent, also from several threads at once."""
+        and closes the channel. Nothing goes back to the daemon while this process's GPU work
+        may still use it: the releases waiting for their events are waited for, then every CUDA
+        device the session maps is synchronized, both within ``timeout`` (the client's); past
+        it, or when the synchronize fails, the session is kept instead (see
+        :mod:`gpumemd._deferred`). Idempotent, also from several threads at once."""
         with self._close_lock:
             if self._closed:
                 return
             self._closing = True
             with self._reopen_lock:  # a lease opening a new session finishes (or gives up) first
                 s = self._s
+            deadline = time.monotonic() + self._timeout
             try:
                 # Releases waiting for GPU work go out first (bounded), on the stream before it ends.
                 self._drain_deferred(self._timeout)
-                s.cache.drain(discard=False)  # no more local leases; CloseSession takes the cached ones
-                if not s.lost and s.call is not None:
-                    # Pending releases go out, then the stream ends; once the daemon has ended
-                    # its side it has applied them, before CloseSession (another HTTP/2 stream).
-                    s.queue.put(END)
-                    s.done.wait(2)
                 if not s.lost:
-                    self._stub.CloseSession(pb.CloseSessionRequest(session_id=s.id),
-                                            timeout=5, metadata=self._metadata)
-            except grpc.RpcError as e:
-                if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
-                    log.warning("gpumemd CloseSession failed: %s", GpumemdError.from_rpc(e))
-            finally:
-                call = s.call
-                if call is not None:
-                    call.cancel()
+                    work = self._queued_work(s)
+                    outcome = work.wait(max(deadline - time.monotonic(), self.MIN_SYNC_WAIT))
+                    if outcome != DONE:
+                        if self._keep_session(s, work, outcome, self._timeout):
+                            threading.Thread(target=self._close_when_idle, args=(s, work), daemon=True,
+                                             name="gpumemd-linger-%s" % self.client_name).start()
+                        self._closed = True
+                        return
+            except BaseException:
+                self._end_session(s)
+                raise
+            self._end_session(s)
+
+    def _close_when_idle(self, s, work):
+        """A kept session: closed once its GPU work has ended (kept for good if it failed)."""
+        if work.wait() == DONE:
+            self._end_session(s)
+            log.info("gpumemd: the GPU work on session %s's blocks completed; the session is closed", s.id)
+        else:
+            self._keep_session(s, work, FAILED, 0)
+
+    def _end_session(self, s):
+        """CloseSession (after the stream's pending releases), then unmaps, closes the channel."""
+        try:
+            s.cache.drain(discard=False)  # no more local leases; CloseSession takes the cached ones
+            if not s.lost and s.call is not None:
+                # Pending releases go out, then the stream ends; once the daemon has ended
+                # its side it has applied them, before CloseSession (another HTTP/2 stream).
                 s.queue.put(END)
-                s.thread.join(5)
-                s.mappings.close_all()
-                self._fd_channels.close()
-                self._channel.close()
-                self._closed = True
+                s.done.wait(2)
+            if not s.lost:
+                self._stub.CloseSession(pb.CloseSessionRequest(session_id=s.id),
+                                        timeout=5, metadata=self._metadata)
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                log.warning("gpumemd CloseSession failed: %s", GpumemdError.from_rpc(e))
+        finally:
+            call = s.call
+            if call is not None:
+                call.cancel()
+            s.queue.put(END)
+            s.thread.join(5)
+            s.mappings.close_all()
+            self._fd_channels.close()
+            self._channel.close()
+            self._closed = True
 
     def __enter__(self):
         return self

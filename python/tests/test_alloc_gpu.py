@@ -224,3 +224,32 @@ def test_cupy_pooled_allocator_gives_leases_back_on_free_all_blocks(cuda_daemon)
         allocator.pool.free_all_blocks()
         gc.collect()
         wait_until(lambda: tagged(cuda_daemon, gm, "cupy") == [], "the pool's leases released")
+
+
+_SPIN = r'''
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+'''
+
+
+def test_cupy_release_waits_for_the_allocation_stream_not_the_current_one(cuda_daemon):
+    """Issue 33 item 2, with CuPy on a GPU: an array allocated on a non-blocking stream, with a
+    long kernel queued there, and dropped while another (idle) stream is current, is released
+    only once that kernel has finished (test_cupy_stream.py has the same without CuPy)."""
+    cupy = _cupy()
+    with gpumemd.connect(cuda_daemon.target) as gm:
+        with gpumemd.cupy.allocator(gm, 0):
+            busy, idle = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+            with busy:
+                a = cupy.empty(1 << 20, dtype=cupy.uint8)
+                rate = cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrClockRate, 0)  # kHz
+                cupy.RawKernel(_SPIN, "spin")((1,), (1,), (cupy.int64(rate * 1000),))  # about a second
+            with idle:
+                del a
+                gc.collect()
+            assert len(gm._deferred) == 1, "the release waits for the kernel on the allocation's stream"
+            busy.synchronize()
+            wait_until(lambda: len(gm._deferred) == 0, "released once the kernel ended")
+            wait_until(lambda: tagged(cuda_daemon, gm, "cupy") == [], "the lease released")

@@ -67,6 +67,11 @@ final class CudaMappings {
       }
     }
 
+    @Override
+    public int cudaDevice() {
+      return device;
+    }
+
     synchronized boolean isClosed() {
       return closed;
     }
@@ -127,6 +132,16 @@ final class CudaMappings {
       }
       return new LegacyMapping(localDevice, base);
     });
+  }
+
+  /**
+   * Waits for all work of this process queued in {@code localDevice}'s primary context: what may
+   * still use the memory of its mappings (a lease's stream must belong to that context).
+   *
+   * @throws GpuMemException when the synchronize fails (a sticky error of the context)
+   */
+  static void synchronize(int localDevice) {
+    CudaContexts.run(localDevice, () -> CudaContexts.check(() -> cuCtxSynchronize(), "cuCtxSynchronize"));
   }
 
   /** Writes zeros over {@code bytes} bytes at {@code offset} of a mapped segment (synchronous). */

@@ -6,8 +6,11 @@ import java.nio.file.Path;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Consumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A connection to gpumemd with one session, kept alive in the background for as long as the
@@ -55,6 +58,7 @@ import java.util.function.Consumer;
  * <p>Thread-safe: any thread may lease and close leases concurrently.
  */
 public final class GpuMemClient implements AutoCloseable {
+  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
   private final Channels.Connection connection;
   private final FdChannelClient fdChannel;
   private final ClientCounters counters = new ClientCounters();
@@ -64,6 +68,7 @@ public final class GpuMemClient implements AutoCloseable {
   private final PendingReleases pendingReleases = new PendingReleases();
   private final AtomicBoolean closeStarted = new AtomicBoolean();
   private final CountDownLatch closed = new CountDownLatch(1);
+  private final long closeWaitMillis;
 
   /** Builds a client; {@link #connect()} opens it. */
   public static final class Builder {
@@ -80,6 +85,7 @@ public final class GpuMemClient implements AutoCloseable {
     private String bearerToken;
     private Ticker ticker = Ticker.system();
     private Sleeper sleeper = Sleeper.system();
+    private long closeWaitMillis = PENDING_RELEASES_CLOSE_MS;
 
     private Builder(String target) {
       this.target = target;
@@ -174,6 +180,15 @@ public final class GpuMemClient implements AutoCloseable {
       return this;
     }
 
+    /** Tests: how long {@link GpuMemClient#close()} waits for GPU work (default {@value GpuMemClient#PENDING_RELEASES_CLOSE_MS} ms). */
+    Builder closeWaitMillis(long millis) {
+      if (millis < 0) {
+        throw new IllegalArgumentException("closeWaitMillis: " + millis + " (expected: >= 0)");
+      }
+      this.closeWaitMillis = millis;
+      return this;
+    }
+
     /**
      * Connects and opens the session.
      *
@@ -194,6 +209,7 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   private GpuMemClient(Builder b) {
+    this.closeWaitMillis = b.closeWaitMillis;
     this.connection = Channels.open(b.target, new Channels.Security(b.caCert, b.clientCert, b.clientKey, b.bearerToken));
     OpenSessionRequest.Builder open = OpenSessionRequest.newBuilder()
         .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds);
@@ -392,15 +408,40 @@ public final class GpuMemClient implements AutoCloseable {
 
   // ---------------------------------------------------------------------------- closing
 
-  /** How long {@link #close()} waits for stream-ordered releases whose GPU work is still queued. */
+  /**
+   * How long {@link #close()} waits for the GPU work that may still use the session's memory:
+   * stream-ordered releases whose events have not completed, then the work queued in the
+   * contexts of the devices mapped.
+   */
   static final long PENDING_RELEASES_CLOSE_MS = 5000;
 
   /**
    * Closes the session (the daemon releases whatever it still holds), unmaps every segment and
-   * closes the connection. Stream-ordered releases still waiting for their GPU work are waited
-   * for, up to {@value #PENDING_RELEASES_CLOSE_MS} ms, and sent first; the events of any still
-   * pending then are destroyed, and the session's end returns their blocks. Idempotent, also under concurrent calls: one caller closes, the
-   * others wait until it has finished, so that every call returns with the client closed.
+   * closes the connection. Nothing of the session goes back to the daemon while this process's
+   * GPU work may still use it, since the daemon leases a returned block to the next process at
+   * once:
+   *
+   * <ol>
+   *   <li>stream-ordered releases ({@link CudaLeases#closeAfter}) still waiting for their GPU
+   *       work are waited for and sent as they complete; the events of those still pending at
+   *       the bound are destroyed (destroying one does not wait for its work, hence:)
+   *   <li>the primary context of every CUDA device the session maps is synchronized, so that
+   *       the work queued on any of its blocks (closed after an event, or never closed) has
+   *       completed; then CloseSession, then the segments are unmapped.
+   * </ol>
+   *
+   * Both together wait up to {@value #PENDING_RELEASES_CLOSE_MS} ms. When the work is still
+   * running then, the session is kept (its blocks leased) rather than handed back early: this
+   * call returns, the client refuses calls, and a daemon thread ({@code gpumemd-client-linger})
+   * keeps the KeepAlive stream and the mappings until the synchronize returns, then closes as
+   * above. When the synchronize fails (a sticky context error: whether the work ran, or still
+   * may, is unknown), the session is kept for the life of the process. Either way the process's
+   * exit ends it: its GPU work ends with it, and the daemon takes the session back after its
+   * grace period. (Without a KeepAlive stream the session's TTL ends it instead.) Both cases are
+   * logged as a warning naming the devices.
+   *
+   * <p>Idempotent, also under concurrent calls: one caller closes, the others wait until it has
+   * finished, so that every call returns with the client closed.
    */
   @Override
   public void close() {
@@ -408,14 +449,65 @@ public final class GpuMemClient implements AutoCloseable {
       awaitClosed();
       return;
     }
+    boolean kept = false;
     try {
-      pendingReleases.close(PENDING_RELEASES_CLOSE_MS);
+      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeWaitMillis);
+      pendingReleases.close(closeWaitMillis);
+      Session s = sessions.current();
+      if (!s.isLost()) {
+        QueuedGpuWork work = QueuedGpuWork.synchronize(s.mappings.cudaDevices());
+        long left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
+        QueuedGpuWork.Outcome outcome = work.await(Math.max(left, MIN_SYNC_WAIT_MS));
+        if (outcome != QueuedGpuWork.Outcome.DONE) {
+          kept = true;
+          keepUntilIdle(s, work, outcome);
+          return;
+        }
+      }
       sessions.close();
     } finally {
-      fdChannel.close();
-      connection.close();
+      if (!kept) {
+        fdChannel.close();
+        connection.close();
+      }
       closed.countDown();
     }
+  }
+
+  /** The synchronize is given this long at least, even when the releases took the whole bound. */
+  static final long MIN_SYNC_WAIT_MS = 100;
+
+  /**
+   * The GPU work on the session's memory outlived the close's bound, or its synchronize failed:
+   * the session stays open, its blocks leased, until the work is done (see {@link #close()}).
+   */
+  private void keepUntilIdle(Session s, QueuedGpuWork work, QueuedGpuWork.Outcome outcome) {
+    sessions.refuseCalls();
+    if (outcome == QueuedGpuWork.Outcome.FAILED) {
+      log.warn("gpumemd client closing: synchronizing CUDA device(s) {} failed ({}); the GPU work on session {}'s "
+          + "blocks may not have ended, so they are not handed back: the session is kept until this process exits",
+          work.devices(), work.failure(), s.id);
+      return;
+    }
+    log.warn("gpumemd client closing: GPU work on CUDA device(s) {} still running after {} ms; session {} and its "
+        + "blocks are kept until it completes (or this process exits), then closed", work.devices(),
+        closeWaitMillis, s.id);
+    Thread linger = new Thread(() -> {
+      if (work.awaitEnd() == QueuedGpuWork.Outcome.FAILED) {
+        log.warn("gpumemd: synchronizing CUDA device(s) {} failed ({}); session {} is kept until this process exits",
+            work.devices(), work.failure(), s.id);
+        return;
+      }
+      try {
+        sessions.close();
+        log.info("gpumemd: the GPU work on session {}'s blocks completed; the session is closed", s.id);
+      } finally {
+        fdChannel.close();
+        connection.close();
+      }
+    }, "gpumemd-client-linger");
+    linger.setDaemon(true);
+    linger.start();
   }
 
   private void awaitClosed() {

@@ -5,6 +5,8 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
 import java.util.function.LongConsumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -310,6 +312,19 @@ final class MappingCache {
       entries.clear();
     }
     toClose.forEach(this::closeQuietly);
+  }
+
+  /** This process's CUDA devices that the mappings live on (see {@link SegmentMapping#cudaDevice}). */
+  synchronized Set<Integer> cudaDevices() {
+    Set<Integer> devices = new TreeSet<>();
+    for (Entry e : entries.values()) {
+      for (SegmentMapping m : e.all()) {
+        if (m.cudaDevice() >= 0) {
+          devices.add(m.cudaDevice());
+        }
+      }
+    }
+    return devices;
   }
 
   /** Closes every mapping (the client is closing). */

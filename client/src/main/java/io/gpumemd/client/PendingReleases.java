@@ -19,15 +19,20 @@ import org.slf4j.LoggerFactory;
  * <p>The thread polls every pending completion, sleeping {@value #MIN_POLL_MICROS} µs after a
  * round that found something complete, doubling to {@value #MAX_POLL_MICROS} µs while nothing
  * does. A completed release is destroyed (the event), then given back as a plain close would
- * (client cache or daemon). A completion that fails to answer is taken as the end of its
- * work (a CUDA query fails only for a sticky context error, after which no work of the context
- * runs, or for an event that no longer exists): logged, destroyed, released. A lease whose
- * session is lost is dropped (its memory went with the session) and its completion destroyed.
+ * (client cache or daemon). A completion that fails to answer ({@code cuEventQuery} failing
+ * other than NOT_READY: a sticky context error, an event that no longer exists) is not taken as
+ * complete: what became of the work before it is unknown, and a block handed to another process
+ * while a kernel may still write it is silent corruption. The lease is kept (never released
+ * here), logged once, its completion destroyed; the session's end returns it, after the client's
+ * close has synchronized the device ({@link GpuMemClient#close()}), as the Python client does.
+ * A lease whose session is lost is dropped (its memory went with the session) and its
+ * completion destroyed.
  *
  * <p>{@link #close(long)} (the client closing) waits up to its bound for what is pending, then
  * destroys the completions still pending (no event outlives the client) and leaves their leases
- * to CloseSession; a release asked for after close is refused ({@link #add} returns false) and
- * the caller destroys its own completion.
+ * to the session's end, which the client lets happen only once the device's work has been
+ * synchronized (destroying an event does not wait for its work); a release asked for after
+ * close is refused ({@link #add} returns false) and the caller destroys its own completion.
  *
  * <p>Thread-safe: the queue is guarded by this object's monitor; completions are queried and
  * destroyed only on the polling thread, or by the caller whose {@link #add} was refused.
@@ -42,7 +47,7 @@ final class PendingReleases {
     /**
      * True once the work before it has completed.
      *
-     * @throws RuntimeException when it cannot tell (taken as complete: see the class comment)
+     * @throws RuntimeException when it cannot tell (its lease is then kept: see the class comment)
      */
     boolean isComplete();
 
@@ -56,6 +61,7 @@ final class PendingReleases {
   private Thread poller;
   private boolean closed;
   private long released;
+  private long kept;
 
   /**
    * Queues a release that waits for {@code completion}; {@code release} gives the lease back
@@ -85,6 +91,11 @@ final class PendingReleases {
   /** Releases sent (or dropped with a lost session) once their completion was seen. */
   synchronized long released() {
     return released;
+  }
+
+  /** Releases kept for the session's end because their completion could not be queried. */
+  synchronized long kept() {
+    return kept;
   }
 
   /**
@@ -125,7 +136,8 @@ final class PendingReleases {
     }
     if (!left.isEmpty()) {
       log.warn("gpumemd client closing: {} stream-ordered release(s) still waiting for GPU work after {} ms; "
-          + "their events are destroyed and CloseSession returns their blocks", left.size(), boundMillis);
+          + "their events are destroyed, and their blocks go back with the session only once the device's work "
+          + "is synchronized", left.size(), boundMillis);
     }
     return left.size();
   }
@@ -151,10 +163,15 @@ final class PendingReleases {
             return; // stopped by close, which destroys what is left
           }
         }
-        if (settle(p)) {
+        Settled settled = settle(p);
+        if (settled != Settled.WAITING) {
           synchronized (this) {
             queue.remove(p);
-            released++;
+            if (settled == Settled.RELEASED) {
+              released++;
+            } else {
+              kept++;
+            }
           }
           any = true;
         }
@@ -167,22 +184,33 @@ final class PendingReleases {
     }
   }
 
-  /** One pending release: true when it is done with (released, or dropped with its session). */
-  private static boolean settle(Pending p) {
+  /** What became of a pending release when it was polled. */
+  private enum Settled {
+    /** Its work is still running. */
+    WAITING,
+    /** Released (or dropped with its lost session). */
+    RELEASED,
+    /** Its completion could not be queried: the lease is kept for the session's end. */
+    KEPT
+  }
+
+  /** One pending release polled once. */
+  private static Settled settle(Pending p) {
     if (p.lease.isLost()) {
       destroy(p);
-      return true;
+      return Settled.RELEASED;
     }
     boolean complete;
     try {
       complete = p.completion.isComplete();
     } catch (RuntimeException e) {
-      log.warn("gpumemd lease {}: its release event cannot be queried ({}); releasing it as complete",
-          p.lease.id(), e.getMessage());
-      complete = true;
+      log.warn("gpumemd lease {}: its release event cannot be queried ({}); the GPU work on it may not have ended, "
+          + "so it is not released: the session's end returns it", p.lease.id(), e.getMessage());
+      destroy(p);
+      return Settled.KEPT;
     }
     if (!complete) {
-      return false;
+      return Settled.WAITING;
     }
     destroy(p);
     try {
@@ -190,7 +218,7 @@ final class PendingReleases {
     } catch (RuntimeException e) {
       log.warn("gpumemd lease {}: release after its event failed: {}", p.lease.id(), e.getMessage());
     }
-    return true;
+    return Settled.RELEASED;
   }
 
   private static void destroy(Pending p) {

@@ -7,4 +7,13 @@ package io.gpumemd.client;
 interface SegmentMapping {
   /** Unmaps. Any buffer or pointer derived from the mapping becomes invalid. */
   void close();
+
+  /**
+   * This process's CUDA device the mapping lives on, whose work may still use its memory; -1
+   * for a host mapping. (A method, not an {@code instanceof}, so that a host-only client never
+   * loads the CUDA classes.)
+   */
+  default int cudaDevice() {
+    return -1;
+  }
 }

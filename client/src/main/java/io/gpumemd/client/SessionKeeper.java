@@ -312,13 +312,22 @@ final class SessionKeeper {
   }
 
   /**
+   * The client is closing: later calls get UNAVAILABLE ("the client is closed"), leases waiting
+   * for the stream give up, no new stream opens; the current one stays, and with it the
+   * session, until {@link #close}. Idempotent.
+   */
+  void refuseCalls() {
+    closing = true;
+    session.stream.closing();
+  }
+
+  /**
    * Ends the current session: sends what is pending and ends its stream, then CloseSession (the
    * daemon releases whatever it still holds); drops the client cache and closes every mapping.
    * Later calls get UNAVAILABLE ("the client is closed").
    */
   void close() {
-    closing = true;
-    session.stream.closing(); // leases waiting for the stream give up
+    refuseCalls();
     Session s;
     synchronized (reopenLock) { // a new session being opened is finished (or never started)
       s = session;
