@@ -1,21 +1,9 @@
 package io.gpumemd.client;
 
-import static jcuda.driver.JCudaDriver.cuMemAddressFree;
-import static jcuda.driver.JCudaDriver.cuMemAddressReserve;
-import static jcuda.driver.JCudaDriver.cuMemImportFromShareableHandle;
-import static jcuda.driver.JCudaDriver.cuMemMap;
-import static jcuda.driver.JCudaDriver.cuMemRelease;
-import static jcuda.driver.JCudaDriver.cuMemUnmap;
-
 import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.common.cuda.VmmDriver;
-import java.util.ArrayList;
 import java.util.List;
 import jcuda.driver.CUdeviceptr;
-import jcuda.driver.CUmemAccess_flags;
-import jcuda.driver.CUmemAllocationHandleType;
-import jcuda.driver.CUmemGenericAllocationHandle;
-import jcuda.driver.CUmemLocationType;
 import jcuda.driver.CUresult;
 
 /**
@@ -49,68 +37,57 @@ final class CudaVmm {
 
   /** A VMM allocation imported and mapped in this process. */
   static final class VmmMapping extends CudaMappings.CudaMapping {
-    private final CUmemGenericAllocationHandle handle;
+    private final long handle;
     private final long bytes;
 
-    VmmMapping(int device, CUdeviceptr base, CUmemGenericAllocationHandle handle, long bytes, boolean readOnly) {
-      super(device, base, readOnly);
+    VmmMapping(int device, long address, long handle, long bytes, boolean readOnly) {
+      super(device, new CUdeviceptr().withByteOffset(address), readOnly);
       this.handle = handle;
       this.bytes = bytes;
     }
 
     @Override
     void unmap(List<RuntimeException> failures) {
-      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemUnmap(base, bytes), "cuMemUnmap"));
-      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemAddressFree(base, bytes), "cuMemAddressFree"));
-      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> cuMemRelease(handle), "cuMemRelease"));
+      long address = CudaHandles.address(base);
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.unmap(address, bytes), "cuMemUnmap"));
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.addressFree(address, bytes),
+          "cuMemAddressFree"));
+      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.release(handle), "cuMemRelease"));
     }
   }
 
   /**
-   * Imports a segment's descriptor on a device of this process and maps all of it. The
-   * descriptor stays the caller's to close (the import does not take it over; the mapping does
-   * not need it). On failure, whatever was done is undone.
+   * Imports a segment's descriptor on a device of this process and maps all of it ({@link
+   * VmmDriver#mapWhole}, as the daemon maps its own). The descriptor stays the caller's to close
+   * (the import does not take it over; the mapping does not need it). On failure, whatever was
+   * done is undone.
    *
    * @param readOnly map with read-only access (a read-only grant, or a read-only hold)
    */
   static SegmentMapping importSegment(int localDevice, int fd, long segmentId, long segmentBytes, boolean readOnly) {
     return CudaContexts.in(localDevice, () -> {
-      CUmemGenericAllocationHandle handle = new CUmemGenericAllocationHandle();
-      CudaContexts.check(() -> cuMemImportFromShareableHandle(handle, CudaHandles.osHandle(fd),
-          CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle");
-      List<Runnable> undo = new ArrayList<>(3);
-      undo.add(() -> CudaContexts.result(() -> cuMemRelease(handle), "cuMemRelease"));
-      try {
-        CUdeviceptr base = new CUdeviceptr();
-        CudaContexts.check(() -> cuMemAddressReserve(base, segmentBytes, 0, new CUdeviceptr(), 0),
-            "cuMemAddressReserve(" + segmentBytes + ")");
-        undo.add(0, () -> CudaContexts.result(() -> cuMemAddressFree(base, segmentBytes), "cuMemAddressFree"));
-        // The driver refuses to map more than the imported allocation holds (cuMemMap: offset +
-        // size within the allocation): its documented check is the allocation's size check, so
-        // a refusal here means the reply's segment_bytes is not this allocation's.
-        int mapped = CudaContexts.result(() -> cuMemMap(base, segmentBytes, 0, handle, 0), "cuMemMap");
-        if (mapped == CUresult.CUDA_ERROR_INVALID_VALUE) {
-          throw ReplyCheck.inconsistent("the CUDA VMM allocation of segment " + Long.toUnsignedString(segmentId)
-              + " cannot be mapped whole at segment_bytes " + segmentBytes + " (cuMemMap: CUDA_ERROR_INVALID_VALUE: "
-              + "the allocation is smaller, or segment_bytes is not a multiple of its granularity)");
-        } else if (mapped != CUresult.CUDA_SUCCESS) {
-          throw CudaContexts.failed("cuMemMap", mapped);
-        }
-        undo.add(0, () -> CudaContexts.result(() -> cuMemUnmap(base, segmentBytes), "cuMemUnmap"));
-        int flags = readOnly ? CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ
-            : CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        // The lease's device and its peers, as a legacy handle (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
-        // lets them in: a kernel or copy on a peer GPU reaches the lease in either mode.
-        int result = VmmDriver.setAccess(CudaHandles.address(base), segmentBytes,
-            CudaContexts.accessors(localDevice), flags);
-        if (result != CUresult.CUDA_SUCCESS) {
-          throw CudaContexts.failed("cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")", result);
-        }
-        return new VmmMapping(localDevice, base, handle, segmentBytes, readOnly);
-      } catch (RuntimeException | Error e) {
-        undo.forEach(Runnable::run);
-        throw e;
+      long[] imported = new long[1];
+      CudaContexts.check(() -> VmmDriver.importDescriptor(fd, imported), "cuMemImportFromShareableHandle");
+      // The lease's device and its peers, as a legacy handle (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+      // lets them in: a kernel or copy on a peer GPU reaches the lease in either mode.
+      VmmDriver.Mapped mapped = VmmDriver.mapWhole(imported[0], segmentBytes, CudaContexts.accessors(localDevice),
+          readOnly ? VmmDriver.PROT_READ : VmmDriver.PROT_READWRITE);
+      if (mapped.ok()) {
+        return new VmmMapping(localDevice, mapped.address(), imported[0], segmentBytes, readOnly);
       }
+      CudaContexts.result(() -> VmmDriver.release(imported[0]), "cuMemRelease");
+      // The driver refuses to map more than the imported allocation holds (cuMemMap: offset +
+      // size within the allocation): its documented check is the allocation's size check, so
+      // a refusal here means the reply's segment_bytes is not this allocation's.
+      if (mapped.failedCall().equals("cuMemMap") && mapped.result() == CUresult.CUDA_ERROR_INVALID_VALUE) {
+        throw ReplyCheck.inconsistent("the CUDA VMM allocation of segment " + Long.toUnsignedString(segmentId)
+            + " cannot be mapped whole at segment_bytes " + segmentBytes + " (cuMemMap: CUDA_ERROR_INVALID_VALUE: "
+            + "the allocation is smaller, or segment_bytes is not a multiple of its granularity)");
+      }
+      String what = mapped.failedCall().equals("cuMemSetAccess")
+          ? "cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")"
+          : mapped.failedCall() + "(" + segmentBytes + ")";
+      throw CudaContexts.failed(what, mapped.result());
     });
   }
 }
