@@ -13,13 +13,13 @@ are pending here too, in order: a release supersedes a pending cache notice of t
 the cache notice of the lease it made room for. What a broken stream lost is sent again, as the
 very messages the daemon did not apply (``gpumemd._session.MessageLog``).
 
-The algorithm is the Java client's (``ClientCache``), with the daemon's size classes
-(``SizeClasses``, ported below):
+The algorithm is the Java client's (``ClientCache``), with the size classes the daemon states at
+``OpenSession`` (:class:`SizeRules`; no copy of its table here):
 
 - **offer** (a lease is closed): kept when its block fits the allowance, making room by giving
   back the least recently cached leases; a block larger than the whole allowance is released.
 - **take** (a lease is asked for): the request rounded up to 512 B; best fit = the smallest
-  cached block of the device at least that large, and at most :func:`largest_fit` (one small
+  cached block of the device at least that large, and at most :meth:`SizeRules.largest_fit` (one small
   segment for a request up to 1 MiB, the request plus the daemon's ``--max-oversize-bytes``
   above it).
 - **give back** (``ReturnCache``, a smaller ``CacheAllowance``, a shutdown notice): least
@@ -34,23 +34,47 @@ import threading
 
 from ._stubs import pb
 
-ALIGNMENT = 512             # every block size is a multiple of this (SizeClasses.ALIGNMENT)
-SMALL_MAX = 1 << 20         # largest request served from the small pool
-SEGMENT_GRANULE = 2 << 20   # a small segment; large segments round to it
-DEFAULT_MAX_OVERSIZE = 20 << 20  # from a daemon that does not say (OpenSessionResponse.max_oversize_bytes)
 FLUSH_DELAY = 0.001         # seconds a pending notice waits for a message to ride on
 MAX_ENTRIES = 8192          # the daemon's limit on entries in one KeepAliveRequest
 
 
-def round_up(size):
-    """A request rounded up to the 512-byte alignment, as the daemon rounds it."""
-    return (size + ALIGNMENT - 1) & -ALIGNMENT
+class SizeRules:
+    """How the daemon's pools round and class requests, as it states them at ``OpenSession``
+    (``OpenSessionResponse.size_classes`` and ``max_oversize_bytes``), so that this tier picks the
+    blocks the daemon would. The defaults are what a daemon that predates those fields uses."""
 
+    __slots__ = ("alignment", "small_max", "small_segment", "max_oversize")
 
-def largest_fit(rounded, max_oversize):
-    """The largest cached block that may serve a rounded request: one small segment for a small
-    request, the request plus ``max_oversize`` for a large one (the daemon's rule)."""
-    return SEGMENT_GRANULE if rounded <= SMALL_MAX else rounded + max_oversize
+    def __init__(self, alignment=512, small_max=1 << 20, small_segment=2 << 20, max_oversize=20 << 20):
+        self.alignment = alignment
+        self.small_max = small_max
+        self.small_segment = small_segment
+        self.max_oversize = max_oversize
+
+    @classmethod
+    def of(cls, opened):
+        """The rules an ``OpenSessionResponse`` states; a field it lacks keeps its default."""
+        rules = cls()
+        if opened.HasField("size_classes"):
+            c = opened.size_classes
+            rules.alignment, rules.small_max, rules.small_segment = (c.alignment_bytes, c.small_max_bytes,
+                                                                     c.small_segment_bytes)
+        if opened.HasField("max_oversize_bytes"):
+            rules.max_oversize = opened.max_oversize_bytes
+        return rules
+
+    def round_up(self, size):
+        """A request rounded up to the alignment, as the daemon rounds it."""
+        return -(-size // self.alignment) * self.alignment
+
+    def largest_fit(self, rounded):
+        """The largest cached block that may serve a rounded request: one small segment for a
+        small request, the request plus the oversize allowance for a large one."""
+        return self.small_segment if rounded <= self.small_max else rounded + self.max_oversize
+
+    def __repr__(self):
+        return "SizeRules(alignment=%d, small_max=%d, small_segment=%d, max_oversize=%d)" % (
+            self.alignment, self.small_max, self.small_segment, self.max_oversize)
 
 
 class ClientCache:
@@ -59,9 +83,9 @@ class ClientCache:
     to send what is pending: within :data:`FLUSH_DELAY`, or at once when ``urgent`` (the daemon
     asked for memory back)."""
 
-    def __init__(self, allowance, max_oversize, wake):
+    def __init__(self, allowance, rules, wake):
         self.allowance = allowance
-        self.max_oversize = max_oversize
+        self.rules = rules
         self._wake = wake
         self._lock = threading.Lock()
         self._by_size = {}   # device -> sorted [(block bytes, seq)]
@@ -90,12 +114,13 @@ class ClientCache:
             keys = self._by_size.get(device)
             if not keys:
                 return None
-            rounded = (size + ALIGNMENT - 1) & -ALIGNMENT
+            rules = self.rules
+            rounded = rules.round_up(size)
             i = bisect.bisect_left(keys, (rounded, -1))
             if i == len(keys):
                 return None
             nbytes, seq = keys[i]
-            if nbytes > (SEGMENT_GRANULE if rounded <= SMALL_MAX else rounded + self.max_oversize):
+            if nbytes > rules.largest_fit(rounded):
                 return None
             del keys[i]
             lease = self._by_age.pop(seq)

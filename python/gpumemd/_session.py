@@ -28,7 +28,7 @@ import threading
 
 import grpc
 
-from ._cache import DEFAULT_MAX_OVERSIZE, MAX_ENTRIES, ClientCache
+from ._cache import MAX_ENTRIES, ClientCache, SizeRules
 from ._deferred import FAILED, DeferredReleases, QueuedWork
 from ._errors import GpumemdError
 from ._mapping import MappingCache
@@ -288,8 +288,7 @@ class SessionState:
         self.call = None
         #: The client cache tier and the pending notices of the stream (see gpumemd._cache).
         self.cache = ClientCache(opened.client_cache_bytes if client._stream_calls else 0,
-                                 opened.max_oversize_bytes if opened.HasField("max_oversize_bytes")
-                                 else DEFAULT_MAX_OVERSIZE,
+                                 SizeRules.of(opened),
                                  lambda urgent: self.queue.put_nowait(FLUSH_NOW if urgent else FLUSH))
 
     def device_uuid(self, device):

@@ -2,16 +2,16 @@
 the daemon's size classes, the allowance, give-backs, and the notices it sends."""
 import collections
 
-from gpumemd._cache import DEFAULT_MAX_OVERSIZE, ClientCache, largest_fit, round_up
+from gpumemd._cache import ClientCache, SizeRules
 from gpumemd._stubs import pb
 
 MiB = 1 << 20
 _Lease = collections.namedtuple("_Lease", "id device block_bytes")
 
 
-def _cache(allowance=64 * MiB, max_oversize=DEFAULT_MAX_OVERSIZE):
+def _cache(allowance=64 * MiB, max_oversize=20 * MiB, rules=None):
     wakes = []
-    return ClientCache(allowance, max_oversize, wakes.append), wakes
+    return ClientCache(allowance, rules or SizeRules(max_oversize=max_oversize), wakes.append), wakes
 
 
 def _sent(cache, room=8192):
@@ -21,10 +21,39 @@ def _sent(cache, room=8192):
             {c.device: (c.hits, c.returns) for c in message.client_counters}, more)
 
 
-def test_size_classes_match_the_daemons():
-    assert round_up(1) == 512 and round_up(512) == 512 and round_up(513) == 1024
-    assert largest_fit(512, 0) == 2 * MiB and largest_fit(MiB, 0) == 2 * MiB  # small: one small segment
-    assert largest_fit(MiB + 512, 20 * MiB) == 21 * MiB + 512  # large: the oversize rule
+def test_default_size_rules_are_an_older_daemons():
+    rules = SizeRules()
+    assert rules.round_up(1) == 512 and rules.round_up(512) == 512 and rules.round_up(513) == 1024
+    assert rules.largest_fit(512) == 2 * MiB and rules.largest_fit(MiB) == 2 * MiB  # small: one small segment
+    assert rules.largest_fit(MiB + 512) == 21 * MiB + 512  # large: the oversize rule
+
+
+def test_the_tier_follows_the_rules_the_daemon_states():
+    """Rules other than the defaults (as a daemon with other size classes would state them)
+    change the rounding and the fit: nothing of the table is a copy here."""
+    rules = SizeRules.of(pb.OpenSessionResponse(
+        size_classes=pb.SizeClassRules(alignment_bytes=4096, small_max_bytes=256 << 10, small_segment_bytes=MiB),
+        max_oversize_bytes=0))
+    assert (rules.alignment, rules.small_max, rules.small_segment, rules.max_oversize) == (4096, 256 << 10, MiB, 0)
+    cache, _ = _cache(allowance=1 << 40, rules=rules)
+    for lease in (_Lease("4k", 0, 4096), _Lease("1m", 0, MiB), _Lease("300k", 0, 300 << 10)):
+        assert cache.offer(lease) == ()
+    assert cache.take(0, 100).id == "4k"            # rounded to 4096, not 512
+    assert cache.take(0, 257 << 10) is None         # a large request now: only exact fits (oversize 0)
+    assert cache.take(0, 300 << 10).id == "300k"
+    assert cache.take(0, 200 << 10).id == "1m"      # small: up to the 1 MiB small segment
+    older = SizeRules.of(pb.OpenSessionResponse())  # a daemon that states nothing
+    assert (older.alignment, older.small_max, older.small_segment, older.max_oversize) == (512, MiB, 2 * MiB,
+                                                                                           20 * MiB)
+
+
+def test_the_daemon_states_its_size_classes_and_the_session_uses_them(daemon):
+    import gpumemd
+
+    with gpumemd.connect(daemon.target) as gm:
+        rules = gm._s.cache.rules
+        assert (rules.alignment, rules.small_max, rules.small_segment) == (512, MiB, 2 * MiB)  # SizeClasses
+        assert rules.max_oversize == 20 * MiB  # --max-oversize-bytes' default
 
 
 def test_best_fit_within_the_size_classes_and_the_oversize_rule():

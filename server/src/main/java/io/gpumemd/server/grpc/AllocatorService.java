@@ -2,6 +2,7 @@ package io.gpumemd.server.grpc;
 
 import static io.gpumemd.server.grpc.StatusMapper.answer;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.AttachRequest;
 import io.gpumemd.proto.v1.AttachResponse;
@@ -21,6 +22,7 @@ import io.gpumemd.proto.v1.LeaseRequest;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.OpenSessionResponse;
+import io.gpumemd.proto.v1.SizeClassRules;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
@@ -53,6 +55,13 @@ import java.util.concurrent.RejectedExecutionException;
  * the transport thread like Release.
  */
 public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
+  /** The pools' size classes as clients' cache tiers need them: one source, SizeClasses. */
+  private static final SizeClassRules SIZE_CLASSES = SizeClassRules.newBuilder()
+      .setAlignmentBytes(SizeClasses.ALIGNMENT)
+      .setSmallMaxBytes(SizeClasses.SMALL_MAX)
+      .setSmallSegmentBytes(SizeClasses.SEGMENT_GRANULE)
+      .build();
+
   private final SessionRegistry registry;
   private final Executor blockingExecutor;
   private final ServerMetrics metrics;
@@ -95,6 +104,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
           .setMaxLeases(session.quota().maxLeases())
           .setClientCacheBytes(session.cacheAllowance())
           .setMaxOversizeBytes(registry.maxOversizeBytes())
+          .setSizeClasses(SIZE_CLASSES)
           .build());
       response.onCompleted();
     } catch (RuntimeException e) {
