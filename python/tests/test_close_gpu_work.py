@@ -44,8 +44,10 @@ CHILD = textwrap.dedent("""
         return stream.value
 
     if flavour == "sync":
-        gm = gpumemd.connect(target, timeout=bound)
+        gm = gpumemd.connect(target)
         lease = gm.lease(0, size)
+        gm._timeout = bound  # close's bound is the client's timeout: short for the close only (a loaded
+                             # machine may take longer than it to open a session)
         print("leased %d %d" % (lease.segment_id, lease.offset), flush=True)
         stream = queue(lease)
         if how == "after":
@@ -56,8 +58,9 @@ CHILD = textwrap.dedent("""
         time.sleep(linger)
     else:
         async def main():
-            gm = await gpumemd.aio.connect(target, timeout=bound)
+            gm = await gpumemd.aio.connect(target)
             lease = await gm.lease(0, size)
+            gm._timeout = bound  # as above
             print("leased %d %d" % (lease.segment_id, lease.offset), flush=True)
             stream = queue(lease)
             if how == "after":
