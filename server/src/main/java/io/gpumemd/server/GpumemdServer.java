@@ -32,7 +32,7 @@ import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.gpumemd.server.takeover.TakeOver;
-import io.gpumemd.server.pool.TakeOverRefusedException;
+import io.gpumemd.server.takeover.TakeOverRefusedException;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.State;

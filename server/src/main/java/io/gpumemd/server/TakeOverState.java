@@ -10,7 +10,9 @@ import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.TakeOver;
-import io.gpumemd.server.pool.TakeOverRefusedException;
+import io.gpumemd.server.pool.SnapshotRefusedException;
+import io.gpumemd.server.takeover.PoolStates;
+import io.gpumemd.server.takeover.TakeOverRefusedException;
 import java.io.IOException;
 import java.util.List;
 
@@ -108,10 +110,15 @@ final class TakeOverState {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
-    State.Builder state = State.newBuilder().addAllPools(pools.exportStates(d -> {
-      descriptors.add(d);
-      return descriptors.size() - 1;
-    }));
+    State.Builder state = State.newBuilder();
+    try {
+      pools.snapshots(d -> {
+        descriptors.add(d);
+        return descriptors.size() - 1;
+      }).forEach(p -> state.addPools(PoolStates.toProto(p)));
+    } catch (SnapshotRefusedException e) {
+      throw new TakeOverRefusedException(e.getMessage(), e);
+    }
     try {
       state.setSessions(registry.exportState());
     } catch (IllegalStateException e) {
@@ -130,8 +137,8 @@ final class TakeOverState {
     takeOver.consumed(states.stream().flatMap(p -> p.getSegmentsList().stream())
         .mapToInt(SegmentState::getDescriptorIndex).toArray());
     try {
-      pools.restore(states, fds);
-    } catch (TakeOverRefusedException e) {
+      pools.restore(states.stream().map(PoolStates::fromProto).toList(), fds);
+    } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }
   }

@@ -180,15 +180,15 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
-  // ------------------------------------------------------------------ take-over (PoolTransfer)
+  // ------------------------------------------------------------------ restore (PoolSnapshots)
 
-  /** The id the next new segment gets. */
-  /** A restored pool goes on with its predecessor's segment ids (take-over). */
+  /** A restored pool goes on with the segment ids of the pool it was written down from. */
   void continueSegmentIds(long next) {
     assert lock.isHeldByCurrentThread() && live.isEmpty();
     nextSegmentId = next;
   }
 
+  /** The id the next new segment gets. */
   long nextSegmentId() {
     return nextSegmentId;
   }
@@ -241,6 +241,12 @@ final class BlockCarver {
       countLeased(block);
     }
     return block;
+  }
+
+  /** Puts a restored, wholly free segment last in the idle order (least recently used first). */
+  void restoreIdle(Segment segment) {
+    assert lock.isHeldByCurrentThread();
+    idle.add(segment);
   }
 
   /** Bytes of the idle segments: the pool's cached bytes. */

@@ -523,7 +523,7 @@ public final class DevicePool implements AutoCloseable {
    * Why a successor with budget {@code successorLimitBytes} for this device could not take this
    * pool over, or null: the holder's check before anything moves (the state is never shrunk to
    * fit, so the successor's budget must cover every segment the pool holds). Conditions that
-   * pass with time (events, allocations in flight) are {@link #exportState}'s to refuse.
+   * pass with time (events, allocations in flight) are {@link #snapshot}'s to refuse.
    */
   public String takeOverRefusal(long successorLimitBytes) {
     String backendRefusal = backend.takeOverRefusal();
@@ -545,53 +545,57 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
-   * Writes this pool down for a successor daemon ({@code gpumemd --take-over}), with a
-   * read-write descriptor of every segment it holds (live, or evicted and awaiting unmaps) put in
-   * {@code sink}; the state names each by its index there. Changes nothing: the pool serves on if
-   * the take-over does not happen, and {@link #handOver} ends it if it does. Call it with the
-   * daemon's request gate closed, so that nothing changes the pool between the state and the
-   * descriptors (they are opened after the lock is released, as backend calls are).
+   * Writes this pool down ({@link PoolSnapshot}) with a read-write descriptor of every segment it
+   * holds (live, or evicted and awaiting unmaps) put in {@code sink}; the snapshot names each by
+   * its index there. Changes nothing: the pool serves on if nothing comes of it, and {@link
+   * #handOver} ends it once another process serves it. Call it while no request is applied, so
+   * that nothing changes the pool between the snapshot and the descriptors (they are opened after
+   * the lock is released, as backend calls are).
    *
-   * @throws TakeOverRefusedException when the pool cannot be handed over now: the backend cannot
-   *     hand segments over ({@link MemoryBackend#takeOverRefusal}), released blocks wait for
+   * @throws SnapshotRefusedException when the pool cannot be written down now: the backend cannot
+   *     pass segments on ({@link MemoryBackend#takeOverRefusal}), released blocks wait for
    *     completion events, allocations or frees are under way, a segment has no descriptor, or
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
-  public io.gpumemd.proto.takeover.v1.PoolState exportState(SegmentDescriptors sink) throws TakeOverRefusedException {
-    return PoolTransfer.export(this, sink);
+  public PoolSnapshot snapshot(SegmentDescriptors sink) throws SnapshotRefusedException {
+    return PoolSnapshots.take(this, sink);
   }
 
   /**
-   * Rebuilds a predecessor's pool ({@link #exportState}) on this daemon's backend and settings:
-   * every segment adopted from its descriptor ({@link MemoryBackend#adopt}), with the same ids,
-   * blocks, idle order, holders, client-cached blocks, counters and sharing figures. The
-   * successor's settings rule from now on (budget, published limit, and the retention cap unless
-   * the predecessor's was set at run time), but the state is never shrunk to fit: a budget or
-   * published limit too small for it is a refusal. The result passes {@link #verifyInvariants}.
+   * Rebuilds a pool written down in another process ({@link #snapshot}) on this daemon's backend
+   * and settings: every segment adopted from its descriptor ({@link MemoryBackend#adopt}), with
+   * the same ids, blocks, idle order, holders, client-cached blocks, counters and sharing figures.
+   * This daemon's settings rule from now on (budget, published limit, and the retention cap
+   * unless the written-down one was set at run time), but the snapshot is never shrunk to fit: a
+   * budget or published limit too small for it is a refusal. The result passes {@link
+   * #verifyInvariants}.
    *
-   * @param descriptors received descriptor numbers, by the index the state names; every one the
-   *     state names is this call's from now on (adopted, or closed when it fails), the others stay
-   *     the caller's
-   * @throws TakeOverRefusedException when the state does not fit this daemon or does not make a
-   *     pool; every segment adopted so far is relinquished (never freed: the predecessor still
-   *     holds the memory and serves on)
+   * @param descriptors received descriptor numbers, by the index the snapshot names; every one
+   *     the snapshot names is this call's from now on (adopted, or closed when it fails), the
+   *     others stay the caller's
+   * @throws SnapshotRefusedException when the snapshot does not fit this daemon or does not make
+   *     a pool; every segment adopted so far is relinquished (never freed: the process it came
+   *     from still holds the memory and serves on)
    */
   public static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      HolderRequests holderRequests, Ticker ticker, io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
-      throws TakeOverRefusedException {
-    return PoolTransfer.restore(device, backend, settings, holderRequests, ticker, state, descriptors);
+      HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, int[] descriptors)
+      throws SnapshotRefusedException {
+    DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
+        DevicePools.segmentIdBase(device.ordinal()), ticker);
+    pool.restore(snapshot, descriptors);
+    return pool;
   }
 
   /**
-   * Rebuilds a predecessor's pool from its state (take-over) in this pool, which must be new:
-   * no segment yet, nothing served. Takes every descriptor the state names, whatever happens.
+   * Rebuilds a pool written down in another process ({@link #snapshot}) in this pool, which must
+   * be new: no segment yet, nothing served. Takes every descriptor the snapshot names, whatever
+   * happens.
    *
-   * @throws TakeOverRefusedException when this pool cannot hold the state (a smaller budget, a
+   * @throws SnapshotRefusedException when this pool cannot hold the snapshot (a smaller budget, a
    *     descriptor that is not a segment of the right size); the pool is then closed
    */
-  public void restore(io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
-      throws TakeOverRefusedException {
-    PoolTransfer.restoreInto(this, state, descriptors);
+  public void restore(PoolSnapshot snapshot, int[] descriptors) throws SnapshotRefusedException {
+    PoolSnapshots.restoreInto(this, snapshot, descriptors);
   }
 
   /**
@@ -675,7 +679,7 @@ public final class DevicePool implements AutoCloseable {
       if (free) {
         backend.free(s.memory);
       } else {
-        PoolTransfer.relinquishQuietly(backend, s.memory);
+        PoolSnapshots.relinquishQuietly(backend, s.memory);
       }
     }
   }

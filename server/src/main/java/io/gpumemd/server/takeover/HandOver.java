@@ -6,7 +6,6 @@ import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.backend.SegmentDescriptor;
-import io.gpumemd.server.pool.TakeOverRefusedException;
 import java.io.EOFException;
 import java.io.IOException;
 import java.nio.file.Files;
