@@ -32,6 +32,7 @@ import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.gpumemd.server.takeover.TakeOver;
+import io.gpumemd.server.takeover.TakeOverState;
 import io.gpumemd.server.takeover.TakeOverRefusedException;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.proto.takeover.v1.Hello;
@@ -210,7 +211,7 @@ public final class GpumemdServer {
       // requests wait only for the state and its restore.
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
-        takeOver = TakeOverState.request(config, backend);
+        takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
           server.restore(takeOver);
         }

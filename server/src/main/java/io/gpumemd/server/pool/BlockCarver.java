@@ -180,7 +180,7 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
-  // ------------------------------------------------------------------ restore (PoolSnapshots)
+  // ------------------------------------------------------------------ restore (PoolRestorer)
 
   /** A restored pool goes on with the segment ids of the pool it was written down from. */
   void continueSegmentIds(long next) {

@@ -558,7 +558,7 @@ public final class DevicePool implements AutoCloseable {
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
   public PoolSnapshot snapshot(SegmentDescriptors sink) throws SnapshotRefusedException {
-    return PoolSnapshots.take(this, sink);
+    return PoolSnapshotWriter.take(this, sink);
   }
 
   /**
@@ -595,7 +595,7 @@ public final class DevicePool implements AutoCloseable {
    *     descriptor that is not a segment of the right size); the pool is then closed
    */
   public void restore(PoolSnapshot snapshot, int[] descriptors) throws SnapshotRefusedException {
-    PoolSnapshots.restoreInto(this, snapshot, descriptors);
+    PoolRestorer.restoreInto(this, snapshot, descriptors);
   }
 
   /**
@@ -679,7 +679,7 @@ public final class DevicePool implements AutoCloseable {
       if (free) {
         backend.free(s.memory);
       } else {
-        PoolSnapshots.relinquishQuietly(backend, s.memory);
+        PoolRestorer.relinquishQuietly(backend, s.memory);
       }
     }
   }

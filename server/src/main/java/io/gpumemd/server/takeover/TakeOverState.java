@@ -1,28 +1,33 @@
-package io.gpumemd.server;
+package io.gpumemd.server.takeover;
 
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
+import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
-import io.gpumemd.server.session.SessionRegistry;
-import io.gpumemd.server.takeover.TakeOver;
 import io.gpumemd.server.pool.SnapshotRefusedException;
-import io.gpumemd.server.takeover.PoolStates;
-import io.gpumemd.server.takeover.TakeOverRefusedException;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
 import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
- * Between the daemon and the take-over protocol: what a successor says of itself ({@link
- * #hello}), whether this daemon's state fits it ({@link #refusal}), the state out of the pools
- * and the registry ({@link #export}) and back into new ones ({@link #restorePool}, {@link
- * #restoreSessions}). Stateless.
+ * Between the daemon and the take-over protocol: what the successor says of itself ({@link
+ * #request}), whether the running daemon's state fits it ({@link #refusal}), the state out of
+ * the pools and the registry (their snapshots, put on the wire by {@link PoolStates} and {@link
+ * SessionsStates}: {@link #export}) and back into the successor's new ones ({@link
+ * #restorePools}, {@link #restoreSessions}). Stateless.
  */
-final class TakeOverState {
+public final class TakeOverState {
+  private static final Logger log = LoggerFactory.getLogger(TakeOverState.class);
+
   private TakeOverState() {}
 
   /** How a backend hands segments to clients, which a successor must match. */
@@ -35,10 +40,10 @@ final class TakeOverState {
    *
    * @return the state, or null to start fresh
    */
-  static TakeOver request(ServerConfig config, MemoryBackend backend) throws IOException {
-    Hello.Builder hello = Hello.newBuilder().setVersion(GpumemdServer.VERSION).setBackend(backend.name())
+  public static TakeOver request(ServerConfig config, MemoryBackend backend, String version) throws IOException {
+    Hello.Builder hello = Hello.newBuilder().setVersion(version).setBackend(backend.name())
         .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
-    for (io.gpumemd.server.backend.DeviceInfo device : backend.devices()) {
+    for (DeviceInfo device : backend.devices()) {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
       hello.addDeviceUuids(device.uuid());
     }
@@ -46,7 +51,7 @@ final class TakeOverState {
   }
 
   /** Null when a successor that says {@code hello} can hold this daemon's state; else why not. */
-  static String refusal(Hello hello, MemoryBackend backend, DevicePools pools, SessionRegistry registry) {
+  public static String refusal(Hello hello, MemoryBackend backend, DevicePools pools, SessionRegistry registry) {
     if (!hello.getBackend().equals(backend.name())) {
       return "the successor runs the " + hello.getBackend() + " backend and this daemon the " + backend.name()
           + " backend (start it with --backend " + backend.name() + ")";
@@ -81,12 +86,12 @@ final class TakeOverState {
    * refused too (sessions, leases and segment ids name devices by ordinal, and clients mapped
    * them by the UUID they were told at OpenSession).
    */
-  static String deviceMismatch(List<io.gpumemd.server.backend.DeviceInfo> own, List<String> successorUuids) {
+  static String deviceMismatch(List<DeviceInfo> own, List<String> successorUuids) {
     if (successorUuids.size() != own.size()) {
       return "the successor names " + successorUuids.size() + " device UUID(s) for " + own.size() + " device(s) "
           + "(expected: one per device, as every gpumemd of this version sends)";
     }
-    for (io.gpumemd.server.backend.DeviceInfo d : own) {
+    for (DeviceInfo d : own) {
       String theirs = successorUuids.get(d.ordinal());
       if (!d.uuid().equalsIgnoreCase(theirs)) {
         int at = -1;
@@ -105,7 +110,7 @@ final class TakeOverState {
   }
 
   /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
-  static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
+  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
       throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
@@ -120,7 +125,7 @@ final class TakeOverState {
       throw new TakeOverRefusedException(e.getMessage(), e);
     }
     try {
-      state.setSessions(registry.exportState());
+      state.setSessions(SessionsStates.toProto(registry.snapshot()));
     } catch (IllegalStateException e) {
       throw new TakeOverRefusedException(e.getMessage(), e);
     }
@@ -131,7 +136,7 @@ final class TakeOverState {
    * Rebuilds the predecessor's pools in this daemon's new ones; they take every descriptor the
    * state names (whether they succeed or not), which the take-over then no longer closes.
    */
-  static void restorePools(TakeOver takeOver, DevicePools pools) {
+  public static void restorePools(TakeOver takeOver, DevicePools pools) {
     List<PoolState> states = takeOver.state().getPoolsList();
     int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
     takeOver.consumed(states.stream().flatMap(p -> p.getSegmentsList().stream())
@@ -143,7 +148,31 @@ final class TakeOverState {
     }
   }
 
-  static void restoreSessions(TakeOver takeOver, SessionRegistry registry) {
-    registry.restore(takeOver.state().getSessions());
+  /**
+   * Rebuilds the running daemon's sessions in the successor's fresh registry, over pools already
+   * restored ({@link #restorePools}), and says what came back: one INFO line, and one WARN when
+   * restored usage is over this daemon's quotas (it stays; new leases are refused).
+   *
+   * @throws IllegalStateException when the state does not fit (see {@link SessionRegistry#restore})
+   */
+  public static void restoreSessions(TakeOver takeOver, SessionRegistry registry) {
+    restoreSessions(takeOver.state().getSessions(), registry);
+  }
+
+  public static void restoreSessions(SessionsState state, SessionRegistry registry) {
+    SessionsSnapshot.Restored r = registry.restore(SessionsStates.fromProto(state));
+    if (r.overQuota() > 0) {
+      log.warn("Take-over: restored usage is over this daemon's quotas for {} sessions or tenants ({}{}); their "
+          + "leases stay, and new leases are refused until they fall below (flags --quota-max-*, --tenant-max-*)",
+          r.overQuota(), String.join("; ", r.overQuotaNamed()),
+          r.overQuota() > r.overQuotaNamed().size() ? "; and " + (r.overQuota() - r.overQuotaNamed().size()) + " more"
+              : "");
+    }
+    log.atInfo().addKeyValue("sessions", r.sessions()).addKeyValue("leases", r.leases())
+        .log("Take-over: restored {} sessions, {} leases and holds, {} shared blocks, {} share tokens, {} published "
+            + "names; lease sequence continues after {}{}", r.sessions(), r.leases(), r.sharedBlocks(), r.tokens(),
+            r.objects(), r.lastSequence(), r.cappedTtls() + r.cappedAllowances() == 0 ? ""
+                : "; capped to this daemon's configuration: " + r.cappedTtls() + " TTLs (--max-ttl), "
+                    + r.cappedAllowances() + " client cache allowances (--client-cache-bytes)");
   }
 }
