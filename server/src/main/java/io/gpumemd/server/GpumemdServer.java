@@ -207,7 +207,7 @@ public final class GpumemdServer {
     }
     TakeOver takeOver = null;
     try {
-      // Everything that does not need the predecessor's state is built and bound first: its
+      // Everything that does not need the running daemon's state is built and bound first: its
       // requests wait only for the state and its restore.
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
@@ -233,8 +233,8 @@ public final class GpumemdServer {
   }
 
   /**
-   * Rebuilds the predecessor's pools and sessions in this daemon's, which are new and unserved;
-   * the pools take the segments' descriptors.
+   * Rebuilds the running daemon's pools and sessions in this daemon's (the successor's), which
+   * are new and unserved; the pools take the segments' descriptors.
    */
   private void restore(TakeOver takeOver) {
     TakeOverState.restorePools(takeOver, pools);
@@ -289,10 +289,10 @@ public final class GpumemdServer {
         HandOver.clearStale(handOverSocket);
       }
       handOverAt = takeOver == null ? handOverSocket : Listeners.temporaryPath(handOverSocket.toAbsolutePath());
-      handOver = new HandOver(handOverSocket, handOverAt, gate, new Successor(), VERSION);
+      handOver = new HandOver(handOverSocket, handOverAt, gate, new RunningDaemon(), VERSION);
     }
     if (takeOver != null) {
-      // The point of no return: the predecessor stops for good once it reads this.
+      // The point of no return: the running daemon stops for good once it reads this.
       takeOver.taken();
       takenOver = true;
     }
@@ -304,7 +304,7 @@ public final class GpumemdServer {
     if (takeOver != null) {
       takeOver.live();
       takeOver.close();
-      log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.holderPid(),
+      log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.runningDaemonPid(),
           registry.sessionCount(), registry.liveLeases());
     }
     if (addresses.metricsPort() > 0) {
@@ -331,8 +331,8 @@ public final class GpumemdServer {
 
 
   /**
-   * A take-over failed before its point of no return: the predecessor serves on with the
-   * memory, so this daemon drops its own references and frees nothing.
+   * A take-over failed before its point of no return: the running daemon serves on with the
+   * memory, so this daemon (the successor) drops its own references and frees nothing.
    */
   private void releaseAfterFailedTakeOver() {
     health.enterTerminalState();
@@ -346,8 +346,8 @@ public final class GpumemdServer {
     shutdownState.set(2);
   }
 
-  /** What {@link HandOver} needs of this daemon. */
-  private final class Successor implements HandOver.Daemon {
+  /** This daemon as the running daemon that {@link HandOver} hands over to a successor. */
+  private final class RunningDaemon implements HandOver.Daemon {
     @Override
     public String refusal(Hello hello) {
       return TakeOverState.refusal(hello, backend, pools, registry);
