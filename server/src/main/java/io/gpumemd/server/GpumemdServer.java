@@ -33,10 +33,6 @@ import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.gpumemd.server.takeover.TakeOver;
 import io.gpumemd.server.takeover.TakeOverState;
-import io.gpumemd.server.takeover.TakeOverRefusedException;
-import io.gpumemd.server.backend.SegmentDescriptor;
-import io.gpumemd.proto.takeover.v1.Hello;
-import io.gpumemd.proto.takeover.v1.State;
 import io.grpc.ServerServiceDefinition;
 import io.grpc.health.v1.HealthCheckResponse.ServingStatus;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
@@ -289,7 +285,8 @@ public final class GpumemdServer {
         HandOver.clearStale(handOverSocket);
       }
       handOverAt = takeOver == null ? handOverSocket : Listeners.temporaryPath(handOverSocket.toAbsolutePath());
-      handOver = new HandOver(handOverSocket, handOverAt, gate, new RunningDaemon(), VERSION);
+      handOver = new HandOver(handOverSocket, handOverAt, gate,
+          new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver), VERSION);
     }
     if (takeOver != null) {
       // The point of no return: the running daemon stops for good once it reads this.
@@ -338,30 +335,12 @@ public final class GpumemdServer {
     health.enterTerminalState();
     listeners.close();
     blockingExecutor.shutdownNow();
-    pools.handOver();
+    pools.relinquish();
     backend.close();
     if (handOver != null) {
       handOver.close();
     }
     shutdownState.set(2);
-  }
-
-  /** This daemon as the running daemon that {@link HandOver} hands over to a successor. */
-  private final class RunningDaemon implements HandOver.Daemon {
-    @Override
-    public String refusal(Hello hello) {
-      return TakeOverState.refusal(hello, backend, pools, registry);
-    }
-
-    @Override
-    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
-      return TakeOverState.export(pools, registry, descriptors);
-    }
-
-    @Override
-    public void handedOver(int successorPid) {
-      GpumemdServer.this.handedOver(successorPid);
-    }
   }
 
   /**
@@ -380,7 +359,7 @@ public final class GpumemdServer {
     housekeeping.close();
     listeners.close();
     blockingExecutor.shutdownNow();
-    pools.handOver();
+    pools.relinquish();
     backend.close();
     handOver.close();
     log.info("gpumemd handed over to pid {}: stopped; no memory freed (it is the successor's){}", successorPid,

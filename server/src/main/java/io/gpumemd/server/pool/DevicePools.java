@@ -84,19 +84,19 @@ public final class DevicePools implements AutoCloseable {
     return pools.size();
   }
 
-  // ------------------------------------------------------------------------------ take-over
+  // ---------------------------------------------------------------------- snapshot, restore
 
   /**
-   * Why a successor with these budgets (by device ordinal, as its {@code Hello} says) could not
-   * take the pools over, or null ({@link DevicePool#takeOverRefusal}).
+   * Why pools with these budgets (by device ordinal) could not be restored from these pools'
+   * snapshots, or null ({@link DevicePool#restoreRefusal}).
    */
-  public String takeOverRefusal(List<Long> successorLimitBytes) {
-    if (successorLimitBytes.size() != pools.size()) {
-      return "this daemon has " + pools.size() + " devices, the new one " + successorLimitBytes.size()
+  public String restoreRefusal(List<Long> otherLimitBytes) {
+    if (otherLimitBytes.size() != pools.size()) {
+      return "this daemon has " + pools.size() + " devices, the new one " + otherLimitBytes.size()
           + " (expected: the same devices)";
     }
     for (int d = 0; d < pools.size(); d++) {
-      String refusal = pools.get(d).takeOverRefusal(successorLimitBytes.get(d));
+      String refusal = pools.get(d).restoreRefusal(otherLimitBytes.get(d));
       if (refusal != null) {
         return refusal;
       }
@@ -137,7 +137,7 @@ public final class DevicePools implements AutoCloseable {
       }
     } catch (SnapshotRefusedException | RuntimeException e) {
       for (int d = 0; d < done; d++) {
-        pools.get(d).handOver();
+        pools.get(d).relinquish();
       }
       // The failed device closed its own; those after it were never taken.
       for (int d = done + 1; d < snapshots.size(); d++) {
@@ -155,9 +155,9 @@ public final class DevicePools implements AutoCloseable {
     }
   }
 
-  /** Hands every pool over to a successor ({@link DevicePool#handOver}). Idempotent. */
-  public void handOver() {
-    pools.forEach(DevicePool::handOver);
+  /** Ends every pool once another process serves it ({@link DevicePool#relinquish}). Idempotent. */
+  public void relinquish() {
+    pools.forEach(DevicePool::relinquish);
   }
 
   @Override

@@ -462,10 +462,8 @@ public final class SessionRegistry {
   // ------------------------------------------------------------------------ snapshot, restore
 
   /**
-   * The session layer written down ({@link SessionsSnapshot}): sessions, leases and holds, shared
-   * blocks, share tokens, published names, the lease sequence and the churn window. Call it while
-   * no request is applied (the caller's gate is closed); it still reads each object under its
-   * monitor. Changes nothing.
+   * The session layer written down ({@link SessionsSnapshotWriter}). Call it while no request is
+   * applied (the caller's gate is closed); it still reads each object under its monitor.
    *
    * @throws IllegalStateException when the state cannot move now (a shared block waiting for a
    *     completion event), or the books disagree: the caller is to refuse
@@ -475,18 +473,13 @@ public final class SessionRegistry {
   }
 
   /**
-   * Rebuilds this fresh registry (built as {@code GpumemdServer} builds it, serving nothing yet)
-   * from a snapshot written in another process, over pools already restored from theirs: each
-   * lease's block is found with {@link DevicePool#blockAt}. This daemon's configuration applies
-   * (quotas, TTL bound, client cache cap) without shrinking what is leased: usage over a quota
-   * stays, and the result names it. Sessions come back detached; one that had a KeepAlive stream
-   * counts its grace from now, one that never had one keeps its TTL from its last call.
+   * Rebuilds this fresh registry (serving nothing yet) from a snapshot written in another process,
+   * over pools already restored ({@link SessionsRestorer}: this daemon's quotas, TTL bound and
+   * client cache cap apply without shrinking what is leased; sessions come back detached).
    *
    * @return what was restored, for the caller's log lines
    * @throws IllegalStateException when this registry is not fresh, or the snapshot does not fit
-   *     the pools (a block missing, not leased, or of another size: the message names the lease)
-   *     or itself; nothing is then registered that would serve, and the caller discards the
-   *     registry
+   *     the pools or itself (the message names the lease); the caller discards the registry
    */
   public SessionsSnapshot.Restored restore(SessionsSnapshot snapshot) {
     return new SessionsRestorer(pools, settings, ticker, sessions, directory, book, sharing, churn).restore(snapshot);

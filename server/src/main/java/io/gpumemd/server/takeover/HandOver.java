@@ -54,7 +54,7 @@ public final class HandOver implements AutoCloseable {
   /** How long the successor may take from Taken to serving on the socket path. */
   static final long LIVE_MILLIS = 15_000;
 
-  /** What the hand-over needs of the running daemon ({@code GpumemdServer.RunningDaemon}). */
+  /** What the hand-over needs of the running daemon ({@link TakeOverState.RunningDaemon}). */
   public interface Daemon {
     /** Null when a successor so configured can hold this daemon's state, else why not. */
     String refusal(Hello hello);

@@ -15,6 +15,7 @@ import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
 import java.util.List;
+import java.util.function.IntConsumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -29,6 +30,30 @@ public final class TakeOverState {
   private static final Logger log = LoggerFactory.getLogger(TakeOverState.class);
 
   private TakeOverState() {}
+
+  /**
+   * A daemon as the running daemon that {@link HandOver} hands over to a successor: the refusal
+   * rules and the export below, over its backend, pools and registry.
+   *
+   * @param handedOver stops the daemon for good once a successor took its state (the pid)
+   */
+  public record RunningDaemon(MemoryBackend backend, DevicePools pools, SessionRegistry registry,
+      IntConsumer handedOver) implements HandOver.Daemon {
+    @Override
+    public String refusal(Hello hello) {
+      return TakeOverState.refusal(hello, backend, pools, registry);
+    }
+
+    @Override
+    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
+      return TakeOverState.export(pools, registry, descriptors);
+    }
+
+    @Override
+    public void handedOver(int successorPid) {
+      handedOver.accept(successorPid);
+    }
+  }
 
   /** How a backend hands segments to clients, which a successor must match. */
   static String handles(MemoryBackend backend) {
@@ -76,7 +101,7 @@ public final class TakeOverState {
     if (registry.draining()) {
       return "this daemon is shutting down";
     }
-    return pools.takeOverRefusal(hello.getLimitBytesList());
+    return pools.restoreRefusal(hello.getLimitBytesList());
   }
 
   /**

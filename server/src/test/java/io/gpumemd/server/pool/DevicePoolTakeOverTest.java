@@ -245,8 +245,8 @@ class DevicePoolTakeOverTest {
 
     // The old daemon lets go: its descriptors close, the memory stays with the new one.
     long beforeHandOver = openDescriptors();
-    oldPool.handOver();
-    oldPool.handOver(); // idempotent
+    oldPool.relinquish();
+    oldPool.relinquish(); // idempotent
     assertEquals(beforeHandOver - 4, openDescriptors(), "the old pool's four segment descriptors are closed");
     assertNull(((DescriptorSegment) busy.a().memory()).open(false), "the old segment is no longer the old daemon's");
     assertThrows(IllegalStateException.class, () -> lease(oldPool, 4 * KiB, "s1"));
@@ -366,7 +366,7 @@ class DevicePoolTakeOverTest {
       news.get(d).verifyInvariants();
       assertSameStats(olds.get(d).stats(), news.get(d).stats());
     }
-    olds.handOver();
+    olds.relinquish();
     assertArrayEquals(pattern(4096, 3), read(news.get(1).blockAt(one.segmentId(), one.offset()), 4096));
     assertEquals(zero.size(), news.ofSegment(zero.segmentId()).blockAt(zero.segmentId(), zero.offset()).size());
   }
@@ -418,10 +418,10 @@ class DevicePoolTakeOverTest {
     long held = oldPool.stats().get(PoolMetric.RESERVED_BYTES);
     DevicePools pools = new DevicePools(List.of(oldPool));
 
-    assertNull(oldPool.takeOverRefusal(held));
-    String refusal = pools.takeOverRefusal(List.of(held - 1));
+    assertNull(oldPool.restoreRefusal(held));
+    String refusal = pools.restoreRefusal(List.of(held - 1));
     assertTrue(refusal.contains("holds " + held + " bytes") && refusal.contains("budget is " + (held - 1)), refusal);
-    assertTrue(pools.takeOverRefusal(List.of(held, held)).contains("devices"));
+    assertTrue(pools.restoreRefusal(List.of(held, held)).contains("devices"));
     oldPool.release(block, null);
   }
 
