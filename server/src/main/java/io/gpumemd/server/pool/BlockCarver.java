@@ -198,7 +198,7 @@ final class BlockCarver {
   }
 
   /**
-   * Restores the peak of a predecessor once its blocks are back: its own figure, since the
+   * Restores the peak of the pool restored from once its blocks are back: its own figure, since the
    * restore counted client-cached blocks as leased on their way (never below what is leased).
    */
   void restorePeak(long peak) {
@@ -206,7 +206,7 @@ final class BlockCarver {
   }
 
   /**
-   * Re-creates a segment of a predecessor, with no blocks yet ({@link #restoreBlock}); a live one
+   * Re-creates a segment of the pool restored from, with no blocks yet ({@link #restoreBlock}); a live one
    * joins the live segments.
    */
   Segment restoreSegment(long id, String owner, SegmentMemory memory, boolean small, boolean live) {
@@ -219,7 +219,7 @@ final class BlockCarver {
   }
 
   /**
-   * Appends a block of a predecessor after {@code prev} (null: the segment's first): a free
+   * Appends a block of the pool restored from after {@code prev} (null: the segment's first): a free
    * block is indexed (when {@code indexed}), a leased one counts as leased. A client-cached block
    * is restored leased, then handed to {@link ClientCacheBooks#cached}.
    */

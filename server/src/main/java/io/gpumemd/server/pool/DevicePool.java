@@ -498,11 +498,11 @@ public final class DevicePool implements AutoCloseable {
     return AfterUnlock.locked(this, after -> holders.mappedBy(holder));
   }
 
-  // ------------------------------------------------------------------------------ take-over
+  // ----------------------------------------------------------------------- snapshot, restore
 
   /**
    * The block that starts at {@code offset} in a live segment, or null: how the session layer
-   * finds its leases' blocks again in a pool restored from a predecessor's state (take-over).
+   * finds its leases' blocks again in a pool restored from a snapshot.
    */
   public Block blockAt(long segmentId, long offset) {
     lock.lock();
@@ -646,7 +646,7 @@ public final class DevicePool implements AutoCloseable {
     end(true);
   }
 
-  /** Closes the pool once: each segment is freed, or relinquished to a successor. */
+  /** Closes the pool once: each segment is freed, or relinquished to another process. */
   private void end(boolean free) {
     List<Segment> all;
     List<PendingEvents.Pending> pending;

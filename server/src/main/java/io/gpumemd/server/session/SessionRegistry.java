@@ -433,9 +433,9 @@ public final class SessionRegistry {
   }
 
   /**
-   * Tells every attached client that its session moved to a successor daemon, and ends the
-   * streams: the clients reattach there (take-over). Nothing ends: the sessions are the
-   * successor's now.
+   * Tells every attached client that its session moved to another daemon, and ends the
+   * streams: the clients reattach there. Nothing ends: the sessions are the other daemon's
+   * now.
    */
   public void moved() {
     for (Session session : sessions.all()) {

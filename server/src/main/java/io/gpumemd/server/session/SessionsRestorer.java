@@ -192,7 +192,7 @@ final class SessionsRestorer {
     }
   }
 
-  /** A session as handed over, not yet live: detached, its grace (if it had a stream) from now. */
+  /** A session as written down, not yet live: detached, its grace (if it had a stream) from now. */
   private Session session(SessionSnapshot s, long now) {
     if (!SecureIds.isWellFormed(s.id())) {
       throw new IllegalStateException("session id '" + s.id() + "' in the take-over state is malformed");
