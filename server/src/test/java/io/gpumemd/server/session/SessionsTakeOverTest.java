@@ -37,10 +37,11 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * The session layer's half of a take-over: registry A is exported, and a fresh registry B,
- * built as the daemon builds one, is restored from the state over the same pools (A is
- * abandoned without ending its sessions, so the pool side is already right and only the session
- * layer moves). B must list what A listed, keep serving tokens, names, releases and ends as A
+ * The session layer's half of a take-over: registry A is written down and put on the wire
+ * ({@link SessionRegistry#snapshot}, {@link SessionsStates}), and a fresh registry B, built as
+ * the daemon builds one, is restored from the wire's state ({@link TakeOverState#restoreSessions})
+ * over the same pools (A is abandoned without ending its sessions, so the pool side is already
+ * right and only the session layer moves). B must list what A listed, keep serving tokens, names, releases and ends as A
  * would have, continue the lease sequence, and balance its books and the pool's to zero.
  */
 class SessionsTakeOverTest {
