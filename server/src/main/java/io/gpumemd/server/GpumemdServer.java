@@ -64,7 +64,7 @@ public final class GpumemdServer {
   private static final Logger log = LoggerFactory.getLogger(GpumemdServer.class);
   private static final String[] SERVICES = {"", "gpumemd.v1.Allocator", "gpumemd.v1.Admin"};
   private static final int BACKEND_THREADS = 8;
-  /** How long a successor retries binding the metrics port its predecessor is closing. */
+  /** How long a successor retries binding the metrics port the running daemon is closing. */
   private static final long METRICS_RETRY_MILLIS = 15_000;
   static final String VERSION = versionOf(GpumemdServer.class);
 
@@ -81,7 +81,7 @@ public final class GpumemdServer {
   private final Readiness readiness;
   private final StreamWatchdog streams;
   private final Ticker ticker;
-  /** Closed from the start in a successor: it applies nothing until it holds the predecessor's state. */
+  /** Closed from the start in a successor: it applies nothing until it holds the running daemon's state. */
   private final HandOverGate gate;
   private Housekeeping housekeeping;
   /** Who was sent which segment's descriptor; null without an fd channel. */
@@ -90,7 +90,7 @@ public final class GpumemdServer {
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
   private final Object terminated = new Object();
-  /** Set once this daemon, taking over, told its predecessor it took the state. */
+  /** Set once this daemon, taking over, told the running daemon it took the state. */
   private boolean takenOver;
 
   private static String versionOf(Class<?> c) {
@@ -100,7 +100,7 @@ public final class GpumemdServer {
 
   private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
-    // A successor's TCP listener shares its port with the predecessor's (SO_REUSEPORT) while it
+    // A successor's TCP listener shares its port with the running daemon's (SO_REUSEPORT) while it
     // restores: what connects there meanwhile is told "moving" and calls again.
     this.gate = new HandOverGate(config.takeOver().takeOver());
     this.backend = backend;
@@ -266,7 +266,7 @@ public final class GpumemdServer {
   }
 
   /**
-   * Starts serving: the sockets move to their paths (over a predecessor's, which is told), the
+   * Starts serving: the sockets move to their paths (over the running daemon's, which is told), the
    * take-over socket, metrics and housekeeping start.
    */
   private void startServices(TakeOver takeOver) throws IOException {

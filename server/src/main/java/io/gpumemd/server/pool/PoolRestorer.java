@@ -46,7 +46,8 @@ final class PoolRestorer {
     List<SegmentSnapshot> segments = state.segments();
     Map<Integer, SegmentSnapshot> byDescriptor = new HashMap<>();
     for (SegmentSnapshot s : segments) {
-      if (s.descriptorIndex() < 0 || s.descriptorIndex() >= descriptors.length || byDescriptor.put(s.descriptorIndex(), s) != null) {
+      int index = s.descriptorIndex();
+      if (index < 0 || index >= descriptors.length || byDescriptor.put(index, s) != null) {
         closeAll(descriptors, byDescriptor.keySet());
         throw new SnapshotRefusedException("device " + device.ordinal() + ": segment " + s.id()
             + " names descriptor " + s.descriptorIndex() + " (expected: one of its own among "
@@ -156,7 +157,8 @@ final class PoolRestorer {
 
   private static PoolMetric counter(String name) {
     for (PoolMetric m : PoolMetric.values()) {
-      if (m.kind() == PoolMetric.Kind.COUNTER && !PoolSnapshotWriter.KEPT_ELSEWHERE.contains(m) && m.protoField().equals(name)) {
+      if (m.kind() == PoolMetric.Kind.COUNTER && !PoolSnapshotWriter.KEPT_ELSEWHERE.contains(m)
+          && m.protoField().equals(name)) {
         return m;
       }
     }

@@ -83,7 +83,7 @@ public final class HandOver implements AutoCloseable {
 
   /**
    * Binds the take-over socket at {@code bindAt} (a successor binds a temporary path and
-   * renames it over the predecessor's, {@link #publishAt}), and starts listening.
+   * renames it over the running daemon's, {@link #publishAt}), and starts listening.
    */
   public HandOver(Path path, Path bindAt, HandOverGate gate, Daemon daemon, String version) throws IOException {
     this.path = path.toAbsolutePath();
@@ -125,7 +125,7 @@ public final class HandOver implements AutoCloseable {
         + "start with --take-over to take that daemon's place)");
   }
 
-  /** Moves the socket bound at a temporary path to {@code path} (atomically replacing a predecessor's). */
+  /** Moves the socket bound at a temporary path to {@code path} (atomically replacing the running daemon's). */
   public static void publishAt(Path bindAt, Path path) throws IOException {
     Files.move(bindAt.toAbsolutePath(), path.toAbsolutePath(), StandardCopyOption.ATOMIC_MOVE,
         StandardCopyOption.REPLACE_EXISTING);

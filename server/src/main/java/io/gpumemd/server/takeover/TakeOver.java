@@ -238,7 +238,7 @@ public final class TakeOver implements AutoCloseable {
         + "; this daemon does not serve its memory");
   }
 
-  /** This daemon serves on the socket path: the predecessor may stop. */
+  /** This daemon serves on the socket path: the running daemon may stop. */
   public void live() {
     try {
       channel.send(TakeOverFrame.newBuilder().setLive(Live.getDefaultInstance()).build());

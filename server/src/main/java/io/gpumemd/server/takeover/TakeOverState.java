@@ -158,7 +158,7 @@ public final class TakeOverState {
   }
 
   /**
-   * Rebuilds the predecessor's pools in this daemon's new ones; they take every descriptor the
+   * Rebuilds the running daemon's pools in the successor's new ones; they take every descriptor the
    * state names (whether they succeed or not), which the take-over then no longer closes.
    */
   public static void restorePools(TakeOver takeOver, DevicePools pools) {
