@@ -32,10 +32,7 @@ import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.gpumemd.server.takeover.TakeOver;
-import io.gpumemd.server.pool.TakeOverRefusedException;
-import io.gpumemd.server.backend.SegmentDescriptor;
-import io.gpumemd.proto.takeover.v1.Hello;
-import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.server.takeover.TakeOverState;
 import io.grpc.ServerServiceDefinition;
 import io.grpc.health.v1.HealthCheckResponse.ServingStatus;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
@@ -67,7 +64,7 @@ public final class GpumemdServer {
   private static final Logger log = LoggerFactory.getLogger(GpumemdServer.class);
   private static final String[] SERVICES = {"", "gpumemd.v1.Allocator", "gpumemd.v1.Admin"};
   private static final int BACKEND_THREADS = 8;
-  /** How long a successor retries binding the metrics port its predecessor is closing. */
+  /** How long a successor retries binding the metrics port the running daemon is closing. */
   private static final long METRICS_RETRY_MILLIS = 15_000;
   static final String VERSION = versionOf(GpumemdServer.class);
 
@@ -84,7 +81,7 @@ public final class GpumemdServer {
   private final Readiness readiness;
   private final StreamWatchdog streams;
   private final Ticker ticker;
-  /** Closed from the start in a successor: it applies nothing until it holds the predecessor's state. */
+  /** Closed from the start in a successor: it applies nothing until it holds the running daemon's state. */
   private final HandOverGate gate;
   private Housekeeping housekeeping;
   /** Who was sent which segment's descriptor; null without an fd channel. */
@@ -93,7 +90,7 @@ public final class GpumemdServer {
   private volatile boolean force;
   private final AtomicInteger shutdownState = new AtomicInteger();
   private final Object terminated = new Object();
-  /** Set once this daemon, taking over, told its predecessor it took the state. */
+  /** Set once this daemon, taking over, told the running daemon it took the state. */
   private boolean takenOver;
 
   private static String versionOf(Class<?> c) {
@@ -103,7 +100,7 @@ public final class GpumemdServer {
 
   private GpumemdServer(ServerConfig config, MemoryBackend backend, Ticker ticker, BearerTokens tokens) {
     this.config = config;
-    // A successor's TCP listener shares its port with the predecessor's (SO_REUSEPORT) while it
+    // A successor's TCP listener shares its port with the running daemon's (SO_REUSEPORT) while it
     // restores: what connects there meanwhile is told "moving" and calls again.
     this.gate = new HandOverGate(config.takeOver().takeOver());
     this.backend = backend;
@@ -206,11 +203,11 @@ public final class GpumemdServer {
     }
     TakeOver takeOver = null;
     try {
-      // Everything that does not need the predecessor's state is built and bound first: its
+      // Everything that does not need the running daemon's state is built and bound first: its
       // requests wait only for the state and its restore.
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
-        takeOver = TakeOverState.request(config, backend);
+        takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
           server.restore(takeOver);
         }
@@ -232,8 +229,8 @@ public final class GpumemdServer {
   }
 
   /**
-   * Rebuilds the predecessor's pools and sessions in this daemon's, which are new and unserved;
-   * the pools take the segments' descriptors.
+   * Rebuilds the running daemon's pools and sessions in this daemon's (the successor's), which
+   * are new and unserved; the pools take the segments' descriptors.
    */
   private void restore(TakeOver takeOver) {
     TakeOverState.restorePools(takeOver, pools);
@@ -269,7 +266,7 @@ public final class GpumemdServer {
   }
 
   /**
-   * Starts serving: the sockets move to their paths (over a predecessor's, which is told), the
+   * Starts serving: the sockets move to their paths (over the running daemon's, which is told), the
    * take-over socket, metrics and housekeeping start.
    */
   private void startServices(TakeOver takeOver) throws IOException {
@@ -288,10 +285,11 @@ public final class GpumemdServer {
         HandOver.clearStale(handOverSocket);
       }
       handOverAt = takeOver == null ? handOverSocket : Listeners.temporaryPath(handOverSocket.toAbsolutePath());
-      handOver = new HandOver(handOverSocket, handOverAt, gate, new Successor(), VERSION);
+      handOver = new HandOver(handOverSocket, handOverAt, gate,
+          new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver), VERSION);
     }
     if (takeOver != null) {
-      // The point of no return: the predecessor stops for good once it reads this.
+      // The point of no return: the running daemon stops for good once it reads this.
       takeOver.taken();
       takenOver = true;
     }
@@ -303,7 +301,7 @@ public final class GpumemdServer {
     if (takeOver != null) {
       takeOver.live();
       takeOver.close();
-      log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.holderPid(),
+      log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.runningDaemonPid(),
           registry.sessionCount(), registry.liveLeases());
     }
     if (addresses.metricsPort() > 0) {
@@ -330,37 +328,19 @@ public final class GpumemdServer {
 
 
   /**
-   * A take-over failed before its point of no return: the predecessor serves on with the
-   * memory, so this daemon drops its own references and frees nothing.
+   * A take-over failed before its point of no return: the running daemon serves on with the
+   * memory, so this daemon (the successor) drops its own references and frees nothing.
    */
   private void releaseAfterFailedTakeOver() {
     health.enterTerminalState();
     listeners.close();
     blockingExecutor.shutdownNow();
-    pools.handOver();
+    pools.relinquish();
     backend.close();
     if (handOver != null) {
       handOver.close();
     }
     shutdownState.set(2);
-  }
-
-  /** What {@link HandOver} needs of this daemon. */
-  private final class Successor implements HandOver.Daemon {
-    @Override
-    public String refusal(Hello hello) {
-      return TakeOverState.refusal(hello, backend, pools, registry);
-    }
-
-    @Override
-    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
-      return TakeOverState.export(pools, registry, descriptors);
-    }
-
-    @Override
-    public void handedOver(int successorPid) {
-      GpumemdServer.this.handedOver(successorPid);
-    }
   }
 
   /**
@@ -379,7 +359,7 @@ public final class GpumemdServer {
     housekeeping.close();
     listeners.close();
     blockingExecutor.shutdownNow();
-    pools.handOver();
+    pools.relinquish();
     backend.close();
     handOver.close();
     log.info("gpumemd handed over to pid {}: stopped; no memory freed (it is the successor's){}", successorPid,

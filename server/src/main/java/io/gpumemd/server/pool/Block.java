@@ -58,7 +58,7 @@ public final class Block {
 
   /**
    * FREE, LEASED, CLIENT_CACHED or AWAITING_EVENT. Read without the pool's lock: for checks made
-   * while nothing else runs on the pool (a take-over's restore, before the daemon serves).
+   * while nothing else runs on the pool (a restore from a snapshot, before the daemon serves).
    */
   public String stateName() {
     return state.name();

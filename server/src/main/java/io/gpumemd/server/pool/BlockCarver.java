@@ -180,15 +180,15 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
-  // ------------------------------------------------------------------ take-over (PoolTransfer)
+  // ------------------------------------------------------------------ restore (PoolRestorer)
 
-  /** The id the next new segment gets. */
-  /** A restored pool goes on with its predecessor's segment ids (take-over). */
+  /** A restored pool goes on with the segment ids of the pool it was written down from. */
   void continueSegmentIds(long next) {
     assert lock.isHeldByCurrentThread() && live.isEmpty();
     nextSegmentId = next;
   }
 
+  /** The id the next new segment gets. */
   long nextSegmentId() {
     return nextSegmentId;
   }
@@ -198,7 +198,7 @@ final class BlockCarver {
   }
 
   /**
-   * Restores the peak of a predecessor once its blocks are back: its own figure, since the
+   * Restores the peak of the pool restored from once its blocks are back: its own figure, since the
    * restore counted client-cached blocks as leased on their way (never below what is leased).
    */
   void restorePeak(long peak) {
@@ -206,7 +206,7 @@ final class BlockCarver {
   }
 
   /**
-   * Re-creates a segment of a predecessor, with no blocks yet ({@link #restoreBlock}); a live one
+   * Re-creates a segment of the pool restored from, with no blocks yet ({@link #restoreBlock}); a live one
    * joins the live segments.
    */
   Segment restoreSegment(long id, String owner, SegmentMemory memory, boolean small, boolean live) {
@@ -219,7 +219,7 @@ final class BlockCarver {
   }
 
   /**
-   * Appends a block of a predecessor after {@code prev} (null: the segment's first): a free
+   * Appends a block of the pool restored from after {@code prev} (null: the segment's first): a free
    * block is indexed (when {@code indexed}), a leased one counts as leased. A client-cached block
    * is restored leased, then handed to {@link ClientCacheBooks#cached}.
    */
@@ -241,6 +241,12 @@ final class BlockCarver {
       countLeased(block);
     }
     return block;
+  }
+
+  /** Puts a restored, wholly free segment last in the idle order (least recently used first). */
+  void restoreIdle(Segment segment) {
+    assert lock.isHeldByCurrentThread();
+    idle.add(segment);
   }
 
   /** Bytes of the idle segments: the pool's cached bytes. */

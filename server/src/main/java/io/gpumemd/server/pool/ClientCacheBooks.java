@@ -126,12 +126,12 @@ final class ClientCacheBooks {
     return any;
   }
 
-  /** Holders asked to give theirs back that have not yet; a copy (take-over). */
+  /** Holders asked to give theirs back that have not yet; a copy (snapshot). */
   List<String> returnAsked() {
     return List.copyOf(returnAsked);
   }
 
-  /** A predecessor had asked this holder already: it is not asked again until it gave all back. */
+  /** The pool restored from had asked this holder already: it is not asked again until it gave all back. */
   void restoreReturnAsked(String holder) {
     assert lock.isHeldByCurrentThread();
     if (byHolder.containsKey(holder)) {

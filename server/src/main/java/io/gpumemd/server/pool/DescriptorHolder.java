@@ -8,8 +8,8 @@ package io.gpumemd.server.pool;
  * unmap: a process has no channel to answer on but its session's.
  *
  * <p>In the pool's books a holder is a string ({@link HolderMappings}); this record is the
- * string's meaning, so that the holder survives a take-over as the other holders do (the
- * successor parses it back and watches the process).
+ * string's meaning, so that the holder survives a snapshot and restore as the other holders do (the
+ * restoring daemon parses it back and watches the process).
  *
  * @param pid the process, as {@code SO_PEERCRED} named it when it connected
  * @param startTicks its start time ({@code /proc/PID/stat} field 22): a pid reused by another

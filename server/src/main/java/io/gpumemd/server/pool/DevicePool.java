@@ -498,11 +498,11 @@ public final class DevicePool implements AutoCloseable {
     return AfterUnlock.locked(this, after -> holders.mappedBy(holder));
   }
 
-  // ------------------------------------------------------------------------------ take-over
+  // ----------------------------------------------------------------------- snapshot, restore
 
   /**
    * The block that starts at {@code offset} in a live segment, or null: how the session layer
-   * finds its leases' blocks again in a pool restored from a predecessor's state (take-over).
+   * finds its leases' blocks again in a pool restored from a snapshot.
    */
   public Block blockAt(long segmentId, long offset) {
     lock.lock();
@@ -520,12 +520,12 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
-   * Why a successor with budget {@code successorLimitBytes} for this device could not take this
-   * pool over, or null: the holder's check before anything moves (the state is never shrunk to
-   * fit, so the successor's budget must cover every segment the pool holds). Conditions that
-   * pass with time (events, allocations in flight) are {@link #exportState}'s to refuse.
+   * Why a pool with budget {@code otherLimitBytes} for this device could not be restored from
+   * this one's snapshot, or null: checked before anything moves (a snapshot is never shrunk to
+   * fit, so the other budget must cover every segment the pool holds). Conditions that pass with
+   * time (events, allocations in flight) are {@link #snapshot}'s to refuse.
    */
-  public String takeOverRefusal(long successorLimitBytes) {
+  public String restoreRefusal(long otherLimitBytes) {
     String backendRefusal = backend.takeOverRefusal();
     if (backendRefusal != null) {
       return backendRefusal;
@@ -533,9 +533,9 @@ public final class DevicePool implements AutoCloseable {
     lock.lock();
     try {
       long held = budget.reservedBytes() + budget.inFlightBytes();
-      if (held > successorLimitBytes) {
+      if (held > otherLimitBytes) {
         return "device " + device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new one's "
-            + "budget is " + successorLimitBytes + " bytes (--device-limit-bytes or --device-limit-fraction); what "
+            + "budget is " + otherLimitBytes + " bytes (--device-limit-bytes or --device-limit-fraction); what "
             + "is leased stays leased, so give the new daemon at least " + held + " bytes";
       }
       return null;
@@ -545,62 +545,54 @@ public final class DevicePool implements AutoCloseable {
   }
 
   /**
-   * Writes this pool down for a successor daemon ({@code gpumemd --take-over}), with a
-   * read-write descriptor of every segment it holds (live, or evicted and awaiting unmaps) put in
-   * {@code sink}; the state names each by its index there. Changes nothing: the pool serves on if
-   * the take-over does not happen, and {@link #handOver} ends it if it does. Call it with the
-   * daemon's request gate closed, so that nothing changes the pool between the state and the
-   * descriptors (they are opened after the lock is released, as backend calls are).
+   * Writes this pool down ({@link PoolSnapshot}, {@link PoolSnapshotWriter}), with a read-write
+   * descriptor of every segment it holds (live, or evicted and awaiting unmaps) put in {@code
+   * sink}. Changes nothing: the pool serves on if nothing comes of it, and {@link #relinquish} ends
+   * it once another process serves it. Call it while no request is applied, so that nothing
+   * changes between the snapshot and the descriptors (opened after the lock is released).
    *
-   * @throws TakeOverRefusedException when the pool cannot be handed over now: the backend cannot
-   *     hand segments over ({@link MemoryBackend#takeOverRefusal}), released blocks wait for
+   * @throws SnapshotRefusedException when the pool cannot be written down now: the backend cannot
+   *     pass segments on ({@link MemoryBackend#takeOverRefusal}), released blocks wait for
    *     completion events, allocations or frees are under way, a segment has no descriptor, or
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
-  public io.gpumemd.proto.takeover.v1.PoolState exportState(SegmentDescriptors sink) throws TakeOverRefusedException {
-    return PoolTransfer.export(this, sink);
+  public PoolSnapshot snapshot(SegmentDescriptors sink) throws SnapshotRefusedException {
+    return PoolSnapshotWriter.take(this, sink);
   }
 
-  /**
-   * Rebuilds a predecessor's pool ({@link #exportState}) on this daemon's backend and settings:
-   * every segment adopted from its descriptor ({@link MemoryBackend#adopt}), with the same ids,
-   * blocks, idle order, holders, client-cached blocks, counters and sharing figures. The
-   * successor's settings rule from now on (budget, published limit, and the retention cap unless
-   * the predecessor's was set at run time), but the state is never shrunk to fit: a budget or
-   * published limit too small for it is a refusal. The result passes {@link #verifyInvariants}.
-   *
-   * @param descriptors received descriptor numbers, by the index the state names; every one the
-   *     state names is this call's from now on (adopted, or closed when it fails), the others stay
-   *     the caller's
-   * @throws TakeOverRefusedException when the state does not fit this daemon or does not make a
-   *     pool; every segment adopted so far is relinquished (never freed: the predecessor still
-   *     holds the memory and serves on)
-   */
+  /** A new pool, restored from {@code snapshot} ({@link #restore(PoolSnapshot, int[])}). */
   public static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      HolderRequests holderRequests, Ticker ticker, io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
-      throws TakeOverRefusedException {
-    return PoolTransfer.restore(device, backend, settings, holderRequests, ticker, state, descriptors);
+      HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, int[] descriptors)
+      throws SnapshotRefusedException {
+    DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
+        DevicePools.segmentIdBase(device.ordinal()), ticker);
+    pool.restore(snapshot, descriptors);
+    return pool;
   }
 
   /**
-   * Rebuilds a predecessor's pool from its state (take-over) in this pool, which must be new:
-   * no segment yet, nothing served. Takes every descriptor the state names, whatever happens.
+   * Rebuilds in this new pool (no segment yet, nothing served) a pool written down in another
+   * process ({@link PoolRestorer}): every segment adopted from its descriptor ({@link
+   * MemoryBackend#adopt}), with the same ids, blocks, idle order, holders, client-cached blocks,
+   * counters and sharing figures, under this daemon's settings, never shrunk to fit.
    *
-   * @throws TakeOverRefusedException when this pool cannot hold the state (a smaller budget, a
-   *     descriptor that is not a segment of the right size); the pool is then closed
+   * @param descriptors received descriptor numbers, by the index the snapshot names; every one
+   *     it names is this call's from now on (adopted, or closed on failure), the others the caller's
+   * @throws SnapshotRefusedException when the snapshot does not fit this daemon or does not make
+   *     a pool; the pool is then closed, every segment adopted so far relinquished (never freed)
    */
-  public void restore(io.gpumemd.proto.takeover.v1.PoolState state, int[] descriptors)
-      throws TakeOverRefusedException {
-    PoolTransfer.restoreInto(this, state, descriptors);
+  public void restore(PoolSnapshot snapshot, int[] descriptors) throws SnapshotRefusedException {
+    PoolRestorer.restoreInto(this, snapshot, descriptors);
   }
 
   /**
-   * Ends the pool after a successor took it over: as {@link #close}, but every segment is
-   * relinquished ({@link MemoryBackend#relinquish}: this process's references dropped, the
-   * memory kept for the successor), never freed. Idempotent; afterwards the pool refuses
-   * everything as a closed one does, and releases only settle its books.
+   * Ends the pool once another process serves it (restored from its {@link #snapshot}): as
+   * {@link #close}, but every segment is relinquished ({@link MemoryBackend#relinquish}: this
+   * process's references dropped, the memory kept for the other), never freed. Idempotent;
+   * afterwards the pool refuses everything as a closed one does, and releases only settle its
+   * books.
    */
-  public void handOver() {
+  public void relinquish() {
     end(false);
   }
 
@@ -654,7 +646,7 @@ public final class DevicePool implements AutoCloseable {
     end(true);
   }
 
-  /** Closes the pool once: each segment is freed, or relinquished to a successor. */
+  /** Closes the pool once: each segment is freed, or relinquished to another process. */
   private void end(boolean free) {
     List<Segment> all;
     List<PendingEvents.Pending> pending;
@@ -675,7 +667,7 @@ public final class DevicePool implements AutoCloseable {
       if (free) {
         backend.free(s.memory);
       } else {
-        PoolTransfer.relinquishQuietly(backend, s.memory);
+        PoolRestorer.relinquishQuietly(backend, s.memory);
       }
     }
   }

@@ -84,19 +84,19 @@ public final class DevicePools implements AutoCloseable {
     return pools.size();
   }
 
-  // ------------------------------------------------------------------------------ take-over
+  // ---------------------------------------------------------------------- snapshot, restore
 
   /**
-   * Why a successor with these budgets (by device ordinal, as its {@code Hello} says) could not
-   * take the pools over, or null ({@link DevicePool#takeOverRefusal}).
+   * Why pools with these budgets (by device ordinal) could not be restored from these pools'
+   * snapshots, or null ({@link DevicePool#restoreRefusal}).
    */
-  public String takeOverRefusal(List<Long> successorLimitBytes) {
-    if (successorLimitBytes.size() != pools.size()) {
-      return "this daemon has " + pools.size() + " devices, the new one " + successorLimitBytes.size()
+  public String restoreRefusal(List<Long> otherLimitBytes) {
+    if (otherLimitBytes.size() != pools.size()) {
+      return "this daemon has " + pools.size() + " devices, the new one " + otherLimitBytes.size()
           + " (expected: the same devices)";
     }
     for (int d = 0; d < pools.size(); d++) {
-      String refusal = pools.get(d).takeOverRefusal(successorLimitBytes.get(d));
+      String refusal = pools.get(d).restoreRefusal(otherLimitBytes.get(d));
       if (refusal != null) {
         return refusal;
       }
@@ -105,48 +105,46 @@ public final class DevicePools implements AutoCloseable {
   }
 
   /**
-   * Every pool's state for a successor daemon, by device ordinal ({@link
-   * DevicePool#exportState}); one sink takes the descriptors of all of them.
+   * Every pool written down, by device ordinal ({@link DevicePool#snapshot}); one sink takes the
+   * descriptors of all of them.
    *
-   * @throws TakeOverRefusedException when any pool cannot be handed over (descriptors already in
+   * @throws SnapshotRefusedException when any pool cannot be written down (descriptors already in
    *     the sink stay the sink's)
    */
-  public List<io.gpumemd.proto.takeover.v1.PoolState> exportStates(SegmentDescriptors sink)
-      throws TakeOverRefusedException {
-    List<io.gpumemd.proto.takeover.v1.PoolState> states = new java.util.ArrayList<>(pools.size());
+  public List<PoolSnapshot> snapshots(SegmentDescriptors sink) throws SnapshotRefusedException {
+    List<PoolSnapshot> snapshots = new java.util.ArrayList<>(pools.size());
     for (DevicePool pool : pools) {
-      states.add(pool.exportState(sink));
+      snapshots.add(pool.snapshot(sink));
     }
-    return states;
+    return snapshots;
   }
 
   /**
-   * Rebuilds a predecessor's pools (take-over) in these, which must be new: state {@code d} in
-   * pool {@code d}. Takes every descriptor the states name, whatever happens: on a refusal the
-   * pools restored so far are handed back (their segments relinquished, not freed) and the
-   * descriptors of the devices not reached are closed.
+   * Rebuilds pools written down in another process in these, which must be new: snapshot {@code
+   * d} in pool {@code d}. Takes every descriptor the snapshots name, whatever happens: on a
+   * refusal the pools restored so far are handed back (their segments relinquished, not freed)
+   * and the descriptors of the devices not reached are closed.
    */
-  public void restore(List<io.gpumemd.proto.takeover.v1.PoolState> states, int[] descriptors)
-      throws TakeOverRefusedException {
+  public void restore(List<PoolSnapshot> snapshots, int[] descriptors) throws SnapshotRefusedException {
     int done = 0;
     try {
-      if (states.size() != pools.size()) {
-        throw new TakeOverRefusedException("the running daemon has " + states.size() + " devices, this one "
+      if (snapshots.size() != pools.size()) {
+        throw new SnapshotRefusedException("the running daemon has " + snapshots.size() + " devices, this one "
             + pools.size() + " (expected: the same devices)");
       }
       for (; done < pools.size(); done++) {
-        pools.get(done).restore(states.get(done), descriptors);
+        pools.get(done).restore(snapshots.get(done), descriptors);
       }
-    } catch (TakeOverRefusedException | RuntimeException e) {
+    } catch (SnapshotRefusedException | RuntimeException e) {
       for (int d = 0; d < done; d++) {
-        pools.get(d).handOver();
+        pools.get(d).relinquish();
       }
       // The failed device closed its own; those after it were never taken.
-      for (int d = done + 1; d < states.size(); d++) {
-        for (var s : states.get(d).getSegmentsList()) {
-          if (s.getDescriptorIndex() < descriptors.length) {
+      for (int d = done + 1; d < snapshots.size(); d++) {
+        for (var s : snapshots.get(d).segments()) {
+          if (s.descriptorIndex() >= 0 && s.descriptorIndex() < descriptors.length) {
             try {
-              io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.getDescriptorIndex()], false).close();
+              io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.descriptorIndex()], false).close();
             } catch (java.io.IOException | RuntimeException ignored) {
               // not a descriptor at all: nothing to close
             }
@@ -157,9 +155,9 @@ public final class DevicePools implements AutoCloseable {
     }
   }
 
-  /** Hands every pool over to a successor ({@link DevicePool#handOver}). Idempotent. */
-  public void handOver() {
-    pools.forEach(DevicePool::handOver);
+  /** Ends every pool once another process serves it ({@link DevicePool#relinquish}). Idempotent. */
+  public void relinquish() {
+    pools.forEach(DevicePool::relinquish);
   }
 
   @Override

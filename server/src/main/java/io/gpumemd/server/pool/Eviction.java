@@ -37,7 +37,7 @@ final class Eviction {
   private final Budget budget;
   private final PoolCounters counters;
   private long retentionCapBytes;
-  /** True once SetRetentionCap set the cap (it then outranks a successor's flag at take-over). */
+  /** True once SetRetentionCap set the cap (it then outranks the flag of a daemon that restores the pool). */
   private boolean capSetAtRuntime;
 
   /** Made by the pool's constructor once the rooms it uses exist. */
@@ -60,7 +60,7 @@ final class Eviction {
     return capSetAtRuntime;
   }
 
-  /** A predecessor's runtime cap (take-over); with the lock held, before the pool is used. */
+  /** The runtime cap of the pool restored from (restore); with the lock held, before the pool is used. */
   void restoreRuntimeCap(long capBytes) {
     assert lock.isHeldByCurrentThread();
     retentionCapBytes = capBytes;
@@ -211,7 +211,7 @@ final class Eviction {
   /**
    * Gives up every segment, leased or not, mapped or not, and forgets the blocks: the pool is
    * closing and frees them itself, once unlocked ({@code freeing}, counted as backend frees), or
-   * hands them to a successor daemon (not counted: the memory lives on).
+   * hands them to another process (not counted: the memory lives on).
    *
    * @return the segments to free
    */

@@ -193,7 +193,7 @@ final class HolderMappings {
     return ids;
   }
 
-  /** Holders that may have mapped a segment; a copy (take-over). */
+  /** Holders that may have mapped a segment; a copy (snapshot). */
   static List<String> mappersOf(Segment segment) {
     return List.copyOf(segment.mappers);
   }

@@ -42,7 +42,7 @@ final class IdleSegments {
     return segment;
   }
 
-  /** The idle segments, least recently used first; a copy (take-over). */
+  /** The idle segments, least recently used first; a copy (snapshot). */
   java.util.List<Segment> inOrder() {
     return java.util.List.copyOf(lru);
   }

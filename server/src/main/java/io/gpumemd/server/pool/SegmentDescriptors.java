@@ -3,10 +3,10 @@ package io.gpumemd.server.pool;
 import io.gpumemd.server.backend.SegmentDescriptor;
 
 /**
- * Where {@link DevicePool#exportState} puts the descriptor of each segment it exports: the
- * take-over sends them with {@code SCM_RIGHTS} in the order they were added, and the state names
- * each segment's by that index ({@code SegmentState.descriptor_index}). One sink may serve every
- * pool, so indexes run on across devices.
+ * Where {@link DevicePool#snapshot} puts the descriptor of each segment it writes down: the
+ * caller passes them on (with {@code SCM_RIGHTS}) in the order they were added, and the snapshot
+ * names each segment's by that index ({@link PoolSnapshot.SegmentSnapshot#descriptorIndex}). One
+ * sink may serve every pool, so indexes run on across devices.
  *
  * <p>The sink owns every descriptor added, also when the export is refused afterwards: it sends
  * and closes them, or just closes them.

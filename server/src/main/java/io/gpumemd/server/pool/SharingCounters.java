@@ -166,7 +166,7 @@ final class SharingCounters {
     return shares.sum();
   }
 
-  /** Sets the figures of a predecessor (take-over) on a pool nobody uses yet; with the pool lock held. */
+  /** Sets the figures of the pool restored from (restore) on a pool nobody uses yet; with the pool lock held. */
   void restore(long shares, long liveHolds, long sharedBlocks, long publishedObjects, long publishedBytes) {
     assert lock.isHeldByCurrentThread();
     this.shares.add(shares);

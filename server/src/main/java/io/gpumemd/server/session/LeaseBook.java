@@ -209,14 +209,14 @@ final class LeaseBook {
         block.offset());
   }
 
-  /** The last sequence number given out (take-over export). */
+  /** The last sequence number given out (snapshot). */
   long sequence() {
     return sequence.get();
   }
 
   /**
-   * Enters the records a predecessor daemon handed over into an empty book, and continues the
-   * sequence after {@code lastSequence} (take-over restore). Their sessions already count them
+   * Enters the records of a snapshot into an empty book, and continues the
+   * sequence after {@code lastSequence} (restore). Their sessions already count them
    * ({@link Session#restoreRecord}); their blocks are the pool's already.
    *
    * @throws IllegalStateException when the book is not empty

@@ -63,7 +63,7 @@ public final class LeaseRecord {
   }
 
   /**
-   * A lease or hold as a predecessor daemon handed it over (take-over), on the block found
+   * A lease or hold as restored from a snapshot, on the block found
    * again in the restored pool; {@code shared} is its block's holds, or null when not shared.
    */
   LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence,

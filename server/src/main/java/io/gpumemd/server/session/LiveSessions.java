@@ -53,7 +53,7 @@ public final class LiveSessions implements HolderRequests {
   }
 
   /**
-   * Adds a session a predecessor daemon handed over (take-over restore): it takes its place
+   * Adds a session restored from a snapshot: it takes its place
    * whatever {@code --max-sessions} says now, because it holds memory that stays leased.
    */
   void restore(Session session) {

@@ -57,8 +57,8 @@ final class QuotaCount {
   }
 
   /**
-   * Counts a lease without checking any quota: a lease a predecessor daemon handed over stays
-   * leased even when it is over the quota in force now (take-over).
+   * Counts a lease without checking any quota: a lease restored from a snapshot stays leased
+   * even when it is over the quota in force now.
    */
   void add(long bytes) {
     leases++;

@@ -57,7 +57,7 @@ public final class Session {
   private long reservedHolds;
   private boolean ended;
   /**
-   * KeepAlive messages applied, over all the session's streams and its predecessors' (take-over):
+   * KeepAlive messages applied, over all the session's streams and, once restored, those of the daemon it was written down in:
    * told to a reattaching client, which sends again those after it (StreamAttached.applied_messages).
    */
   private long appliedMessages;
@@ -127,16 +127,15 @@ public final class Session {
     appliedMessages++;
   }
 
-  /** Sets the count a predecessor daemon handed over (take-over restore). */
+  /** Sets the count of a snapshot (restore). */
   synchronized void restoreAppliedMessages(long count) {
     appliedMessages = count;
   }
 
-  // ------------------------------------------------------------------------ take-over
+  // ----------------------------------------------------------------- snapshot, restore
 
   /**
-   * The session's own state as a successor daemon needs it, read together under this monitor
-   * (take-over export). Instants are this process's ticker nanos.
+   * The session's own state as a snapshot needs it, read together under this monitor. Instants are this process's ticker nanos.
    *
    * @param counters the client's counters by device: {hits, returns}, copies
    * @param clientCached whether the client keeps each of its leases and holds (by id) cached
@@ -155,7 +154,7 @@ public final class Session {
   }
 
   /**
-   * Sets the state a predecessor daemon handed over, on a session not yet live (take-over
+   * Sets the state of a snapshot, on a session not yet live (a
    * restore). It comes back detached: one that had a stream counts its grace from
    * {@code detachedNanos}, one that never had one its TTL from {@code lastSeenNanos}.
    */
@@ -171,8 +170,8 @@ public final class Session {
   }
 
   /**
-   * Adds a lease or hold a predecessor daemon handed over, on a session not yet live
-   * (take-over restore): counted as {@link #commit} and {@link #commitHold} count, but never
+   * Adds a lease or hold of a snapshot, on a session not yet live
+   * (restore): counted as {@link #commit} and {@link #commitHold} count, but never
    * refused, because memory that is leased stays leased whatever the quota says now.
    */
   synchronized void restoreRecord(LeaseRecord record) {

@@ -20,7 +20,7 @@ public interface SessionChannel {
   void shutdownNotice(long drainMillis);
 
   /**
-   * Tells the client the session moved to a successor daemon (take-over), then ends the stream:
+   * Tells the client the session moved to another daemon (it took this one's place), then ends the stream:
    * the client reattaches the same session there.
    */
   default void moving() {

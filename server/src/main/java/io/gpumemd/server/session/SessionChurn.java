@@ -46,7 +46,7 @@ final class SessionChurn {
   /**
    * The current window's counts, in the order of {@link #restore}: window start (nanos),
    * opened, ended, ended holding, released leases, released bytes, refused total, refused per
-   * tenant, refused by rate, ends told singly. For the take-over export; run on the flushing
+   * tenant, refused by rate, ends told singly. For the snapshot; run on the flushing
    * thread's terms (no flush meanwhile).
    */
   long[] export() {
@@ -55,7 +55,7 @@ final class SessionChurn {
         holdingToldSingly.get()};
   }
 
-  /** Continues a predecessor's window ({@link #export}'s layout), before any count here. */
+  /** Continues a snapshot's window ({@link #export}'s layout), before any count here. */
   void restore(long[] state) {
     windowStartNanos = state[0];
     opened.add(state[1]);

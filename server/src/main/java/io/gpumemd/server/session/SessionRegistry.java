@@ -3,7 +3,6 @@ package io.gpumemd.server.session;
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
-import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentOwner;
@@ -41,10 +40,11 @@ import org.slf4j.LoggerFactory;
  * reserves its quota on the transport thread, {@link #leaseCached} serves a pool hit there,
  * and on a miss {@link #leaseFromBackend} serves the same reservation on a thread that may block.
  *
- * <p>Take-over: {@link #exportState} writes the whole session layer for a successor daemon and
- * {@link #restore} rebuilds a fresh registry from it ({@link SessionsTakeOver}); the holder runs
- * the export with its request gate closed and its reaper stopped (a reap ending a session or a
- * token would return blocks the successor now owns).
+ * <p>Snapshot and restore: {@link #snapshot} writes the whole session layer down ({@link
+ * SessionsSnapshot}, {@link SessionsSnapshotWriter}) and {@link #restore} rebuilds a fresh
+ * registry from one written in another process ({@link SessionsRestorer}); the caller takes the
+ * snapshot with its request gate closed and its reaper stopped (a reap ending a session or a
+ * token would return blocks the other process owns from then on).
  *
  * <p>Thread-safety: sessions and leases live in concurrent maps; a session's own transitions
  * (stream attach and detach, quota, ending) are atomic on the {@link Session}; who returns a
@@ -433,9 +433,9 @@ public final class SessionRegistry {
   }
 
   /**
-   * Tells every attached client that its session moved to a successor daemon, and ends the
-   * streams: the clients reattach there (take-over). Nothing ends: the sessions are the
-   * successor's now.
+   * Tells every attached client that its session moved to another daemon, and ends the
+   * streams: the clients reattach there. Nothing ends: the sessions are the other daemon's
+   * now.
    */
   public void moved() {
     for (Session session : sessions.all()) {
@@ -459,35 +459,30 @@ public final class SessionRegistry {
     sharing.dropAll(reason);
   }
 
-  // ------------------------------------------------------------------------------ take-over
+  // ------------------------------------------------------------------------ snapshot, restore
 
   /**
-   * The session layer's state for a successor daemon ({@code gpumemd --take-over}): sessions,
-   * leases and holds, shared blocks, share tokens, published names, the lease sequence and the
-   * churn window ({@link SessionsTakeOver}). Call it while no request is applied (the take-over
-   * gate is closed); it still reads each object under its monitor. Changes nothing.
+   * The session layer written down ({@link SessionsSnapshotWriter}). Call it while no request is
+   * applied (the caller's gate is closed); it still reads each object under its monitor.
    *
    * @throws IllegalStateException when the state cannot move now (a shared block waiting for a
-   *     completion event), or the books disagree: the take-over is to be refused
+   *     completion event), or the books disagree: the caller is to refuse
    */
-  public SessionsState exportState() {
-    return new SessionsTakeOver(pools, settings, ticker, sessions, directory, book, sharing, churn).export();
+  public SessionsSnapshot snapshot() {
+    return new SessionsSnapshotWriter(ticker, sessions, book, sharing, churn).take();
   }
 
   /**
-   * Rebuilds this fresh registry (built as {@code GpumemdServer} builds it, serving nothing yet)
-   * from a predecessor's state, over pools already restored from theirs: each lease's block is
-   * found with {@link DevicePool#blockAt}. This daemon's configuration applies (quotas, TTL
-   * bound, client cache cap) without shrinking what is leased: usage over a quota stays, with
-   * one WARN. Sessions come back detached; one that had a KeepAlive stream counts its grace from
-   * now, one that never had one keeps its TTL from its last call.
+   * Rebuilds this fresh registry (serving nothing yet) from a snapshot written in another process,
+   * over pools already restored ({@link SessionsRestorer}: this daemon's quotas, TTL bound and
+   * client cache cap apply without shrinking what is leased; sessions come back detached).
    *
-   * @throws IllegalStateException when this registry is not fresh, or the state does not fit the
-   *     pools (a block missing, not leased, or of another size: the message names the lease) or
-   *     itself; nothing is then registered that would serve, and the caller discards the registry
+   * @return what was restored, for the caller's log lines
+   * @throws IllegalStateException when this registry is not fresh, or the snapshot does not fit
+   *     the pools or itself (the message names the lease); the caller discards the registry
    */
-  public void restore(SessionsState state) {
-    new SessionsTakeOver(pools, settings, ticker, sessions, directory, book, sharing, churn).restore(state);
+  public SessionsSnapshot.Restored restore(SessionsSnapshot snapshot) {
+    return new SessionsRestorer(pools, settings, ticker, sessions, directory, book, sharing, churn).restore(snapshot);
   }
 
   // ------------------------------------------------------------------------------ listing

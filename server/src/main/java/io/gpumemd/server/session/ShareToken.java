@@ -36,7 +36,7 @@ public final class ShareToken {
         createdNanos, expiresNanos, 0, false);
   }
 
-  /** A token as made here, or as a predecessor daemon handed it over (take-over). */
+  /** A token as made here, or as restored from a snapshot. */
   ShareToken(String token, String id, String tenant, String sessionId, String clientName, String leaseId,
       SharedBlock shared, boolean readOnly, int maxAttaches, long createdNanos, long expiresNanos, int attaches,
       boolean dead) {

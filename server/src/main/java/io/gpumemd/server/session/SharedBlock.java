@@ -26,7 +26,7 @@ public final class SharedBlock {
   private final long sizeBytes;
   /** The leasing session's tenant: its quota carries the block until it returns. */
   private final Tenant leasedBy;
-  /** The leasing session's id (it may have ended since), for the take-over state. */
+  /** The leasing session's id (it may have ended since), for the snapshot. */
   private final String leasedBySessionId;
   private final Set<LeaseRecord> records = new LinkedHashSet<>();
   private final Set<String> names = new TreeSet<>();
@@ -40,7 +40,7 @@ public final class SharedBlock {
   }
 
   /**
-   * A shared block as a predecessor daemon handed it over (take-over): its holds are added by
+   * A shared block as restored from a snapshot: its holds are added by
    * {@link #addRecord}, {@link #addToken} and {@link #addName}.
    */
   SharedBlock(Block block, long sizeBytes, Tenant leasedBy, String leasedBySessionId) {
@@ -72,13 +72,13 @@ public final class SharedBlock {
   /** What {@link #snapshot} reads: the records in hold order, the names, the tokens. */
   record Holds(List<LeaseRecord> records, List<String> names, int tokens, boolean returned) {}
 
-  /** The holds, read together (take-over export). */
+  /** The holds, read together (snapshot). */
   synchronized Holds snapshot() {
     return new Holds(List.copyOf(records), List.copyOf(names), tokens, returned);
   }
 
   /**
-   * The completion events kept from holders that released it, a copy (take-over export: they
+   * The completion events kept from holders that released it, a copy (snapshot: they
    * are queried outside this monitor, which calls nothing outside).
    */
   synchronized List<CompletionEvent> keptEvents() {

@@ -382,18 +382,18 @@ public final class SharedObjects {
     return out;
   }
 
-  /** Every live token, in no order (take-over export). */
+  /** Every live token, in no order (snapshot). */
   Collection<ShareToken> allTokens() {
     return tokens.values();
   }
 
-  /** Every published object, in no order (take-over export). */
+  /** Every published object, in no order (snapshot). */
   Collection<PublishedObject> allObjects() {
     return objects.values();
   }
 
   /**
-   * Enters the tokens and names a predecessor daemon handed over into empty tables (take-over
+   * Enters the tokens and names of a snapshot into empty tables (a
    * restore). Their blocks already count them as holds; their tenants' share counts are the
    * caller's.
    *

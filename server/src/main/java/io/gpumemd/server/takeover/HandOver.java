@@ -1,28 +1,22 @@
 package io.gpumemd.server.takeover;
 
-import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
-import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
-import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.backend.SegmentDescriptor;
-import io.gpumemd.server.pool.TakeOverRefusedException;
-import java.io.EOFException;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
-import java.util.ArrayList;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The running daemon's side of a take-over: listens on the take-over socket (mode 0600, and the
- * peer's uid checked against the daemon's own with SO_PEERCRED), and hands its state to one
- * successor at a time:
+ * The running daemon's side of a take-over (handing over; {@link TakeOver} is the successor's,
+ * taking over): listens on the take-over socket (mode 0600, and the peer's uid checked against
+ * the daemon's own with SO_PEERCRED), and hands its state to one successor at a time, each
+ * connection one {@link HandOverAttempt} through these steps:
  *
  * <ol>
  *   <li>reads the successor's {@link Hello} and refuses a configuration that cannot hold the
@@ -34,14 +28,15 @@ import org.slf4j.LoggerFactory;
  *       nothing happened (its descriptors were copies); a successor that does not answer within
  *       {@link #ANSWER_MILLIS} of the state (silent, stuck or hostile) is given up: the gate
  *       reopens with a WARN, and the successor is told so by a {@code Refusal} before the
- *       connection closes ({@link #giveUp}), which is what lets a successor tell a holder that
- *       gave up from one that died;
+ *       connection closes ({@link HandOverAttempt#giveUp}), which is what lets a successor tell a
+ *       running daemon that gave up from one that died;
  *   <li>on {@code Taken} the memory is the successor's: it waits for {@code Live} (the successor
  *       serves on the socket path) and stops for good without freeing memory ({@link
  *       Daemon#handedOver}).
  * </ol>
  *
- * <p>One thread ({@code gpumemd-handover}) runs it; {@link #close} stops it from any thread.
+ * <p>One thread ({@code gpumemd-handover}) runs it; {@link #close} stops it from any thread. The
+ * timeouts of the protocol are here, for both sides.
  */
 public final class HandOver implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(HandOver.class);
@@ -59,7 +54,7 @@ public final class HandOver implements AutoCloseable {
   /** How long the successor may take from Taken to serving on the socket path. */
   static final long LIVE_MILLIS = 15_000;
 
-  /** What the hand-over needs of the running daemon. */
+  /** What the hand-over needs of the running daemon ({@link TakeOverState.RunningDaemon}). */
   public interface Daemon {
     /** Null when a successor so configured can hold this daemon's state, else why not. */
     String refusal(Hello hello);
@@ -88,7 +83,7 @@ public final class HandOver implements AutoCloseable {
 
   /**
    * Binds the take-over socket at {@code bindAt} (a successor binds a temporary path and
-   * renames it over the predecessor's, {@link #publishAt}), and starts listening.
+   * renames it over the running daemon's, {@link #publishAt}), and starts listening.
    */
   public HandOver(Path path, Path bindAt, HandOverGate gate, Daemon daemon, String version) throws IOException {
     this.path = path.toAbsolutePath();
@@ -130,7 +125,7 @@ public final class HandOver implements AutoCloseable {
         + "start with --take-over to take that daemon's place)");
   }
 
-  /** Moves the socket bound at a temporary path to {@code path} (atomically replacing a predecessor's). */
+  /** Moves the socket bound at a temporary path to {@code path} (atomically replacing the running daemon's). */
   public static void publishAt(Path bindAt, Path path) throws IOException {
     Files.move(bindAt.toAbsolutePath(), path.toAbsolutePath(), StandardCopyOption.ATOMIC_MOVE,
         StandardCopyOption.REPLACE_EXISTING);
@@ -162,7 +157,7 @@ public final class HandOver implements AutoCloseable {
         return;
       }
       try (TakeOverChannel channel = new TakeOverChannel(fd)) {
-        handle(channel);
+        new HandOverAttempt(channel, gate, daemon, version, uid, () -> closed, () -> done = true).run();
       } catch (RuntimeException | Error e) {
         if (done) {
           log.error("Stopping after the hand-over failed unexpectedly", e);
@@ -171,180 +166,6 @@ public final class HandOver implements AutoCloseable {
           gate.open();
         }
       }
-    }
-  }
-
-  private void handle(TakeOverChannel channel) {
-    int[] peer;
-    Hello hello;
-    try {
-      peer = channel.peer();
-      channel.timeout(HELLO_MILLIS);
-      if (peer[1] != uid) {
-        log.warn("Take-over refused: pid {} runs as uid {}, and only this daemon's uid {} may take over", peer[0],
-            peer[1], uid);
-        refuse(channel, "the take-over socket serves only uid " + uid + " (the daemon's own); this process runs as uid "
-            + peer[1]);
-        return;
-      }
-      TakeOverFrame first = channel.receiveFromTaker();
-      if (!first.hasHello()) {
-        log.warn("Take-over refused: pid {} did not start with a Hello", peer[0]);
-        return;
-      }
-      hello = first.getHello();
-    } catch (IOException e) {
-      log.warn("Take-over attempt ended before it began: {}", e.getMessage());
-      return;
-    }
-    String refusal = daemon.refusal(hello);
-    if (refusal != null) {
-      log.warn("Take-over by pid {} (gpumemd {}) refused: {}; serving on", peer[0], hello.getVersion(), refusal);
-      refuse(channel, refusal);
-      return;
-    }
-    if (closed) {
-      refuse(channel, "this daemon is shutting down");
-      return;
-    }
-    log.info("Take-over asked by pid {} (gpumemd {}): no longer applying requests", peer[0], hello.getVersion());
-    long started = System.nanoTime();
-    int left;
-    try {
-      left = gate.close(QUIESCE_MILLIS);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      gate.open();
-      return;
-    }
-    if (left > 0) {
-      gate.open();
-      String reason = left + " request(s) still running after " + QUIESCE_MILLIS + " ms; try again";
-      log.warn("Take-over by pid {} refused: {}; serving on", peer[0], reason);
-      refuse(channel, reason);
-      return;
-    }
-    List<SegmentDescriptor> descriptors = new ArrayList<>();
-    try {
-      State state;
-      try {
-        state = daemon.exportState(descriptors);
-      } catch (TakeOverRefusedException | RuntimeException e) {
-        gate.open();
-        String reason = e instanceof TakeOverRefusedException ? e.getMessage()
-            : "the state could not be exported (" + e.getMessage() + ")";
-        if (e instanceof RuntimeException) {
-          log.error("Exporting the state for a take-over failed", e);
-        }
-        log.warn("Take-over by pid {} refused: {}; serving on", peer[0], reason);
-        refuse(channel, reason);
-        return;
-      }
-      // One bound for the whole rest, however the successor paces its reads and its answer.
-      channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS));
-      List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
-      channel.sendFds(fds);
-      channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
-          .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
-      log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", peer[0],
-          fds.size(), state.getSerializedSize(),
-          (System.nanoTime() - started) / 1_000_000);
-    } catch (IOException e) {
-      gate.open();
-      log.warn("Take-over by pid {} failed while sending the state ({}); serving on", peer[0], e.getMessage());
-      return;
-    } finally {
-      for (SegmentDescriptor d : descriptors) {
-        try {
-          d.close();
-        } catch (IOException e) {
-          log.warn("Cannot close a sent segment descriptor: {}", e.toString());
-        }
-      }
-    }
-    TakeOverFrame answer;
-    try {
-      // From here the successor may hold the whole state: any way out but its Taken goes
-      // through giveUp, which tells it (see there). Still by the deadline set before the state.
-      answer = channel.receiveFromTaker();
-    } catch (EOFException e) {
-      gate.open();
-      log.warn("Take-over by pid {} failed: it went away before taking the state (connection closed); serving on",
-          peer[0]);
-      return;
-    } catch (IOException e) {
-      String why = TakeOverChannel.timedOut(e)
-          ? "no answer within " + ANSWER_MILLIS + " ms of the state" : "a broken answer (" + e.getMessage() + ")";
-      answer = giveUp(channel, peer[0], why);
-      if (answer == null) {
-        return;
-      }
-    }
-    if (!answer.hasTaken()) {
-      gate.open();
-      Abort abort = answer.getAbort();
-      log.warn("Take-over by pid {} failed: it could not restore the state ({}); serving on", peer[0],
-          answer.hasAbort() ? abort.getReason() : "unexpected answer");
-      if (!answer.hasAbort()) {
-        // Never close before Taken without saying so (see giveUp).
-        refuse(channel, "the running daemon expected Taken or Abort, not " + answer.getFrameCase() + ", and serves on");
-      }
-      return;
-    }
-    done = true;
-    log.info("Handed over to pid {} after {} ms: its state is the successor's now", peer[0],
-        (System.nanoTime() - started) / 1_000_000);
-    try {
-      channel.timeout(LIVE_MILLIS);
-      TakeOverFrame live = channel.receiveFromTaker();
-      if (!live.hasLive()) {
-        log.warn("The successor (pid {}) answered {} instead of Live", peer[0], live.getFrameCase());
-      }
-    } catch (IOException e) {
-      log.warn("The successor (pid {}) did not say it serves ({}); stopping anyway: the state is its own",
-          peer[0], e.getMessage());
-    }
-    daemon.handedOver(peer[0]);
-  }
-
-  /**
-   * Gives up a hand-over whose state was sent: stops hearing the successor, honours a Taken it
-   * queued in time (the memory is its own then), else reopens the gate (WARN) and tells it so
-   * with a Refusal before the connection closes. The order is the protocol's guarantee to the
-   * successor ({@link TakeOver#taken}): once input is shut, its Taken fails with EPIPE instead of
-   * going unread, and the connection never closes without that Refusal first, so a successor
-   * that finds it closed without one knows this daemon is gone. (Only a successor that leaves its
-   * state unread for {@link #LIVE_MILLIS} more can miss the Refusal.)
-   *
-   * @return the Taken that came in time, or null: this daemon serves on
-   */
-  private TakeOverFrame giveUp(TakeOverChannel channel, int pid, String why) {
-    try {
-      channel.shutdownInput();
-      // Past the deadline now: what is queued is read at once, the Refusal below may wait.
-      channel.timeout(LIVE_MILLIS);
-      // Input is shut: what is queued can be read, then EOF at once; nothing more comes.
-      while (true) {
-        TakeOverFrame queued = channel.receiveFromTaker();
-        if (queued.hasTaken()) {
-          log.info("Take-over by pid {}: its Taken came as the wait ended; handing over", pid);
-          return queued;
-        }
-      }
-    } catch (IOException e) {
-      // EOF after the queue, or a broken frame: no Taken came
-    }
-    gate.open();
-    log.warn("Take-over by pid {} given up: {}; the gate is open again and this daemon serves on", pid, why);
-    refuse(channel, "the running daemon gave the take-over up (" + why + ") and serves on");
-    return null;
-  }
-
-  private static void refuse(TakeOverChannel channel, String reason) {
-    try {
-      channel.send(TakeOverFrame.newBuilder().setRefusal(Refusal.newBuilder().setReason(reason)).build());
-    } catch (IOException e) {
-      // the peer is gone; it learns nothing either way
     }
   }
 

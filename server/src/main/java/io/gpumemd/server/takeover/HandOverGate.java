@@ -24,7 +24,7 @@ public final class HandOverGate {
   private final LongAdder inFlight = new LongAdder();
   private volatile boolean closed;
 
-  /** @param closed start closed: a successor serves nothing until it holds its predecessor's state */
+  /** @param closed start closed: a successor serves nothing until it holds the running daemon's state */
   public HandOverGate(boolean closed) {
     this.closed = closed;
   }
@@ -83,7 +83,7 @@ public final class HandOverGate {
     return (int) Math.min(Integer.MAX_VALUE, inFlight.sum());
   }
 
-  /** Opens the gate: the hand-over did not happen, or (a successor) the predecessor's state is here. */
+  /** Opens the gate: the hand-over did not happen, or (a successor) the running daemon's state is here. */
   public void open() {
     closed = false;
   }

@@ -17,7 +17,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The successor's side of a take-over ({@code gpumemd --take-over}): asks the daemon behind the
+ * The successor's side of a take-over ({@code gpumemd --take-over}; taking over, where {@link
+ * HandOver} is the running daemon's, handing over): asks the running daemon behind the
  * take-over socket for its state, and tells it when the state is taken and when this daemon
  * serves. What {@link HandOver} describes, from the other end.
  *
@@ -26,14 +27,14 @@ import org.slf4j.LoggerFactory;
  * died before its state was complete (then this daemon starts fresh and says so); or an
  * IOException for a refusal, which leaves the running daemon serving and stops this one.
  *
- * <p>Whom it trusts: a state is memory this daemon will serve, so it is taken only from a holder
- * that runs as this daemon's uid (SO_PEERCRED of the connection), whose socket file this uid
+ * <p>Whom it trusts: a state is memory this daemon will serve, so it is taken only from a running
+ * daemon that runs as this daemon's uid (SO_PEERCRED of the connection), whose socket file this uid
  * owns, in a directory that no other user can write to or, if others may write there, with the
  * sticky bit (as /tmp: others cannot rename or remove this uid's file there). Anything else may
  * be another user squatting the take-over path, and is refused before a word is sent to it.
  *
- * <p>After the state came, the holder closes the connection before Taken only when it dies:
- * when it gives the hand-over up it says so first (a Refusal; {@link HandOver}). So a Taken that
+ * <p>After the state came, the running daemon closes the connection before Taken only when it
+ * dies: when it gives the hand-over up it says so first (a Refusal; {@link HandOverAttempt}). So a Taken that
  * cannot be sent is told apart by what is left to read ({@link #taken}), never by whether a pid
  * looks alive (a SIGKILLed process is a zombie, "alive", until its parent reaps it).
  *
@@ -54,13 +55,13 @@ public final class TakeOver implements AutoCloseable {
   private List<Integer> fds;
   /** Indexes of {@link #fds} a restored pool took. */
   private final java.util.Set<Integer> consumed = new java.util.HashSet<>();
-  private final int holderPid;
+  private final int runningDaemonPid;
 
   private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
     this.channel = channel;
     this.state = state;
     this.fds = fds;
-    this.holderPid = state.getPid();
+    this.runningDaemonPid = state.getPid();
   }
 
   /**
@@ -86,7 +87,7 @@ public final class TakeOver implements AutoCloseable {
       throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
     }
     try {
-      String untrusted = untrustedHolder(socket.toAbsolutePath(), channel);
+      String untrusted = untrustedRunningDaemon(socket.toAbsolutePath(), channel);
       if (untrusted != null) {
         throw new IOException("take-over: refusing the state offered on " + path + ": " + untrusted
             + "; nothing was taken, and this daemon does not start");
@@ -130,12 +131,12 @@ public final class TakeOver implements AutoCloseable {
   }
 
   /**
-   * Why the holder on the other end of {@code channel}, connected at {@code socket}, may be
+   * Why the running daemon on the other end of {@code channel}, connected at {@code socket}, may be
    * another user's, or null when it is this uid's own: its directory is writable by no other
    * user (or sticky, and owned by this uid or root), the socket file is this uid's, and the
    * process listening there runs as this uid.
    */
-  static String untrustedHolder(Path socket, TakeOverChannel channel) throws IOException {
+  static String untrustedRunningDaemon(Path socket, TakeOverChannel channel) throws IOException {
     int uid = (int) new com.sun.security.auth.module.UnixSystem().getUid();
     Path dir = socket.getParent().toRealPath();
     int dirMode = (Integer) Files.getAttribute(dir, "unix:mode");
@@ -185,8 +186,8 @@ public final class TakeOver implements AutoCloseable {
     }
   }
 
-  public int holderPid() {
-    return holderPid;
+  public int runningDaemonPid() {
+    return runningDaemonPid;
   }
 
   /** Restoring failed: the running daemon serves on. */
@@ -199,43 +200,45 @@ public final class TakeOver implements AutoCloseable {
   }
 
   /**
-   * The state is this daemon's now. A holder that gave the hand-over up (it waited too long for
-   * this) said so before it closed: its Refusal is read here, and this daemon must not serve.
-   * A connection closed with no Refusal is a holder that died after sending the state (it never
-   * closes otherwise before Taken; {@link HandOver#giveUp}): the memory is this daemon's, and it
-   * serves, whatever state that process is in (a zombie looks alive until it is reaped).
+   * The state is this daemon's now. A running daemon that gave the hand-over up (it waited too
+   * long for this) said so before it closed: its Refusal is read here, and this daemon must not
+   * serve. A connection closed with no Refusal is a running daemon that died after sending the
+   * state (it never closes otherwise before Taken; {@link HandOverAttempt#giveUp}): the memory is
+   * this daemon's, and it serves, whatever state that process is in (a zombie looks alive until
+   * it is reaped).
    *
-   * @throws IOException when the holder gave the hand-over up, or cannot be told apart from one
+   * @throws IOException when the running daemon gave the hand-over up, or cannot be told apart
+   *     from one
    */
   public void taken() throws IOException {
     try {
       channel.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
       return;
     } catch (IOException e) {
-      log.info("--take-over: Taken could not be sent to pid {} ({}); reading what it left", holderPid,
+      log.info("--take-over: Taken could not be sent to pid {} ({}); reading what it left", runningDaemonPid,
           e.getMessage());
     }
     TakeOverFrame left;
     try {
-      // A giving-up holder queues its Refusal before it closes (it may still be sending it).
+      // A running daemon giving up queues its Refusal before it closes (it may still be sending it).
       channel.timeout(HandOver.LIVE_MILLIS + HandOver.ANSWER_MILLIS);
       left = channel.receiveFromHolder();
     } catch (IOException e) {
       if (gone(e)) {
         log.warn("--take-over: the previous daemon (pid {}) went away after sending its state (the connection "
-            + "closed with no word, as only a dead holder's does); carrying on with it", holderPid);
+            + "closed with no word, as only a dead holder's does); carrying on with it", runningDaemonPid);
         return;
       }
-      throw new IOException("take-over: cannot tell whether the previous daemon (pid " + holderPid + ") gave the "
+      throw new IOException("take-over: cannot tell whether the previous daemon (pid " + runningDaemonPid + ") gave the "
           + "hand-over up (" + e.getMessage() + "); this daemon does not serve its memory");
     }
-    throw new IOException("take-over: the previous daemon (pid " + holderPid + ") "
+    throw new IOException("take-over: the previous daemon (pid " + runningDaemonPid + ") "
         + (left.hasRefusal() ? "gave the hand-over up and serves on: " + left.getRefusal().getReason()
             : "answered " + left.getFrameCase() + " after its state")
         + "; this daemon does not serve its memory");
   }
 
-  /** This daemon serves on the socket path: the predecessor may stop. */
+  /** This daemon serves on the socket path: the running daemon may stop. */
   public void live() {
     try {
       channel.send(TakeOverFrame.newBuilder().setLive(Live.getDefaultInstance()).build());

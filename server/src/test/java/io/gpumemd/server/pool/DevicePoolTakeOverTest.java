@@ -20,6 +20,7 @@ import io.gpumemd.server.backend.SegmentDescriptor;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.takeover.PoolStates;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Files;
@@ -37,9 +38,10 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * The pool's half of the take-over on the real host backend in descriptor mode: a pool with
- * every kind of state is exported, its descriptors pass through a real Unix socket, a pool on a
- * new backend instance is restored from them, and the old pool hands over. The restored pool
+ * A pool's snapshot and restore, through the take-over's wire message ({@link PoolStates}), on
+ * the real host backend in descriptor mode: a pool with every kind of state is written down, its
+ * descriptors pass through a real Unix socket, a pool on a new backend instance is restored from
+ * them, and the old pool hands over. The restored pool
  * must be the same pool: same structure and figures, the same bytes, and it must go on leasing,
  * coalescing, evicting and asking the right holders to unmap. Plus every refusal.
  */
@@ -89,11 +91,25 @@ class DevicePoolTakeOverTest {
   }
 
   private DevicePool restore(MemoryBackend backend, PoolSettings settings, HolderRequests holders, PoolState state,
-      int[] fds) throws TakeOverRefusedException {
+      int[] fds) throws SnapshotRefusedException {
     DeviceInfo device = backend.devices().get(0);
-    DevicePool pool = DevicePool.restore(device, backend, settings, holders, Ticker.system(), state, fds);
+    DevicePool pool = DevicePool.restore(device, backend, settings, holders, Ticker.system(), PoolStates.fromProto(state),
+        fds);
     cleanup.add(pool);
     return pool;
+  }
+
+  /** A pool written down and put on the wire, as the take-over sends it. */
+  private static PoolState export(DevicePool pool, SegmentDescriptors sink) throws SnapshotRefusedException {
+    return PoolStates.toProto(pool.snapshot(sink));
+  }
+
+  private static List<PoolState> exports(DevicePools pools, SegmentDescriptors sink) throws SnapshotRefusedException {
+    return pools.snapshots(sink).stream().map(PoolStates::toProto).toList();
+  }
+
+  private static List<PoolSnapshot> snapshots(List<PoolState> states) {
+    return states.stream().map(PoolStates::fromProto).toList();
   }
 
   private DescriptorPassing passing(String name) throws Exception {
@@ -205,7 +221,7 @@ class DevicePoolTakeOverTest {
     assertEquals(2, before.get(PoolMetric.PUBLISHED_OBJECTS));
 
     DescriptorPassing passing = passing("takeover");
-    PoolState state = oldPool.exportState(passing);
+    PoolState state = export(oldPool, passing);
     assertSameStats(before, oldPool.stats()); // exporting changes nothing
     assertEquals(4, state.getSegmentsCount());
     assertEquals(List.of(busy.idleId()), state.getIdleLruList());
@@ -229,8 +245,8 @@ class DevicePoolTakeOverTest {
 
     // The old daemon lets go: its descriptors close, the memory stays with the new one.
     long beforeHandOver = openDescriptors();
-    oldPool.handOver();
-    oldPool.handOver(); // idempotent
+    oldPool.relinquish();
+    oldPool.relinquish(); // idempotent
     assertEquals(beforeHandOver - 4, openDescriptors(), "the old pool's four segment descriptors are closed");
     assertNull(((DescriptorSegment) busy.a().memory()).open(false), "the old segment is no longer the old daemon's");
     assertThrows(IllegalStateException.class, () -> lease(oldPool, 4 * KiB, "s1"));
@@ -280,11 +296,11 @@ class DevicePoolTakeOverTest {
     Block idle = lease(oldPool, 5 * MiB, "s1");
     oldPool.release(idle, null);
     DescriptorPassing passing = passing("cap");
-    PoolState state = oldPool.exportState(passing);
+    PoolState state = export(oldPool, passing);
     assertTrue(!state.getRetentionCapSetAtRuntime());
     // The taker's flag: a cap of 0 evicts the idle segment at once (nobody maps it: s1 is gone).
     oldPool.holderEnded("s1");
-    state = oldPool.exportState(passing("cap2"));
+    state = export(oldPool, passing("cap2"));
     PoolSettings zeroCap = new PoolSettings(CAPACITY, 0, SizeClasses.DEFAULT_MAX_OVERSIZE, 0, CAPACITY);
     DevicePool restored = restore(hostFdBackend("new"), zeroCap, new RecordingHolders(), state,
         lastPassing().received());
@@ -312,7 +328,7 @@ class DevicePoolTakeOverTest {
     assertTrue(peak < old.get(PoolMetric.LEASED_BYTES) + old.get(PoolMetric.CLIENT_CACHED_BYTES),
         "never as much leased at once as is leased or client-cached now");
     DescriptorPassing passing = passing("peak");
-    PoolState state = oldPool.exportState(passing);
+    PoolState state = export(oldPool, passing);
 
     DevicePool restored = restore(hostFdBackend("new"), settings(CAPACITY), new RecordingHolders(), state,
         passing.received());
@@ -337,7 +353,7 @@ class DevicePoolTakeOverTest {
     lease(olds.get(1), 100 * KiB, "s2");
     write(one, pattern(4096, 3));
     DescriptorPassing passing = passing("two");
-    List<PoolState> states = olds.exportStates(passing);
+    List<PoolState> states = exports(olds, passing);
     assertEquals(List.of(1, 2), states.stream().map(PoolState::getSegmentsCount).toList());
     assertEquals(3, passing.received().length, "indexes run on across devices");
 
@@ -345,12 +361,12 @@ class DevicePoolTakeOverTest {
     cleanup.add(twoNew);
     DevicePools news = newPools(twoNew, settings(CAPACITY), settings(CAPACITY));
     cleanup.add(news);
-    news.restore(states, passing.received());
+    news.restore(snapshots(states), passing.received());
     for (int d = 0; d < 2; d++) {
       news.get(d).verifyInvariants();
       assertSameStats(olds.get(d).stats(), news.get(d).stats());
     }
-    olds.handOver();
+    olds.relinquish();
     assertArrayEquals(pattern(4096, 3), read(news.get(1).blockAt(one.segmentId(), one.offset()), 4096));
     assertEquals(zero.size(), news.ofSegment(zero.segmentId()).blockAt(zero.segmentId(), zero.offset()).size());
   }
@@ -371,12 +387,12 @@ class DevicePoolTakeOverTest {
     HostShmBackend twoNew = new HostShmBackend(tmp.resolve("two-new"), 2, CAPACITY, null, FD_SOCKET);
     cleanup.add(twoNew);
     DescriptorPassing passing = passing("two");
-    List<PoolState> states = olds.exportStates(passing);
+    List<PoolState> states = exports(olds, passing);
     long beforeRestore = openDescriptors();
 
     DevicePools news = newPools(twoNew, settings(CAPACITY), settings(4 * MiB));
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
-        () -> news.restore(states, passing.received()));
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
+        () -> news.restore(snapshots(states), passing.received()));
     assertTrue(e.getMessage().startsWith("device 1: "), e.getMessage());
     assertEquals(beforeRestore - 2, openDescriptors(), "device 0's adopted segment handed back, device 1's closed");
     for (DevicePool p : olds.all()) {
@@ -402,10 +418,10 @@ class DevicePoolTakeOverTest {
     long held = oldPool.stats().get(PoolMetric.RESERVED_BYTES);
     DevicePools pools = new DevicePools(List.of(oldPool));
 
-    assertNull(oldPool.takeOverRefusal(held));
-    String refusal = pools.takeOverRefusal(List.of(held - 1));
+    assertNull(oldPool.restoreRefusal(held));
+    String refusal = pools.restoreRefusal(List.of(held - 1));
     assertTrue(refusal.contains("holds " + held + " bytes") && refusal.contains("budget is " + (held - 1)), refusal);
-    assertTrue(pools.takeOverRefusal(List.of(held, held)).contains("devices"));
+    assertTrue(pools.restoreRefusal(List.of(held, held)).contains("devices"));
     oldPool.release(block, null);
   }
 
@@ -415,7 +431,7 @@ class DevicePoolTakeOverTest {
     oldPool.release(block, new NeverCompletes());
     DescriptorPassing passing = passing("event");
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class, () -> oldPool.exportState(passing));
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class, () -> export(oldPool, passing));
     assertTrue(e.getMessage().contains("completion events"), e.getMessage());
     assertEquals(0, passing.received().length, "nothing was sent");
   }
@@ -427,14 +443,14 @@ class DevicePoolTakeOverTest {
     CompletableFuture<Block> leasing = CompletableFuture.supplyAsync(() -> lease(pool, 4 * MiB, "s1"));
     try {
       assertTrue(stalling.entered.await(10, TimeUnit.SECONDS));
-      TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
-          () -> pool.exportState(passing("flight")));
+      SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
+          () -> export(pool, passing("flight")));
       assertTrue(e.getMessage().contains("under way"), e.getMessage());
     } finally {
       stalling.proceed.countDown();
     }
     pool.release(leasing.get(10, TimeUnit.SECONDS), null);
-    pool.exportState(passing("after")); // and once it has landed, the export goes through
+    export(pool, passing("after")); // and once it has landed, the export goes through
   }
 
   @Test
@@ -444,7 +460,7 @@ class DevicePoolTakeOverTest {
     DevicePool pool = pool(paths, settings(CAPACITY), new RecordingHolders());
     lease(pool, 64 * KiB, "s1");
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class, () -> pool.exportState(passing("p")));
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class, () -> export(pool, passing("p")));
     assertTrue(e.getMessage().contains("--host-segments fd"), e.getMessage());
     assertThrows(UnsupportedOperationException.class, () -> paths.adopt(0, -1, MiB));
   }
@@ -457,7 +473,7 @@ class DevicePoolTakeOverTest {
     DevicePool pool = pool(new StallingBackend(paths, true), settings(CAPACITY), new RecordingHolders());
     lease(pool, 64 * KiB, "s1");
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class, () -> pool.exportState(passing("n")));
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class, () -> export(pool, passing("n")));
     assertTrue(e.getMessage().contains("cannot be passed as a descriptor"), e.getMessage());
   }
 
@@ -468,10 +484,10 @@ class DevicePoolTakeOverTest {
     write(block, bytes);
     HostShmBackend newBackend = hostFdBackend("new");
     DescriptorPassing passing = passing("small");
-    PoolState state = oldPool.exportState(passing);
+    PoolState state = export(oldPool, passing);
     long beforeRestore = openDescriptors();
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
         () -> restore(newBackend, settings(2 * MiB), new RecordingHolders(), state, passing.received()));
     assertTrue(e.getMessage().contains("over this daemon's budget"), e.getMessage());
     assertEquals(beforeRestore - 1, openDescriptors(), "the received descriptor is closed");
@@ -487,7 +503,7 @@ class DevicePoolTakeOverTest {
     byte[] bytes = pattern(4096, 5);
     write(block, bytes);
     DescriptorPassing passing = passing("corrupt");
-    PoolState good = oldPool.exportState(passing);
+    PoolState good = export(oldPool, passing);
     // A gap between blocks: no pool has that.
     SegmentState.Builder segment = good.getSegments(0).toBuilder();
     BlockState last = segment.getBlocks(segment.getBlocksCount() - 1);
@@ -497,7 +513,7 @@ class DevicePoolTakeOverTest {
     HostShmBackend newBackend = hostFdBackend("new");
     long beforeRestore = openDescriptors();
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
         () -> restore(newBackend, settings(CAPACITY), new RecordingHolders(), corrupt, passing.received()));
     assertTrue(e.getMessage().contains("gap or overlap"), e.getMessage());
     assertEquals(beforeRestore - 1, openDescriptors(), "the adopted segment is relinquished, its descriptor closed");
@@ -529,13 +545,13 @@ class DevicePoolTakeOverTest {
           }
         });
     DescriptorPassing passing = passing("uuid");
-    PoolState state = oldPool.exportState(passing);
+    PoolState state = export(oldPool, passing);
     String oldUuid = oldBackend.devices().get(0).uuid();
     String newUuid = newBackend.devices().get(0).uuid();
     assertEquals(oldUuid, state.getDeviceUuid(), "the state names its device");
     long beforeRestore = openDescriptors();
 
-    TakeOverRefusedException e = assertThrows(TakeOverRefusedException.class,
+    SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
         () -> restore(byUuid, settings(CAPACITY), new RecordingHolders(), state, passing.received()));
     assertTrue(e.getMessage().contains("device 0 is " + oldUuid) && e.getMessage().contains(newUuid)
         && e.getMessage().contains("CUDA_VISIBLE_DEVICES"), e.getMessage());

@@ -20,6 +20,8 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
+import io.gpumemd.server.takeover.SessionsStates;
+import io.gpumemd.server.takeover.TakeOverState;
 import io.gpumemd.server.testing.LogCapture;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -35,10 +37,11 @@ import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
 /**
- * The session layer's half of a take-over: registry A is exported, and a fresh registry B,
- * built as the daemon builds one, is restored from the state over the same pools (A is
- * abandoned without ending its sessions, so the pool side is already right and only the session
- * layer moves). B must list what A listed, keep serving tokens, names, releases and ends as A
+ * The session layer's half of a take-over: registry A is written down and put on the wire
+ * ({@link SessionRegistry#snapshot}, {@link SessionsStates}), and a fresh registry B, built as
+ * the daemon builds one, is restored from the wire's state ({@link TakeOverState#restoreSessions})
+ * over the same pools (A is abandoned without ending its sessions, so the pool side is already
+ * right and only the session layer moves). B must list what A listed, keep serving tokens, names, releases and ends as A
  * would have, continue the lease sequence, and balance its books and the pool's to zero.
  */
 class SessionsTakeOverTest {
@@ -163,6 +166,16 @@ class SessionsTakeOverTest {
     return out;
   }
 
+  /** The registry written down and put on the wire, as the running daemon sends it. */
+  private static SessionsState export(SessionRegistry registry) {
+    return SessionsStates.toProto(registry.snapshot());
+  }
+
+  /** The successor's restore of the wire's state, with its log lines. */
+  private static void restore(SessionRegistry registry, SessionsState state) {
+    TakeOverState.restoreSessions(state, registry);
+  }
+
   /** The export with what a restore changes by rule: every session comes back detached. */
   private static SessionsState detached(SessionsState state) {
     SessionsState.Builder b = state.toBuilder();
@@ -183,7 +196,7 @@ class SessionsTakeOverTest {
     long leasedBefore = stat(PoolMetric.LEASED_BYTES);
     long cachedBefore = stat(PoolMetric.CLIENT_CACHED_BYTES);
     List<String> listedByA = listings(a);
-    SessionsState state = a.exportState();
+    SessionsState state = export(a);
     assertEquals(3, state.getSessionsCount());
     assertEquals(7, state.getLeasesCount(), "5 leases and 2 holds");
     assertEquals(2, state.getSharedBlocksCount());
@@ -192,11 +205,11 @@ class SessionsTakeOverTest {
     assertEquals(3, state.getChurn().getOpened());
 
     SessionRegistry b = fresh(settings());
-    b.restore(state);
+    restore(b, state);
 
     assertEquals(listedByA, listings(b));
     assertTrue(b.sessions(Caller.DAEMON).stream().noneMatch(Session::streamAttached), "sessions come back detached");
-    assertEquals(detached(state), b.exportState(), "a restored registry exports what it was restored from");
+    assertEquals(detached(state), export(b), "a restored registry exports what it was restored from");
     assertEquals(leasedBefore, stat(PoolMetric.LEASED_BYTES), "a restore leaves the pool alone");
     assertEquals(cachedBefore, stat(PoolMetric.CLIENT_CACHED_BYTES));
     // TTL from the last call before the move: bob (never a stream, last seen 20 s before the
@@ -282,12 +295,12 @@ class SessionsTakeOverTest {
     a.detach(s, channel);
     ticker.advance(1900, TimeUnit.MILLISECONDS); // 100 ms of its 2 s grace left at the export
     LeaseRecord lease = lease(a, ALICE, s, 4096, "x");
-    SessionsState state = a.exportState();
+    SessionsState state = export(a);
     assertTrue(state.getSessions(0).getHadStream());
     assertEquals(TimeUnit.MILLISECONDS.toNanos(1900), state.getSessions(0).getDetachedAgeNanos());
 
     SessionRegistry b = fresh(settings());
-    b.restore(state);
+    restore(b, state);
     ticker.advance(1500, TimeUnit.MILLISECONDS);
     b.reap();
     assertEquals(1, b.sessionCount(), "the grace counts from the restore, not from the old detach");
@@ -301,12 +314,12 @@ class SessionsTakeOverTest {
   void leaseNamingABlockThatIsNotThere_failsTheRestore_registeringNothing() {
     start();
     Made m = populate();
-    SessionsState good = a.exportState();
+    SessionsState good = export(a);
     SessionsState.Builder bad = good.toBuilder();
     int i = indexOf(good, m.bobs().id());
     bad.getLeasesBuilder(i).setSegmentId(m.bobs().block().segmentId() + 1000);
     SessionRegistry b = fresh(settings());
-    IllegalStateException e = assertThrows(IllegalStateException.class, () -> b.restore(bad.build()));
+    IllegalStateException e = assertThrows(IllegalStateException.class, () -> restore(b, bad.build()));
     assertTrue(e.getMessage().contains("lease " + m.bobs().id()), e.getMessage());
     assertTrue(e.getMessage().contains("no block"), e.getMessage());
     assertEquals(0, b.sessionCount());
@@ -320,9 +333,9 @@ class SessionsTakeOverTest {
   void leaseWhoseBlockWentBackToThePool_failsTheRestore() {
     start();
     Made m = populate();
-    SessionsState state = a.exportState();
+    SessionsState state = export(a);
     a.release(ALICE, m.producer().id(), m.plain().id(), NO_EVENT); // the pool's side no longer matches
-    IllegalStateException e = assertThrows(IllegalStateException.class, () -> fresh(settings()).restore(state));
+    IllegalStateException e = assertThrows(IllegalStateException.class, () -> restore(fresh(settings()), state));
     assertTrue(e.getMessage().contains("lease " + m.plain().id()), e.getMessage());
   }
 
@@ -330,9 +343,9 @@ class SessionsTakeOverTest {
   void clientCachedFlagThatThePoolDoesNotShare_failsTheRestore() {
     start();
     Made m = populate();
-    SessionsState.Builder bad = a.exportState().toBuilder();
+    SessionsState.Builder bad = export(a).toBuilder();
     bad.getLeasesBuilder(indexOf(bad.build(), m.plain().id())).setClientCached(true);
-    IllegalStateException e = assertThrows(IllegalStateException.class, () -> fresh(settings()).restore(bad.build()));
+    IllegalStateException e = assertThrows(IllegalStateException.class, () -> restore(fresh(settings()), bad.build()));
     assertTrue(e.getMessage().contains("lease " + m.plain().id()) && e.getMessage().contains("LEASED"),
         e.getMessage());
   }
@@ -341,22 +354,22 @@ class SessionsTakeOverTest {
   void restoreIntoARegistryInUse_isRefused() {
     start();
     populate();
-    SessionsState state = a.exportState();
+    SessionsState state = export(a);
     SessionRegistry b = fresh(settings());
     b.open(BOB, "early", 0, 0);
-    assertThrows(IllegalStateException.class, () -> b.restore(state));
+    assertThrows(IllegalStateException.class, () -> restore(b, state));
   }
 
   @Test
   void takersSmallerQuotas_keepEveryRestoredLease_warnOnce_andRefuseNewOnes() {
     start();
     Made m = populate();
-    SessionsState state = a.exportState();
+    SessionsState state = export(a);
     SessionSettings tight = new SessionSettings(10, 10, 2000, 0, new Quota(0, 1), Map.of(), MIB,
         new Quota(MIB / 2, 0), false);
     SessionRegistry b = fresh(tight);
-    try (LogCapture log = new LogCapture(SessionRegistry.class)) {
-      b.restore(state);
+    try (LogCapture log = new LogCapture(TakeOverState.class)) {
+      restore(b, state);
       List<String> warnings = log.messages("WARN");
       assertEquals(1, warnings.size(), warnings.toString());
       assertTrue(warnings.get(0).contains("over this daemon's quotas"), warnings.get(0));
@@ -378,12 +391,12 @@ class SessionsTakeOverTest {
     start();
     Made m = populate();
     SessionRegistry b = fresh(settings());
-    b.restore(a.exportState());
+    restore(b, export(a));
     ticker.advance(1, TimeUnit.SECONDS);
     LeaseRecord inB = lease(b, BOB, b.session(BOB, m.bob().id()), 8192, "in b");
-    SessionsState fromB = b.exportState();
+    SessionsState fromB = export(b);
     SessionRegistry c = fresh(settings());
-    c.restore(fromB);
+    restore(c, fromB);
     assertEquals(listings(b), listings(c));
     LeaseRecord inC = lease(c, BOB, c.session(BOB, m.bob().id()), 8192, "in c");
     assertTrue(inC.sequence() > inB.sequence());

@@ -1,4 +1,4 @@
-package io.gpumemd.server;
+package io.gpumemd.server.takeover;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;

@@ -1,0 +1,268 @@
+package io.gpumemd.server.pool;
+
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.pool.PoolSnapshot.BlockKind;
+import io.gpumemd.server.pool.PoolSnapshot.BlockSnapshot;
+import io.gpumemd.server.pool.PoolSnapshot.Lifecycle;
+import io.gpumemd.server.pool.PoolSnapshot.SegmentSnapshot;
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Rebuilds a pool written down by {@link PoolSnapshotWriter} in another process ({@link
+ * #restoreInto}), segment by segment and block by block, so that the rebuilt pool is the same
+ * pool: same segment ids, blocks, idle order, holders, counters. What the snapshot leaves out is
+ * recomputed: the budget's reserved bytes, the leased figures, the cached bytes and the free
+ * index; {@link PoolInvariants} then checks the rebuilt pool whole. The configuration of this
+ * daemon rules (budget, published limit, retention cap unless set at run time), but the snapshot
+ * is never shrunk to fit.
+ *
+ * <p>Stateless; builds a pool nobody else sees yet.
+ */
+final class PoolRestorer {
+  private static final Logger log = LoggerFactory.getLogger(PoolRestorer.class);
+
+  private PoolRestorer() {}
+
+  /**
+   * Rebuilds a written-down pool in {@code pool}, which must be new (no segment yet, nothing
+   * served): the daemon builds and binds everything else before it asks for the snapshot, so
+   * that only this is left for the pause. On failure the pool is closed and every descriptor the
+   * state names is closed or relinquished.
+   */
+  static void restoreInto(DevicePool pool, PoolSnapshot state, int[] descriptors) throws SnapshotRefusedException {
+    DeviceInfo device = pool.device();
+    MemoryBackend backend = pool.backend;
+    List<SegmentSnapshot> segments = state.segments();
+    Map<Integer, SegmentSnapshot> byDescriptor = new HashMap<>();
+    for (SegmentSnapshot s : segments) {
+      int index = s.descriptorIndex();
+      if (index < 0 || index >= descriptors.length || byDescriptor.put(index, s) != null) {
+        closeAll(descriptors, byDescriptor.keySet());
+        throw new SnapshotRefusedException("device " + device.ordinal() + ": segment " + s.id()
+            + " names descriptor " + s.descriptorIndex() + " (expected: one of its own among "
+            + descriptors.length + ")");
+      }
+    }
+    String why = check(device, backend, pool.limitBytes(), pool.publishedLimitBytes(), state);
+    if (why != null) {
+      closeAll(descriptors, byDescriptor.keySet());
+      throw new SnapshotRefusedException("device " + device.ordinal() + ": " + why);
+    }
+    boolean fresh;
+    pool.lock.lock();
+    try {
+      fresh = pool.carver.live.isEmpty() && pool.carver.nextSegmentId() == DevicePools.segmentIdBase(device.ordinal());
+      if (fresh) {
+        pool.carver.continueSegmentIds(state.nextSegmentId());
+      }
+    } finally {
+      pool.lock.unlock();
+    }
+    if (!fresh) {
+      closeAll(descriptors, byDescriptor.keySet());
+      throw new SnapshotRefusedException("device " + device.ordinal() + ": the pool already has segments of its own");
+    }
+    List<SegmentMemory> adopted = new ArrayList<>(segments.size());
+    try {
+      for (SegmentSnapshot s : segments) {
+        int fd = descriptors[s.descriptorIndex()];
+        byDescriptor.remove(s.descriptorIndex()); // adopt owns it from here, success or not
+        try {
+          adopted.add(backend.adopt(device.ordinal(), fd, s.bytes()));
+        } catch (RuntimeException e) {
+          throw new SnapshotRefusedException("device " + device.ordinal() + ": cannot adopt segment " + s.id()
+              + " (" + s.bytes() + " bytes): " + e.getMessage(), e);
+        }
+      }
+      AfterUnlock after = new AfterUnlock(pool);
+      pool.lock.lock();
+      try {
+        rebuild(pool, state, adopted);
+        PoolInvariants.verify(pool);
+        // This daemon's own cap rules from now on (unless the written-down one was set at run time).
+        pool.eviction.enforceCap(after);
+      } catch (AssertionError | RuntimeException e) {
+        throw new SnapshotRefusedException("device " + device.ordinal() + ": the state does not make a pool: "
+            + e.getMessage(), e);
+      } finally {
+        pool.lock.unlock();
+      }
+      after.run();
+    } catch (SnapshotRefusedException e) {
+      closeAll(descriptors, byDescriptor.keySet());
+      pool.closed = true;
+      for (SegmentMemory memory : adopted) {
+        relinquishQuietly(backend, memory);
+      }
+      throw e;
+    }
+  }
+
+  /** What this daemon's configuration cannot take, or null. The snapshot is never shrunk to fit. */
+  private static String check(DeviceInfo device, MemoryBackend backend, long limitBytes, long publishedLimitBytes,
+      PoolSnapshot state) {
+    String refusal = backend.takeOverRefusal();
+    if (refusal != null) {
+      return refusal;
+    }
+    if (state.device() != device.ordinal()) {
+      return "the state is of device " + state.device();
+    }
+    // The daemon written down checked this one's UUIDs too; this side checks what it was given.
+    if (backend.devicesMatchByUuid() && !device.uuid().equalsIgnoreCase(state.deviceUuid())) {
+      return "the running daemon's device " + state.device() + " is "
+          + (state.deviceUuid().isEmpty() ? "unnamed (no UUID in its state)" : state.deviceUuid())
+          + " and this daemon's device " + device.ordinal() + " is " + device.uuid() + ": a successor must see the "
+          + "same GPUs in the same order (start it with the running daemon's CUDA_VISIBLE_DEVICES)";
+    }
+    if (DevicePools.deviceOfSegment(state.nextSegmentId()) != device.ordinal()
+        || state.nextSegmentId() < DevicePools.segmentIdBase(device.ordinal())) {
+      return "next segment id " + state.nextSegmentId() + " is outside the device's range";
+    }
+    long reserved = 0;
+    for (SegmentSnapshot s : state.segments()) {
+      reserved += s.bytes();
+      if (s.id() < DevicePools.segmentIdBase(device.ordinal()) || s.id() >= state.nextSegmentId()) {
+        return "segment id " + s.id() + " outside " + DevicePools.segmentIdBase(device.ordinal()) + ".."
+            + (state.nextSegmentId() - 1);
+      }
+    }
+    if (reserved > limitBytes) {
+      return "the pool holds " + reserved + " bytes of segments, over this daemon's budget of " + limitBytes
+          + " bytes (--device-limit-bytes or --device-limit-fraction); what is leased stays leased, so give the new "
+          + "daemon at least that budget";
+    }
+    if (state.sharing().publishedBytes() > publishedLimitBytes) {
+      return "published objects hold " + state.sharing().publishedBytes() + " bytes, over this daemon's "
+          + "published-bytes limit of " + publishedLimitBytes;
+    }
+    for (String name : state.counters().keySet()) {
+      if (counter(name) == null) {
+        return "unknown counter '" + name + "' (a newer daemon's state?)";
+      }
+    }
+    return null;
+  }
+
+  private static PoolMetric counter(String name) {
+    for (PoolMetric m : PoolMetric.values()) {
+      if (m.kind() == PoolMetric.Kind.COUNTER && !PoolSnapshotWriter.KEPT_ELSEWHERE.contains(m)
+          && m.protoField().equals(name)) {
+        return m;
+      }
+    }
+    return null;
+  }
+
+  /** Rebuilds the rooms from the state, with the lock held; {@link PoolInvariants} checks the result. */
+  private static void rebuild(DevicePool pool, PoolSnapshot state, List<SegmentMemory> adopted) {
+    BlockCarver carver = pool.carver;
+    Map<Long, Segment> byId = new HashMap<>();
+    List<SegmentSnapshot> segments = state.segments();
+    for (int i = 0; i < segments.size(); i++) {
+      SegmentSnapshot s = segments.get(i);
+      if (byId.containsKey(s.id())) {
+        throw new IllegalArgumentException("segment " + s.id() + " twice");
+      }
+      Segment segment = rebuildSegment(pool, s, adopted.get(i));
+      byId.put(segment.id, segment);
+    }
+    for (long id : state.idleLru()) {
+      Segment segment = byId.get(id);
+      if (segment == null || segment.state != Segment.State.LIVE || !segment.idle()) {
+        throw new IllegalArgumentException("idle segment " + id + " is not a live, wholly free segment");
+      }
+      carver.restoreIdle(segment);
+    }
+    carver.restorePeak(state.peakLeasedBytes());
+    PoolSnapshot.ClientCache cache = state.clientCache();
+    if (!cache.bytesByHolder().equals(pool.clientCache.byHolder())) {
+      throw new IllegalArgumentException("client-cached bytes by holder " + cache.bytesByHolder()
+          + " != the blocks' " + pool.clientCache.byHolder());
+    }
+    cache.returnAsked().forEach(pool.clientCache::restoreReturnAsked);
+    pool.clientCache.reported(cache.reportedHits(), cache.reportedReturns());
+    state.counters().forEach((name, value) -> pool.counters.add(counter(name), value));
+    PoolSnapshot.Sharing sharing = state.sharing();
+    pool.sharing.restore(sharing.shares(), sharing.liveHolds(), sharing.sharedBlocks(),
+        sharing.publishedObjects(), sharing.publishedBytes());
+    if (state.retentionCapSetAtRuntime()) {
+      pool.eviction.restoreRuntimeCap(Math.min(state.retentionCapBytes(), pool.limitBytes()));
+    }
+  }
+
+  /** One segment and its blocks, with the lock held. */
+  private static Segment rebuildSegment(DevicePool pool, SegmentSnapshot s, SegmentMemory memory) {
+    BlockCarver carver = pool.carver;
+    if (memory.bytes() != s.bytes()) {
+      throw new IllegalArgumentException("segment " + s.id() + ": adopted " + memory.bytes() + " bytes, state says "
+          + s.bytes());
+    }
+    if (s.state() == null) {
+      throw new IllegalArgumentException("segment " + s.id() + " in an unknown state");
+    }
+    boolean live = s.state() == Lifecycle.LIVE;
+    Segment segment = carver.restoreSegment(s.id(), s.ownerKey(), memory, s.small(), live);
+    pool.budget.installed(segment.bytes);
+    for (String mapper : s.mappers()) {
+      pool.holders.mapped(segment, mapper);
+    }
+    if (!live) {
+      // Evicted: wholly free, out of the index, waiting for its mappers.
+      if (!s.blocks().isEmpty() || s.mappers().isEmpty()) {
+        throw new IllegalArgumentException("segment " + s.id() + " awaiting unmap with blocks or without holders");
+      }
+      carver.restoreBlock(segment, null, 0, segment.bytes, true, false);
+      pool.holders.awaitUnmaps(segment);
+      return segment;
+    }
+    Block prev = null;
+    for (BlockSnapshot b : s.blocks()) {
+      if (b.state() == null) {
+        throw new IllegalArgumentException("block at " + b.offset() + " of segment " + s.id() + " in an unknown state");
+      }
+      if ((b.state() == BlockKind.CLIENT_CACHED) == b.cachedBy().isEmpty()) {
+        throw new IllegalArgumentException("block at " + b.offset() + " of segment " + s.id() + " in state "
+            + b.state() + " cached by '" + b.cachedBy() + "'");
+      }
+      prev = carver.restoreBlock(segment, prev, b.offset(), b.size(), b.state() == BlockKind.FREE, true);
+      if (b.state() == BlockKind.CLIENT_CACHED) {
+        pool.clientCache.cached(prev, b.cachedBy());
+      }
+    }
+    if (segment.head == null) {
+      throw new IllegalArgumentException("live segment " + s.id() + " without blocks");
+    }
+    return segment;
+  }
+
+  private static void closeAll(int[] descriptors, Set<Integer> indexes) {
+    for (int index : new HashSet<>(indexes)) {
+      try {
+        SegmentDescriptor.ofNative(descriptors[index], false).close();
+      } catch (IOException | RuntimeException e) {
+        log.error("Cannot close received descriptor {}: {}", descriptors[index], e.toString());
+      }
+    }
+    indexes.clear();
+  }
+
+  static void relinquishQuietly(MemoryBackend backend, SegmentMemory memory) {
+    try {
+      backend.relinquish(memory);
+    } catch (RuntimeException e) {
+      log.error("Cannot drop this daemon's references to {}: {}", memory, e.toString());
+    }
+  }
+}

@@ -1,0 +1,203 @@
+package io.gpumemd.server.takeover;
+
+import io.gpumemd.proto.takeover.v1.Hello;
+import io.gpumemd.proto.takeover.v1.PoolState;
+import io.gpumemd.proto.takeover.v1.SegmentState;
+import io.gpumemd.proto.takeover.v1.SessionsState;
+import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.SnapshotRefusedException;
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionsSnapshot;
+import java.io.IOException;
+import java.util.List;
+import java.util.function.IntConsumer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Between the daemon and the take-over protocol: what the successor says of itself ({@link
+ * #request}), whether the running daemon's state fits it ({@link #refusal}), the state out of
+ * the pools and the registry (their snapshots, put on the wire by {@link PoolStates} and {@link
+ * SessionsStates}: {@link #export}) and back into the successor's new ones ({@link
+ * #restorePools}, {@link #restoreSessions}). Stateless.
+ */
+public final class TakeOverState {
+  private static final Logger log = LoggerFactory.getLogger(TakeOverState.class);
+
+  private TakeOverState() {}
+
+  /**
+   * A daemon as the running daemon that {@link HandOver} hands over to a successor: the refusal
+   * rules and the export below, over its backend, pools and registry.
+   *
+   * @param handedOver stops the daemon for good once a successor took its state (the pid)
+   */
+  public record RunningDaemon(MemoryBackend backend, DevicePools pools, SessionRegistry registry,
+      IntConsumer handedOver) implements HandOver.Daemon {
+    @Override
+    public String refusal(Hello hello) {
+      return TakeOverState.refusal(hello, backend, pools, registry);
+    }
+
+    @Override
+    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
+      return TakeOverState.export(pools, registry, descriptors);
+    }
+
+    @Override
+    public void handedOver(int successorPid) {
+      handedOver.accept(successorPid);
+    }
+  }
+
+  /** How a backend hands segments to clients, which a successor must match. */
+  static String handles(MemoryBackend backend) {
+    return backend.name() + (backend.passesDescriptors() ? "/descriptors" : "/handles");
+  }
+
+  /**
+   * Asks the running daemon for its state (this daemon's backend can hold one: checked before).
+   *
+   * @return the state, or null to start fresh
+   */
+  public static TakeOver request(ServerConfig config, MemoryBackend backend, String version) throws IOException {
+    Hello.Builder hello = Hello.newBuilder().setVersion(version).setBackend(backend.name())
+        .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
+    for (DeviceInfo device : backend.devices()) {
+      hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
+      hello.addDeviceUuids(device.uuid());
+    }
+    return TakeOver.request(config.takeOver().socket(), hello.build());
+  }
+
+  /** Null when a successor that says {@code hello} can hold this daemon's state; else why not. */
+  public static String refusal(Hello hello, MemoryBackend backend, DevicePools pools, SessionRegistry registry) {
+    if (!hello.getBackend().equals(backend.name())) {
+      return "the successor runs the " + hello.getBackend() + " backend and this daemon the " + backend.name()
+          + " backend (start it with --backend " + backend.name() + ")";
+    }
+    String own = backend.takeOverRefusal();
+    if (own != null) {
+      return own;
+    }
+    if (!hello.getHandles().equals(handles(backend))) {
+      return "the successor hands segments out as " + hello.getHandles() + " and this daemon as " + handles(backend)
+          + " (give it the same --host-segments / --cuda-handles)";
+    }
+    if (hello.getLimitBytesCount() != pools.size()) {
+      return "the successor serves " + hello.getLimitBytesCount() + " device(s) and this daemon " + pools.size();
+    }
+    if (backend.devicesMatchByUuid()) {
+      String mismatch = deviceMismatch(backend.devices(), hello.getDeviceUuidsList());
+      if (mismatch != null) {
+        return mismatch;
+      }
+    }
+    if (registry.draining()) {
+      return "this daemon is shutting down";
+    }
+    return pools.restoreRefusal(hello.getLimitBytesList());
+  }
+
+  /**
+   * Why a successor whose devices are {@code successorUuids} (by ordinal) cannot take over these
+   * devices, or null when its device n is this daemon's device n, UUID for UUID. Memory of one
+   * GPU is never adopted as another's: a successor that sees the same GPUs in another order is
+   * refused too (sessions, leases and segment ids name devices by ordinal, and clients mapped
+   * them by the UUID they were told at OpenSession).
+   */
+  static String deviceMismatch(List<DeviceInfo> own, List<String> successorUuids) {
+    if (successorUuids.size() != own.size()) {
+      return "the successor names " + successorUuids.size() + " device UUID(s) for " + own.size() + " device(s) "
+          + "(expected: one per device, as every gpumemd of this version sends)";
+    }
+    for (DeviceInfo d : own) {
+      String theirs = successorUuids.get(d.ordinal());
+      if (!d.uuid().equalsIgnoreCase(theirs)) {
+        int at = -1;
+        for (int i = 0; i < successorUuids.size(); i++) {
+          if (d.uuid().equalsIgnoreCase(successorUuids.get(i))) {
+            at = i;
+          }
+        }
+        return "device " + d.ordinal() + " is " + d.uuid() + " here and " + theirs + " in the successor ("
+            + (at < 0 ? "which does not see " + d.uuid() + " at all" : "which sees " + d.uuid() + " as its device " + at)
+            + "): a successor must see the same GPUs in the same order (start it with this daemon's "
+            + "CUDA_VISIBLE_DEVICES), else one GPU's memory would be served as another's";
+      }
+    }
+    return null;
+  }
+
+  /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
+  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
+      throws TakeOverRefusedException {
+    if (registry.draining()) {
+      throw new TakeOverRefusedException("this daemon is shutting down");
+    }
+    State.Builder state = State.newBuilder();
+    try {
+      pools.snapshots(d -> {
+        descriptors.add(d);
+        return descriptors.size() - 1;
+      }).forEach(p -> state.addPools(PoolStates.toProto(p)));
+    } catch (SnapshotRefusedException e) {
+      throw new TakeOverRefusedException(e.getMessage(), e);
+    }
+    try {
+      state.setSessions(SessionsStates.toProto(registry.snapshot()));
+    } catch (IllegalStateException e) {
+      throw new TakeOverRefusedException(e.getMessage(), e);
+    }
+    return state.build();
+  }
+
+  /**
+   * Rebuilds the running daemon's pools in the successor's new ones; they take every descriptor the
+   * state names (whether they succeed or not), which the take-over then no longer closes.
+   */
+  public static void restorePools(TakeOver takeOver, DevicePools pools) {
+    List<PoolState> states = takeOver.state().getPoolsList();
+    int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
+    takeOver.consumed(states.stream().flatMap(p -> p.getSegmentsList().stream())
+        .mapToInt(SegmentState::getDescriptorIndex).toArray());
+    try {
+      pools.restore(states.stream().map(PoolStates::fromProto).toList(), fds);
+    } catch (SnapshotRefusedException e) {
+      throw new IllegalStateException(e.getMessage(), e);
+    }
+  }
+
+  /**
+   * Rebuilds the running daemon's sessions in the successor's fresh registry, over pools already
+   * restored ({@link #restorePools}), and says what came back: one INFO line, and one WARN when
+   * restored usage is over this daemon's quotas (it stays; new leases are refused).
+   *
+   * @throws IllegalStateException when the state does not fit (see {@link SessionRegistry#restore})
+   */
+  public static void restoreSessions(TakeOver takeOver, SessionRegistry registry) {
+    restoreSessions(takeOver.state().getSessions(), registry);
+  }
+
+  public static void restoreSessions(SessionsState state, SessionRegistry registry) {
+    SessionsSnapshot.Restored r = registry.restore(SessionsStates.fromProto(state));
+    if (r.overQuota() > 0) {
+      log.warn("Take-over: restored usage is over this daemon's quotas for {} sessions or tenants ({}{}); their "
+          + "leases stay, and new leases are refused until they fall below (flags --quota-max-*, --tenant-max-*)",
+          r.overQuota(), String.join("; ", r.overQuotaNamed()),
+          r.overQuota() > r.overQuotaNamed().size() ? "; and " + (r.overQuota() - r.overQuotaNamed().size()) + " more"
+              : "");
+    }
+    log.atInfo().addKeyValue("sessions", r.sessions()).addKeyValue("leases", r.leases())
+        .log("Take-over: restored {} sessions, {} leases and holds, {} shared blocks, {} share tokens, {} published "
+            + "names; lease sequence continues after {}{}", r.sessions(), r.leases(), r.sharedBlocks(), r.tokens(),
+            r.objects(), r.lastSequence(), r.cappedTtls() + r.cappedAllowances() == 0 ? ""
+                : "; capped to this daemon's configuration: " + r.cappedTtls() + " TTLs (--max-ttl), "
+                    + r.cappedAllowances() + " client cache allowances (--client-cache-bytes)");
+  }
+}
