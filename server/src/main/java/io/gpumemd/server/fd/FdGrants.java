@@ -1,5 +1,6 @@
 package io.gpumemd.server.fd;
 
+import io.gpumemd.common.unix.ErrnoCalls;
 import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdRefusal;
 import io.gpumemd.proto.v1.FdReply;
@@ -29,6 +30,9 @@ import java.io.UncheckedIOException;
  * <p>Stateless; thread-safe as the {@link SessionRegistry} is.
  */
 public final class FdGrants {
+  private static final int ENFILE = 23;
+  private static final int EMFILE = 24;
+
   private final SessionRegistry registry;
   private final DescriptorPins pins;
 
@@ -79,8 +83,9 @@ public final class FdGrants {
       // A CUDA VMM export: the backend found out which resource ran out and says so.
       throw new ExhaustedException(e.getMessage());
     } catch (IOException e) {
-      // A host segment's open(2) through /proc/self/fd says EMFILE in Java's own words.
-      if (String.valueOf(e.getMessage()).contains("Too many open files")) {
+      // A host segment's open(2) through /proc/self/fd: EMFILE (the process's limit) or ENFILE.
+      if (e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == EMFILE || errno.errno() == ENFILE)
+          || String.valueOf(e.getMessage()).contains("Too many open files")) {
         // The daemon's own limit, not a failure to log with a trace on every request.
         throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "
             + "which must exceed its live segments and connections); retry later");

@@ -1,5 +1,6 @@
 package io.gpumemd.server.backend.host;
 
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.server.backend.DescriptorSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentDescriptor;
@@ -73,11 +74,12 @@ final class HostFdSegment implements DescriptorSegment {
     if (closed) {
       return null;
     }
-    RandomAccessFile opened = new RandomAccessFile("/proc/self/fd/" + number, readOnly ? "r" : "rw");
+    // open(2) itself, not a Java file: no JVM object, no reflection to read the number back
+    int opened = Descriptors.open("/proc/self/fd/" + number, readOnly);
     try {
-      return new SegmentDescriptor(opened, DescriptorNumbers.of(opened.getFD()), readOnly);
-    } catch (RuntimeException e) {
-      opened.close();
+      return SegmentDescriptor.ofNative(opened, readOnly);
+    } catch (IOException | RuntimeException e) {
+      Descriptors.closeQuietly(opened);
       throw e;
     }
   }
