@@ -33,7 +33,7 @@ import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.gpumemd.server.takeover.TakeOver;
 import io.gpumemd.server.pool.TakeOverRefusedException;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.State;
 import io.grpc.ServerServiceDefinition;
@@ -353,7 +353,7 @@ public final class GpumemdServer {
     }
 
     @Override
-    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
+    public State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException {
       return TakeOverState.export(pools, registry, descriptors);
     }
 

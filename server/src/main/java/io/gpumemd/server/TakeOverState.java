@@ -5,7 +5,7 @@ import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
@@ -103,7 +103,7 @@ final class TakeOverState {
   }
 
   /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
-  static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
+  static State export(DevicePools pools, SessionRegistry registry, List<SegmentFd> descriptors)
       throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");

@@ -6,8 +6,8 @@ import io.gpumemd.proto.v1.FdRefusal;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -47,13 +47,13 @@ public final class FdGrants {
   }
 
   /** A reply, and the descriptor to send with it (null for a refusal); the sender closes it. */
-  record Answer(FdReply reply, SegmentDescriptor descriptor) {}
+  record Answer(FdReply reply, SegmentFd descriptor) {}
 
   /** The answer to one request of {@code peer}. Never throws. */
   Answer answer(Caller peer, FdRequest request) {
     try {
       SegmentHolding holding = registry.holding(peer, request.getSessionId(), request.getSegmentId());
-      if (!(holding.memory() instanceof DescriptorSegment segment)) {
+      if (!(holding.memory() instanceof FdPassedSegment segment)) {
         throw new ConflictException("segment " + request.getSegmentId() + " is not passed by descriptor: map it by "
             + "the MemoryHandle of its lease (host_shm_path or cuda_ipc_handle)");
       }
@@ -61,7 +61,7 @@ public final class FdGrants {
       // Before a descriptor exists: from here on the process may map the segment for good, and
       // a segment with a holder is not freed, so the descriptor opened next is of a counted one.
       pins.granted(peer, request.getSessionId(), request.getSegmentId());
-      SegmentDescriptor descriptor = open(segment, readOnly);
+      SegmentFd descriptor = open(segment, readOnly);
       if (descriptor == null) {
         throw new NotFoundException("segment " + request.getSegmentId() + " was freed");
       }
@@ -76,7 +76,7 @@ public final class FdGrants {
     }
   }
 
-  private static SegmentDescriptor open(DescriptorSegment segment, boolean readOnly) {
+  private static SegmentFd open(FdPassedSegment segment, boolean readOnly) {
     try {
       return segment.open(readOnly);
     } catch (io.gpumemd.server.backend.DescriptorExhaustedException e) {

@@ -557,7 +557,7 @@ public final class DevicePool implements AutoCloseable {
    *     completion events, allocations or frees are under way, a segment has no descriptor, or
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
-  public io.gpumemd.proto.takeover.v1.PoolState exportState(SegmentDescriptors sink) throws TakeOverRefusedException {
+  public io.gpumemd.proto.takeover.v1.PoolState exportState(SegmentFdSink sink) throws TakeOverRefusedException {
     return PoolTransfer.export(this, sink);
   }
 

@@ -111,7 +111,7 @@ public final class DevicePools implements AutoCloseable {
    * @throws TakeOverRefusedException when any pool cannot be handed over (descriptors already in
    *     the sink stay the sink's)
    */
-  public List<io.gpumemd.proto.takeover.v1.PoolState> exportStates(SegmentDescriptors sink)
+  public List<io.gpumemd.proto.takeover.v1.PoolState> exportStates(SegmentFdSink sink)
       throws TakeOverRefusedException {
     List<io.gpumemd.proto.takeover.v1.PoolState> states = new java.util.ArrayList<>(pools.size());
     for (DevicePool pool : pools) {
@@ -146,7 +146,7 @@ public final class DevicePools implements AutoCloseable {
         for (var s : states.get(d).getSegmentsList()) {
           if (s.getDescriptorIndex() < descriptors.length) {
             try {
-              io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.getDescriptorIndex()], false).close();
+              io.gpumemd.server.backend.SegmentFd.ofNative(descriptors[s.getDescriptorIndex()], false).close();
             } catch (java.io.IOException | RuntimeException ignored) {
               // not a descriptor at all: nothing to close
             }

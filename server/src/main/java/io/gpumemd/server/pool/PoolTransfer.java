@@ -6,10 +6,10 @@ import io.gpumemd.proto.takeover.v1.ClientCacheState;
 import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.proto.takeover.v1.SharingState;
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import java.io.IOException;
 import java.util.ArrayList;
@@ -50,7 +50,7 @@ final class PoolTransfer {
   // ---------------------------------------------------------------------------------- export
 
   /** See {@link DevicePool#exportState}. */
-  static PoolState export(DevicePool pool, SegmentDescriptors sink) throws TakeOverRefusedException {
+  static PoolState export(DevicePool pool, SegmentFdSink sink) throws TakeOverRefusedException {
     int device = pool.device().ordinal();
     String backendRefusal = pool.backend.takeOverRefusal();
     if (backendRefusal != null) {
@@ -77,7 +77,7 @@ final class PoolTransfer {
       segments.addAll(pool.carver.live.values());
       segments.addAll(pool.holders.awaitingUnmap());
       for (Segment s : segments) {
-        if (!(s.memory instanceof DescriptorSegment)) {
+        if (!(s.memory instanceof FdPassedSegment)) {
           throw new TakeOverRefusedException("device " + device + ": segment " + s.id + " (" + s.memory
               + ") cannot be passed as a descriptor");
         }
@@ -117,9 +117,9 @@ final class PoolTransfer {
     // Outside the lock, like every backend call; the closed gate keeps the segments where they are.
     for (int i = 0; i < segments.size(); i++) {
       Segment s = segments.get(i);
-      SegmentDescriptor descriptor;
+      SegmentFd descriptor;
       try {
-        descriptor = ((DescriptorSegment) s.memory).open(false);
+        descriptor = ((FdPassedSegment) s.memory).open(false);
       } catch (IOException e) {
         throw new TakeOverRefusedException("device " + device + ": cannot open a descriptor of segment " + s.id
             + ": " + e.getMessage(), e);
@@ -377,7 +377,7 @@ final class PoolTransfer {
   private static void closeAll(int[] descriptors, Set<Integer> indexes) {
     for (int index : new HashSet<>(indexes)) {
       try {
-        SegmentDescriptor.ofNative(descriptors[index], false).close();
+        SegmentFd.ofNative(descriptors[index], false).close();
       } catch (IOException | RuntimeException e) {
         log.error("Cannot close received descriptor {}: {}", descriptors[index], e.toString());
       }

@@ -6,7 +6,7 @@ import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.pool.TakeOverRefusedException;
 import java.io.EOFException;
 import java.io.IOException;
@@ -69,7 +69,7 @@ public final class HandOver implements AutoCloseable {
      * The state, with the gate closed; adds one descriptor per segment to {@code descriptors}
      * (copies the caller closes once sent, or refused).
      */
-    State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException;
+    State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException;
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);
@@ -225,7 +225,7 @@ public final class HandOver implements AutoCloseable {
       refuse(channel, reason);
       return;
     }
-    List<SegmentDescriptor> descriptors = new ArrayList<>();
+    List<SegmentFd> descriptors = new ArrayList<>();
     try {
       State state;
       try {
@@ -243,7 +243,7 @@ public final class HandOver implements AutoCloseable {
       }
       // One bound for the whole rest, however the successor paces its reads and its answer.
       channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ANSWER_MILLIS));
-      List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
+      List<Integer> fds = descriptors.stream().map(SegmentFd::number).toList();
       channel.sendFds(fds);
       channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
@@ -255,7 +255,7 @@ public final class HandOver implements AutoCloseable {
       log.warn("Take-over by pid {} failed while sending the state ({}); serving on", peer[0], e.getMessage());
       return;
     } finally {
-      for (SegmentDescriptor d : descriptors) {
+      for (SegmentFd d : descriptors) {
         try {
           d.close();
         } catch (IOException e) {

@@ -18,7 +18,7 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * number, so that it is closed exactly once. No transport's type is in it: whoever sends it
  * takes the number. {@link #close} is idempotent and thread-safe.
  */
-public final class SegmentDescriptor implements Closeable {
+public final class SegmentFd implements Closeable {
   private final Closeable owner;
   private final int number;
   private final boolean readOnly;
@@ -27,11 +27,11 @@ public final class SegmentDescriptor implements Closeable {
    * @param file the open file that owns the descriptor
    * @param number its descriptor number in this process
    */
-  public SegmentDescriptor(RandomAccessFile file, int number, boolean readOnly) {
+  public SegmentFd(RandomAccessFile file, int number, boolean readOnly) {
     this((Closeable) file, number, readOnly);
   }
 
-  private SegmentDescriptor(Closeable owner, int number, boolean readOnly) {
+  private SegmentFd(Closeable owner, int number, boolean readOnly) {
     this.owner = owner;
     this.number = number;
     this.readOnly = readOnly;
@@ -46,12 +46,12 @@ public final class SegmentDescriptor implements Closeable {
    * @throws IOException kept for callers that close the number themselves when owning it fails;
    *     this implementation only refuses a negative number (IllegalArgumentException)
    */
-  public static SegmentDescriptor ofNative(int number, boolean readOnly) throws IOException {
+  public static SegmentFd ofNative(int number, boolean readOnly) throws IOException {
     if (number < 0) {
       throw new IllegalArgumentException("descriptor: " + number + " (expected: >= 0)");
     }
     AtomicBoolean open = new AtomicBoolean(true);
-    return new SegmentDescriptor(() -> {
+    return new SegmentFd(() -> {
       if (open.getAndSet(false)) {
         Descriptors.close(number);
       }
