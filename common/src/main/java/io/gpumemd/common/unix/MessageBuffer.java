@@ -83,7 +83,8 @@ public final class MessageBuffer implements AutoCloseable {
 
   /**
    * Sends all of {@code bytes[offset, offset + length)} (at most {@link #capacity()}), with
-   * {@code fds} (at most {@code maxFds}, none when empty) attached to the first byte sent.
+   * {@code fds} (at most {@code maxFds}, none when empty) attached to the first byte sent; no
+   * bytes, nothing sent (descriptors travel only with a byte).
    *
    * @param beforeEach run before each {@code sendmsg} (a deadline's check), or null
    */
@@ -97,7 +98,7 @@ public final class MessageBuffer implements AutoCloseable {
     int sent = 0;
     boolean withFds = !fds.isEmpty();
     try {
-      do {
+      while (sent < length) {
         int controlLength = withFds ? CMSG_HEADER + 4 * fds.size() : 0;
         header(sent, length - sent, controlLength == 0 ? 0 : controlBytes);
         if (withFds) {
@@ -114,7 +115,7 @@ public final class MessageBuffer implements AutoCloseable {
         }
         sent += (int) retryOnInterrupt(() -> Libc.sendmsg(fd, block, Libc.MSG_NOSIGNAL));
         withFds = false; // the descriptors went with the first byte sent
-      } while (sent < length);
+      }
     } finally {
       java.lang.ref.Reference.reachabilityFence(block);
     }

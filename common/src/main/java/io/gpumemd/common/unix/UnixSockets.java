@@ -20,7 +20,7 @@ import java.util.List;
 /**
  * Blocking Unix stream sockets that pass descriptors, the calls the JDK lacks: connect and
  * listen by path, send and receive with {@code SCM_RIGHTS} ({@link MessageBuffer}), the peer's
- * credentials ({@code SO_PEERCRED}), what the peer has not read yet ({@code SIOCOUTQ}), timeouts
+ * credentials ({@code SO_PEERCRED}), whether the peer has read everything ({@code SIOCOUTQ}), timeouts
  * and shutdown. What the client's fd channel, the daemon's fd channel and the take-over share; a
  * failed call is an {@link ErrnoCalls.ErrnoException} carrying its errno.
  *
@@ -128,10 +128,11 @@ public final class UnixSockets {
   }
 
   /**
-   * The bytes sent on {@code fd} that its peer has not read yet ({@code SIOCOUTQ}; on a Unix
-   * stream socket what waits in the peer's receive queue, none once the peer closed its socket).
+   * What the kernel still holds of the sends on {@code fd} ({@code SIOCOUTQ}): on a Unix stream
+   * socket the memory of the messages waiting unread in the peer's queue (their buffers' size,
+   * not a byte count), 0 once the peer has read everything or closed its socket.
    */
-  public static int unreadBytes(int fd) throws IOException {
+  public static int queuedForPeer(int fd) throws IOException {
     check();
     int[] queued = new int[1];
     call(() -> Libc.ioctl(fd, Libc.SIOCOUTQ, queued));

@@ -67,7 +67,7 @@ final class ConnectionEnd extends ChannelDuplexHandler {
       return false;
     }
     try {
-      return UnixSockets.unreadBytes(socket.fd().intValue()) == 0;
+      return UnixSockets.queuedForPeer(socket.fd().intValue()) == 0;
     } catch (IOException | LinkageError | RuntimeException e) {
       return false; // the kernel did not say: assume the worst
     }
