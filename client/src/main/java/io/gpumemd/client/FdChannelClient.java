@@ -5,11 +5,17 @@ import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.grpc.Status;
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.common.unix.ErrnoCalls;
+import io.gpumemd.common.unix.MessageBuffer;
+import io.gpumemd.common.unix.UnixSockets;
+import io.gpumemd.common.unix.UnsupportedPlatformException;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Arrays;
+import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import org.slf4j.Logger;
@@ -29,9 +35,12 @@ import org.slf4j.LoggerFactory;
  * the gRPC socket's path with {@code ".fd"} appended.
  *
  * <p>Every wait is bounded by the timeout: connecting, sending, each read of a reply, and the
- * wait for another thread's fetch. Frames are read with reads of exactly their length, so that
- * only {@code recvmsg} takes the byte after a granted reply (a plain read of it would make the
- * kernel close the descriptor it carries).
+ * wait for another thread's fetch. A reply is read with {@code recvmsg} that always has room for
+ * a descriptor ({@link MessageBuffer}), so the byte after a granted reply may come in the same
+ * read as its frame (a plain read of that byte would make the kernel close the descriptor it
+ * carries): the daemon sends nothing but the reply to the one request outstanding, so a
+ * round trip is one send and, most often, one receive. The connection's native buffer is made
+ * when it opens and freed when it closes: a fetch allocates no native memory.
  *
  * <p>Thread-safe: one fetch at a time on the connection ({@code lock}); {@link #close()} from
  * any thread also ends a fetch blocked in a read (shutdown of the socket, under {@code
@@ -42,6 +51,10 @@ public final class FdChannelClient implements AutoCloseable {
   /** An FdReply is under 300 bytes; a longer frame is not the daemon. */
   static final int MAX_REPLY_BYTES = 1 << 16;
   static final long DEFAULT_TIMEOUT_MS = 10_000;
+  /** Room for a reply (an FdReply is under 300 bytes) and the byte carrying its descriptor, in one read. */
+  private static final int REPLY_BUFFER = 1024;
+  /** What {@link #inode} answers for a path where no socket file is. */
+  private static final Object NO_FILE = "none";
 
   private final String ownSocket;
   private final long timeoutMillis;
@@ -52,6 +65,8 @@ public final class FdChannelClient implements AutoCloseable {
   private String path; // the connected socket's path; guarded by lock
   private Object socketFile; // the inode of the socket file when connected; guarded by lock
   private int socket = -1; // guarded by lock for use, by socketLock for close and shutdown
+  private MessageBuffer buffer; // the connection's; guarded by lock
+  private byte[] received = new byte[REPLY_BUFFER]; // guarded by lock
   private volatile boolean closed;
   private volatile long fetched;
 
@@ -100,14 +115,24 @@ public final class FdChannelClient implements AutoCloseable {
   private ReceivedDescriptor fetchAt(String fdSocket, String sessionId, long segmentId, boolean readOnly) {
     acquireLock(segmentId);
     try {
+      Object file = null; // the socket file at defaultPath, once looked up (one stat a fetch)
       if (fdSocket != null && !fdSocket.isEmpty()) {
-        defaultPath = socketPath(ownSocket, fdSocket);
+        Object named = inode(fdSocket);
+        if (ownSocket == null || named != NO_FILE) { // socketPath's rule, with the stat done once
+          defaultPath = fdSocket;
+          file = named;
+        } else {
+          defaultPath = socketPath(ownSocket, fdSocket);
+        }
       }
       if (defaultPath == null) {
         throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + segmentId + " is passed by "
             + "descriptor, and this client (a TCP target) knows no fd channel to fetch it from", null);
       }
-      if (!defaultPath.equals(path) || (socket >= 0 && !socketFile.equals(inode(defaultPath)))) {
+      if (file == null) {
+        file = inode(defaultPath);
+      }
+      if (!defaultPath.equals(path) || (socket >= 0 && !socketFile.equals(file))) {
         // another socket, or the same path bound anew (a restarted daemon): the old connection
         // may linger half-open (a daemon that stopped without closing it), never answering
         drop();
@@ -119,15 +144,15 @@ public final class FdChannelClient implements AutoCloseable {
         long requestId = nextRequestId++;
         try {
           if (socket < 0) {
-            Object file = inode(defaultPath);
-            int fd = Libc.connectUnix(defaultPath, timeoutMillis);
-            socketFile = file;
-            synchronized (socketLock) {
-              socket = fd;
-              path = defaultPath;
-            }
+            connect(file);
+            file = null; // looked up before this connection: a second attempt looks again
           }
-          Libc.sendAll(socket, frame(requestId, sessionId, segmentId, readOnly));
+          byte[] request = frame(requestId, sessionId, segmentId, readOnly);
+          if (request.length <= buffer.capacity()) {
+            buffer.sendAll(socket, request, 0, request.length, List.of(), null);
+          } else {
+            UnixSockets.send(socket, request, List.of()); // a session id of hundreds of bytes
+          }
           return receive(requestId, segmentId);
         } catch (IOException e) {
           drop();
@@ -148,12 +173,38 @@ public final class FdChannelClient implements AutoCloseable {
     }
   }
 
-  /** The inode of the socket file at {@code path}, or a marker when there is none. */
+  /** Opens the connection to {@code defaultPath}, whose socket file was {@code file} (null: look it up). */
+  private void connect(Object file) throws IOException {
+    if (file == null) {
+      file = inode(defaultPath);
+    }
+    int fd;
+    try {
+      fd = UnixSockets.connect(defaultPath, timeoutMillis);
+    } catch (UnsupportedPlatformException e) {
+      throw new GpuMemException(Status.Code.UNIMPLEMENTED, "segments passed as file descriptors "
+          + "(--host-segments fd) are mapped on 64-bit Linux only; this is " + System.getProperty("os.name")
+          + " " + System.getProperty("os.arch") + " (ask the operator for --host-segments path)", null);
+    }
+    try {
+      buffer = new MessageBuffer(REPLY_BUFFER, 1);
+    } catch (IOException | RuntimeException e) {
+      Descriptors.closeQuietly(fd);
+      throw e;
+    }
+    socketFile = file;
+    synchronized (socketLock) {
+      socket = fd;
+      path = defaultPath;
+    }
+  }
+
+  /** The inode of the socket file at {@code path}, or {@link #NO_FILE} when there is none. */
   private static Object inode(String path) {
     try {
       return Files.getAttribute(Path.of(path), "unix:ino");
     } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
-      return "none"; // the connect that follows says why
+      return NO_FILE; // the connect that follows says why
     }
   }
 
@@ -176,30 +227,69 @@ public final class FdChannelClient implements AutoCloseable {
     return ByteBuffer.allocate(4 + body.length).putInt(body.length).put(body).array();
   }
 
-  /** One reply: its frame (read exactly), then for a grant the byte carrying the descriptor. */
+  /**
+   * One reply: its frame, then for a grant the byte carrying the descriptor, read as they come
+   * (one {@code recvmsg} when both are there), never past the reply.
+   */
   private ReceivedDescriptor receive(long requestId, long segmentId) throws IOException {
-    int length = ByteBuffer.wrap(Libc.receiveExactly(socket, 4)).getInt();
-    if (length < 0 || length > MAX_REPLY_BYTES) {
-      throw new IOException("a reply frame of " + Integer.toUnsignedString(length) + " bytes");
-    }
-    FdReply reply;
+    int[] fds = {-1, -1}; // the descriptor, and whether more came (a daemon out of step)
+    int have = 0;
+    int frameEnd = -1; // after the frame: where the descriptor's byte is
+    FdReply reply = null;
     try {
-      reply = FdReply.parseFrom(Libc.receiveExactly(socket, length));
-    } catch (InvalidProtocolBufferException e) {
-      throw new IOException("a reply that is not an FdReply: " + e.getMessage());
-    }
-    if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+      while (true) {
+        if (frameEnd < 0 && have >= 4) {
+          int length = ByteBuffer.wrap(received, 0, 4).getInt();
+          if (length < 0 || length > MAX_REPLY_BYTES) {
+            throw new IOException("a reply frame of " + Integer.toUnsignedString(length) + " bytes");
+          }
+          frameEnd = 4 + length;
+          if (received.length < frameEnd + 1) {
+            received = Arrays.copyOf(received, frameEnd + 1);
+          }
+        }
+        if (reply == null && frameEnd >= 0 && have >= frameEnd) {
+          try {
+            reply = FdReply.parseFrom(ByteBuffer.wrap(received, 4, frameEnd - 4));
+          } catch (InvalidProtocolBufferException e) {
+            throw new IOException("a reply that is not an FdReply: " + e.getMessage());
+          }
+          if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+            if (have > frameEnd || fds[0] >= 0) {
+              drop(); // bytes or a descriptor after a refusal: out of step with the daemon
+            }
+            check(reply, requestId, segmentId);
+            throw new GpuMemException(Status.fromCodeValue(reply.getRefused().getCode()).getCode(),
+                reply.getRefused().getMessage(), null);
+          }
+        }
+        if (reply != null && have > frameEnd) {
+          break; // the byte after a granted reply's frame: the one that carries its descriptor
+        }
+        int want = (frameEnd < 0 ? Math.min(received.length, 4 + MAX_REPLY_BYTES) : frameEnd + 1) - have;
+        int got = buffer.receive(socket, received, have, want, n -> {
+          if (fds[0] < 0) {
+            fds[0] = n;
+          } else {
+            fds[1] = 0;
+            Descriptors.closeQuietly(n);
+          }
+        });
+        if (got == 0) {
+          throw new IOException(reply == null ? "the daemon closed the fd channel in the middle of a reply"
+              : "the daemon closed the fd channel before the descriptor of a granted reply");
+        }
+        have += got;
+      }
+      if (fds[0] < 0 || fds[1] >= 0 || have != frameEnd + 1) {
+        throw new IOException("the daemon's granted reply came without its descriptor");
+      }
       check(reply, requestId, segmentId);
-      throw new GpuMemException(Status.fromCodeValue(reply.getRefused().getCode()).getCode(),
-          reply.getRefused().getMessage(), null);
-    }
-    int fd = Libc.receiveDescriptor(socket);
-    try {
-      check(reply, requestId, segmentId);
-    } catch (RuntimeException e) {
-      Libc.closeQuietly(fd);
+    } catch (IOException | RuntimeException e) {
+      Descriptors.closeQuietly(fds[0]);
       throw e;
     }
+    int fd = fds[0];
     FdGrant grant = reply.getGranted();
     fetched++;
     return new ReceivedDescriptor(fd, segmentId, grant.getSegmentBytes(), grant.getReadOnly());
@@ -237,7 +327,7 @@ public final class FdChannelClient implements AutoCloseable {
   void breakForTest() {
     synchronized (socketLock) {
       if (socket >= 0) {
-        Libc.shutdownQuietly(socket);
+        UnixSockets.shutdownQuietly(socket);
       }
     }
   }
@@ -245,10 +335,14 @@ public final class FdChannelClient implements AutoCloseable {
   private void drop() {
     synchronized (socketLock) {
       if (socket >= 0) {
-        Libc.closeQuietly(socket);
+        Descriptors.closeQuietly(socket);
         socket = -1;
         path = null;
       }
+    }
+    if (buffer != null) {
+      buffer.close();
+      buffer = null;
     }
   }
 
@@ -258,7 +352,7 @@ public final class FdChannelClient implements AutoCloseable {
     closed = true;
     synchronized (socketLock) {
       if (socket >= 0) {
-        Libc.shutdownQuietly(socket); // the fetching thread, if any, closes it
+        UnixSockets.shutdownQuietly(socket); // the fetching thread, if any, closes it
       }
     }
     if (lock.tryLock()) {

@@ -1,6 +1,7 @@
 package io.gpumemd.client;
 
 import com.sun.jna.Pointer;
+import io.gpumemd.common.unix.Descriptors;
 import java.io.IOException;
 import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
@@ -19,8 +20,8 @@ import java.nio.file.StandardOpenOption;
  * read-only grant's descriptor is O_RDONLY and mapped PROT_READ, so not even this process's
  * native code could write through it).
  *
- * <p>Nothing is mapped before the file's real size (its {@code fstat}) is checked against the
- * segment_bytes the daemon gave ({@link ReplyCheck#segmentSize}): a mapping longer than its file
+ * <p>Nothing is mapped before the file's real size (its {@code fstat}, or the descriptor's {@code
+ * lseek} to its end) is checked against the segment_bytes the daemon gave ({@link ReplyCheck#segmentSize}): a mapping longer than its file
  * faults (SIGBUS) where it is touched past the end, and a writable map of a path would grow the
  * daemon's file.
  *
@@ -78,7 +79,7 @@ final class HostMapping implements SegmentMapping {
     // own size must be what the grant says, before anything is mapped.
     long actual;
     try {
-      actual = Libc.fileSize(descriptor.number());
+      actual = Descriptors.size(descriptor.number());
     } catch (IOException e) {
       throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot fstat the descriptor of segment "
           + Long.toUnsignedString(descriptor.segmentId()) + ": " + e.getMessage(), e);
@@ -87,7 +88,7 @@ final class HostMapping implements SegmentMapping {
         actual, "the fd channel's grant", bytes);
     Pointer address;
     try {
-      address = Libc.mapShared(descriptor.number(), bytes, descriptor.readOnly());
+      address = Descriptors.mapShared(descriptor.number(), bytes, descriptor.readOnly());
     } catch (IOException e) {
       throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot map the descriptor of segment "
           + descriptor.segmentId() + " (" + bytes + " bytes" + (descriptor.readOnly() ? ", read-only" : "")
@@ -95,7 +96,7 @@ final class HostMapping implements SegmentMapping {
     }
     ByteBuffer base = address.getByteBuffer(0, bytes);
     // The action must not refer to the buffer (it would never become unreachable).
-    Cleaner.Cleanable cleanable = CLEANER.register(base, () -> Libc.unmap(address, bytes));
+    Cleaner.Cleanable cleanable = CLEANER.register(base, () -> Descriptors.unmap(address, bytes));
     return new HostMapping(descriptor.readOnly() ? base.asReadOnlyBuffer() : base, descriptor.readOnly(),
         cleanable::clean);
   }

@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.unix.Descriptors;
 import java.util.concurrent.atomic.AtomicInteger;
 
 /**
@@ -73,7 +74,7 @@ public final class ReceivedDescriptor implements AutoCloseable {
   public void close() {
     int n = number.getAndSet(CLOSED);
     if (n != CLOSED) {
-      Libc.closeQuietly(n);
+      Descriptors.closeQuietly(n);
     }
   }
 }

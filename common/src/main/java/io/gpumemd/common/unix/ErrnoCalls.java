@@ -6,8 +6,8 @@ import java.io.IOException;
 
 /**
  * Runs libc calls bound through JNA direct mapping (declared {@code throws LastErrorException},
- * so that JNA reads {@code errno}) and turns a failure into an {@link ErrnoException}: what the
- * client's fd channel and the daemon's take-over socket share. A call interrupted by a signal
+ * so that JNA reads {@code errno}) and turns a failure into an {@link ErrnoException}: what this
+ * package's Unix sockets and descriptors and the host backend's memfd calls share. A call interrupted by a signal
  * ({@code EINTR}) is made again where that is safe ({@link #retryOnInterrupt}).
  *
  * <p>Stateless and thread-safe.

@@ -9,8 +9,8 @@ import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.GpuMemException;
 import io.gpumemd.client.Lease;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.SessionRegistry;
@@ -126,7 +126,7 @@ class ShmFullTest {
             .filter(f -> !f.getFileName().toString().equals(".gpumemd.lock")).toList(), "no segment file on a path");
       }
       LeaseRecord last = granted.remove(granted.size() - 1);
-      try (SegmentDescriptor d = ((DescriptorSegment) last.block().memory()).open(false);
+      try (SegmentFd d = ((FdPassedSegment) last.block().memory()).open(false);
            FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.WRITE)) {
         ByteBuffer ones = ByteBuffer.allocate(MIB);
         while (ones.hasRemaining()) {
@@ -138,7 +138,7 @@ class ShmFullTest {
       LeaseRecord zeroed = registry.lease(Caller.DAEMON, session, 0, MIB, true, "zeroed", false);
       assertEquals(List.of(last.block().segmentId(), last.block().offset()),
           List.of(zeroed.block().segmentId(), zeroed.block().offset()), "the written block, reused");
-      try (SegmentDescriptor d = ((DescriptorSegment) zeroed.block().memory()).open(true);
+      try (SegmentFd d = ((FdPassedSegment) zeroed.block().memory()).open(true);
            FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.READ)) {
         ByteBuffer bytes = ByteBuffer.allocate(MIB);
         while (bytes.hasRemaining() && channel.read(bytes, zeroed.block().offset() + bytes.position()) > 0) {

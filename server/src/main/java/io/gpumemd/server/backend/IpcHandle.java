@@ -24,7 +24,7 @@ public sealed interface IpcHandle {
   record HostShm(String path) implements IpcHandle {}
 
   /**
-   * A segment passed as a file descriptor ({@link DescriptorSegment}): the client fetches it
+   * A segment passed as a file descriptor ({@link FdPassedSegment}): the client fetches it
    * from the fd channel listening at {@code fdSocket} and maps it with {@code mmap}.
    */
   record HostFd(String fdSocket) implements IpcHandle {}

@@ -75,7 +75,7 @@ public interface MemoryBackend extends AutoCloseable {
 
   /**
    * True when clients map this backend's segments through file descriptors that the daemon's fd
-   * channel hands them ({@link DescriptorSegment}), so that the daemon must serve that channel.
+   * channel hands them ({@link FdPassedSegment}), so that the daemon must serve that channel.
    */
   default boolean passesDescriptors() {
     return false;
@@ -104,7 +104,7 @@ public interface MemoryBackend extends AutoCloseable {
 
   /**
    * Adopts a segment a predecessor daemon handed over as a descriptor (one its {@link
-   * DescriptorSegment#open} made, received with {@code SCM_RIGHTS}): the segment is this
+   * FdPassedSegment#open} made, received with {@code SCM_RIGHTS}): the segment is this
    * backend's from now on, freed by {@link #free} or handed on by {@link #relinquish}, and counts
    * against the device's capacity.
    *
@@ -124,7 +124,7 @@ public interface MemoryBackend extends AutoCloseable {
   /**
    * Drops this process's references to a segment without destroying its memory: a successor
    * adopted it from a descriptor ({@link #adopt}) and keeps it. The segment is no longer this
-   * backend's (as after {@link #free}), and {@link DescriptorSegment#open} answers null.
+   * backend's (as after {@link #free}), and {@link FdPassedSegment#open} answers null.
    *
    * @throws UnsupportedOperationException when {@link #takeOverRefusal} is not null
    */

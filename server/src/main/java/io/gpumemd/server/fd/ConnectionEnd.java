@@ -1,14 +1,13 @@
 package io.gpumemd.server.fd;
 
-import com.sun.jna.LastErrorException;
-import com.sun.jna.Native;
-import com.sun.jna.Platform;
+import io.gpumemd.common.unix.UnixSockets;
 import io.grpc.netty.shaded.io.netty.channel.ChannelDuplexHandler;
 import io.grpc.netty.shaded.io.netty.channel.ChannelHandlerContext;
 import io.grpc.netty.shaded.io.netty.channel.ChannelPromise;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.socket.ChannelInputShutdownEvent;
 import io.gpumemd.server.auth.Caller;
+import java.io.IOException;
 
 /**
  * How an fd-channel connection ends, for {@link DescriptorPins}: whether the peer may still hold
@@ -28,9 +27,6 @@ import io.gpumemd.server.auth.Caller;
  * <p>Thread-safety: runs on the connection's event loop.
  */
 final class ConnectionEnd extends ChannelDuplexHandler {
-  private static final int SIOCOUTQ = 0x5411;
-  private static final boolean BOUND = bind();
-
   private final DescriptorPins pins;
   private final Caller peer;
   private boolean ended;
@@ -67,26 +63,13 @@ final class ConnectionEnd extends ChannelDuplexHandler {
   }
 
   private static boolean nothingUnread(ChannelHandlerContext ctx) {
-    if (!BOUND || !(ctx.channel() instanceof EpollDomainSocketChannel socket) || !socket.isOpen()) {
+    if (!(ctx.channel() instanceof EpollDomainSocketChannel socket) || !socket.isOpen()) {
       return false;
     }
-    int[] queued = new int[1];
     try {
-      ioctl(socket.fd().intValue(), SIOCOUTQ, queued);
-      return queued[0] == 0;
-    } catch (LastErrorException e) {
-      return false;
+      return UnixSockets.queuedForPeer(socket.fd().intValue()) == 0;
+    } catch (IOException | LinkageError | RuntimeException e) {
+      return false; // the kernel did not say: assume the worst
     }
   }
-
-  private static boolean bind() {
-    try {
-      Native.register(ConnectionEnd.class, Platform.C_LIBRARY_NAME);
-      return true;
-    } catch (LinkageError | RuntimeException e) {
-      return false;
-    }
-  }
-
-  private static native int ioctl(int fd, long request, int[] out) throws LastErrorException;
 }

@@ -2,9 +2,9 @@ package io.gpumemd.server.fd;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.DescriptorHolder;
 import io.gpumemd.server.pool.DevicePool;
@@ -262,10 +262,10 @@ public final class DescriptorPins {
   record FileId(long major, long minor, long inode) {
     /** The file of a host segment passed by descriptor; null for any other kind (not checkable). */
     static FileId of(SegmentMemory memory) {
-      if (!(memory instanceof DescriptorSegment segment) || !(memory.handle() instanceof IpcHandle.HostFd)) {
+      if (!(memory instanceof FdPassedSegment segment) || !(memory.handle() instanceof IpcHandle.HostFd)) {
         return null;
       }
-      try (SegmentDescriptor descriptor = segment.open(true)) {
+      try (SegmentFd descriptor = segment.open(true)) {
         if (descriptor == null) {
           return null; // freed meanwhile
         }

@@ -4,7 +4,7 @@ import com.google.protobuf.InvalidProtocolBufferException;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.grpc.Status;
 import io.grpc.netty.shaded.io.netty.buffer.ByteBuf;
 import io.grpc.netty.shaded.io.netty.buffer.ByteBufUtil;
@@ -184,7 +184,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
   private void send(ChannelHandlerContext ctx, FdGrants.Answer answer) {
     byte[] reply = answer.reply().toByteArray();
     ByteBuf frame = ctx.alloc().buffer(4 + reply.length).writeInt(reply.length).writeBytes(reply);
-    SegmentDescriptor descriptor = answer.descriptor();
+    SegmentFd descriptor = answer.descriptor();
     if (descriptor == null) {
       write(ctx, frame, true).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
       return;
@@ -306,7 +306,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     ctx.close();
   }
 
-  private static void closeQuietly(SegmentDescriptor descriptor) {
+  private static void closeQuietly(SegmentFd descriptor) {
     try {
       descriptor.close();
     } catch (IOException e) {

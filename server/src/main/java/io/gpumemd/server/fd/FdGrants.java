@@ -1,12 +1,13 @@
 package io.gpumemd.server.fd;
 
+import io.gpumemd.common.unix.ErrnoCalls;
 import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdRefusal;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -29,6 +30,9 @@ import java.io.UncheckedIOException;
  * <p>Stateless; thread-safe as the {@link SessionRegistry} is.
  */
 public final class FdGrants {
+  private static final int ENFILE = 23;
+  private static final int EMFILE = 24;
+
   private final SessionRegistry registry;
   private final DescriptorPins pins;
 
@@ -43,13 +47,13 @@ public final class FdGrants {
   }
 
   /** A reply, and the descriptor to send with it (null for a refusal); the sender closes it. */
-  record Answer(FdReply reply, SegmentDescriptor descriptor) {}
+  record Answer(FdReply reply, SegmentFd descriptor) {}
 
   /** The answer to one request of {@code peer}. Never throws. */
   Answer answer(Caller peer, FdRequest request) {
     try {
       SegmentHolding holding = registry.holding(peer, request.getSessionId(), request.getSegmentId());
-      if (!(holding.memory() instanceof DescriptorSegment segment)) {
+      if (!(holding.memory() instanceof FdPassedSegment segment)) {
         throw new ConflictException("segment " + request.getSegmentId() + " is not passed by descriptor: map it by "
             + "the MemoryHandle of its lease (host_shm_path or cuda_ipc_handle)");
       }
@@ -57,7 +61,7 @@ public final class FdGrants {
       // Before a descriptor exists: from here on the process may map the segment for good, and
       // a segment with a holder is not freed, so the descriptor opened next is of a counted one.
       pins.granted(peer, request.getSessionId(), request.getSegmentId());
-      SegmentDescriptor descriptor = open(segment, readOnly);
+      SegmentFd descriptor = open(segment, readOnly);
       if (descriptor == null) {
         throw new NotFoundException("segment " + request.getSegmentId() + " was freed");
       }
@@ -72,15 +76,16 @@ public final class FdGrants {
     }
   }
 
-  private static SegmentDescriptor open(DescriptorSegment segment, boolean readOnly) {
+  private static SegmentFd open(FdPassedSegment segment, boolean readOnly) {
     try {
       return segment.open(readOnly);
     } catch (io.gpumemd.server.backend.DescriptorExhaustedException e) {
       // A CUDA VMM export: the backend found out which resource ran out and says so.
       throw new ExhaustedException(e.getMessage());
     } catch (IOException e) {
-      // A host segment's open(2) through /proc/self/fd says EMFILE in Java's own words.
-      if (String.valueOf(e.getMessage()).contains("Too many open files")) {
+      // A host segment's open(2) through /proc/self/fd: EMFILE (the process's limit) or ENFILE.
+      if (e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == EMFILE || errno.errno() == ENFILE)
+          || String.valueOf(e.getMessage()).contains("Too many open files")) {
         // The daemon's own limit, not a failure to log with a trace on every request.
         throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "
             + "which must exceed its live segments and connections); retry later");

@@ -556,7 +556,7 @@ public final class DevicePool implements AutoCloseable {
    *     completion events, allocations or frees are under way, a segment has no descriptor, or
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
-  public PoolSnapshot snapshot(SegmentDescriptors sink) throws SnapshotRefusedException {
+  public PoolSnapshot snapshot(SegmentFdSink sink) throws SnapshotRefusedException {
     return PoolSnapshotWriter.take(this, sink);
   }
 

@@ -111,7 +111,7 @@ public final class DevicePools implements AutoCloseable {
    * @throws SnapshotRefusedException when any pool cannot be written down (descriptors already in
    *     the sink stay the sink's)
    */
-  public List<PoolSnapshot> snapshots(SegmentDescriptors sink) throws SnapshotRefusedException {
+  public List<PoolSnapshot> snapshots(SegmentFdSink sink) throws SnapshotRefusedException {
     List<PoolSnapshot> snapshots = new java.util.ArrayList<>(pools.size());
     for (DevicePool pool : pools) {
       snapshots.add(pool.snapshot(sink));
@@ -144,7 +144,7 @@ public final class DevicePools implements AutoCloseable {
         for (var s : snapshots.get(d).segments()) {
           if (s.descriptorIndex() >= 0 && s.descriptorIndex() < descriptors.length) {
             try {
-              io.gpumemd.server.backend.SegmentDescriptor.ofNative(descriptors[s.descriptorIndex()], false).close();
+              io.gpumemd.server.backend.SegmentFd.ofNative(descriptors[s.descriptorIndex()], false).close();
             } catch (java.io.IOException | RuntimeException ignored) {
               // not a descriptor at all: nothing to close
             }

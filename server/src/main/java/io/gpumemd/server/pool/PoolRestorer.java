@@ -2,7 +2,7 @@ package io.gpumemd.server.pool;
 
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.PoolSnapshot.BlockKind;
 import io.gpumemd.server.pool.PoolSnapshot.BlockSnapshot;
@@ -250,7 +250,7 @@ final class PoolRestorer {
   private static void closeAll(int[] descriptors, Set<Integer> indexes) {
     for (int index : new HashSet<>(indexes)) {
       try {
-        SegmentDescriptor.ofNative(descriptors[index], false).close();
+        SegmentFd.ofNative(descriptors[index], false).close();
       } catch (IOException | RuntimeException e) {
         log.error("Cannot close received descriptor {}: {}", descriptors[index], e.toString());
       }

@@ -11,7 +11,7 @@ import java.util.Map;
  *
  * <p>Plain values, immutable once built; the memory itself travels as one descriptor per
  * segment, which each {@link SegmentSnapshot} names by its index among the descriptors the
- * snapshot's {@link SegmentDescriptors} took.
+ * snapshot's {@link SegmentFdSink} took.
  *
  * @param device the device ordinal
  * @param deviceUuid the device's UUID ("" when unnamed)

@@ -1,7 +1,7 @@
 package io.gpumemd.server.pool;
 
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.pool.PoolSnapshot.BlockKind;
 import io.gpumemd.server.pool.PoolSnapshot.BlockSnapshot;
 import io.gpumemd.server.pool.PoolSnapshot.Lifecycle;
@@ -34,7 +34,7 @@ final class PoolSnapshotWriter {
   private PoolSnapshotWriter() {}
 
   /** See {@link DevicePool#snapshot}. */
-  static PoolSnapshot take(DevicePool pool, SegmentDescriptors sink) throws SnapshotRefusedException {
+  static PoolSnapshot take(DevicePool pool, SegmentFdSink sink) throws SnapshotRefusedException {
     int device = pool.device().ordinal();
     String backendRefusal = pool.backend.takeOverRefusal();
     if (backendRefusal != null) {
@@ -48,7 +48,7 @@ final class PoolSnapshotWriter {
       segments.addAll(pool.carver.live.values());
       segments.addAll(pool.holders.awaitingUnmap());
       for (Segment s : segments) {
-        if (!(s.memory instanceof DescriptorSegment)) {
+        if (!(s.memory instanceof FdPassedSegment)) {
           throw new SnapshotRefusedException("device " + device + ": segment " + s.id + " (" + s.memory
               + ") cannot be passed as a descriptor");
         }
@@ -61,9 +61,9 @@ final class PoolSnapshotWriter {
     List<SegmentSnapshot> written = new ArrayList<>(segments.size());
     for (int i = 0; i < segments.size(); i++) {
       Segment s = segments.get(i);
-      SegmentDescriptor descriptor;
+      SegmentFd descriptor;
       try {
-        descriptor = ((DescriptorSegment) s.memory).open(false);
+        descriptor = ((FdPassedSegment) s.memory).open(false);
       } catch (IOException e) {
         throw new SnapshotRefusedException("device " + device + ": cannot open a descriptor of segment " + s.id
             + ": " + e.getMessage(), e);

@@ -1,8 +1,9 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.State;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -63,7 +64,7 @@ public final class HandOver implements AutoCloseable {
      * The state, with the gate closed; adds one descriptor per segment to {@code descriptors}
      * (copies the caller closes once sent, or refused).
      */
-    State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException;
+    State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException;
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);

@@ -5,7 +5,7 @@ import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.EOFException;
 import java.io.IOException;
 import java.util.ArrayList;
@@ -130,7 +130,7 @@ final class HandOverAttempt {
    * sent); false (gate open again) when it cannot be exported or sent.
    */
   private boolean sendState() {
-    List<SegmentDescriptor> descriptors = new ArrayList<>();
+    List<SegmentFd> descriptors = new ArrayList<>();
     try {
       State state;
       try {
@@ -148,7 +148,7 @@ final class HandOverAttempt {
       }
       // One bound for the whole rest, however the successor paces its reads and its answer.
       channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
-      List<Integer> fds = descriptors.stream().map(SegmentDescriptor::number).toList();
+      List<Integer> fds = descriptors.stream().map(SegmentFd::number).toList();
       channel.sendFds(fds);
       channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
@@ -160,7 +160,7 @@ final class HandOverAttempt {
       log.warn("Take-over by pid {} failed while sending the state ({}); serving on", pid, e.getMessage());
       return false;
     } finally {
-      for (SegmentDescriptor d : descriptors) {
+      for (SegmentFd d : descriptors) {
         try {
           d.close();
         } catch (IOException e) {

@@ -1,6 +1,7 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.unix.ErrnoCalls;
+import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Live;

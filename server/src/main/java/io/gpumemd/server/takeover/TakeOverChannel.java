@@ -1,5 +1,6 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.DescriptorBatch;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import java.io.IOException;

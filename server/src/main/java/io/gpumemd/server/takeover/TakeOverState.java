@@ -7,7 +7,7 @@ import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.SnapshotRefusedException;
@@ -45,7 +45,7 @@ public final class TakeOverState {
     }
 
     @Override
-    public State exportState(List<SegmentDescriptor> descriptors) throws TakeOverRefusedException {
+    public State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException {
       return TakeOverState.export(pools, registry, descriptors);
     }
 
@@ -135,7 +135,7 @@ public final class TakeOverState {
   }
 
   /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
-  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentDescriptor> descriptors)
+  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentFd> descriptors)
       throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");

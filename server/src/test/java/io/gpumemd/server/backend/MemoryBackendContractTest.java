@@ -119,10 +119,10 @@ public abstract class MemoryBackendContractTest {
       assertEquals(64, cuda.bytes().length);
     } else if (handle instanceof IpcHandle.HostFd fd) {
       assertFalse(fd.fdSocket().isEmpty(), "a descriptor handle names the fd channel");
-      assertTrue(segment instanceof DescriptorSegment, "a descriptor handle's segment opens descriptors");
+      assertTrue(segment instanceof FdPassedSegment, "a descriptor handle's segment opens descriptors");
     } else if (handle instanceof IpcHandle.CudaVmm vmm) {
       assertFalse(vmm.fdSocket().isEmpty(), "a VMM handle names the fd channel");
-      assertTrue(segment instanceof DescriptorSegment, "a VMM segment exports descriptors");
+      assertTrue(segment instanceof FdPassedSegment, "a VMM segment exports descriptors");
     } else {
       assertFalse(((IpcHandle.HostShm) handle).path().isEmpty(), "a host handle names its file");
     }

@@ -1,6 +1,6 @@
 package io.gpumemd.server.pool;
 
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
 import io.grpc.netty.shaded.io.netty.channel.unix.Socket;
@@ -10,13 +10,13 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * A {@link SegmentDescriptors} sink for take-over tests that does what the take-over socket
+ * A {@link SegmentFdSink} sink for take-over tests that does what the take-over socket
  * does: each descriptor is sent with {@code SCM_RIGHTS} over a real Unix socket and closed, and
  * the number the kernel gives the receiving end is kept ({@link #received}): a raw descriptor no
  * Java object owns, as a successor daemon receives it. Both ends are in this process; the
  * numbers differ from the sent ones. Not thread-safe.
  */
-public final class DescriptorPassing implements SegmentDescriptors, AutoCloseable {
+public final class DescriptorPassing implements SegmentFdSink, AutoCloseable {
   private static final long DEADLINE_NANOS = 10_000_000_000L;
 
   private final Socket listener;
@@ -40,7 +40,7 @@ public final class DescriptorPassing implements SegmentDescriptors, AutoCloseabl
   }
 
   @Override
-  public int add(SegmentDescriptor descriptor) {
+  public int add(SegmentFd descriptor) {
     try (descriptor) {
       long deadline = System.nanoTime() + DEADLINE_NANOS;
       while (sender.sendFd(descriptor.number()) <= 0) {

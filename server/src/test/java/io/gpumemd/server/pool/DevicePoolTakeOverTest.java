@@ -13,10 +13,10 @@ import io.gpumemd.proto.takeover.v1.BlockState;
 import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.server.backend.CompletionEvent;
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.backend.host.HostShmBackend;
@@ -100,11 +100,11 @@ class DevicePoolTakeOverTest {
   }
 
   /** A pool written down and put on the wire, as the take-over sends it. */
-  private static PoolState export(DevicePool pool, SegmentDescriptors sink) throws SnapshotRefusedException {
+  private static PoolState export(DevicePool pool, SegmentFdSink sink) throws SnapshotRefusedException {
     return PoolStates.toProto(pool.snapshot(sink));
   }
 
-  private static List<PoolState> exports(DevicePools pools, SegmentDescriptors sink) throws SnapshotRefusedException {
+  private static List<PoolState> exports(DevicePools pools, SegmentFdSink sink) throws SnapshotRefusedException {
     return pools.snapshots(sink).stream().map(PoolStates::toProto).toList();
   }
 
@@ -129,7 +129,7 @@ class DevicePoolTakeOverTest {
   // ---------------------------------------------------------------------------- the bytes
 
   private static void write(Block block, byte[] bytes) throws Exception {
-    try (SegmentDescriptor d = ((DescriptorSegment) block.memory()).open(false);
+    try (SegmentFd d = ((FdPassedSegment) block.memory()).open(false);
         FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.WRITE)) {
       ByteBuffer buffer = ByteBuffer.wrap(bytes);
       while (buffer.hasRemaining()) {
@@ -139,7 +139,7 @@ class DevicePoolTakeOverTest {
   }
 
   private static byte[] read(Block block, int length) throws Exception {
-    try (SegmentDescriptor d = ((DescriptorSegment) block.memory()).open(true);
+    try (SegmentFd d = ((FdPassedSegment) block.memory()).open(true);
         FileChannel channel = FileChannel.open(Path.of("/proc/self/fd/" + d.number()), StandardOpenOption.READ)) {
       ByteBuffer buffer = ByteBuffer.allocate(length);
       while (buffer.hasRemaining()) {
@@ -248,7 +248,7 @@ class DevicePoolTakeOverTest {
     oldPool.relinquish();
     oldPool.relinquish(); // idempotent
     assertEquals(beforeHandOver - 4, openDescriptors(), "the old pool's four segment descriptors are closed");
-    assertNull(((DescriptorSegment) busy.a().memory()).open(false), "the old segment is no longer the old daemon's");
+    assertNull(((FdPassedSegment) busy.a().memory()).open(false), "the old segment is no longer the old daemon's");
     assertThrows(IllegalStateException.class, () -> lease(oldPool, 4 * KiB, "s1"));
 
     Block a = newPool.blockAt(busy.a().segmentId(), busy.a().offset());

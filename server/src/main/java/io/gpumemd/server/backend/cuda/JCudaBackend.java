@@ -28,7 +28,7 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
@@ -355,7 +355,7 @@ public final class JCudaBackend implements MemoryBackend {
       return segment;
     } finally {
       try {
-        SegmentDescriptor.ofNative(fd, false).close();
+        SegmentFd.ofNative(fd, false).close();
       } catch (IOException | RuntimeException e) {
         log.error("Cannot close received descriptor {}: {}", fd, e.toString());
       }

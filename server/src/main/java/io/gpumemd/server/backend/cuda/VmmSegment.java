@@ -4,9 +4,9 @@ import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 
 import io.gpumemd.common.cuda.VmmDriver;
 import io.gpumemd.server.backend.DescriptorExhaustedException;
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
 import jcuda.driver.CUcontext;
 import jcuda.driver.CUdeviceptr;
@@ -25,7 +25,7 @@ import jcuda.driver.CUresult;
  * <p>Thread-safety: {@link #open} and {@link #markReleased} are ordered by this object's
  * monitor, so nothing is exported from a handle the daemon has released.
  */
-final class VmmSegment implements DeviceSegment, DescriptorSegment {
+final class VmmSegment implements DeviceSegment, FdPassedSegment {
   private final int device;
   private final long bytes;
   private final CUcontext context;
@@ -76,7 +76,7 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
    * maps it with read-only access ({@code FdGrant.read_only}).
    */
   @Override
-  public synchronized SegmentDescriptor open(boolean readOnly) throws IOException {
+  public synchronized SegmentFd open(boolean readOnly) throws IOException {
     if (released) {
       return null;
     }
@@ -89,13 +89,13 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
     if (result != CUresult.CUDA_SUCCESS) {
       throw exportFailed(result);
     }
-    return own(fd[0], readOnly, SegmentDescriptor::ofNative);
+    return own(fd[0], readOnly, SegmentFd::ofNative);
   }
 
-  /** Wraps a number native code opened for this process; {@link SegmentDescriptor#ofNative} in the daemon. */
+  /** Wraps a number native code opened for this process; {@link SegmentFd#ofNative} in the daemon. */
   @FunctionalInterface
   interface Wrapper {
-    SegmentDescriptor wrap(int number, boolean readOnly) throws IOException;
+    SegmentFd wrap(int number, boolean readOnly) throws IOException;
   }
 
   /**
@@ -103,7 +103,7 @@ final class VmmSegment implements DeviceSegment, DescriptorSegment {
    * export and its owner may leak the number (a leaked descriptor of an allocation keeps its
    * memory alive outside every budget, and counts against RLIMIT_NOFILE for good).
    */
-  static SegmentDescriptor own(int fd, boolean readOnly, Wrapper wrapper) throws IOException {
+  static SegmentFd own(int fd, boolean readOnly, Wrapper wrapper) throws IOException {
     try {
       return wrapper.wrap(fd, readOnly);
     } catch (IOException | RuntimeException | Error e) {

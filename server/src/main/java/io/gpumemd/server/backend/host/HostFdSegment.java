@@ -1,8 +1,9 @@
 package io.gpumemd.server.backend.host;
 
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.common.unix.Descriptors;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.channels.FileChannel;
@@ -19,7 +20,7 @@ import java.nio.channels.FileChannel;
  * a descriptor is opened only through the segment's own number while that number is still
  * the segment's.
  */
-final class HostFdSegment implements DescriptorSegment {
+final class HostFdSegment implements FdPassedSegment {
   private final int device;
   private final long bytes;
   private final RandomAccessFile file;
@@ -69,15 +70,16 @@ final class HostFdSegment implements DescriptorSegment {
    * seals are the inode's, so a reopened descriptor carries them.
    */
   @Override
-  public synchronized SegmentDescriptor open(boolean readOnly) throws IOException {
+  public synchronized SegmentFd open(boolean readOnly) throws IOException {
     if (closed) {
       return null;
     }
-    RandomAccessFile opened = new RandomAccessFile("/proc/self/fd/" + number, readOnly ? "r" : "rw");
+    // open(2) itself, not a Java file: no JVM object, no reflection to read the number back
+    int opened = Descriptors.open("/proc/self/fd/" + number, readOnly);
     try {
-      return new SegmentDescriptor(opened, DescriptorNumbers.of(opened.getFD()), readOnly);
-    } catch (RuntimeException e) {
-      opened.close();
+      return SegmentFd.ofNative(opened, readOnly);
+    } catch (IOException | RuntimeException e) {
+      Descriptors.closeQuietly(opened);
       throw e;
     }
   }

@@ -138,7 +138,7 @@ public final class HostShmBackend implements MemoryBackend {
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName, String fdSocket) {
     if (fdSocket != null) {
-      DescriptorNumbers.check();
+      JdkFdNumbers.check();
     }
     this.fdSocket = fdSocket;
     this.sealed = fdSocket == null ? null : new SealedSegments(fdSocket);

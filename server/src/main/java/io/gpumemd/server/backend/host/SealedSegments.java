@@ -3,7 +3,7 @@ package io.gpumemd.server.backend.host;
 import io.gpumemd.common.unix.ErrnoCalls.ErrnoException;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.file.Files;
@@ -54,7 +54,7 @@ final class SealedSegments {
     try {
       Path created = Path.of("/proc/self/fd/" + raw);
       file = new RandomAccessFile(created.toFile(), "rw");
-      int number = DescriptorNumbers.of(file.getFD());
+      int number = JdkFdNumbers.of(file.getFD());
       if (!Files.isSameFile(Path.of("/proc/self/fd/" + number), created)) {
         throw new BackendException("descriptor number " + number + " read from the JVM names "
             + Files.readSymbolicLink(Path.of("/proc/self/fd/" + number)) + ", not the new segment's memfd " + name);
@@ -109,7 +109,7 @@ final class SealedSegments {
         throw new BackendException("descriptor " + fd + ": " + file.length() + " bytes (expected: " + bytes
             + ", as the state says)");
       }
-      int number = DescriptorNumbers.of(file.getFD());
+      int number = JdkFdNumbers.of(file.getFD());
       if (!Files.isSameFile(Path.of("/proc/self/fd/" + number), received)) {
         throw new BackendException("descriptor number " + number + " read from the JVM is not the reopened "
             + "segment " + target);
@@ -129,7 +129,7 @@ final class SealedSegments {
   /** Closes a descriptor number received from another process, which no Java object owns. */
   static void closeReceived(int fd) {
     try {
-      SegmentDescriptor.ofNative(fd, false).close();
+      SegmentFd.ofNative(fd, false).close();
     } catch (IOException | RuntimeException e) {
       log.error("Cannot close received descriptor {}: {}", fd, e.toString());
     }

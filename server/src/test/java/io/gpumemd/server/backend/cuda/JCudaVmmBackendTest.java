@@ -16,9 +16,9 @@ import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.common.cuda.VmmDriver;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.nio.file.Files;
@@ -84,7 +84,7 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     CudaCalls.check(cuMemGetAddressRange(base, size, ((DeviceSegment) segment).pointer()), "cuMemGetAddressRange");
     assertEquals(2 * MiB, size[0], "the daemon maps the whole allocation");
     assertEquals(new IpcHandle.CudaVmm(FD_SOCKET), segment.handle());
-    assertTrue(segment instanceof DescriptorSegment);
+    assertTrue(segment instanceof FdPassedSegment);
   }
 
   /** Not a test here: the VMM devices' report is {@link #devices_reportVmmHandles_andTheirGranularity}. */
@@ -118,9 +118,9 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
       bytes[i] = (byte) (i * 7 + 3);
     }
     write(segment, MiB, bytes);
-    DescriptorSegment exported = (DescriptorSegment) segment;
+    FdPassedSegment exported = (FdPassedSegment) segment;
 
-    try (SegmentDescriptor first = exported.open(false); SegmentDescriptor second = exported.open(true)) {
+    try (SegmentFd first = exported.open(false); SegmentFd second = exported.open(true)) {
       assertNotNull(first);
       assertNotNull(second);
       assertNotEquals(first.number(), second.number(), "each reply gets a descriptor of its own");
@@ -147,14 +147,14 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     int fd;
     try (io.gpumemd.server.pool.DescriptorPassing passing =
         new io.gpumemd.server.pool.DescriptorPassing(Files.createTempDirectory("vmm-takeover").resolve("s"))) {
-      passing.add(((DescriptorSegment) original).open(false));
+      passing.add(((FdPassedSegment) original).open(false));
       fd = passing.received()[0];
     }
 
     SegmentMemory adopted = backend.adopt(0, fd, 2 * MiB);
     backend.relinquish(original);
 
-    assertNull(((DescriptorSegment) original).open(false), "the original hands out nothing more");
+    assertNull(((FdPassedSegment) original).open(false), "the original hands out nothing more");
     assertArrayEquals(bytes, read(adopted, 4096, bytes.length));
     backend.zero(adopted, 0, 2 * MiB); // mapped read-write in the daemon's context, as its own
     assertArrayEquals(new byte[bytes.length], read(adopted, 4096, bytes.length));
@@ -167,7 +167,7 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     int fd;
     try (io.gpumemd.server.pool.DescriptorPassing passing =
         new io.gpumemd.server.pool.DescriptorPassing(Files.createTempDirectory("vmm-takeover").resolve("s"))) {
-      passing.add(((DescriptorSegment) original).open(false));
+      passing.add(((FdPassedSegment) original).open(false));
       fd = passing.received()[0];
     }
 
@@ -179,8 +179,8 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     SegmentMemory segment = backend.allocate(0, 2 * MiB, SegmentOwner.DAEMON);
     byte[] bytes = {1, 2, 3, 4, 5, 6, 7, 8};
     write(segment, 0, bytes);
-    DescriptorSegment exported = (DescriptorSegment) segment;
-    try (SegmentDescriptor descriptor = exported.open(false)) {
+    FdPassedSegment exported = (FdPassedSegment) segment;
+    try (SegmentFd descriptor = exported.open(false)) {
       backend.free(segment);
 
       assertNull(exported.open(false), "nothing is exported from a released allocation");

@@ -7,11 +7,11 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.gpumemd.server.backend.DescriptorSegment;
+import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.MemoryBackendContractTest;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
@@ -50,19 +50,19 @@ class HostFdBackendTest extends MemoryBackendContractTest {
     return new HostShmBackend(shmDir(), 2, CAPACITY, null, FD_SOCKET);
   }
 
-  private static SegmentDescriptor open(SegmentMemory segment, boolean readOnly) throws Exception {
-    SegmentDescriptor descriptor = ((DescriptorSegment) segment).open(readOnly);
+  private static SegmentFd open(SegmentMemory segment, boolean readOnly) throws Exception {
+    SegmentFd descriptor = ((FdPassedSegment) segment).open(readOnly);
     assertNotNull(descriptor, "a live segment opens a descriptor");
     return descriptor;
   }
 
-  private static Path procPath(SegmentDescriptor descriptor) {
+  private static Path procPath(SegmentFd descriptor) {
     return Path.of("/proc/self/fd/" + descriptor.number());
   }
 
   @Override
   protected byte[] read(SegmentMemory segment, long offset, int length) throws Exception {
-    try (SegmentDescriptor descriptor = open(segment, true);
+    try (SegmentFd descriptor = open(segment, true);
         FileChannel channel = FileChannel.open(procPath(descriptor), StandardOpenOption.READ)) {
       return readAt(channel, offset, length);
     }
@@ -80,7 +80,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
 
   @Override
   protected void write(SegmentMemory segment, long offset, byte[] bytes) throws Exception {
-    try (SegmentDescriptor descriptor = open(segment, false);
+    try (SegmentFd descriptor = open(segment, false);
         FileChannel channel = FileChannel.open(procPath(descriptor), StandardOpenOption.WRITE)) {
       ByteBuffer buffer = ByteBuffer.wrap(bytes);
       while (buffer.hasRemaining()) {
@@ -92,7 +92,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
   /** The file a descriptor of the segment opens (its inode): handles all name the fd channel. */
   @Override
   protected String mappedBy(SegmentMemory segment) throws Exception {
-    try (SegmentDescriptor descriptor = open(segment, true)) {
+    try (SegmentFd descriptor = open(segment, true)) {
       return "inode " + Files.getAttribute(procPath(descriptor), "unix:ino");
     }
   }
@@ -100,7 +100,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
   @Override
   protected void assertReleased(List<SegmentMemory> segments) throws Exception {
     for (SegmentMemory segment : segments) {
-      assertNull(((DescriptorSegment) segment).open(false), "a freed segment opens no descriptor: " + segment);
+      assertNull(((FdPassedSegment) segment).open(false), "a freed segment opens no descriptor: " + segment);
     }
   }
 
@@ -119,7 +119,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
 
     assertEquals(new IpcHandle.HostFd(FD_SOCKET), segment.handle());
     assertEquals(List.of(), filesUnder(shmDir()), "no segment file on a path");
-    try (SegmentDescriptor descriptor = open(segment, false)) {
+    try (SegmentFd descriptor = open(segment, false)) {
       String target = Files.readSymbolicLink(procPath(descriptor)).toString();
       assertTrue(target.startsWith("/memfd:gpumemd-seg-1-") && target.endsWith(" (deleted)"), target);
       assertEquals(4 * MiB, Files.size(procPath(descriptor)));
@@ -130,7 +130,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
   void segment_isAMemfdSealedAgainstResizing_notWriting_mode0600() throws Exception {
     SegmentMemory segment = allocate(0, 2 * MiB);
 
-    try (SegmentDescriptor writable = open(segment, false)) {
+    try (SegmentFd writable = open(segment, false)) {
       int seals = Memfds.seals(writable.number());
       assertEquals(Memfds.SEGMENT_SEALS, seals & Memfds.SEGMENT_SEALS, Memfds.describe(seals));
       assertEquals(0, seals & (Memfds.F_SEAL_WRITE | Memfds.F_SEAL_FUTURE_WRITE), Memfds.describe(seals));
@@ -153,7 +153,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
   void descriptor_readOnly_isOpenedReadOnly_writableReadWrite() throws Exception {
     SegmentMemory segment = allocate(0, 2 * MiB);
 
-    try (SegmentDescriptor readOnly = open(segment, true); SegmentDescriptor writable = open(segment, false)) {
+    try (SegmentFd readOnly = open(segment, true); SegmentFd writable = open(segment, false)) {
       assertEquals(0, accessMode(readOnly), "O_RDONLY");
       assertTrue(readOnly.readOnly());
       assertEquals(2, accessMode(writable), "O_RDWR");
@@ -162,7 +162,7 @@ class HostFdBackendTest extends MemoryBackendContractTest {
   }
 
   /** The O_ACCMODE bits of a descriptor's flags, from /proc/self/fdinfo. */
-  static int accessMode(SegmentDescriptor descriptor) throws Exception {
+  static int accessMode(SegmentFd descriptor) throws Exception {
     for (String line : Files.readAllLines(Path.of("/proc/self/fdinfo/" + descriptor.number()))) {
       if (line.startsWith("flags:")) {
         return Integer.parseInt(line.substring(6).trim(), 8) & 3;
@@ -177,11 +177,11 @@ class HostFdBackendTest extends MemoryBackendContractTest {
     byte[] pattern = {7, 6, 5, 4, 3, 2, 1};
     write(segment, 12345, pattern);
 
-    try (SegmentDescriptor held = open(segment, true);
+    try (SegmentFd held = open(segment, true);
         FileChannel channel = FileChannel.open(procPath(held), StandardOpenOption.READ)) {
       backend.free(segment);
 
-      assertNull(((DescriptorSegment) segment).open(true), "freed: no new descriptors");
+      assertNull(((FdPassedSegment) segment).open(true), "freed: no new descriptors");
       assertArrayEquals(pattern, readAt(channel, 12345, pattern.length), "a client's descriptor keeps the bytes");
     }
   }

@@ -8,8 +8,8 @@ import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.IdentityPolicy;
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.testing.OtherUser;
@@ -156,8 +156,8 @@ class HostFdResizeAttackTest {
     assertEquals("EACCES", seen.get("reopen_read_only_read_write"),
         "the memfd is the daemon's, mode 0600, not a memfd's 0777 " + seen);
 
-    DescriptorSegment memory = (DescriptorSegment) lease.block().memory();
-    try (SegmentDescriptor held = memory.open(true)) {
+    FdPassedSegment memory = (FdPassedSegment) lease.block().memory();
+    try (SegmentFd held = memory.open(true)) {
       Path file = Path.of("/proc/self/fd/" + held.number());
       assertEquals(SEGMENT, Files.size(file), "the daemon's segment keeps its size");
       assertArrayEquals("attacker".getBytes(StandardCharsets.US_ASCII), read(file, 8), "the client's write landed");

@@ -10,8 +10,8 @@ import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
-import io.gpumemd.server.backend.DescriptorSegment;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.pool.DescriptorPassing;
@@ -64,7 +64,7 @@ class HostFdTakeOverTest {
   private int pass(SegmentMemory segment, String name) throws Exception {
     DescriptorPassing passing = new DescriptorPassing(tmp.resolve(name + ".sock"));
     cleanup.add(passing);
-    passing.add(((DescriptorSegment) segment).open(false));
+    passing.add(((FdPassedSegment) segment).open(false));
     return passing.received()[0];
   }
 
@@ -98,7 +98,7 @@ class HostFdTakeOverTest {
 
     assertFalse(isOpen(holderNumber) && holderNumber != ((HostFdSegment) adopted).number(),
         "the holder's descriptor is closed");
-    assertNull(((DescriptorSegment) original).open(false), "the holder hands out no more descriptors");
+    assertNull(((FdPassedSegment) original).open(false), "the holder hands out no more descriptors");
     assertArrayEquals(bytes, read(adopted, bytes.length));
     assertEquals(2 * MiB, adopted.bytes());
     // It is the taker's segment like one of its own: it counts, and it frees.
@@ -132,7 +132,7 @@ class HostFdTakeOverTest {
     // A second, raw number of it, as a received one would be.
     DescriptorPassing passing = new DescriptorPassing(tmp.resolve("c.sock"));
     cleanup.add(passing);
-    passing.add(new SegmentDescriptor(open, DescriptorNumbers.of(open.getFD()), false));
+    passing.add(new SegmentFd(open, JdkFdNumbers.of(open.getFD()), false));
     int fd = passing.received()[0];
 
     BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, fd, MiB));
@@ -152,7 +152,7 @@ class HostFdTakeOverTest {
     }
     DescriptorPassing passing = new DescriptorPassing(tmp.resolve(name + ".sock"));
     cleanup.add(passing);
-    passing.add(SegmentDescriptor.ofNative(raw, false)); // sends it, then closes our number
+    passing.add(SegmentFd.ofNative(raw, false)); // sends it, then closes our number
     return passing.received()[0];
   }
 
@@ -181,7 +181,7 @@ class HostFdTakeOverTest {
     Files.delete(file);
     DescriptorPassing passing = new DescriptorPassing(tmp.resolve("tmpfs.sock"));
     cleanup.add(passing);
-    passing.add(new SegmentDescriptor(open, DescriptorNumbers.of(open.getFD()), false));
+    passing.add(new SegmentFd(open, JdkFdNumbers.of(open.getFD()), false));
     int fd = passing.received()[0];
 
     BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, fd, 2 * MiB));
@@ -198,7 +198,7 @@ class HostFdTakeOverTest {
     BackendException e = assertThrows(BackendException.class, () -> taker.adopt(0, wrongSize, 2 * MiB));
     assertTrue(e.getMessage().contains(MiB + " bytes (expected: " + 2 * MiB), e.getMessage());
     SegmentMemory adopted = taker.adopt(0, rightSize, 2 * MiB);
-    try (SegmentDescriptor descriptor = ((DescriptorSegment) adopted).open(false)) {
+    try (SegmentFd descriptor = ((FdPassedSegment) adopted).open(false)) {
       int seals = Memfds.seals(descriptor.number());
       assertEquals(Memfds.SEGMENT_SEALS, seals & Memfds.SEGMENT_SEALS, Memfds.describe(seals));
     }

@@ -11,7 +11,7 @@ import java.io.IOException;
  * <p>Implementations are thread-safe: {@link #open} may race with the backend freeing the
  * segment, and then answers null rather than a descriptor of whatever reused the number.
  */
-public interface DescriptorSegment extends SegmentMemory {
+public interface FdPassedSegment extends SegmentMemory {
   /**
    * A new descriptor of the segment for one reply; the caller sends it and closes it.
    *
@@ -21,5 +21,5 @@ public interface DescriptorSegment extends SegmentMemory {
    * @return null when the segment has been freed
    * @throws IOException when it cannot be opened (out of descriptors, say)
    */
-  SegmentDescriptor open(boolean readOnly) throws IOException;
+  SegmentFd open(boolean readOnly) throws IOException;
 }

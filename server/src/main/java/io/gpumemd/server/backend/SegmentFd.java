@@ -1,10 +1,10 @@
 package io.gpumemd.server.backend;
 
-import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
-import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
+import io.gpumemd.common.unix.Descriptors;
 import java.io.Closeable;
 import java.io.IOException;
 import java.io.RandomAccessFile;
+import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * One open file descriptor of a segment, made for one reply of the fd channel: the channel sends
@@ -12,12 +12,13 @@ import java.io.RandomAccessFile;
  * then closes it. It is a descriptor of its own, not the segment's: closing it, or the segment
  * being freed meanwhile, cannot make the number name another file while a send is pending.
  *
- * <p>It owns its number through exactly one closer: the Java file that opened it (a host
- * segment), or Netty's {@link FileDescriptor} for a number a native call returned (a CUDA VMM
- * export, {@link #ofNative}); never through the bare number, so that it is closed exactly
- * once. {@link #close} is idempotent and thread-safe.
+ * <p>It owns its number through exactly one closer: the Java file that opened it, or, for a
+ * number that a native call returned ({@link #ofNative}: a host segment reopened through {@code
+ * /proc/self/fd}, a CUDA VMM export), a {@code close(2)} made once; never through the bare
+ * number, so that it is closed exactly once. No transport's type is in it: whoever sends it
+ * takes the number. {@link #close} is idempotent and thread-safe.
  */
-public final class SegmentDescriptor implements Closeable {
+public final class SegmentFd implements Closeable {
   private final Closeable owner;
   private final int number;
   private final boolean readOnly;
@@ -26,11 +27,11 @@ public final class SegmentDescriptor implements Closeable {
    * @param file the open file that owns the descriptor
    * @param number its descriptor number in this process
    */
-  public SegmentDescriptor(RandomAccessFile file, int number, boolean readOnly) {
+  public SegmentFd(RandomAccessFile file, int number, boolean readOnly) {
     this((Closeable) file, number, readOnly);
   }
 
-  private SegmentDescriptor(Closeable owner, int number, boolean readOnly) {
+  private SegmentFd(Closeable owner, int number, boolean readOnly) {
     this.owner = owner;
     this.number = number;
     this.readOnly = readOnly;
@@ -38,21 +39,23 @@ public final class SegmentDescriptor implements Closeable {
 
   /**
    * Takes ownership of a descriptor number that native code opened for this process (e.g.
-   * {@code cuMemExportToShareableHandle}); closing the result closes it, once.
+   * {@code open(2)} or {@code cuMemExportToShareableHandle}); closing the result closes it, once.
    *
    * @param readOnly what the grant says; the descriptor itself may carry no such mode (a CUDA
    *     VMM export: the client sets read-only access, see {@code FdGrant.read_only})
-   * @throws IOException when Netty's native library (which closes it) is not loaded; the
-   *     number is left open then, the caller's to close
+   * @throws IOException kept for callers that close the number themselves when owning it fails;
+   *     this implementation only refuses a negative number (IllegalArgumentException)
    */
-  public static SegmentDescriptor ofNative(int number, boolean readOnly) throws IOException {
+  public static SegmentFd ofNative(int number, boolean readOnly) throws IOException {
     if (number < 0) {
       throw new IllegalArgumentException("descriptor: " + number + " (expected: >= 0)");
     }
-    if (!Epoll.isAvailable()) { // loads the natives FileDescriptor.close needs
-      throw new IOException("cannot own descriptor " + number + ": " + Epoll.unavailabilityCause());
-    }
-    return new SegmentDescriptor(new FileDescriptor(number)::close, number, readOnly);
+    AtomicBoolean open = new AtomicBoolean(true);
+    return new SegmentFd(() -> {
+      if (open.getAndSet(false)) {
+        Descriptors.close(number);
+      }
+    }, number, readOnly);
   }
 
   /** The descriptor number in this process, valid until {@link #close}. */
@@ -67,7 +70,7 @@ public final class SegmentDescriptor implements Closeable {
 
   @Override
   public void close() throws IOException {
-    owner.close(); // RandomAccessFile and Netty's FileDescriptor both close once
+    owner.close(); // a RandomAccessFile and ofNative's closer both close once
   }
 
   @Override

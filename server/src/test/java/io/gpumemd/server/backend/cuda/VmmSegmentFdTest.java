@@ -8,7 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.sun.jna.Function;
 import com.sun.jna.NativeLibrary;
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -19,7 +19,7 @@ import org.junit.jupiter.api.Test;
  * whatever fails there, the number is closed, never leaked. No GPU needed: a descriptor of
  * {@code /dev/null} opened by native code stands for the export.
  */
-class VmmSegmentDescriptorTest {
+class VmmSegmentFdTest {
   private static final Function OPEN = NativeLibrary.getInstance("c").getFunction("open");
 
   private static int nativeDescriptor() {
@@ -55,7 +55,7 @@ class VmmSegmentDescriptorTest {
   @Test
   void own_whenWrapped_leavesTheNumberToItsOwner() throws Exception {
     int fd = nativeDescriptor();
-    SegmentDescriptor d = VmmSegment.own(fd, true, SegmentDescriptor::ofNative);
+    SegmentFd d = VmmSegment.own(fd, true, SegmentFd::ofNative);
     assertEquals(fd, d.number());
     assertTrue(d.readOnly());
     assertTrue(isOpen(fd));

@@ -1,6 +1,6 @@
 package io.gpumemd.server.pool;
 
-import io.gpumemd.server.backend.SegmentDescriptor;
+import io.gpumemd.server.backend.SegmentFd;
 
 /**
  * Where {@link DevicePool#snapshot} puts the descriptor of each segment it writes down: the
@@ -12,11 +12,11 @@ import io.gpumemd.server.backend.SegmentDescriptor;
  * and closes them, or just closes them.
  */
 @FunctionalInterface
-public interface SegmentDescriptors {
+public interface SegmentFdSink {
   /**
    * Takes a descriptor of one segment.
    *
    * @return its index among every descriptor this sink took (0, 1, 2, ...)
    */
-  int add(SegmentDescriptor descriptor);
+  int add(SegmentFd descriptor);
 }

@@ -14,17 +14,17 @@ import org.junit.jupiter.api.Test;
 
 /**
  * A descriptor number that native code opened (as {@code cuMemExportToShareableHandle} does),
- * owned by a {@link SegmentDescriptor}: closed once, by it, whatever else asks. A pipe stands in
+ * owned by a {@link SegmentFd}: closed once, by it, whatever else asks. A pipe stands in
  * for the export, since it too is a bare number no Java object owns.
  */
-class SegmentDescriptorTest {
+class SegmentFdTest {
   @Test
   void ofNative_closesTheNumberOnce() throws Exception {
     Epoll.ensureAvailability(); // loads the natives the pipe needs
     FileDescriptor[] pipe = FileDescriptor.pipe();
     int number = pipe[0].intValue();
     try {
-      SegmentDescriptor descriptor = SegmentDescriptor.ofNative(number, true);
+      SegmentFd descriptor = SegmentFd.ofNative(number, true);
       assertEquals(number, descriptor.number());
       assertTrue(descriptor.readOnly());
       assertTrue(Files.exists(Path.of("/proc/self/fd/" + number)));
@@ -41,7 +41,7 @@ class SegmentDescriptorTest {
   @Test
   void ofNative_refusesANegativeNumber() {
     IllegalArgumentException e =
-        assertThrows(IllegalArgumentException.class, () -> SegmentDescriptor.ofNative(-1, false));
+        assertThrows(IllegalArgumentException.class, () -> SegmentFd.ofNative(-1, false));
     assertEquals("descriptor: -1 (expected: >= 0)", e.getMessage());
   }
 }

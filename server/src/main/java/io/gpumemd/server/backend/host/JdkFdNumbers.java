@@ -18,7 +18,7 @@ import java.lang.reflect.Method;
  *
  * <p>Stateless after class initialization; thread-safe.
  */
-final class DescriptorNumbers {
+final class JdkFdNumbers {
   private static final Object UNSAFE;
   private static final Method GET_INT;
   private static final long FD_OFFSET;
@@ -47,7 +47,7 @@ final class DescriptorNumbers {
     FAILURE = failure;
   }
 
-  private DescriptorNumbers() {}
+  private JdkFdNumbers() {}
 
   /**
    * Fails when this JVM does not let the numbers be read.
