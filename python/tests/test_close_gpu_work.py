@@ -22,7 +22,7 @@ from conftest import Daemon
 
 SIZE = 2 << 20
 THEIRS, OURS = 171, 0x11
-DELAY_MS = 2000
+DELAY_MS = 1000
 BOUND = 0.3
 
 pytestmark = pytest.mark.skipif(not gpumemd.cuda_available(),
@@ -82,7 +82,7 @@ def test_a_block_with_queued_work_comes_back_only_once_the_work_landed(tmp_path,
     env = dict(os.environ, CUDA_STANDIN_STREAM_DELAY_MS=str(DELAY_MS),
                PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gpumemd.__file__))))
     other = subprocess.Popen([sys.executable, "-c", CHILD, daemon.target, flavour, how, str(SIZE), str(THEIRS),
-                              str(BOUND), str(DELAY_MS / 1000 + 3)],
+                              str(BOUND), str(DELAY_MS / 1000 + 1.5)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     try:
         with gpumemd.connect(daemon.target) as gm:

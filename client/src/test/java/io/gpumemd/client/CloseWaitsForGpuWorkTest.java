@@ -39,7 +39,7 @@ class CloseWaitsForGpuWorkTest {
   private static final long SIZE = 2L << 20;
   private static final int THEIRS = 171;
   private static final byte OURS = 0x11;
-  private static final long DELAY_MS = 2000;
+  private static final long DELAY_MS = 1000;
   private static final long BOUND_MS = 300;
 
   @BeforeAll
@@ -61,7 +61,7 @@ class CloseWaitsForGpuWorkTest {
       assertTrue(daemon.process().isAlive(), "daemon:\n" + daemon.output());
       List<String> command = DaemonProcess.javaCommand(QueuedWorkCloseMain.class.getName());
       command.addAll(List.of(daemon.unixTarget(), Long.toString(SIZE), Integer.toString(THEIRS), how,
-          Long.toString(BOUND_MS), Long.toString(DELAY_MS + 3000)));
+          Long.toString(BOUND_MS), Long.toString(DELAY_MS + 1500)));
       ProcessBuilder builder = new ProcessBuilder(command).redirectErrorStream(true);
       builder.environment().put("CUDA_STANDIN_STREAM_DELAY_MS", Long.toString(DELAY_MS));
       Process other = builder.start();

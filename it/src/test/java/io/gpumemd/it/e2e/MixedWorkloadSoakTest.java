@@ -34,7 +34,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * Soak: eight client processes ({@link MixedWorkloadMain}) run a random mix against one daemon
- * for 60 s (-Dgpumemd.soak.seconds=N for a shorter run): leases of 512 B to 4 MiB, zeroed ones
+ * for 40 s by default (-Dgpumemd.soak.seconds=N sets it): leases of 512 B to 4 MiB, zeroed ones
  * checked for zeros, per-lease patterns written and checked while held, releases, several
  * blocks held at once, clients closed and opened again over the Unix socket or TCP, on the
  * session stream or the unary calls, sync and async; three of the processes are SIGKILLed
@@ -48,7 +48,7 @@ class MixedWorkloadSoakTest {
   private static final int PROCESSES = 8;
   private static final int KILLS = 3;
   private static final long GRACE_MS = 500;
-  private static final long SECONDS = Long.getLong("gpumemd.soak.seconds", 60);
+  private static final long SECONDS = Long.getLong("gpumemd.soak.seconds", 40);
 
   /** One client process and everything it printed. */
   private static final class Child {

@@ -36,7 +36,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * Soak: every attack of issues 15 and 22 at once against one daemon in its own JVM (-Xmx256m)
- * for 60 s ({@code -Dgpumemd.soak.seconds=N} shortens it), each attacker a process of its own
+ * for 40 s by default ({@code -Dgpumemd.soak.seconds=N} sets it), each attacker a process of its own
  * under another uid: the three reply floods that never read their streams and client counters
  * of Long.MAX_VALUE from two sessions ({@link KeepAliveFloodMain}); cache notices far beyond a
  * 4 KiB allowance, holds up to the bounds (lowered here to {@value #SESSION_HOLDS} a session and
@@ -52,7 +52,7 @@ import org.junit.jupiter.api.Test;
  * nothing left: no session, no lease, no hold, no byte reserved. Then SIGTERM exits 0.
  */
 class AbuseSoakTest {
-  private static final long SECONDS = Long.getLong("gpumemd.soak.seconds", 60);
+  private static final long SECONDS = Long.getLong("gpumemd.soak.seconds", 40);
   private static final long STALL_MS = ReplyFloodTest.STALL_MS;
   private static final long GRACE_MS = ReplyFloodTest.GRACE_MS;
   /** Sessions without a stream end within this (the flood's sessions, the attackers' unary ones). */
