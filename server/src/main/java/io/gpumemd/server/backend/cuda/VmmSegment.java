@@ -3,6 +3,7 @@ package io.gpumemd.server.backend.cuda;
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 
 import io.gpumemd.common.cuda.VmmDriver;
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.server.backend.DescriptorExhaustedException;
 import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
@@ -107,7 +108,7 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
     try {
       return wrapper.wrap(fd, readOnly);
     } catch (IOException | RuntimeException | Error e) {
-      closeNumber(fd);
+      Descriptors.closeQuietly(fd); // no Java object owns the number yet
       throw e;
     }
   }
@@ -146,22 +147,6 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
     } catch (IOException e) {
       return false;
     }
-  }
-
-  private static void closeNumber(int fd) {
-    if (fd < 0) {
-      return;
-    }
-    try {
-      LibC.CLOSE.invokeInt(new Object[] {fd});
-    } catch (RuntimeException | UnsatisfiedLinkError e) {
-      // nothing else can close it
-    }
-  }
-
-  /** libc's close(2), for a number no Java object owns yet. */
-  private static final class LibC {
-    static final com.sun.jna.Function CLOSE = com.sun.jna.NativeLibrary.getInstance("c").getFunction("close");
   }
 
   /**
