@@ -53,6 +53,34 @@ public interface MemoryBackend extends AutoCloseable {
   void zero(SegmentMemory segment, long offset, long length);
 
   /**
+   * Host memory of {@code bytes} to keep segment contents in while their device memory is freed
+   * (parking, sleep). Backends that cannot keep contents refuse.
+   *
+   * @throws BackendOutOfMemoryException when the host has no room for it
+   * @throws BackendException when this backend cannot keep contents in host memory
+   */
+  default HostBuffer allocateHost(long bytes) {
+    throw new BackendException("the " + name() + " backend cannot keep segment contents in host memory");
+  }
+
+  /**
+   * Copies {@code [offset, offset + length)} of a segment into a host buffer at {@code
+   * hostOffset}; returns once the bytes are in the buffer. The caller keeps the segment's range
+   * still meanwhile (no client writes it: its holder is paused, or it maps nothing).
+   */
+  default void copyToHost(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length) {
+    throw new BackendException("the " + name() + " backend cannot keep segment contents in host memory");
+  }
+
+  /**
+   * Copies {@code length} bytes of a host buffer at {@code hostOffset} into a segment at {@code
+   * offset}; returns once a client that maps the segment would read them.
+   */
+  default void copyFromHost(HostBuffer host, long hostOffset, SegmentMemory segment, long offset, long length) {
+    throw new BackendException("the " + name() + " backend cannot keep segment contents in host memory");
+  }
+
+  /**
    * True when a freshly allocated segment is known to read as zeros. When false (CUDA: {@code
    * cuMemAlloc} may return bytes another owner wrote), the pool zeroes every new segment before
    * handing out any of it.

@@ -221,6 +221,54 @@ public abstract class MemoryBackendContractTest {
     assertArrayEquals(new byte[4096], read(segment, 6 * MiB - 4096, 4096));
   }
 
+  // ------------------------------------------------------------------ host buffers (parking)
+
+  @Test
+  protected void copyToHost_survivesTheSegmentsZeroing_andCopyFromHostPutsItWhereAsked() throws Exception {
+    SegmentMemory segment = allocate(0, 4 * MiB);
+    byte[] bytes = pattern((int) MiB + 4096, 11);
+    write(segment, MiB, bytes);
+    HostBuffer host = backend.allocateHost(3 * MiB);
+    try {
+      backend.copyToHost(segment, MiB, host, 8192, bytes.length);
+      backend.zero(segment, 0, 4 * MiB);
+
+      backend.copyFromHost(host, 8192, segment, 2 * MiB, bytes.length);
+
+      assertArrayEquals(bytes, read(segment, 2 * MiB, bytes.length), "the parked bytes, at the new offset");
+      assertArrayEquals(new byte[8192], read(segment, 2 * MiB - 8192, 8192), "nothing written before it");
+      assertArrayEquals(new byte[4096], read(segment, MiB, 4096), "nor at the old offset");
+    } finally {
+      host.free();
+      host.free(); // idempotent
+    }
+  }
+
+  @Test
+  protected void copies_outsideTheHostBuffer_areRefused_andWriteNothing() throws Exception {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+    write(segment, 0, filled(8192, (byte) 0x3c));
+    HostBuffer host = backend.allocateHost(4096);
+    try {
+      assertThrows(BackendException.class, () -> backend.copyToHost(segment, 0, host, 0, 8192));
+      assertThrows(BackendException.class, () -> backend.copyFromHost(host, 4096, segment, 0, 1));
+      assertThrows(BackendException.class, () -> backend.copyFromHost(host, -1, segment, 0, 1));
+
+      assertArrayEquals(filled(8192, (byte) 0x3c), read(segment, 0, 8192));
+    } finally {
+      host.free();
+    }
+  }
+
+  @Test
+  protected void aFreedHostBuffer_isRefused() {
+    SegmentMemory segment = allocate(0, 2 * MiB);
+    HostBuffer host = backend.allocateHost(4096);
+    host.free();
+
+    assertThrows(BackendException.class, () -> backend.copyToHost(segment, 0, host, 0, 4096));
+  }
+
   // ---------------------------------------------------------------------------------- free
 
   @Test

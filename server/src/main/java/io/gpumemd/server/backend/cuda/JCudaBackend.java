@@ -26,6 +26,7 @@ import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
+import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
@@ -384,6 +385,24 @@ public final class JCudaBackend implements MemoryBackend {
     // cuMemsetD8 is asynchronous to the host for device memory; the client must see zeros
     // on whatever stream it uses, so wait for completion before handing the block out.
     CudaCalls.check(JCudaDriver.cuCtxSynchronize(), "cuCtxSynchronize on device " + cuda.device());
+  }
+
+  @Override
+  public HostBuffer allocateHost(long bytes) {
+    makeCurrent(0); // portable pinned memory: any context will do
+    return PinnedCopies.allocate(bytes);
+  }
+
+  @Override
+  public void copyToHost(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length) {
+    makeCurrent(segment.device());
+    PinnedCopies.toHost(segment, offset, host, hostOffset, length);
+  }
+
+  @Override
+  public void copyFromHost(HostBuffer host, long hostOffset, SegmentMemory segment, long offset, long length) {
+    makeCurrent(segment.device());
+    PinnedCopies.fromHost(host, hostOffset, segment, offset, length);
   }
 
   @Override

@@ -1,6 +1,7 @@
 package io.gpumemd.server.backend.host;
 
 import io.gpumemd.server.backend.BackendException;
+import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
@@ -444,6 +445,21 @@ public final class HostShmBackend implements MemoryBackend {
     } catch (IOException e) {
       throw new BackendException("host zero " + host.path() + " [" + offset + ", +" + length + "): " + e, e);
     }
+  }
+
+  @Override
+  public HostBuffer allocateHost(long bytes) {
+    return HostCopies.allocate(bytes);
+  }
+
+  @Override
+  public void copyToHost(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length) {
+    HostCopies.toHost(segment, offset, host, hostOffset, length);
+  }
+
+  @Override
+  public void copyFromHost(HostBuffer host, long hostOffset, SegmentMemory segment, long offset, long length) {
+    HostCopies.fromHost(host, hostOffset, segment, offset, length);
   }
 
   @Override

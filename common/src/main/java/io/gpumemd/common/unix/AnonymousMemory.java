@@ -1,0 +1,42 @@
+package io.gpumemd.common.unix;
+
+import com.sun.jna.Pointer;
+import java.io.IOException;
+
+/**
+ * Private anonymous memory of this process, mapped and unmapped with {@code mmap}/{@code munmap}
+ * rather than allocated by the JVM: it is not bounded by {@code -Xmx} or {@code
+ * -XX:MaxDirectMemorySize} (the daemon keeps gigabytes of parked contents in it, sized by its own
+ * flag), it can be longer than 2 GiB, and it is returned to the kernel at once on {@link
+ * #unmap}, not when a collector gets to it.
+ *
+ * <p>{@code MAP_NORESERVE}: pages are taken when first written, so a large buffer costs nothing
+ * until it is filled. Stateless and thread-safe.
+ */
+public final class AnonymousMemory {
+  private static final int MAP_PRIVATE = 0x02;
+  private static final int MAP_ANONYMOUS = 0x20;
+  private static final int MAP_NORESERVE = 0x4000;
+
+  private AnonymousMemory() {}
+
+  /** {@code mmap(NULL, length, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE, -1, 0)}. */
+  public static Pointer map(long length) throws IOException {
+    if (length <= 0) {
+      throw new IllegalArgumentException("length " + length);
+    }
+    Libc.bind();
+    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    Pointer address = ErrnoCalls.call(
+        () -> Libc.mmap(null, length, Libc.PROT_READ | Libc.PROT_WRITE, flags, -1, 0));
+    if (Pointer.nativeValue(address) == -1L) { // MAP_FAILED, should LastErrorException not fire
+      throw new IOException("mmap of " + length + " anonymous bytes failed");
+    }
+    return address;
+  }
+
+  /** Gives the memory back to the kernel; the address must not be used afterwards. */
+  public static void unmap(Pointer address, long length) {
+    Descriptors.unmap(address, length);
+  }
+}
