@@ -17,6 +17,8 @@ public final class AnonymousMemory {
   private static final int MAP_PRIVATE = 0x02;
   private static final int MAP_ANONYMOUS = 0x20;
   private static final int MAP_NORESERVE = 0x4000;
+  private static final int MADV_HUGEPAGE = 14;
+  private static final int MADV_POPULATE_WRITE = 23;
 
   private AnonymousMemory() {}
 
@@ -32,7 +34,24 @@ public final class AnonymousMemory {
     if (Pointer.nativeValue(address) == -1L) { // MAP_FAILED, should LastErrorException not fire
       throw new IOException("mmap of " + length + " anonymous bytes failed");
     }
+    advise(address, length, MADV_HUGEPAGE);
+    advise(address, length, MADV_POPULATE_WRITE);
     return address;
+  }
+
+  /**
+   * Huge pages (where transparent huge pages are {@code madvise}d, the common default) and the
+   * pages made at once: a buffer is filled whole right after it is made, and 512 times fewer
+   * page faults and TLB entries make that copy run near memcpy speed (measured with {@code
+   * HostStoreCostMain}: a 1 GiB park took 1.1 s with 4 KiB pages faulted one by one). A kernel
+   * without either advice (before 5.14 for the second) just faults pages in as they are written.
+   */
+  private static void advise(Pointer address, long length, int advice) {
+    try {
+      Libc.madvise(address, length, advice);
+    } catch (com.sun.jna.LastErrorException e) {
+      // EINVAL: this kernel does not know the advice; the memory works the same without it
+    }
   }
 
   /** Gives the memory back to the kernel; the address must not be used afterwards. */

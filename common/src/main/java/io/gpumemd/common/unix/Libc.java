@@ -91,6 +91,8 @@ final class Libc {
 
   static native int munmap(Pointer address, long length) throws LastErrorException;
 
+  static native int madvise(Pointer address, long length, int advice) throws LastErrorException;
+
   /**
    * Binds the natives once.
    *
