@@ -5,10 +5,9 @@ import static jcuda.driver.JCudaDriver.cuMemHostAlloc;
 import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
 
-import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.HostBuffer;
+import io.gpumemd.server.backend.RangeCheckedHostBuffer;
 import io.gpumemd.server.backend.SegmentMemory;
-import java.util.concurrent.atomic.AtomicBoolean;
 import jcuda.Pointer;
 
 /**
@@ -34,62 +33,31 @@ final class PinnedCopies {
   }
 
   static void toHost(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length) {
-    PinnedBuffer pinned = checked(host, hostOffset, length);
+    PinnedBuffer pinned = RangeCheckedHostBuffer.checked(host, PinnedBuffer.class, hostOffset, length);
     DeviceSegment device = (DeviceSegment) segment;
-    CudaCalls.check(cuMemcpyDtoH(pinned.at(hostOffset), device.pointer().withByteOffset(offset), length),
+    CudaCalls.check(cuMemcpyDtoH(pinned.host.withByteOffset(hostOffset), device.pointer().withByteOffset(offset), length),
         "cuMemcpyDtoH(" + length + ") from device " + segment.device());
   }
 
   static void fromHost(HostBuffer host, long hostOffset, SegmentMemory segment, long offset, long length) {
-    PinnedBuffer pinned = checked(host, hostOffset, length);
+    PinnedBuffer pinned = RangeCheckedHostBuffer.checked(host, PinnedBuffer.class, hostOffset, length);
     DeviceSegment device = (DeviceSegment) segment;
-    CudaCalls.check(cuMemcpyHtoD(device.pointer().withByteOffset(offset), pinned.at(hostOffset), length),
+    CudaCalls.check(cuMemcpyHtoD(device.pointer().withByteOffset(offset), pinned.host.withByteOffset(hostOffset), length),
         "cuMemcpyHtoD(" + length + ") to device " + segment.device());
   }
 
-  private static PinnedBuffer checked(HostBuffer host, long hostOffset, long length) {
-    if (!(host instanceof PinnedBuffer pinned)) {
-      throw new BackendException("a host buffer of another backend: " + host);
-    }
-    if (hostOffset < 0 || length < 0 || hostOffset + length > pinned.bytes) {
-      throw new BackendException("[" + hostOffset + ", +" + length + ") is outside a host buffer of " + pinned.bytes + " bytes");
-    }
-    return pinned;
-  }
-
-  /** Page-locked memory from {@code cuMemHostAlloc}; freed once. */
-  private static final class PinnedBuffer implements HostBuffer {
+  /** Page-locked memory from {@code cuMemHostAlloc}. */
+  private static final class PinnedBuffer extends RangeCheckedHostBuffer {
     private final Pointer host;
-    private final long bytes;
-    private final AtomicBoolean freed = new AtomicBoolean();
 
     PinnedBuffer(Pointer host, long bytes) {
+      super(bytes);
       this.host = host;
-      this.bytes = bytes;
-    }
-
-    Pointer at(long offset) {
-      if (freed.get()) {
-        throw new BackendException("pinned host buffer used after it was freed");
-      }
-      return host.withByteOffset(offset);
     }
 
     @Override
-    public long bytes() {
-      return bytes;
-    }
-
-    @Override
-    public void free() {
-      if (freed.compareAndSet(false, true)) {
-        CudaCalls.check(cuMemFreeHost(host), "cuMemFreeHost");
-      }
-    }
-
-    @Override
-    public String toString() {
-      return "pinned host buffer of " + bytes + " bytes";
+    protected void release() {
+      CudaCalls.check(cuMemFreeHost(host), "cuMemFreeHost");
     }
   }
 }

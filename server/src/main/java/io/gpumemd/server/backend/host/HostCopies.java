@@ -5,13 +5,13 @@ import io.gpumemd.common.unix.AnonymousMemory;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.HostBuffer;
+import io.gpumemd.server.backend.RangeCheckedHostBuffer;
 import io.gpumemd.server.backend.SegmentMemory;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
  * The host backend's copies between segments and host buffers: a segment is a file (a path or a
@@ -38,99 +38,64 @@ final class HostCopies {
   }
 
   static void toHost(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length) {
-    AnonymousBuffer buffer = checked(host, hostOffset, length);
-    copy(segment, false, channel -> {
-      for (long done = 0; done < length; ) {
-        ByteBuffer view = buffer.view(hostOffset + done, (int) Math.min(CHUNK, length - done));
-        while (view.hasRemaining()) {
-          if (channel.read(view, offset + done + view.position()) < 0) {
-            throw new IOException("segment ends before " + (offset + length));
-          }
-        }
-        done += view.capacity();
-      }
-    });
+    transfer(segment, offset, host, hostOffset, length, false);
   }
 
   static void fromHost(HostBuffer host, long hostOffset, SegmentMemory segment, long offset, long length) {
-    AnonymousBuffer buffer = checked(host, hostOffset, length);
-    copy(segment, true, channel -> {
-      for (long done = 0; done < length; ) {
-        ByteBuffer view = buffer.view(hostOffset + done, (int) Math.min(CHUNK, length - done));
-        while (view.hasRemaining()) {
-          channel.write(view, offset + done + view.position());
-        }
-        done += view.capacity();
-      }
-    });
-  }
-
-  private interface ChannelCopy {
-    void run(FileChannel channel) throws IOException;
+    transfer(segment, offset, host, hostOffset, length, true);
   }
 
   /**
-   * Runs a copy on the segment's file: a memfd segment's channel, open for its life, or its
+   * Reads the segment's range into the buffer ({@code intoSegment} false) or writes the buffer's
+   * bytes into it, on the segment's file: a memfd segment's channel, open for its life, or its
    * path opened for this copy and closed after it.
    */
-  private static void copy(SegmentMemory segment, boolean write, ChannelCopy copy) {
+  private static void transfer(SegmentMemory segment, long offset, HostBuffer host, long hostOffset, long length,
+      boolean intoSegment) {
+    AnonymousBuffer buffer = RangeCheckedHostBuffer.checked(host, AnonymousBuffer.class, hostOffset, length);
     try {
       if (segment instanceof HostFdSegment memfd) {
-        copy.run(memfd.channel()); // within its size: the seals allow writes
+        transfer(memfd.channel(), offset, buffer, hostOffset, length, intoSegment); // within its size: the seals allow writes
         return;
       }
       Path path = ((HostSegment) segment).path();
-      try (FileChannel channel = write ? FileChannel.open(path, StandardOpenOption.WRITE) : FileChannel.open(path, StandardOpenOption.READ)) {
-        copy.run(channel);
+      try (FileChannel channel = intoSegment ? FileChannel.open(path, StandardOpenOption.WRITE)
+          : FileChannel.open(path, StandardOpenOption.READ)) {
+        transfer(channel, offset, buffer, hostOffset, length, intoSegment);
       }
     } catch (IOException e) {
-      throw new BackendException("host copy " + (write ? "into " : "out of ") + segment + ": " + e, e);
+      throw new BackendException("host copy " + (intoSegment ? "into " : "out of ") + segment + ": " + e, e);
     }
   }
 
-  private static AnonymousBuffer checked(HostBuffer host, long hostOffset, long length) {
-    if (!(host instanceof AnonymousBuffer buffer)) {
-      throw new BackendException("a host buffer of another backend: " + host);
+  private static void transfer(FileChannel channel, long offset, AnonymousBuffer buffer, long hostOffset, long length,
+      boolean intoSegment) throws IOException {
+    for (long done = 0; done < length; ) {
+      ByteBuffer view = buffer.address.getByteBuffer(hostOffset + done, (int) Math.min(CHUNK, length - done));
+      while (view.hasRemaining()) {
+        long at = offset + done + view.position();
+        if (intoSegment) {
+          channel.write(view, at);
+        } else if (channel.read(view, at) < 0) {
+          throw new IOException("segment ends before " + (offset + length));
+        }
+      }
+      done += view.capacity();
     }
-    if (hostOffset < 0 || length < 0 || hostOffset + length > buffer.bytes) {
-      throw new BackendException("[" + hostOffset + ", +" + length + ") is outside a host buffer of " + buffer.bytes + " bytes");
-    }
-    return buffer;
   }
 
-  /** Anonymous memory mapped by {@link AnonymousMemory}; unmapped once. */
-  private static final class AnonymousBuffer implements HostBuffer {
+  /** Anonymous memory mapped by {@link AnonymousMemory}. */
+  private static final class AnonymousBuffer extends RangeCheckedHostBuffer {
     private final Pointer address;
-    private final long bytes;
-    private final AtomicBoolean freed = new AtomicBoolean();
 
     AnonymousBuffer(Pointer address, long bytes) {
+      super(bytes);
       this.address = address;
-      this.bytes = bytes;
-    }
-
-    ByteBuffer view(long offset, int length) {
-      if (freed.get()) {
-        throw new BackendException("host buffer used after it was freed");
-      }
-      return address.getByteBuffer(offset, length);
     }
 
     @Override
-    public long bytes() {
-      return bytes;
-    }
-
-    @Override
-    public void free() {
-      if (freed.compareAndSet(false, true)) {
-        AnonymousMemory.unmap(address, bytes);
-      }
-    }
-
-    @Override
-    public String toString() {
-      return "host buffer of " + bytes + " bytes";
+    protected void release() {
+      AnonymousMemory.unmap(address, bytes());
     }
   }
 }
