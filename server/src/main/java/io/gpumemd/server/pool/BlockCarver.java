@@ -180,6 +180,18 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
+  /** The block that starts at {@code offset} in a live segment, or null. */
+  Block blockAt(long segmentId, long offset) {
+    assert lock.isHeldByCurrentThread();
+    Segment segment = live.get(segmentId);
+    for (Block b = segment == null ? null : segment.head; b != null; b = b.next) {
+      if (b.offset == offset) {
+        return b;
+      }
+    }
+    return null;
+  }
+
   // ------------------------------------------------------------------ restore (PoolRestorer)
 
   /** A restored pool goes on with the segment ids of the pool it was written down from. */

@@ -46,7 +46,9 @@ final class PendingEvents {
   /** Bytes of {@link #pending} and {@link #stranded} together. */
   private long bytes;
 
+  /** A released block waits for its event: it is in neither the leases nor the cache meanwhile. */
   void add(Block block, CompletionEvent event) {
+    block.state = Block.State.AWAITING_EVENT;
     pending.add(new Pending(block, event));
     bytes += block.size;
   }
