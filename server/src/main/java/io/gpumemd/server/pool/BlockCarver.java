@@ -28,7 +28,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * every block leased; the pool tells it when a leased block stops counting or counts again
  * ({@link #unleased}, {@link #leasedAgain}).
  *
- * <p>Not thread-safe: every method is called with the owning {@link DevicePool}'s lock held.
+ * <p>Not thread-safe: every method is called with the owning pool's lock ({@link PoolCore#lock}) held.
  */
 final class BlockCarver {
   private final ReentrantLock lock;

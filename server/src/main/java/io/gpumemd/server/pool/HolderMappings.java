@@ -28,7 +28,7 @@ import java.util.Set;
  * ({@link #dropped}, {@link #holderEnded}). What such processes keep of evicted segments counts
  * against their tenant ({@link #pinnedBytes}).
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock.
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class HolderMappings {
   private final Map<String, Set<Segment>> byHolder = new HashMap<>();

@@ -21,7 +21,7 @@ import org.slf4j.LoggerFactory;
  * is never wholly free, so it is never evicted either. The cost is bounded by the bytes
  * released with such events, and no block is ever handed out while a kernel may use it.
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock; the events themselves are queried
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}); the events themselves are queried
  * outside it ({@link #completed}).
  */
 final class PendingEvents {

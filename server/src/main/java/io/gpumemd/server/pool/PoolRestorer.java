@@ -35,8 +35,8 @@ final class PoolRestorer {
   private PoolRestorer() {}
 
   /**
-   * Rebuilds a written-down pool in {@code core} (with its {@code eviction}), which must be new (no segment yet, nothing
-   * served): the daemon builds and binds everything else before it asks for the snapshot, so
+   * Rebuilds a written-down pool in {@code core} (with its {@code eviction}), which must be new
+   * (no segment yet, nothing served): the daemon builds and binds everything else before it asks for the snapshot, so
    * that only this is left for the pause. On failure the pool is closed and every descriptor the
    * state names is closed or relinquished.
    */

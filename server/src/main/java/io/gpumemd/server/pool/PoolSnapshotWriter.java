@@ -158,7 +158,8 @@ final class PoolSnapshotWriter {
 
     PoolSnapshot snapshot(List<SegmentSnapshot> written) {
       return new PoolSnapshot(pool.device.ordinal(), pool.device.uuid(), nextSegmentId, written, idleLru,
-          counters, retentionCapBytes, capSetAtRuntime, peakLeasedBytes, pool.budget.limitBytes(), clientCache, sharing);
+          counters, retentionCapBytes, capSetAtRuntime, peakLeasedBytes, pool.budget.limitBytes(), clientCache,
+          sharing);
     }
 
     private static List<BlockSnapshot> blocksOf(Segment s) {
