@@ -273,8 +273,9 @@ public final class HostShmBackend implements MemoryBackend {
    */
   @Override
   public String takeOverRefusal() {
-    return fdSocket != null ? null : "--host-segments path: segments are files in " + files.root() + ", which a successor "
-        + "cannot take over while this daemon holds the directory; restart both daemons with --host-segments fd";
+    return fdSocket != null ? null : "--host-segments path: segments are files in " + files.root() + ", which a "
+        + "successor cannot take over while this daemon holds the directory; restart both daemons with "
+        + "--host-segments fd";
   }
 
   /**
