@@ -61,8 +61,8 @@ import java.util.concurrent.locks.ReentrantLock;
  *
  * <h2>Thread-safety</h2>
  *
- * One {@link ReentrantLock} ({@link PoolCore#lock}) guards the pool's books; the critical sections are index
- * look-ups and list surgery. Backend calls (allocate, free, zero, event queries) and unmap
+ * One {@link ReentrantLock} ({@link PoolCore#lock}) guards the pool's books; the critical
+ * sections are index look-ups and list surgery. Backend calls (allocate, free, zero, event queries) and unmap
  * requests always run after the lock is released: work found under the lock is collected in an
  * {@link AfterUnlock} and run by the calling thread once it has unlocked; waits for memory go
  * through {@link MemoryWaiters}. Calls of the session layer that only count (a share token
