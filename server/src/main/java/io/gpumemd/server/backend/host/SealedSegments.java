@@ -61,7 +61,7 @@ final class SealedSegments {
       }
       // Backed before it is sealed (a sealed memfd could not grow to its size), and sealed before
       // the segment exists for anyone to open a descriptor of.
-      HostShmBackend.writeZeros(file.getChannel(), 0, bytes);
+      SegmentFiles.writeZeros(file.getChannel(), 0, bytes);
       Memfds.seal(number);
       HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
       openSegments.add(segment);
