@@ -32,7 +32,8 @@ class RehearsalTest {
 
   private Rehearsal.Books books() {
     if (backend == null) {
-      backend = new HostShmBackend(dir.resolve("shm"), 2, 64L << 20, null);
+      // Descriptor segments: the only host segments a take-over (and so a rehearsal) can carry.
+      backend = new HostShmBackend(dir.resolve("shm"), 2, 64L << 20, null, dir.resolve("gpumemd.sock.fd").toString());
     }
     LiveSessions sessions = new LiveSessions();
     List<DevicePool> list = new ArrayList<>();
