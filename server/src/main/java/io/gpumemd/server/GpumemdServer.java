@@ -53,8 +53,9 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The running daemon: wires the backend, pools, sessions, gRPC services (with health and
- * reflection), {@link Listeners}, metrics and {@link Housekeeping}, and takes them down in
- * order on shutdown.
+ * reflection), {@link Listeners}, metrics and {@link Housekeeping}; a successor rehearses its
+ * take-over ({@link Rehearsal}) before it asks for the running daemon's state. Every way down
+ * (shutdown, failed start, failed take-over, hand-over) is {@link DaemonStop}'s one ordered stop.
  *
  * <p>Owns every resource it starts. {@link #start} either returns a running daemon or, having
  * released whatever it had started, throws; {@link #shutdown} may be called from any thread and

@@ -42,7 +42,8 @@ import org.slf4j.LoggerFactory;
 /**
  * The daemon's listeners: gRPC on a Unix domain socket and/or TCP (sharing one pair of epoll
  * event-loop groups), the fd channel's socket ({@link FdChannel}) and the Prometheus endpoint.
- * Owns each socket file from the moment it binds it, and removes it at {@link #close}. A
+ * Owns each socket file from the moment it binds it, and removes it at {@link #close} (their
+ * paths are {@link SocketFiles}' job). A
  * listener that cannot bind fails the start with a message naming the listener and the address
  * ({@code tcp listener: 127.0.0.1:50051 already in use}).
  *
