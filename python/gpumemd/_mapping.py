@@ -42,6 +42,7 @@ Thread-safe: the table is guarded by one lock; mappings are closed and acknowled
 half-closed).
 """
 import ctypes
+import functools
 import logging
 import os
 import sys
@@ -96,7 +97,7 @@ class HostMapping:
         # The one object every view exports: its reference count says whether views are alive
         # (each memoryview made from it holds it once, however many slices are made of that
         # view), and its finalizer unmaps the range once it is gone, as an mmap object would.
-        self._array = type("_Segment", (ctypes.c_char * segment_bytes,), {}).from_address(self.address)
+        self._array = _segment_type(segment_bytes).from_address(self.address)
         self._unmap = weakref.finalize(self._array, _reserved.release, self.address, segment_bytes)
         self._unmap.atexit = False  # at exit, other threads may still touch it: the process's end unmaps it
         self._unexported = sys.getrefcount(self._array)
@@ -165,6 +166,14 @@ class HostMapping:
         return True
 
 
+@functools.lru_cache(maxsize=64)
+def _segment_type(size):
+    """A ctypes array type of ``size`` bytes that takes weak references (for the finalizer; a
+    plain ctypes array does not). Made once per segment size: a class made per mapping costs a
+    class creation and, since a class is a reference cycle, a garbage collection later."""
+    return type("_Segment", (ctypes.c_char * size,), {})
+
+
 def _open(path, read_only):
     try:
         return os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
@@ -206,7 +215,10 @@ class CudaMapping:
 
 class VmmMapping:
     """A CUDA VMM segment (``cuda_vmm``): the descriptor imported, ``segment_bytes`` of address
-    space reserved and mapped on this process's ``device``, with read-write or read-only access."""
+    space reserved and mapped on this process's ``device``, with read-write or read-only access.
+    The range is kept from mapping to close: :meth:`vacate` unmaps and releases the allocation
+    (the range stays reserved), :meth:`refill` maps a newly imported allocation of the same size
+    at ``base`` again, so every device pointer and tensor made from it keeps its address."""
 
     kind = "cuda"
 
@@ -221,6 +233,33 @@ class VmmMapping:
         finally:
             os.close(fd)
         self._closed = False
+
+    @property
+    def vacated(self):
+        return self._handle is None
+
+    def vacate(self):
+        """Waits for the context's queued work, unmaps and releases the allocation, keeps the
+        range (a kernel touching it meanwhile faults). Nothing when vacated."""
+        if self._closed:
+            raise ValueError("segment mapping is closed")
+        if self._handle is not None:
+            handle = self._handle
+            failed = _cuda.vacate(self.device, self.base, handle, self.segment_bytes)  # raises before unmapping
+            self._handle = None
+            if failed:
+                log.warning("gpumemd: vacating the mapping of segment %d on CUDA device %d: %s; the range is "
+                            "vacated all the same", self.segment_id, self.device, "; ".join(failed))
+
+    def refill(self, fd):
+        """Imports ``fd`` (the caller's to close) and maps it at ``base`` with this mapping's
+        access: the same allocation or another of the same size. On a failure it stays vacated."""
+        if self._closed:
+            raise ValueError("segment mapping is closed")
+        if self._handle is not None:
+            raise ValueError("the CUDA VMM mapping at %#x is not vacated: the driver maps only into an "
+                             "unmapped range" % self.base)
+        self._handle = _cuda.refill(self.device, self.base, fd, self.segment_bytes, self.read_only, self.segment_id)
 
     def try_close(self):
         """Synchronizes, unmaps, frees the range, releases the handle; True (a failure is
