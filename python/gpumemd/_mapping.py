@@ -64,7 +64,8 @@ _READ_ONLY_KINDS = ("host_shm_path", "fd_segment", "cuda_vmm")  # with a read-on
 class HostMapping:
     """A host segment mapped whole: its file opened by path, or a descriptor the fd channel
     gave (:meth:`from_descriptor`), mapped into an address range of its own (see the module
-    notes): :meth:`vacate` and :meth:`refill` keep ``address`` and every view made from it."""
+    notes): :meth:`vacate` and :meth:`refill` keep ``address`` and every view made from it. Not
+    locked: whoever vacates and refills serializes those calls with each other and with closing."""
 
     kind = "host"
 
