@@ -147,6 +147,39 @@ class HostMappingAddressTest {
     assertNotEquals(0, child.exitValue(), output);
   }
 
+  @Test
+  void descriptorMapping_refilledFromDescriptors_keepsItsAddress() {
+    try (DaemonProcess fdDaemon = DaemonProcess.start("--host-segments", "fd");
+        GpuMemClient fdClient = GpuMemClient.connect(fdDaemon.unixTarget());
+        FdChannelClient channel = new FdChannelClient(fdDaemon.unixTarget(), 5000)) {
+      Lease a = fdClient.lease(0, SIZE);
+      Lease b = fdClient.lease(0, SIZE);
+      fill(a.buffer(), (byte) 0x44);
+      fill(b.buffer(), (byte) 0x55);
+      HostMapping mapping = (HostMapping) a.mapping();
+      ByteBuffer buffer = a.buffer();
+      long address = pointer(buffer);
+      mapping.vacate();
+      try (ReceivedDescriptor other = channel.fetch(fdClient.sessionId(), b.segmentId(), false)) {
+        mapping.refill(other);
+      }
+      assertEquals(0x55, buffer.get(0), "the other segment's bytes");
+      mapping.vacate();
+      try (ReceivedDescriptor readOnly = channel.fetch(fdClient.sessionId(), a.segmentId(), true)) {
+        GpuMemException e = assertThrows(GpuMemException.class, () -> mapping.refill(readOnly));
+        assertTrue(e.getMessage().contains("read-only"), e.getMessage());
+      }
+      assertTrue(mapping.vacated(), "a refused refill leaves it vacated");
+      try (ReceivedDescriptor own = channel.fetch(fdClient.sessionId(), a.segmentId(), false)) {
+        mapping.refill(own);
+      }
+      assertEquals(0x44, buffer.get((int) SIZE - 1));
+      assertEquals(address, pointer(a.buffer()));
+      a.close();
+      b.close();
+    }
+  }
+
   private static void fill(ByteBuffer buffer, byte value) {
     for (int i = 0; i < buffer.capacity(); i++) {
       buffer.put(i, value);
