@@ -22,12 +22,7 @@ import java.io.IOException;
  * makes sure nothing touches the range while it is vacated: that faults, SIGSEGV).
  */
 public final class ReservedRange {
-  private static final int PROT_NONE = 0;
-  private static final int MAP_PRIVATE = 0x02;
-  private static final int MAP_FIXED = 0x10;
-  private static final int MAP_ANONYMOUS = 0x20;
-  private static final int MAP_NORESERVE = 0x4000;
-  private static final int INACCESSIBLE = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  private static final int INACCESSIBLE = Libc.MAP_PRIVATE | Libc.MAP_ANONYMOUS | Libc.MAP_NORESERVE;
 
   private final Pointer address;
   private final long length;
@@ -43,7 +38,7 @@ public final class ReservedRange {
       throw new IllegalArgumentException("length " + length);
     }
     Libc.bind();
-    Pointer address = ErrnoCalls.call(() -> Libc.mmap(null, length, PROT_NONE, INACCESSIBLE, -1, 0));
+    Pointer address = ErrnoCalls.call(() -> Libc.mmap(null, length, Libc.PROT_NONE, INACCESSIBLE, -1, 0));
     if (Pointer.nativeValue(address) == -1L) { // MAP_FAILED, should LastErrorException not fire
       throw new IOException("mmap of a " + length + "-byte reservation failed");
     }
@@ -69,7 +64,7 @@ public final class ReservedRange {
    */
   public void fill(int fd, boolean readOnly) throws IOException {
     int protection = readOnly ? Libc.PROT_READ : Libc.PROT_READ | Libc.PROT_WRITE;
-    Pointer at = ErrnoCalls.call(() -> Libc.mmap(address, length, protection, Libc.MAP_SHARED | MAP_FIXED, fd, 0));
+    Pointer at = ErrnoCalls.call(() -> Libc.mmap(address, length, protection, Libc.MAP_SHARED | Libc.MAP_FIXED, fd, 0));
     if (Pointer.nativeValue(at) != Pointer.nativeValue(address)) { // MAP_FIXED maps there or fails
       throw new IOException("mmap MAP_FIXED returned 0x" + Long.toHexString(Pointer.nativeValue(at)));
     }
@@ -81,7 +76,7 @@ public final class ReservedRange {
    * address stays this range's.
    */
   public void vacate() throws IOException {
-    Pointer at = ErrnoCalls.call(() -> Libc.mmap(address, length, PROT_NONE, INACCESSIBLE | MAP_FIXED, -1, 0));
+    Pointer at = ErrnoCalls.call(() -> Libc.mmap(address, length, Libc.PROT_NONE, INACCESSIBLE | Libc.MAP_FIXED, -1, 0));
     if (Pointer.nativeValue(at) != Pointer.nativeValue(address)) {
       throw new IOException("mmap MAP_FIXED returned 0x" + Long.toHexString(Pointer.nativeValue(at)));
     }
