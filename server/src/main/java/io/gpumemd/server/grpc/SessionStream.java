@@ -8,6 +8,7 @@ import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.session.NoticeRefusal;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
