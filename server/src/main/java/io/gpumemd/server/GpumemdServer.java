@@ -28,6 +28,7 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
@@ -121,7 +122,7 @@ public final class GpumemdServer {
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     this.pools = new DevicePools(list);
-    this.registry = new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions);
+    this.registry = new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions);
     // Misses and zeroing: backend calls that may take milliseconds, and a miss may wait for
     // unmaps. With an unbounded queue a ThreadPoolExecutor never grows past its core size, so
     // core = max, and idle threads time out.
