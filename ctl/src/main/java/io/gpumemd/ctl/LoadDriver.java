@@ -4,6 +4,7 @@ import io.gpumemd.client.GpuMemException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -72,10 +73,7 @@ final class LoadDriver {
     long start = System.nanoTime();
     long now = start;
     try {
-      long warmEnd = start + timing.warmupNanos();
-      while (System.nanoTime() < warmEnd) {
-        op.run();
-      }
+      warmUp(timing, op::run);
       start = System.nanoTime();
       long end = start + timing.measureNanos();
       do {
@@ -97,10 +95,7 @@ final class LoadDriver {
     long start = System.nanoTime();
     long t0 = start;
     try {
-      long warmEnd = start + timing.warmupNanos();
-      while (System.nanoTime() < warmEnd) {
-        op.run();
-      }
+      warmUp(timing, op::run);
       start = System.nanoTime();
       long end = start + timing.measureNanos();
       t0 = start;
@@ -119,6 +114,14 @@ final class LoadDriver {
     }
     return new LoadResult(scenario, label, histogram.getTotalCount(), t0 - start, histogram, leases ? misses : -1,
         0, null, details);
+  }
+
+  /** Runs {@code op} again and again for the warm-up time. */
+  private static void warmUp(Timing timing, Callable<?> op) throws Exception {
+    long warmEnd = System.nanoTime() + timing.warmupNanos();
+    while (System.nanoTime() < warmEnd) {
+      op.call();
+    }
   }
 
   /**
