@@ -11,7 +11,7 @@ so a worker that leases and closes locally sends only its counters. Releases of 
 are pending here too, in order: a release supersedes a pending cache notice of the same lease
 (the daemon releases a lease in either state), and an eviction's release is never sent after
 the cache notice of the lease it made room for. What a broken stream lost is sent again, as the
-very messages the daemon did not apply (``gpumemd._session.MessageLog``).
+very messages the daemon did not apply (``gpumemd._keepalive.MessageLog``).
 
 The algorithm is the Java client's (``ClientCache``), with the size classes the daemon states at
 ``OpenSession`` (:class:`SizeRules`; no copy of its table here):

@@ -41,6 +41,7 @@ poller (and by ``abandon``, once the poller is stopped).
 """
 import logging
 import threading
+import time
 
 log = logging.getLogger("gpumemd")
 
@@ -123,6 +124,62 @@ def _destroy(item):
 
 
 DONE, RUNNING, FAILED = "done", "running", "failed"
+
+
+class PollerThread:
+    """The sync client's poller of its :class:`DeferredReleases`: a thread, started by the first
+    :meth:`wake`, that calls ``send_ready()`` (one :meth:`DeferredReleases.poll`, sending what
+    completed), sleeping :meth:`DeferredReleases.delay` between polls and waiting for work while
+    none is pending, until :meth:`stop`. (The asyncio client polls in a task on its loop.)
+    Thread-safe: its condition guards the thread and the stop."""
+
+    def __init__(self, releases, send_ready, name):
+        self._releases = releases
+        self._send_ready = send_ready
+        self._name = name
+        self._cond = threading.Condition()  # new releases, the stop
+        self._thread = None
+        self._stopped = False
+
+    def wake(self):
+        """A release was deferred: start the thread, or wake it."""
+        with self._cond:
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._run, daemon=True, name=self._name)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def is_alive(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self):
+        while True:
+            with self._cond:
+                while not self._stopped and len(self._releases) == 0:
+                    self._cond.notify_all()  # a closing client waits for the table to empty
+                    self._cond.wait()
+                if self._stopped:
+                    return
+            self._send_ready()
+            with self._cond:
+                if not self._stopped and len(self._releases):
+                    self._cond.wait(self._releases.delay())
+
+    def stop(self, seconds):
+        """Waits up to ``seconds`` for the pending releases to go out, then stops the thread
+        (a release call in flight ends first, within 5 s)."""
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while len(self._releases) and self._thread is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(min(left, 0.05))
+            self._stopped = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(5)
 
 
 class QueuedWork:

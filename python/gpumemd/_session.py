@@ -3,11 +3,11 @@
 
 This module owns what both clients decide alike: the state of one session (its pending stream
 leases, its mappings and its client cache tier, :mod:`gpumemd._cache`), serving a lease from the
-tier and closing one into it, the client's counters and session properties, building KeepAlive
-messages from queued notices, interpreting the daemon's SessionEvents, what a lost session
-means (its leases die, its waiting leases fail, its notices and mappings are dropped), when a
-broken KeepAlive stream is reattached or the session given up, the backoff for opening a new
-session, and the errors that all of this raises. Nothing here blocks, sleeps, awaits or calls
+tier and closing one into it, the client's counters and session properties, interpreting the
+daemon's SessionEvents, what a lost session means (its leases die, its waiting leases fail, its
+notices and mappings are dropped), whether a broken KeepAlive stream is reattached or the
+session given up, the backoff for opening a new session, and the errors that all of this
+raises. What is sent on the KeepAlive stream is :mod:`gpumemd._keepalive`'s. Nothing here blocks, sleeps, awaits or calls
 the daemon: each client makes its calls, waits and sleeps in its own way (threads and queues in
 ``client.py``, tasks and awaits in ``aio.py``) and asks this module what to do.
 
@@ -28,9 +28,10 @@ import threading
 
 import grpc
 
-from ._cache import MAX_ENTRIES, ClientCache, SizeRules
+from ._cache import ClientCache, SizeRules
 from ._deferred import FAILED, DeferredReleases, QueuedWork
 from ._errors import GpumemdError
+from ._keepalive import END, FLUSH, FLUSH_NOW, MessageLog
 from ._mapping import MappingCache
 from ._replies import check_lease
 from ._sharing import closed_client
@@ -55,13 +56,8 @@ ClientStats = collections.namedtuple("ClientStats", [
     "cache_allowance",   # the tier's allowance now (0: no tier)
 ])
 
-END = object()  # queued last: the KeepAlive request stream ends after what was queued before it
-FLUSH = object()      # queued by the cache tier: send its pending notices within FLUSH_DELAY
-FLUSH_NOW = object()  # ... at once (the daemon asked for memory back)
-MAX_NOTICES = 4096  # per KeepAlive message, far below gRPC's 4 MiB message limit
 MIN_BACKOFF = 0.05  # seconds between attempts to open a new session after a loss, doubling ...
 MAX_BACKOFF = 2.0   # ... up to this, for gpumemd.client._REOPEN_SECONDS
-LOGGED = 8192       # sent KeepAlive messages kept until known to be applied (the oldest dropped beyond)
 
 
 def open_request(client_name, ttl_seconds, client_cache_bytes=None, stream=True):
@@ -74,151 +70,6 @@ def open_request(client_name, ttl_seconds, client_cache_bytes=None, stream=True)
         raise ValueError("client_cache_bytes must be >= 0 (0: no client cache), not %d" % client_cache_bytes)
     return pb.OpenSessionRequest(client_name=client_name, ttl_seconds=ttl_seconds,
                                  client_cache_bytes=client_cache_bytes)
-
-
-def keepalive_message(first, take, pending=None):
-    """One KeepAliveRequest merging the queued notice ``first`` and those that ``take()`` gives
-    (None once nothing more is queued), at most :data:`MAX_NOTICES`, then what the cache tier
-    has pending (``pending``: a :class:`gpumemd._cache.ClientCache`); ``(message, end, more)``,
-    where ``end`` says that :data:`END` was taken (the request stream ends after this message)
-    and ``more`` that the tier has more to send at once. A notice is a StreamRelease, a
-    StreamLease, ``("unmapped", segment_id)``, :data:`FLUSH` or :data:`FLUSH_NOW`. The message
-    may be empty (a flush with nothing left to send): don't send it."""
-    message = pb.KeepAliveRequest()
-    item = first
-    n = 0
-    end = False
-    while True:
-        if item is END:
-            end = True
-            break
-        if isinstance(item, pb.StreamRelease):
-            message.releases.append(item)
-        elif isinstance(item, pb.StreamLease):
-            message.leases.append(item)
-        elif isinstance(item, tuple):
-            message.unmapped_segment_ids.append(item[1])
-        n += 1
-        if n >= MAX_NOTICES:
-            break
-        item = take()
-        if item is None:
-            break
-    more = pending is not None and pending.fill(message, MAX_ENTRIES - n)
-    return message, end, more
-
-
-def is_empty(message):
-    """True for a KeepAliveRequest that carries nothing (not worth sending)."""
-    return not (message.leases or message.releases or message.unmapped_segment_ids or message.cache_notices
-                or message.client_counters or message.session_id)
-
-
-def reattach_delay(s):
-    """Seconds to wait before reattaching a KeepAlive stream that broke within the grace period;
-    none after the daemon's MovingNotice (its successor serves the same address), 10 ms after it
-    refused a message as moving (until its successor serves, it refuses a new stream too)."""
-    if s.log.moving:
-        return 0.01 if s.log.moving_refused else 0.0
-    return max(0.02, min(0.2, s.keepalive_grace_ms / 10000))
-
-
-class MessageLog:
-    """The KeepAlive messages of one session, numbered, for sending again what a broken stream
-    lost (the Java client's ``SessionStream``, without its I/O).
-
-    Every message the client hands to gRPC is numbered (1, 2, ... over all the session's
-    streams, the attaching message too) and kept until known to be applied, at most
-    :data:`LOGGED` (the oldest dropped beyond, with a DEBUG line): a lease's reply, or a refused
-    notice, tells that its message and all before it were applied. When a stream attaches, the
-    daemon says how many messages of the session it applied before it
-    (``StreamAttached.applied_messages``); :meth:`attached` answers the logged messages after
-    that count, to send again as new messages before anything else. A lease whose message was
-    applied but whose reply was lost with the connection (only when a connection breaks: a
-    moving daemon sends every reply first) is asked for again, with the same request id; the
-    daemon then keeps the first grant until the session ends (:attr:`replies_lost`).
-
-    Thread-safe (its own lock): the sync client numbers messages on gRPC's request thread and
-    learns of replies on its stream thread."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._numbered = 0
-        self._unconfirmed = collections.deque()  # (number, message), oldest first
-        self._unanswered = {}  # request id -> (StreamLease, number of its message)
-        #: The daemon said, on the stream that ended last, that it is moving: reattach at once
-        #: after its MovingNotice, and soon after it refused a message as moving.
-        self.moving = False
-        self.moving_refused = False
-        #: Messages sent again on a new stream, and leases asked for again (their reply lost).
-        self.resent = 0
-        self.replies_lost = 0
-
-    def hello(self):
-        """The attaching message of a new stream is sent (counted by the daemon, never sent again)."""
-        with self._lock:
-            self._numbered += 1
-            self.moving = False
-            self.moving_refused = False
-
-    def sent(self, message):
-        """``message`` (not the hello) is handed to gRPC: numbered and kept until known applied."""
-        with self._lock:
-            self._numbered += 1
-            number = self._numbered
-            self._unconfirmed.append((number, message))
-            for lease in message.leases:
-                self._unanswered[lease.request_id] = (lease, number)
-            if len(self._unconfirmed) > LOGGED:
-                dropped, _ = self._unconfirmed.popleft()
-                log.debug("gpumemd: dropping sent KeepAlive message %d from the resend log (more than %d "
-                          "unconfirmed)", dropped, LOGGED)
-
-    def _prune(self, upto):
-        while self._unconfirmed and self._unconfirmed[0][0] <= upto:
-            self._unconfirmed.popleft()
-
-    def answered(self, request_id):
-        """The lease ``request_id`` was answered: its message and all before it were applied."""
-        with self._lock:
-            entry = self._unanswered.pop(request_id, None)
-            if entry is not None:
-                self._prune(entry[1])
-
-    def refused(self, lease_id):
-        """A notice about ``lease_id`` was refused: the first message naming it was applied."""
-        with self._lock:
-            for number, message in self._unconfirmed:
-                if (any(r.lease_id == lease_id for r in message.releases)
-                        or any(n.lease_id == lease_id for n in message.cache_notices)):
-                    self._prune(number)
-                    return
-
-    def attached(self, applied):
-        """A stream attached, the daemon having applied ``applied`` messages of the session: the
-        messages to send again on it, in order, before anything else (see the class notes)."""
-        with self._lock:
-            self._prune(applied)
-            again = [message for _, message in self._unconfirmed]
-            self.resent += len(again)
-            self._unconfirmed.clear()
-            leases_again = {lease.request_id for message in again for lease in message.leases}
-            lost = 0
-            for request_id, (lease, number) in self._unanswered.items():
-                if request_id not in leases_again:  # applied, its reply lost; or dropped from the log
-                    again.append(pb.KeepAliveRequest(leases=[lease]))
-                    if number <= applied:
-                        lost += 1
-            self.replies_lost += lost
-            # The daemon's count is the truth: messages lost in a connection took numbers it did
-            # not count. This stream's hello was its message applied + 1.
-            self._numbered = applied + 1
-        if lost:
-            log.warning("gpumemd: the replies to %d lease request(s) were lost with the broken KeepAlive stream; "
-                        "asked again (the daemon holds the first grants until the session ends)", lost)
-        if again:
-            log.debug("gpumemd: the daemon applied %d messages of the session; sending %d again", applied, len(again))
-        return again
 
 
 def no_answer(timeout):

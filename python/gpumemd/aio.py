@@ -11,7 +11,8 @@ a unary Release and raises its error.
 
 This module owns the asyncio client's I/O: awaited gRPC calls, the KeepAlive stream's task and
 its queue, lease replies as futures, Release calls as tasks. What a session's events, loss and
-reopening mean is decided in :mod:`gpumemd._session`, shared with the sync client.
+reopening mean is decided in :mod:`gpumemd._session`, and what is sent on the stream in
+:mod:`gpumemd._keepalive`, both shared with the sync client.
 """
 import asyncio
 import logging
@@ -20,14 +21,14 @@ import time
 
 import grpc
 
-from ._channel import is_moving, open_channel, options
+from ._channel import open_channel, options
 from ._deferred import DONE, FAILED
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._cache import FLUSH_DELAY
-from ._session import END, FLUSH, FLUSH_NOW, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
-from ._session import open_request, reattach_delay, stream_down
+from ._keepalive import END, FLUSH, FLUSH_NOW, Turn, reattach_delay, stream_error
+from ._session import ClientCore, Reopening, SessionState, no_answer, open_request, stream_down
 from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
                        share_request)
 from ._stubs import pb, pb_grpc
@@ -71,25 +72,6 @@ class _AsyncSession(SessionState):
     def __init__(self, client, opened, generation):
         super().__init__(client, opened, generation, asyncio.Queue(), asyncio.Event())
         self.task = None
-
-
-class _Turn:
-    """As :class:`gpumemd.client._Turn`, on the event loop: when one KeepAlive stream's request
-    side may send what is queued (``go``, with the messages to send again first), or never
-    (``end``)."""
-
-    def __init__(self):
-        self.event = asyncio.Event()
-        self.again = None
-        self.ended = False
-
-    def go(self, again):
-        self.again = again
-        self.event.set()
-
-    def end(self):
-        self.ended = True
-        self.event.set()
 
 
 class _Reply:
@@ -211,16 +193,18 @@ class AsyncClient(ClientCore):
 
     async def attach(self, token, tag=""):
         """As :meth:`gpumemd.Client.attach`; an :class:`AsyncLease`."""
-        s = await self._live_session()
-        response = await self._call("Attach", pb.AttachRequest(session_id=s.id, token=token, tag=tag))
-        self._check_reply(s, response.lease)  # before a descriptor is fetched for it
-        descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
-        return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
+        return await self._hold("Attach", lambda session_id: pb.AttachRequest(session_id=session_id, token=token,
+                                                                               tag=tag), tag)
 
     async def lookup(self, name, tag=""):
         """As :meth:`gpumemd.Client.lookup`; an :class:`AsyncLease`."""
+        return await self._hold("Lookup", lambda session_id: pb.LookupRequest(session_id=session_id, name=name,
+                                                                               tag=tag), tag)
+
+    async def _hold(self, method, request, tag):
+        """Attach or Lookup (``request(session_id)``): the hold, checked, its descriptor fetched, mapped."""
         s = await self._live_session()
-        response = await self._call("Lookup", pb.LookupRequest(session_id=s.id, name=name, tag=tag))
+        response = await self._call(method, request(s.id))
         self._check_reply(s, response.lease)  # before a descriptor is fetched for it
         descriptor = await self._descriptor(s, response.lease.handle, response.read_only, response.lease.lease_id)
         return make_hold(self, s, response, tag, AsyncLease, lambda lease_id: self._give_back(s, lease_id), descriptor)
@@ -244,18 +228,18 @@ class AsyncClient(ClientCore):
         return AsyncShare(self, await self._call("Share", request), lease.id, request.read_only, max_attaches)
 
     async def _unpublish(self, name, quiet):
-        try:
-            s = await self._live_session()
-            return (await self._call("Unpublish", pb.UnpublishRequest(session_id=s.id, name=name))).block_returned
-        except GpumemdError as e:
-            if quiet and is_not_found(e):
-                return False
-            raise
+        return await self._drop("Unpublish", lambda session_id: pb.UnpublishRequest(session_id=session_id, name=name),
+                                quiet)
 
     async def _revoke_share(self, token, quiet):
+        return await self._drop("RevokeShare",
+                                lambda session_id: pb.RevokeShareRequest(session_id=session_id, token=token), quiet)
+
+    async def _drop(self, method, request, quiet):
+        """As :meth:`gpumemd.Client._drop`."""
         try:
             s = await self._live_session()
-            return (await self._call("RevokeShare", pb.RevokeShareRequest(session_id=s.id, token=token))).block_returned
+            return (await self._call(method, request(s.id))).block_returned
         except GpumemdError as e:
             if quiet and is_not_found(e):
                 return False
@@ -356,15 +340,11 @@ class AsyncClient(ClientCore):
         def take():
             return None if requests.empty() else requests.get_nowait()
 
-        s.log.hello()
-        yield pb.KeepAliveRequest(session_id=s.id)
-        # Nothing more until the daemon confirms the stream: then what it did not apply of the
-        # broken streams' messages, in order, before anything composed since.
-        await turn.event.wait()
+        yield turn.opening(s)
+        await turn.event.wait()  # nothing more until the daemon confirms the stream
         if turn.again is None:
             return
-        for message in turn.again:
-            s.log.sent(message)
+        for message in turn.resent(s):
             yield message
         while True:
             item = await requests.get()
@@ -373,17 +353,10 @@ class AsyncClient(ClientCore):
                 # (A timer, not wait_for: that would make a task for every flush.)
                 asyncio.get_running_loop().call_later(FLUSH_DELAY, requests.put_nowait, FLUSH_NOW)
                 continue
-            if turn.ended:
-                # gRPC asks an ended call's requests for one more: what this stream would take
-                # now belongs to the next one (numbering it here would shift the count).
-                if item is not END:
-                    requests.put_nowait(item)
-                return
-            message, end, more = keepalive_message(item, take, s.cache)
-            if not is_empty(message):
-                s.log.sent(message)
+            message, stop, more = turn.compose(s, item, take, requests.put_nowait, s.cache)
+            if message is not None:
                 yield message
-            if end:
+            if stop:
                 return
             if more:
                 requests.put_nowait(FLUSH)
@@ -392,7 +365,7 @@ class AsyncClient(ClientCore):
         first_try = time.monotonic()
         while not s.lost:
             requests = s.queue
-            turn = s.turn = _Turn()
+            turn = s.turn = Turn(asyncio.Event())
             call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             code, details = grpc.StatusCode.OK, ""
@@ -401,10 +374,7 @@ class AsyncClient(ClientCore):
                     await self._on_event(s, event)
                     first_try = time.monotonic()
             except grpc.RpcError as e:
-                code, details = e.code(), e.details()
-                if is_moving(code, e.trailing_metadata()):
-                    # not applied by the moving daemon: reattach soon, to its successor
-                    s.log.moving = s.log.moving_refused = True
+                code, details = stream_error(s, e)
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
             s.call = None

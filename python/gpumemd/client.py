@@ -13,15 +13,15 @@ import time
 
 import grpc
 
-from ._channel import is_moving, open_channel, options
-from ._deferred import DONE, FAILED
+from ._channel import open_channel, options
+from ._deferred import DONE, FAILED, PollerThread
 from ._errors import GpumemdError
 from ._fdchannel import FdChannels
 from ._lease import Lease
 from ._session import ClientStats  # noqa: F401 (gpumemd.client.ClientStats, as before)
 from ._cache import FLUSH_DELAY
-from ._session import END, FLUSH, ClientCore, Reopening, SessionState, is_empty, keepalive_message, no_answer
-from ._session import open_request, reattach_delay, stream_down
+from ._keepalive import END, FLUSH, Turn, reattach_delay, stream_error
+from ._session import ClientCore, Reopening, SessionState, no_answer, open_request, stream_down
 from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
 from ._stubs import pb, pb_grpc
 
@@ -38,25 +38,6 @@ class _Session(SessionState):
         super().__init__(client, opened, generation, queue.SimpleQueue(), threading.Event())
         self.done = threading.Event()
         self.thread = None
-
-
-class _Turn:
-    """When one KeepAlive stream's request side may send what is queued: once the daemon
-    confirmed the stream (``go``, with the messages to send again first), or never (``end``:
-    the stream is over; what is queued waits for the next)."""
-
-    def __init__(self):
-        self.event = threading.Event()
-        self.again = None
-        self.ended = False
-
-    def go(self, again):
-        self.again = again
-        self.event.set()
-
-    def end(self):
-        self.ended = True
-        self.event.set()
 
 
 class _Waiter:
@@ -149,9 +130,7 @@ class Client(ClientCore):
             self._channel.close()
             raise GpumemdError.from_rpc(e) from None
         self._shutdown_event = threading.Event()
-        self._poll_cond = threading.Condition()  # the release poller's: new releases, its stop
-        self._poller = None
-        self._poll_stop = False
+        self._poller = PollerThread(self._deferred, self._release_ready, "gpumemd-releases-%s" % self.client_name)
         self._close_lock = threading.Lock()
         self._reopen_lock = threading.Lock()
         self._s = _Session(self, opened, 1)
@@ -264,18 +243,17 @@ class Client(ClientCore):
         return Share(self, self._call("Share", request), lease.id, request.read_only, max_attaches)
 
     def _unpublish(self, name, quiet):
-        try:
-            return self._call("Unpublish", pb.UnpublishRequest(session_id=self._live_session().id,
-                                                               name=name)).block_returned
-        except GpumemdError as e:
-            if quiet and is_not_found(e):
-                return False
-            raise
+        return self._drop("Unpublish", lambda session_id: pb.UnpublishRequest(session_id=session_id, name=name), quiet)
 
     def _revoke_share(self, token, quiet):
+        return self._drop("RevokeShare", lambda session_id: pb.RevokeShareRequest(session_id=session_id, token=token),
+                          quiet)
+
+    def _drop(self, method, request, quiet):
+        """Unpublish or RevokeShare (``request(session_id)``): True when the block's last hold
+        went with it; with ``quiet``, False for a name or token that is gone (NOT_FOUND)."""
         try:
-            return self._call("RevokeShare", pb.RevokeShareRequest(session_id=self._live_session().id,
-                                                                   token=token)).block_returned
+            return self._call(method, request(self._live_session().id)).block_returned
         except GpumemdError as e:
             if quiet and is_not_found(e):
                 return False
@@ -359,67 +337,30 @@ class Client(ClientCore):
 
     def _wake_poller(self):
         """A release waits for its event: the poller thread (started on the first) polls it."""
-        with self._poll_cond:
-            if self._poller is None and not self._poll_stop:
-                self._poller = threading.Thread(target=self._poll_releases, daemon=True,
-                                                name="gpumemd-releases-%s" % self.client_name)
-                self._poller.start()
-            self._poll_cond.notify_all()
-
-    def _poll_releases(self):
-        """The poller thread: sends each deferred release once its event has completed,
-        sleeping DeferredReleases.delay() between polls, and waiting for work when none is
-        pending; ends when the client closes."""
-        while True:
-            with self._poll_cond:
-                while not self._poll_stop and len(self._deferred) == 0:
-                    self._poll_cond.notify_all()  # a closing client waits for the table to empty
-                    self._poll_cond.wait()
-                if self._poll_stop:
-                    return
-            self._release_ready()
-            with self._poll_cond:
-                if not self._poll_stop and len(self._deferred):
-                    self._poll_cond.wait(self._deferred.delay())
+        self._poller.wake()
 
     def _drain_deferred(self, seconds):
         """At close: waits up to ``seconds`` for the deferred releases to go out (their events
         to complete), then stops the poller and gives up the rest (ClientCore._abandon_deferred)."""
-        deadline = time.monotonic() + seconds
-        with self._poll_cond:
-            while len(self._deferred) and self._poller is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._poll_cond.wait(min(left, 0.05))
-            self._poll_stop = True
-            self._poll_cond.notify_all()
-            poller = self._poller
-        if poller is not None:
-            poller.join(5)  # a release call in flight ends first
+        self._poller.stop(seconds)
         self._abandon_deferred()
 
     # ------------------------------------------------------------------ the KeepAlive stream
 
     def _requests(self, s, requests, turn):
         """The stream's messages: the session id first, then (once ``turn`` comes) what to send
-        again, then whatever is queued, merged; each numbered (``s.log``)."""
+        again, then whatever is queued, merged (see :class:`gpumemd._keepalive.Turn`)."""
         def take():
             try:
                 return requests.get_nowait()
             except queue.Empty:
                 return None
 
-        s.log.hello()
-        yield pb.KeepAliveRequest(session_id=s.id)
-        # Nothing more until the daemon confirms the stream: then what it did not apply of the
-        # broken streams' messages, in order, before anything composed since.
-        turn.event.wait()
+        yield turn.opening(s)
+        turn.event.wait()  # nothing more until the daemon confirms the stream
         if turn.again is None:
             return
-        for message in turn.again:
-            s.log.sent(message)
-            yield message
+        yield from turn.resent(s)
         while True:
             item = requests.get()
             if item is FLUSH:
@@ -427,18 +368,11 @@ class Client(ClientCore):
                     item = requests.get(timeout=FLUSH_DELAY)
                 except queue.Empty:
                     pass
-            if turn.ended:
-                # gRPC asks an ended call's requests for one more: what this stream would take
-                # now belongs to the next one (numbering it here would shift the count).
-                if item is not END:
-                    s.queue.put(item)
-                return
             # Once the queue was swapped this stream is broken: the tier's notices wait for the next.
-            message, end, more = keepalive_message(item, take, s.cache if requests is s.queue else None)
-            if not is_empty(message):
-                s.log.sent(message)
+            message, stop, more = turn.compose(s, item, take, s.queue.put, s.cache if requests is s.queue else None)
+            if message is not None:
                 yield message
-            if end:
+            if stop:
                 return
             if more:
                 requests.put(FLUSH)
@@ -447,7 +381,7 @@ class Client(ClientCore):
         first_try = time.monotonic()
         while not s.lost:
             requests = s.queue
-            turn = s.turn = _Turn()
+            turn = s.turn = Turn(threading.Event())
             call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             if s.lost:  # lost (unary NOT_FOUND) while the call started: _lose may have missed it
@@ -459,10 +393,7 @@ class Client(ClientCore):
                     self._on_event(s, event)
                     first_try = time.monotonic()
             except grpc.RpcError as e:
-                code, details = e.code(), e.details()
-                if is_moving(code, e.trailing_metadata()):
-                    # not applied by the moving daemon: reattach soon, to its successor
-                    s.log.moving = s.log.moving_refused = True
+                code, details = stream_error(s, e)
             except Exception:  # a bug in an event handler: do not lose the session silently
                 log.exception("gpumemd KeepAlive stream handler failed")
                 call.cancel()

@@ -3,8 +3,8 @@ import grpc
 import pytest
 
 from gpumemd import GpumemdError
-from gpumemd._session import (END, FLUSH, LOGGED, MAX_NOTICES, ClientCore, MessageLog, Reopening, SessionState,
-                              is_empty, keepalive_message, reattach_delay)
+from gpumemd._keepalive import END, FLUSH, LOGGED, MAX_NOTICES, MessageLog, is_empty, keepalive_message, reattach_delay
+from gpumemd._session import ClientCore, Reopening, SessionState
 from gpumemd._stubs import pb
 
 

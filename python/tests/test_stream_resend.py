@@ -5,7 +5,7 @@ round trip, every release a notice). The client numbers its messages and sends a
 next stream, those the daemon had not applied (StreamAttached.applied_messages): every call
 succeeds, the session is the same throughout, and the daemon's leases of the session are the
 client's (besides the first grants of leases whose reply was lost with a connection, which the
-client asked for again and counts: see gpumemd._session.MessageLog)."""
+client asked for again and counts: see gpumemd._keepalive.MessageLog)."""
 import asyncio
 import os
 import random

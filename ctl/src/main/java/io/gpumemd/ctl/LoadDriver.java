@@ -4,6 +4,7 @@ import io.gpumemd.client.GpuMemException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.Callable;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -72,10 +73,7 @@ final class LoadDriver {
     long start = System.nanoTime();
     long now = start;
     try {
-      long warmEnd = start + timing.warmupNanos();
-      while (System.nanoTime() < warmEnd) {
-        op.run();
-      }
+      warmUp(timing, op::run);
       start = System.nanoTime();
       long end = start + timing.measureNanos();
       do {
@@ -97,10 +95,7 @@ final class LoadDriver {
     long start = System.nanoTime();
     long t0 = start;
     try {
-      long warmEnd = start + timing.warmupNanos();
-      while (System.nanoTime() < warmEnd) {
-        op.run();
-      }
+      warmUp(timing, op::run);
       start = System.nanoTime();
       long end = start + timing.measureNanos();
       t0 = start;
@@ -121,13 +116,24 @@ final class LoadDriver {
         0, null, details);
   }
 
+  /** Runs {@code op} again and again for the warm-up time. */
+  private static void warmUp(Timing timing, Callable<?> op) throws Exception {
+    long warmEnd = System.nanoTime() + timing.warmupNanos();
+    while (System.nanoTime() < warmEnd) {
+      op.call();
+    }
+  }
+
   /**
    * {@code threads} threads call the same (thread-safe) op in a loop. They warm up for the
-   * warm-up time, then {@code gate} is passed, then all measure for the same window.
+   * warm-up time and until each has completed one op (at most {@link #FIRST_OP_WAIT_SECONDS}
+   * more), then {@code gate} is passed, then all measure for the same window. Only ops that start
+   * in the window count: a thread still in its first, cold op (a fresh JVM's connection, class
+   * loading, compiling) when a short window opens would otherwise count nothing in it.
    */
   static LoadResult threaded(String scenario, String label, int threads, Timing timing, boolean leases,
       Map<String, Object> details, Op op, Gate gate) {
-    Window window = new Window();
+    Window window = new Window(threads);
     List<Runner> runners = new ArrayList<>();
     for (int i = 0; i < threads; i++) {
       Runner runner = new Runner(op, window);
@@ -140,6 +146,7 @@ final class LoadDriver {
     String gateError = null;
     try {
       Thread.sleep(TimeUnit.NANOSECONDS.toMillis(timing.warmupNanos()));
+      window.firstOps.await(FIRST_OP_WAIT_SECONDS, TimeUnit.SECONDS);
       gate.await();
     } catch (Exception e) {
       gateError = describe(e);
@@ -171,11 +178,20 @@ final class LoadDriver {
         errors, firstError, details);
   }
 
+  /** The most a threaded case waits, after its warm-up, for every thread's first op. */
+  static final long FIRST_OP_WAIT_SECONDS = 60;
+
   /** The measured window shared by the runners; Long.MAX_VALUE until it opens. */
   private static final class Window {
+    /** Counted down by each runner once its first op ended (or it stopped). */
+    final CountDownLatch firstOps;
     volatile long start = Long.MAX_VALUE;
     volatile long end = Long.MAX_VALUE;
     volatile boolean abort;
+
+    Window(int threads) {
+      firstOps = new CountDownLatch(threads);
+    }
   }
 
   private static final class Runner implements Runnable {
@@ -186,6 +202,7 @@ final class LoadDriver {
     long misses;
     long lastEnd = Long.MIN_VALUE;
     String error;
+    private boolean counted;
 
     Runner(Op op, Window window) {
       this.op = op;
@@ -199,6 +216,10 @@ final class LoadDriver {
         while (!window.abort) {
           boolean hit = op.run();
           long t1 = System.nanoTime();
+          if (!counted) {
+            counted = true;
+            window.firstOps.countDown();
+          }
           long start = window.start;
           if (t0 >= start) {
             histogram.recordValue(t1 - t0);
@@ -215,6 +236,10 @@ final class LoadDriver {
       } catch (Exception e) {
         error = describe(e);
         window.abort = true;
+      } finally {
+        if (!counted) {
+          window.firstOps.countDown(); // a runner that stops before its first op must not hold the others
+        }
       }
     }
   }

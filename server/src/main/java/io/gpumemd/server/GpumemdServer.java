@@ -28,6 +28,7 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
@@ -152,7 +153,7 @@ public final class GpumemdServer {
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     DevicePools pools = new DevicePools(list);
-    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions));
+    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions));
   }
 
   /**

@@ -119,8 +119,9 @@ class AbuseSoakTest {
         ttl.close();
         bystander.close();
         System.out.printf("abuse soak, %d s, %d attackers, %.1f s in all: %s; bystander %s; 1 s-TTL sessions ended "
-            + "after %s ms; books checked %d times, /metrics %d times, most live holds %d%n", SECONDS,
-            attackers.size(), (System.nanoTime() - t0) / 1e9, figures, bystander, ttl.expiryMillis(), books.polls(),
+            + "after %s ms (%d served only past their TTL); books checked %d times, /metrics %d times, most live holds %d%n",
+            SECONDS, attackers.size(), (System.nanoTime() - t0) / 1e9, figures, bystander, ttl.expiryMillis(), ttl.late(),
+            books.polls(),
             books.scrapes(), books.mostHolds());
         results.forEach((k, r) -> System.out.println(k + ": " + resultLine(r)));
         books.failures().forEach(f -> System.out.println("books: " + f));

@@ -1,6 +1,5 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.session.Quota;
 import java.io.IOException;
 import java.io.Reader;
 import java.nio.file.AccessDeniedException;
@@ -88,8 +87,8 @@ final class OptionLayers {
             + " or quota.<client_name>.max-leased-bytes|max-leases) [" + fileOrigin + "]");
       }
     }
-    Map<String, Quota> quotas = new TreeMap<>();
-    raw.forEach((client, q) -> quotas.put(client, new Quota(q[0], q[1])));
+    Map<String, QuotaConfig> quotas = new TreeMap<>();
+    raw.forEach((client, q) -> quotas.put(client, new QuotaConfig(q[0], q[1])));
     settings.quotas(quotas);
   }
 

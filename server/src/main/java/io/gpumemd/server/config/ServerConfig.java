@@ -1,6 +1,5 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.session.SessionSettings;
 import java.util.Map;
 import java.util.TreeMap;
 
@@ -63,11 +62,6 @@ public record ServerConfig(
     TakeOverConfig takeOver = TakeOverConfig.from(s, listeners);
     return new ServerConfig(backend, pool, listeners, fdChannel, security, tenancy, sessions, transport, logging,
         takeOver, drainTimeoutMillis, s.sources());
-  }
-
-  /** The session layer's settings: the sessions' own, with the tenancy's quota and isolation. */
-  public SessionSettings sessionSettings() {
-    return sessions.settings(tenancy);
   }
 
   /** One line per value for the start log, by option name, with where it came from. */

@@ -1,15 +1,11 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.session.Quota;
-import io.gpumemd.server.session.SessionLimits;
-import io.gpumemd.server.session.SessionSettings;
-import io.gpumemd.server.session.SharingSettings;
 import java.util.Map;
 
 /**
  * Sessions: how long they live, what each may hold, how many there may be, and the bounds on
- * sharing; part of {@link ServerConfig}. The session layer's own {@link SessionSettings} is
- * made from this and {@link TenancyConfig} ({@link ServerConfig#sessionSettings()}).
+ * sharing; part of {@link ServerConfig}. Plain values: the session layer makes its own settings
+ * from this and {@link TenancyConfig}, so that config knows nothing of it.
  *
  * @param ttlSeconds TTL of a session that asks for none ({@code --session-ttl-seconds})
  * @param maxTtlSeconds highest TTL a client may ask for ({@code --max-session-ttl-seconds})
@@ -27,15 +23,36 @@ public record SessionConfig(
     int maxTtlSeconds,
     long keepaliveGraceMillis,
     long leakThresholdMillis,
-    Quota defaultQuota,
-    Map<String, Quota> quotaOverrides,
+    QuotaConfig defaultQuota,
+    Map<String, QuotaConfig> quotaOverrides,
     long clientCacheBytes,
-    SessionLimits limits,
-    SharingSettings sharing) {
+    Limits limits,
+    Sharing sharing) {
 
   public SessionConfig {
     quotaOverrides = Map.copyOf(quotaOverrides);
   }
+
+  /**
+   * Bounds on sessions, 0 = none for each.
+   *
+   * @param maxSessions live sessions in all ({@code --max-sessions})
+   * @param maxSessionsPerTenant live sessions of one tenant ({@code --max-sessions-per-tenant})
+   * @param openRatePerSecond session opens per second per tenant ({@code --session-open-rate})
+   */
+  public record Limits(int maxSessions, int maxSessionsPerTenant, int openRatePerSecond) {}
+
+  /**
+   * Bounds on sharing, 0 = none for each bound.
+   *
+   * @param maxShareSeconds longest life of a share token, at least 1 ({@code --share-max-seconds})
+   * @param maxHoldsPerSession holds one session may take ({@code --max-holds-per-session})
+   * @param maxSharesPerTenant live share tokens plus published names of one tenant ({@code
+   *     --max-shares-per-tenant})
+   * @param maxHoldsPerTenant holds all sessions of one tenant may take ({@code --max-holds-per-tenant})
+   */
+  public record Sharing(int maxShareSeconds, int maxHoldsPerSession, int maxSharesPerTenant,
+      int maxHoldsPerTenant) {}
 
   /** Reads and checks the session options; a problem is recorded in {@code s}. */
   static SessionConfig from(Settings s) {
@@ -49,10 +66,10 @@ public record SessionConfig(
         maxTtl,
         s.integer("keepalive-grace-ms", 0, 3_600_000),
         s.integer("leak-threshold-ms", 0, Long.MAX_VALUE / 1_000_000),
-        new Quota(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
+        new QuotaConfig(s.size("quota-max-leased-bytes"), s.integer("quota-max-leases", 0, Long.MAX_VALUE)),
         s.quotas(),
         s.size("client-cache-bytes"),
-        new SessionLimits(
+        new Limits(
             (int) s.integer("max-sessions", 0, 10_000_000),
             (int) s.integer("max-sessions-per-tenant", 0, 10_000_000),
             (int) s.integer("session-open-rate", 0, 1_000_000)),
@@ -60,19 +77,12 @@ public record SessionConfig(
   }
 
   /** The sharing bounds; token lives from one second to a week. */
-  private static SharingSettings sharing(Settings s) {
+  private static Sharing sharing(Settings s) {
     int maxSeconds = (int) s.integer("share-max-seconds", 1, 86_400 * 7);
-    return new SharingSettings(Math.min(SharingSettings.DEFAULTS.defaultShareSeconds(), Math.max(1, maxSeconds)),
-        Math.max(1, maxSeconds),
+    return new Sharing(Math.max(1, maxSeconds),
         (int) s.integer("max-holds-per-session", 0, 10_000_000),
         (int) s.integer("max-shares-per-tenant", 0, 10_000_000),
         (int) s.integer("max-holds-per-tenant", 0, 10_000_000));
-  }
-
-  /** The session layer's settings, with the tenant quota and isolation of {@code tenancy}. */
-  SessionSettings settings(TenancyConfig tenancy) {
-    return new SessionSettings(ttlSeconds, maxTtlSeconds, keepaliveGraceMillis, leakThresholdMillis, defaultQuota,
-        quotaOverrides, clientCacheBytes, tenancy.tenantQuota(), tenancy.isolateSessions(), limits, sharing);
   }
 
   /** Each value by option name, as the start log shows it. */

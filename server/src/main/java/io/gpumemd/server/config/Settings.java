@@ -1,7 +1,6 @@
 package io.gpumemd.server.config;
 
 import io.gpumemd.common.Sizes;
-import io.gpumemd.server.session.Quota;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashSet;
@@ -20,7 +19,7 @@ final class Settings {
   private final Map<String, Setting> byName = new LinkedHashMap<>();
   private final List<String> problems = new ArrayList<>();
   private final Set<String> bad = new HashSet<>();
-  private Map<String, Quota> quotas = Map.of();
+  private Map<String, QuotaConfig> quotas = Map.of();
 
   void put(Setting setting) {
     byName.put(setting.name(), setting);
@@ -42,11 +41,11 @@ final class Settings {
   }
 
   /** The {@code --config} file's per-client quotas, by client name. */
-  Map<String, Quota> quotas() {
+  Map<String, QuotaConfig> quotas() {
     return quotas;
   }
 
-  void quotas(Map<String, Quota> byClient) {
+  void quotas(Map<String, QuotaConfig> byClient) {
     quotas = Map.copyOf(byClient);
   }
 

@@ -2,7 +2,6 @@ package io.gpumemd.server.config;
 
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.auth.UnixAccounts;
-import io.gpumemd.server.session.Quota;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
@@ -24,7 +23,7 @@ public record TenancyConfig(
     IdentityPolicy.TenantBy tenantBy,
     String adminGroup,
     boolean isolateSessions,
-    Quota tenantQuota,
+    QuotaConfig tenantQuota,
     String socketMode,
     String socketGroup) {
 
@@ -34,7 +33,7 @@ public record TenancyConfig(
         IdentityPolicy.TenantBy.valueOf(s.choice("tenant-by", List.of("uid", "gid")).toUpperCase(Locale.ROOT)),
         s.text("admin-group"),
         s.choice("isolate", List.of("tenant", "session")).equals("session"),
-        new Quota(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
+        new QuotaConfig(s.size("tenant-max-leased-bytes"), s.integer("tenant-max-leases", 0, Long.MAX_VALUE)),
         socketMode(s),
         s.text("socket-group").isEmpty() ? s.text("shm-group") : s.text("socket-group"));
   }

@@ -11,7 +11,7 @@ import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
-import io.gpumemd.server.grpc.StatusMapper;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.session.SegmentHolding;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.Status;

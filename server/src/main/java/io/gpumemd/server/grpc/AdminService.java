@@ -1,6 +1,6 @@
 package io.gpumemd.server.grpc;
 
-import static io.gpumemd.server.grpc.StatusMapper.answer;
+import static io.gpumemd.server.grpc.UnaryCalls.answer;
 
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.GetStatsRequest;
@@ -30,6 +30,7 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.PermissionDeniedException;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.LeaseRecord;

@@ -1,6 +1,6 @@
 package io.gpumemd.server.grpc;
 
-import static io.gpumemd.server.grpc.StatusMapper.answer;
+import static io.gpumemd.server.grpc.UnaryCalls.answer;
 
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.proto.v1.AllocatorGrpc;
@@ -28,6 +28,7 @@ import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.session.LeaseRecord;
 import io.gpumemd.server.session.PendingLease;

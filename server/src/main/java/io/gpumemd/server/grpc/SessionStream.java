@@ -8,6 +8,7 @@ import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.session.NoticeRefusal;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
@@ -339,30 +340,24 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
 
   /** Ends the stream with an error; the session, if bound, waits out its grace period. */
   private void end(Throwable status) {
-    synchronized (this) {
-      ended = true;
-    }
-    leaveGate();
-    if (session != null) {
-      registry.detach(session, channel);
-    }
+    over();
     channel.fail(status);
   }
 
   @Override
   public void onError(Throwable t) {
-    synchronized (this) {
-      ended = true;
-    }
-    leaveGate();
-    if (session != null) {
-      registry.detach(session, channel);
-    }
+    over();
     channel.close();
   }
 
   @Override
   public void onCompleted() {
+    over();
+    channel.close();
+  }
+
+  /** The stream is over, whoever ended it: no more requests, the session (if bound) detached. */
+  private void over() {
     synchronized (this) {
       ended = true;
     }
@@ -370,6 +365,5 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     if (session != null) {
       registry.detach(session, channel);
     }
-    channel.close();
   }
 }

@@ -1,5 +1,9 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.config.QuotaConfig;
+import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.config.SessionConfig;
+import java.util.HashMap;
 import java.util.Map;
 
 /**
@@ -71,6 +75,30 @@ public record SessionSettings(
       Quota defaultQuota, Map<String, Quota> quotaOverrides) {
     this(defaultTtlSeconds, maxTtlSeconds, graceMillis, leakThresholdMillis, defaultQuota, quotaOverrides,
         DEFAULT_CLIENT_CACHE_BYTES);
+  }
+
+  /**
+   * The settings the operator configured: the sessions' own, with the tenancy's quota and
+   * isolation. A share token that names no life gets the default (300 s) or the longest allowed,
+   * whichever is shorter.
+   */
+  public static SessionSettings from(ServerConfig config) {
+    SessionConfig sessions = config.sessions();
+    Map<String, Quota> overrides = new HashMap<>();
+    sessions.quotaOverrides().forEach((client, q) -> overrides.put(client, quota(q)));
+    SessionConfig.Limits limits = sessions.limits();
+    SessionConfig.Sharing sharing = sessions.sharing();
+    return new SessionSettings(sessions.ttlSeconds(), sessions.maxTtlSeconds(), sessions.keepaliveGraceMillis(),
+        sessions.leakThresholdMillis(), quota(sessions.defaultQuota()), overrides, sessions.clientCacheBytes(),
+        quota(config.tenancy().tenantQuota()), config.tenancy().isolateSessions(),
+        new SessionLimits(limits.maxSessions(), limits.maxSessionsPerTenant(), limits.openRatePerSecond()),
+        new SharingSettings(Math.min(SharingSettings.DEFAULTS.defaultShareSeconds(), sharing.maxShareSeconds()),
+            sharing.maxShareSeconds(), sharing.maxHoldsPerSession(), sharing.maxSharesPerTenant(),
+            sharing.maxHoldsPerTenant()));
+  }
+
+  private static Quota quota(QuotaConfig q) {
+    return new Quota(q.maxLeasedBytes(), q.maxLeases());
   }
 
   public static SessionSettings defaults() {

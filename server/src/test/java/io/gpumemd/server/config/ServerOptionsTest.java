@@ -7,6 +7,8 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.session.SessionLimits;
+import io.gpumemd.server.session.SessionSettings;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
@@ -58,7 +60,7 @@ class ServerOptionsTest {
     assertEquals(30, c.sessions().ttlSeconds());
     assertEquals(3600, c.sessions().maxTtlSeconds());
     assertEquals(10_000, c.drainTimeoutMillis());
-    assertEquals(Quota.UNLIMITED, c.sessions().defaultQuota());
+    assertEquals(QuotaConfig.UNLIMITED, c.sessions().defaultQuota());
     assertTrue(c.sessions().quotaOverrides().isEmpty());
     OPTIONS.forEach(name -> assertEquals("default", c.sources().get(name), name));
   }
@@ -66,15 +68,15 @@ class ServerOptionsTest {
   @Test
   void limits_haveDefaults_flagsEnvAndFile_andAreChecked() throws Exception {
     ServerConfig d = load(Map.of());
-    assertEquals(new io.gpumemd.server.session.SessionLimits(10_000, 1_000, 100), d.sessions().limits());
+    assertEquals(new SessionConfig.Limits(10_000, 1_000, 100), d.sessions().limits());
     assertEquals(new TransportLimits(1 << 20, 1000, 300, 1000, 1000, 30_000), d.transport());
-    assertEquals(d.sessions().limits(), d.sessionSettings().limits());
+    assertEquals(new SessionLimits(10_000, 1_000, 100), SessionSettings.from(d).limits());
     Path file = dir.resolve("limits.properties");
     Files.writeString(file, "tcp-max-connections=50\nconnection-idle-timeout-seconds=0\n");
     ServerConfig c = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_SESSION_OPEN_RATE", "0",
         "GPUMEMD_MAX_MESSAGE_BYTES", "256KiB"), "--max-sessions", "5", "--max-sessions-per-tenant=2",
         "--max-calls-per-connection", "10", "--unix-max-connections", "7", "--stream-stall-timeout-ms", "2500");
-    assertEquals(new io.gpumemd.server.session.SessionLimits(5, 2, 0), c.sessions().limits());
+    assertEquals(new SessionConfig.Limits(5, 2, 0), c.sessions().limits());
     assertEquals(new TransportLimits(256 << 10, 10, 0, 50, 7, 2500), c.transport());
     assertTrue(c.describe().contains("max-message-bytes = 262144  [env GPUMEMD_MAX_MESSAGE_BYTES]"), c.describe());
     rejects("max-message-bytes: '1KiB' (expected: a byte size in [64KiB, 64MiB])", Map.of(),
@@ -149,10 +151,10 @@ class ServerOptionsTest {
     Files.writeString(file, "quota.trainer.max-leased-bytes=8GiB\nquota.trainer.max-leases=10\nquota-max-leases=100\n"
         + "quota.web.front.max-leases = 3\n");
     ServerConfig c = load(Map.of(), "--config=" + file);
-    assertEquals(new Quota(8L << 30, 10), c.sessions().quotaOverrides().get("trainer"));
-    assertEquals(new Quota(0, 3), c.sessions().quotaOverrides().get("web.front"), "client names may contain dots");
-    assertEquals(new Quota(0, 100), c.sessions().defaultQuota());
-    assertEquals(new Quota(8L << 30, 10), c.sessionSettings().quotaOverrides().get("trainer"));
+    assertEquals(new QuotaConfig(8L << 30, 10), c.sessions().quotaOverrides().get("trainer"));
+    assertEquals(new QuotaConfig(0, 3), c.sessions().quotaOverrides().get("web.front"), "client names may contain dots");
+    assertEquals(new QuotaConfig(0, 100), c.sessions().defaultQuota());
+    assertEquals(new Quota(8L << 30, 10), SessionSettings.from(c).quotaOverrides().get("trainer"));
     assertTrue(c.describe().contains("quota.trainer = 8589934592 bytes, 10 leases  [file " + file + "]"), c.describe());
     Files.writeString(file, "quota.trainer.max-bytes=1\n");
     rejects("file key: 'quota.trainer.max-bytes' (expected: quota.<client_name>.max-leased-bytes or "
@@ -268,15 +270,15 @@ class ServerOptionsTest {
 
   @Test
   void maxHoldsPerTenant_hasADefault_flagEnvAndFile_andIsChecked() throws Exception {
-    assertEquals(16_384, load(Map.of()).sessionSettings().sharing().maxHoldsPerTenant());
+    assertEquals(16_384, SessionSettings.from(load(Map.of())).sharing().maxHoldsPerTenant());
     Path file = dir.resolve("holds.properties");
     Files.writeString(file, "max-holds-per-tenant=300\n");
-    assertEquals(300, load(Map.of("GPUMEMD_CONFIG", file.toString())).sessionSettings().sharing().maxHoldsPerTenant());
+    assertEquals(300, SessionSettings.from(load(Map.of("GPUMEMD_CONFIG", file.toString()))).sharing().maxHoldsPerTenant());
     ServerConfig env = load(Map.of("GPUMEMD_CONFIG", file.toString(), "GPUMEMD_MAX_HOLDS_PER_TENANT", "200"));
-    assertEquals(200, env.sessionSettings().sharing().maxHoldsPerTenant());
+    assertEquals(200, SessionSettings.from(env).sharing().maxHoldsPerTenant());
     assertTrue(env.describe().contains("max-holds-per-tenant = 200  [env GPUMEMD_MAX_HOLDS_PER_TENANT]"), env.describe());
-    assertEquals(0, load(Map.of("GPUMEMD_MAX_HOLDS_PER_TENANT", "200"), "--max-holds-per-tenant", "0")
-        .sessionSettings().sharing().maxHoldsPerTenant(), "0 = no bound, and the flag wins");
+    assertEquals(0, SessionSettings.from(load(Map.of("GPUMEMD_MAX_HOLDS_PER_TENANT", "200"), "--max-holds-per-tenant",
+        "0")).sharing().maxHoldsPerTenant(), "0 = no bound, and the flag wins");
     rejects("max-holds-per-tenant: '-1' (expected: an integer in [0, 10000000])", Map.of(),
         "--max-holds-per-tenant", "-1");
   }

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import com.google.protobuf.ByteString;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.CloseSessionRequest;

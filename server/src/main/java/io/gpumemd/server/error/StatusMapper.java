@@ -1,24 +1,16 @@
-package io.gpumemd.server.grpc;
+package io.gpumemd.server.error;
 
 import io.gpumemd.server.backend.InvalidEventHandleException;
-import io.gpumemd.server.error.AlreadyExistsException;
-import io.gpumemd.server.error.ConflictException;
-import io.gpumemd.server.error.DrainingException;
-import io.gpumemd.server.error.ExhaustedException;
-import io.gpumemd.server.error.InvalidRequestException;
-import io.gpumemd.server.error.NotFoundException;
-import io.gpumemd.server.error.PermissionDeniedException;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
-import io.grpc.stub.StreamObserver;
-import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
  * The one place where exceptions become gRPC statuses. Domain errors keep their message (it
  * is written for the caller); anything else becomes INTERNAL with a generic message, and its
- * cause is logged here, once, with the rpc that hit it. Stateless and thread-safe.
+ * cause is logged here, once, with the rpc that hit it. The gRPC services and the fd channel
+ * both answer with it, so a refusal reads the same on either. Stateless and thread-safe.
  */
 public final class StatusMapper {
   private static final Logger log = LoggerFactory.getLogger(StatusMapper.class);
@@ -52,21 +44,5 @@ public final class StatusMapper {
       log.debug("{} refused: {} {}", rpc, status.getCode(), error.getMessage());
     }
     return status.withDescription(error.getMessage()).asRuntimeException();
-  }
-
-  /**
-   * Answers a unary call with what {@code body} returns, or with the status its exception maps
-   * to. The body runs before anything is sent, so a failure never follows a reply.
-   */
-  static <T> void answer(String rpc, StreamObserver<T> response, Supplier<T> body) {
-    T value;
-    try {
-      value = body.get();
-    } catch (RuntimeException e) {
-      response.onError(toStatus(rpc, e));
-      return;
-    }
-    response.onNext(value);
-    response.onCompleted();
   }
 }
