@@ -1,6 +1,6 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import java.io.IOException;
 import java.io.Reader;
 import java.nio.file.AccessDeniedException;

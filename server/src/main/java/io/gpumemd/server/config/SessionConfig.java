@@ -1,9 +1,9 @@
 package io.gpumemd.server.config;
 
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionSettings;
-import io.gpumemd.server.session.SharingSettings;
+import io.gpumemd.server.sharing.SharingSettings;
 import java.util.Map;
 
 /**

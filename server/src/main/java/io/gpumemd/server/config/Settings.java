@@ -1,7 +1,7 @@
 package io.gpumemd.server.config;
 
 import io.gpumemd.common.Sizes;
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashSet;

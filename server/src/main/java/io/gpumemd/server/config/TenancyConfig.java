@@ -2,7 +2,7 @@ package io.gpumemd.server.config;
 
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.auth.UnixAccounts;
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;

@@ -12,7 +12,7 @@ import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.grpc.StatusMapper;
-import io.gpumemd.server.session.SegmentHolding;
+import io.gpumemd.server.books.SegmentHolding;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;

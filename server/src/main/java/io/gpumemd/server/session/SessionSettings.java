@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.sharing.SharingSettings;
 import java.util.Map;
 
 /**
