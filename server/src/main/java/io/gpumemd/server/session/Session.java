@@ -2,11 +2,11 @@ package io.gpumemd.server.session;
 
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.SegmentOwner;
-import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.books.LeaseHolder;
 import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.books.Tenant;
+import io.gpumemd.server.error.ConflictException;
 import java.util.Comparator;
 import java.util.List;
 import java.util.Map;
@@ -17,7 +17,7 @@ import java.util.concurrent.TimeUnit;
  * {@link Caller} that opened it, and its KeepAlive stream is pinned to one origin. Created and ended by the {@link
  * SessionRegistry}; every state change goes through a method of this class.
  *
- * What it holds (leases, holds, quota, client cache) is kept in its books, the {@link
+ * <p>What it holds (leases, holds, quota, client cache) is kept in its books, the {@link
  * LeaseHolder} it extends; this class adds the session's life: its KeepAlive stream, its TTL,
  * and its end.
  *
