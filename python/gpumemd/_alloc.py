@@ -22,7 +22,6 @@ while calling the daemon or the driver.
 import bisect
 import collections
 import contextlib
-import ctypes
 import gc
 import logging
 import threading
@@ -49,11 +48,7 @@ def pointer_of(lease):
     if not lease.is_host:
         return lease.device_ptr
     lease._require_open()
-    anchor = ctypes.c_char.from_buffer(lease._mapping.mmap, lease.offset)
-    try:
-        return ctypes.addressof(anchor)
-    finally:
-        del anchor  # its export of the mmap would keep the mapping from closing
+    return lease._mapping.address + lease.offset
 
 
 class LeaseAllocator:

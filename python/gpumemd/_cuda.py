@@ -327,51 +327,85 @@ def import_and_map(device, fd, segment_bytes, read_only, segment_id=None):
     ``segment_bytes`` fails ``INTERNAL``, the daemon's reply inconsistent: cuMemMap refuses to
     map past an allocation's end (its documented check, which is the size check)."""
     with context(device) as lib:
-        handle = ctypes.c_uint64()
-        check(lib.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd),
-                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-              "cuMemImportFromShareableHandle on device %d" % device)
         base = ctypes.c_uint64()
-        mapped = False
+        check(lib.cuMemAddressReserve(ctypes.byref(base), segment_bytes, 0, 0, 0),
+              "cuMemAddressReserve(%d bytes)" % segment_bytes)
         try:
-            check(lib.cuMemAddressReserve(ctypes.byref(base), segment_bytes, 0, 0, 0),
-                  "cuMemAddressReserve(%d bytes)" % segment_bytes)
-            result = lib.cuMemMap(base, segment_bytes, 0, handle, 0)
-            if result == CUDA_ERROR_INVALID_VALUE:
-                raise inconsistent("the CUDA VMM allocation of segment %s cannot be mapped whole at segment_bytes %d "
-                                   "(cuMemMap: CUDA_ERROR_INVALID_VALUE: the allocation is smaller, or "
-                                   "segment_bytes is not a multiple of its granularity)"
-                                   % ("?" if segment_id is None else segment_id, segment_bytes))
-            check(result, "cuMemMap")
-            mapped = True
-            # The lease's device and its peers, as a legacy handle opened with
-            # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS lets them in (see accessors).
-            flags = CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            devices = accessors(device)
-            access = (MemAccessDesc * len(devices))(
-                *[MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, d), flags) for d in devices])
-            check(lib.cuMemSetAccess(base, segment_bytes, access, len(devices)),
-                  "cuMemSetAccess(%s)" % ("read-only" if read_only else "read-write"))
+            handle = _import_at(lib, device, fd, base.value, segment_bytes, read_only, segment_id)
         except GpumemdError:
-            if mapped:
-                lib.cuMemUnmap(base, segment_bytes)
-            if base.value:
-                lib.cuMemAddressFree(base, segment_bytes)
-            lib.cuMemRelease(handle)
+            lib.cuMemAddressFree(base, segment_bytes)
             raise
-        return base.value, handle.value
+        return base.value, handle
+
+
+def _import_at(lib, device, fd, base, segment_bytes, read_only, segment_id):
+    """Imports ``fd`` and maps it whole at ``base``, a reserved range with nothing mapped in it,
+    with the access :func:`import_and_map` gives; the imported handle. On failure the range is
+    left reserved and empty, and nothing imported."""
+    handle = ctypes.c_uint64()
+    check(lib.cuMemImportFromShareableHandle(ctypes.byref(handle), ctypes.c_void_p(fd),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle on device %d" % device)
+    mapped = False
+    try:
+        result = lib.cuMemMap(base, segment_bytes, 0, handle, 0)
+        if result == CUDA_ERROR_INVALID_VALUE:
+            raise inconsistent("the CUDA VMM allocation of segment %s cannot be mapped whole at segment_bytes %d "
+                               "(cuMemMap: CUDA_ERROR_INVALID_VALUE: the allocation is smaller, or "
+                               "segment_bytes is not a multiple of its granularity)"
+                               % ("?" if segment_id is None else segment_id, segment_bytes))
+        check(result, "cuMemMap")
+        mapped = True
+        # The lease's device and its peers, as a legacy handle opened with
+        # CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS lets them in (see accessors).
+        flags = CU_MEM_ACCESS_FLAGS_PROT_READ if read_only else CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        devices = accessors(device)
+        access = (MemAccessDesc * len(devices))(
+            *[MemAccessDesc(MemLocation(CU_MEM_LOCATION_TYPE_DEVICE, d), flags) for d in devices])
+        check(lib.cuMemSetAccess(base, segment_bytes, access, len(devices)),
+              "cuMemSetAccess(%s)" % ("read-only" if read_only else "read-write"))
+    except GpumemdError:
+        if mapped:
+            lib.cuMemUnmap(base, segment_bytes)
+        lib.cuMemRelease(handle)
+        raise
+    return handle.value
+
+
+def vacate(device, base, handle, segment_bytes):
+    """Synchronizes the context (work still queued on the memory), then cuMemUnmap and
+    cuMemRelease of the imported handle, keeping the range reserved: :func:`refill` maps memory
+    there again at the same address. Raises on a failed synchronize or unmap (nothing released
+    then); a failed release is returned (the range is vacated all the same)."""
+    failed = []
+    with context(device) as lib:
+        check(lib.cuCtxSynchronize(), "cuCtxSynchronize before vacating")
+        check(lib.cuMemUnmap(base, segment_bytes), "cuMemUnmap")
+        _call(lib.cuMemRelease(handle), "cuMemRelease", failed)
+    return failed
+
+
+def refill(device, base, fd, segment_bytes, read_only, segment_id=None):
+    """Imports ``fd`` (the caller closes it) and maps it at ``base``, a range :func:`vacate`
+    emptied, with read-only or read-write access as :func:`import_and_map`; the imported
+    handle. On failure the range stays vacated and nothing is imported."""
+    with context(device) as lib:
+        return _import_at(lib, device, fd, base, segment_bytes, read_only, segment_id)
 
 
 def unmap(device, base, handle, segment_bytes):
     """Synchronizes the context (work still queued on the memory), then cuMemUnmap,
     cuMemAddressFree and cuMemRelease of the imported handle, each tried whatever the one
-    before did. A list of the calls that failed (empty when all went well)."""
+    before did (``handle`` None: a vacated range, only freed). A list of the calls that failed
+    (empty when all went well)."""
     failed = []
     with context(device) as lib:
         _call(lib.cuCtxSynchronize(), "cuCtxSynchronize", failed)
-        _call(lib.cuMemUnmap(base, segment_bytes), "cuMemUnmap", failed)
+        if handle is not None:
+            _call(lib.cuMemUnmap(base, segment_bytes), "cuMemUnmap", failed)
         _call(lib.cuMemAddressFree(base, segment_bytes), "cuMemAddressFree", failed)
-        _call(lib.cuMemRelease(handle), "cuMemRelease", failed)
+        if handle is not None:
+            _call(lib.cuMemRelease(handle), "cuMemRelease", failed)
     return failed
 
 

@@ -94,11 +94,7 @@ class Lease:
     def _zero_block(self):
         """Zeroes the whole block, as the daemon does for ``zero=True`` (a local hit)."""
         if self.is_host:
-            block = (ctypes.c_char * self.block_bytes).from_buffer(self._mapping.mmap, self.offset)
-            try:
-                ctypes.memset(block, 0, self.block_bytes)
-            finally:
-                del block  # its export of the mmap would keep the mapping from closing
+            ctypes.memset(self._mapping.address + self.offset, 0, self.block_bytes)
         else:
             _cuda.memset(self._mapping.device, self._mapping.base + self.offset, 0, self.block_bytes)
 

@@ -1,7 +1,11 @@
 """This process's segment mappings: one per segment id, shared by every lease on it.
 
-A host segment is its shared-memory file mapped whole with ``mmap`` (a lease is a slice of
-it); a legacy CUDA segment is opened once with ``cuIpcOpenMemHandle`` (CUDA allows one open per
+A host segment is its shared-memory file mapped whole (a lease is a slice of it) into an
+address range of its own (:mod:`gpumemd._reserved`): the range reserved inaccessible, the segment
+mapped over it with ``MAP_FIXED``, views made from the address (``ctypes`` ``from_address``).
+:meth:`HostMapping.vacate` lets the segment go and keeps the range, :meth:`HostMapping.refill`
+maps a segment of the same size there again: every memoryview and array made from it keeps its
+address through both (what sleep and wake are built on; touching it while vacated faults); a legacy CUDA segment is opened once with ``cuIpcOpenMemHandle`` (CUDA allows one open per
 context); a CUDA VMM segment (``cuda_vmm``) is a descriptor from the fd channel, imported,
 mapped into an address range of its own and made accessible once. A mapping outlives its last
 lease, since the next lease is likely to land on the same segment; it is closed when the daemon
@@ -9,7 +13,9 @@ asks (``UnmapSegment``: it wants to free the segment) and no live lease uses it,
 client closes or its session is lost.
 
 A host mapping cannot be closed while Python objects still export its memory (a numpy array
-made from a closed lease's buffer, say): ``mmap.close`` refuses, so nothing can touch unmapped
+made from a closed lease's buffer, say): every view is made from one ctypes object, whose
+reference count says whether views are alive, and closing refuses while any is (as
+``mmap.close`` refuses while the mmap object exports buffers), so nothing can touch unmapped
 memory. Such a mapping waits, unacknowledged, and is tried again on the client's next
 operations; the daemon frees the segment only after the acknowledgement. A CUDA mapping is
 closed after a synchronize of its context (work still queued on the memory completes first);
@@ -35,14 +41,17 @@ Thread-safe: the table is guarded by one lock; mappings are closed and acknowled
 (except retries of waiting mappings, closed under it so that acquire cannot take one back
 half-closed).
 """
+import ctypes
+import functools
 import logging
-import mmap
 import os
+import sys
 import threading
+import weakref
 
 import grpc
 
-from . import _cuda
+from . import _cuda, _reserved
 from ._errors import GpumemdError
 from ._replies import check_segment_size, inconsistent
 
@@ -54,7 +63,9 @@ _READ_ONLY_KINDS = ("host_shm_path", "fd_segment", "cuda_vmm")  # with a read-on
 
 class HostMapping:
     """A host segment mapped whole: its file opened by path, or a descriptor the fd channel
-    gave (:meth:`from_descriptor`)."""
+    gave (:meth:`from_descriptor`), mapped into an address range of its own (see the module
+    notes): :meth:`vacate` and :meth:`refill` keep ``address`` and every view made from it. Not
+    locked: whoever vacates and refills serializes those calls with each other and with closing."""
 
     kind = "host"
 
@@ -63,25 +74,34 @@ class HostMapping:
         self.path = path
         self.read_only = read_only
         self.segment_bytes = segment_bytes
+        self.vacated = False
+        self._closed = False
         what = "host segment file %s" % path
         if fd is None:
-            try:
-                fd = os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
-            except OSError as e:
-                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
+            fd = _open(path, read_only)
         else:
             what = "the descriptor of %s (fstat)" % path
         try:
-            # Before mapping: touching a mapping past its file's end is SIGBUS (Python's mmap
-            # refuses a file shorter than asked only with a ValueError, and a longer one not at
-            # all): the file must be the segment the daemon described.
+            # Before mapping: touching a mapping past its file's end is SIGBUS: the file must be
+            # the segment the daemon described.
             check_segment_size(what, os.fstat(fd).st_size, source, segment_bytes)
-            prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
-            self.mmap = mmap.mmap(fd, segment_bytes, mmap.MAP_SHARED, prot)
+            self.address = _reserved.reserve(segment_bytes)
+            try:
+                _reserved.fill(self.address, segment_bytes, fd, read_only)
+            except BaseException:
+                _reserved.release(self.address, segment_bytes)
+                raise
         except (OSError, ValueError) as e:
             raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot map host segment %s: %s" % (path, e))
         finally:
-            os.close(fd)  # mmap keeps its own descriptor until it is closed
+            os.close(fd)  # the mapping does not need it
+        # The one object every view exports: its reference count says whether views are alive
+        # (each memoryview made from it holds it once, however many slices are made of that
+        # view), and its finalizer unmaps the range once it is gone, as an mmap object would.
+        self._array = _segment_type(segment_bytes).from_address(self.address)
+        self._unmap = weakref.finalize(self._array, _reserved.release, self.address, segment_bytes)
+        self._unmap.atexit = False  # at exit, other threads may still touch it: the process's end unmaps it
+        self._unexported = sys.getrefcount(self._array)
 
     @classmethod
     def from_descriptor(cls, device, segment_id, fd, segment_bytes, read_only):
@@ -89,17 +109,77 @@ class HostMapping:
         return cls(device, "segment %d" % segment_id, segment_bytes, read_only, fd=fd,
                    source="the fd channel's grant")
 
+    @property
+    def closed(self):
+        return self._closed
+
     def view(self, offset, size):
-        """A memoryview of the block; read-only (``view.readonly``) on a read-only mapping."""
-        return memoryview(self.mmap)[offset:offset + size]
+        """A memoryview of the block; read-only (``view.readonly``) on a read-only mapping. Made
+        also while vacated (touching it then faults)."""
+        if self._closed:
+            raise ValueError("segment mapping is closed")
+        view = memoryview(self._array).cast("B")[offset:offset + size]
+        return view.toreadonly() if self.read_only else view
+
+    def exported(self):
+        """True while views (memoryviews, numpy arrays) made from the mapping are alive."""
+        return not self._closed and sys.getrefcount(self._array) > self._unexported
+
+    def vacate(self):
+        """Lets the segment go and keeps the range, inaccessible: views keep their address for
+        :meth:`refill`; touching them meanwhile faults (SIGSEGV). Nothing when vacated."""
+        self._check_open()
+        if not self.vacated:
+            _reserved.vacate(self.address, self.segment_bytes)
+            self.vacated = True
+
+    def refill(self, path=None, fd=None):
+        """Maps a segment of the same size over the range, with this mapping's access: the file
+        at ``path``, or the descriptor ``fd`` (the caller's to close). Every view made before
+        sees its bytes at the same address. On a failure the range is as it was."""
+        self._check_open()
+        if (path is None) == (fd is None):
+            raise ValueError("refill: give path or fd")
+        what = "host segment file %s" % path if fd is None else "descriptor %d (fstat)" % fd
+        own = _open(path, self.read_only) if fd is None else fd
+        try:
+            check_segment_size(what, os.fstat(own).st_size, "the mapping it refills", self.segment_bytes)
+            _reserved.fill(self.address, self.segment_bytes, own, self.read_only)
+        except OSError as e:
+            raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot map %s: %s" % (what, e))
+        finally:
+            if fd is None:
+                os.close(own)
+        self.vacated = False
+
+    def _check_open(self):
+        if self._closed:
+            raise ValueError("segment mapping is closed")
 
     def try_close(self):
-        """Unmaps; False while exported buffers (memoryviews, numpy arrays) still use it."""
-        try:
-            self.mmap.close()
+        """Unmaps the range; False while exported buffers (memoryviews, numpy arrays) still use it."""
+        if self._closed:
             return True
-        except BufferError:
+        if self.exported():
             return False
+        self._closed = True
+        self._unmap()
+        return True
+
+
+@functools.lru_cache(maxsize=64)
+def _segment_type(size):
+    """A ctypes array type of ``size`` bytes that takes weak references (for the finalizer; a
+    plain ctypes array does not). Made once per segment size: a class made per mapping costs a
+    class creation and, since a class is a reference cycle, a garbage collection later."""
+    return type("_Segment", (ctypes.c_char * size,), {})
+
+
+def _open(path, read_only):
+    try:
+        return os.open(path, (os.O_RDONLY if read_only else os.O_RDWR) | os.O_CLOEXEC)
+    except OSError as e:
+        raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION, "cannot open host segment %s: %s" % (path, e))
 
 
 class CudaMapping:
@@ -136,7 +216,10 @@ class CudaMapping:
 
 class VmmMapping:
     """A CUDA VMM segment (``cuda_vmm``): the descriptor imported, ``segment_bytes`` of address
-    space reserved and mapped on this process's ``device``, with read-write or read-only access."""
+    space reserved and mapped on this process's ``device``, with read-write or read-only access.
+    The range is kept from mapping to close: :meth:`vacate` unmaps and releases the allocation
+    (the range stays reserved), :meth:`refill` maps a newly imported allocation of the same size
+    at ``base`` again, so every device pointer and tensor made from it keeps its address."""
 
     kind = "cuda"
 
@@ -151,6 +234,33 @@ class VmmMapping:
         finally:
             os.close(fd)
         self._closed = False
+
+    @property
+    def vacated(self):
+        return self._handle is None
+
+    def vacate(self):
+        """Waits for the context's queued work, unmaps and releases the allocation, keeps the
+        range (a kernel touching it meanwhile faults). Nothing when vacated."""
+        if self._closed:
+            raise ValueError("segment mapping is closed")
+        if self._handle is not None:
+            handle = self._handle
+            failed = _cuda.vacate(self.device, self.base, handle, self.segment_bytes)  # raises before unmapping
+            self._handle = None
+            if failed:
+                log.warning("gpumemd: vacating the mapping of segment %d on CUDA device %d: %s; the range is "
+                            "vacated all the same", self.segment_id, self.device, "; ".join(failed))
+
+    def refill(self, fd):
+        """Imports ``fd`` (the caller's to close) and maps it at ``base`` with this mapping's
+        access: the same allocation or another of the same size. On a failure it stays vacated."""
+        if self._closed:
+            raise ValueError("segment mapping is closed")
+        if self._handle is not None:
+            raise ValueError("the CUDA VMM mapping at %#x is not vacated: the driver maps only into an "
+                             "unmapped range" % self.base)
+        self._handle = _cuda.refill(self.device, self.base, fd, self.segment_bytes, self.read_only, self.segment_id)
 
     def try_close(self):
         """Synchronizes, unmaps, frees the range, releases the handle; True (a failure is
@@ -202,7 +312,7 @@ class MappingCache:
         self._device_uuid = device_uuid or (lambda device: "")
         self._lock = threading.Lock()
         self._entries = {}
-        self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused by mmap for now
+        self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused while exported for now
         self.maps_opened = 0
 
     def needs_descriptor(self, handle, read_only=False):
@@ -365,7 +475,7 @@ class MappingCache:
 
     def close_all(self):
         """Closes every mapping (the client closes). Host mappings still exported stay mapped
-        until the last exporting object is gone (the mmap object then unmaps itself)."""
+        until the last exporting object is gone (the mapping's finalizer then unmaps it)."""
         with self._lock:
             mappings = [m for e in self._entries.values() for m in e.mappings.values()]
             mappings += [m for ms, _ in self._waiting.values() for m in ms]

@@ -284,7 +284,7 @@ def test_a_failed_close_does_not_keep_other_mappings_open_nor_the_ack_unsent():
     cache = MappingCache(acks.append)
     failing, host = FailingMapping(), _host_mapping()
     cache._close(5, [failing, host], True)
-    assert failing.tries == 1 and host.mmap.closed and acks == [5]
+    assert failing.tries == 1 and host.closed and acks == [5]
     assert not cache._waiting
 
 
@@ -296,7 +296,7 @@ def test_close_all_closes_every_mapping_past_a_failure():
     cache._entries[5] = _Entry({False: failing})
     cache._entries[6] = _Entry({False: host})
     cache.close_all()
-    assert failing.tries == 1 and host.mmap.closed and len(cache) == 0
+    assert failing.tries == 1 and host.closed and len(cache) == 0
 
 
 def test_cuda_vmm_handles_are_fetched_from_the_fd_channel():

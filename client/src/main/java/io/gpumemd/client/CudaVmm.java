@@ -35,10 +35,18 @@ import jcuda.driver.CUresult;
 final class CudaVmm {
   private CudaVmm() {}
 
-  /** A VMM allocation imported and mapped in this process. */
+  /**
+   * A VMM allocation imported and mapped in this process, in an address range it keeps from
+   * mapping to close: {@link #vacate} unmaps and releases the allocation and keeps the range
+   * reserved ({@code cuMemUnmap}, {@code cuMemRelease}; no {@code cuMemAddressFree}), {@link
+   * #refill} maps a newly imported allocation of the same size at the same address ({@code
+   * cuMemMap}, {@code cuMemSetAccess} with the mapping's access), so every device pointer made
+   * from it stays valid through both. A kernel touching the range while it is vacated faults.
+   */
   static final class VmmMapping extends CudaMappings.CudaMapping {
-    private final long handle;
     private final long bytes;
+    /** The imported allocation mapped at {@link #base}; 0 while vacated. Guarded by this. */
+    private long handle;
 
     VmmMapping(int device, long address, long handle, long bytes, boolean readOnly) {
       super(device, new CUdeviceptr().withByteOffset(address), readOnly);
@@ -49,10 +57,69 @@ final class CudaVmm {
     @Override
     void unmap(List<RuntimeException> failures) {
       long address = CudaHandles.address(base);
-      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.unmap(address, bytes), "cuMemUnmap"));
+      if (handle != 0) {
+        CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.unmap(address, bytes), "cuMemUnmap"));
+        CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.release(handle), "cuMemRelease"));
+      }
       CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.addressFree(address, bytes),
           "cuMemAddressFree"));
-      CudaMappings.attempt(failures, () -> CudaContexts.check(() -> VmmDriver.release(handle), "cuMemRelease"));
+    }
+
+    /** True between {@link #vacate} and {@link #refill}. */
+    synchronized boolean vacated() {
+      return handle == 0;
+    }
+
+    /**
+     * Waits for the work queued in the device's context (it may still use the memory), then
+     * unmaps and releases the allocation, keeping the range: this process no longer holds the
+     * memory (the daemon may free it). Does nothing when vacated.
+     */
+    synchronized void vacate() {
+      checkOpen();
+      if (handle == 0) {
+        return;
+      }
+      long address = CudaHandles.address(base);
+      CudaContexts.run(device, () -> {
+        CudaContexts.check(() -> jcuda.driver.JCudaDriver.cuCtxSynchronize(), "cuCtxSynchronize before vacating");
+        CudaContexts.check(() -> VmmDriver.unmap(address, bytes), "cuMemUnmap");
+      });
+      long released = handle;
+      handle = 0; // unmapped: from here the range is vacated, whatever the release says
+      CudaContexts.run(device, () -> CudaContexts.check(() -> VmmDriver.release(released), "cuMemRelease"));
+    }
+
+    /**
+     * Imports a segment's descriptor (the caller's to close) and maps it at this mapping's
+     * address, with this mapping's access, to the same devices: a vacated range gets memory
+     * again, the same allocation or another of the same size. On a failure the range stays
+     * vacated and nothing is left imported.
+     */
+    synchronized void refill(int fd, long segmentId) {
+      checkOpen();
+      if (handle != 0) {
+        throw new IllegalStateException("the CUDA VMM mapping at 0x" + Long.toHexString(CudaHandles.address(base))
+            + " is not vacated: the driver maps only into an unmapped range");
+      }
+      long address = CudaHandles.address(base);
+      handle = CudaContexts.in(device, () -> {
+        long[] imported = new long[1];
+        CudaContexts.check(() -> VmmDriver.importDescriptor(fd, imported), "cuMemImportFromShareableHandle");
+        VmmDriver.Mapped mapped = VmmDriver.mapAt(address, imported[0], bytes, CudaContexts.accessors(device),
+            readOnly ? VmmDriver.PROT_READ : VmmDriver.PROT_READWRITE);
+        if (!mapped.ok()) {
+          CudaContexts.result(() -> VmmDriver.release(imported[0]), "cuMemRelease");
+          throw refused(mapped, segmentId, bytes, readOnly);
+        }
+        return imported[0];
+      });
+    }
+
+    private void checkOpen() {
+      if (isClosed()) {
+        throw new IllegalStateException("segment mapping is closed");
+      }
     }
   }
 
@@ -76,18 +143,23 @@ final class CudaVmm {
         return new VmmMapping(localDevice, mapped.address(), imported[0], segmentBytes, readOnly);
       }
       CudaContexts.result(() -> VmmDriver.release(imported[0]), "cuMemRelease");
-      // The driver refuses to map more than the imported allocation holds (cuMemMap: offset +
-      // size within the allocation): its documented check is the allocation's size check, so
-      // a refusal here means the reply's segment_bytes is not this allocation's.
-      if (mapped.failedCall().equals("cuMemMap") && mapped.result() == CUresult.CUDA_ERROR_INVALID_VALUE) {
-        throw ReplyCheck.inconsistent("the CUDA VMM allocation of segment " + Long.toUnsignedString(segmentId)
-            + " cannot be mapped whole at segment_bytes " + segmentBytes + " (cuMemMap: CUDA_ERROR_INVALID_VALUE: "
-            + "the allocation is smaller, or segment_bytes is not a multiple of its granularity)");
-      }
-      String what = mapped.failedCall().equals("cuMemSetAccess")
-          ? "cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")"
-          : mapped.failedCall() + "(" + segmentBytes + ")";
-      throw CudaContexts.failed(what, mapped.result());
+      throw refused(mapped, segmentId, segmentBytes, readOnly);
     });
+  }
+
+  /** The failure of a map that {@link VmmDriver.Mapped} reports, as the caller sees it. */
+  private static GpuMemException refused(VmmDriver.Mapped mapped, long segmentId, long segmentBytes, boolean readOnly) {
+    // The driver refuses to map more than the imported allocation holds (cuMemMap: offset +
+    // size within the allocation): its documented check is the allocation's size check, so
+    // a refusal here means the reply's segment_bytes is not this allocation's.
+    if (mapped.failedCall().equals("cuMemMap") && mapped.result() == CUresult.CUDA_ERROR_INVALID_VALUE) {
+      return ReplyCheck.inconsistent("the CUDA VMM allocation of segment " + Long.toUnsignedString(segmentId)
+          + " cannot be mapped whole at segment_bytes " + segmentBytes + " (cuMemMap: CUDA_ERROR_INVALID_VALUE: "
+          + "the allocation is smaller, or segment_bytes is not a multiple of its granularity)");
+    }
+    String what = mapped.failedCall().equals("cuMemSetAccess")
+        ? "cuMemSetAccess(" + (readOnly ? "read-only" : "read-write") + ")"
+        : mapped.failedCall() + "(" + segmentBytes + ")";
+    return CudaContexts.failed(what, mapped.result());
   }
 }

@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import com.google.protobuf.CodedOutputStream;
 import com.google.protobuf.InvalidProtocolBufferException;
 import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdReply;
@@ -14,6 +15,7 @@ import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.attribute.BasicFileAttributes;
 import java.util.Arrays;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
@@ -67,6 +69,7 @@ public final class FdChannelClient implements AutoCloseable {
   private int socket = -1; // guarded by lock for use, by socketLock for close and shutdown
   private MessageBuffer buffer; // the connection's; guarded by lock
   private byte[] received = new byte[REPLY_BUFFER]; // guarded by lock
+  private byte[] request = new byte[128]; // the frame being sent; guarded by lock
   private volatile boolean closed;
   private volatile long fetched;
 
@@ -147,11 +150,12 @@ public final class FdChannelClient implements AutoCloseable {
             connect(file);
             file = null; // looked up before this connection: a second attempt looks again
           }
-          byte[] request = frame(requestId, sessionId, segmentId, readOnly);
-          if (request.length <= buffer.capacity()) {
-            buffer.sendAll(socket, request, 0, request.length, List.of(), null);
+          int length = frame(requestId, sessionId, segmentId, readOnly);
+          if (length <= buffer.capacity()) {
+            buffer.sendAll(socket, request, 0, length, List.of(), null);
           } else {
-            UnixSockets.send(socket, request, List.of()); // a session id of hundreds of bytes
+            // a session id of hundreds of bytes
+            UnixSockets.send(socket, Arrays.copyOf(request, length), List.of());
           }
           return receive(requestId, segmentId);
         } catch (IOException e) {
@@ -199,10 +203,15 @@ public final class FdChannelClient implements AutoCloseable {
     }
   }
 
-  /** The inode of the socket file at {@code path}, or {@link #NO_FILE} when there is none. */
+  /**
+   * The identity of the socket file at {@code path} (its device and inode, the attributes' file
+   * key), or {@link #NO_FILE} when there is none. Read through the basic attributes, the JDK's
+   * shortest way to one {@code stat}: no attribute name to parse, no map to fill.
+   */
   private static Object inode(String path) {
     try {
-      return Files.getAttribute(Path.of(path), "unix:ino");
+      Object key = Files.readAttributes(Path.of(path), BasicFileAttributes.class).fileKey();
+      return key != null ? key : NO_FILE;
     } catch (IOException | UnsupportedOperationException | IllegalArgumentException e) {
       return NO_FILE; // the connect that follows says why
     }
@@ -221,10 +230,31 @@ public final class FdChannelClient implements AutoCloseable {
     }
   }
 
-  private static byte[] frame(long requestId, String sessionId, long segmentId, boolean readOnly) {
-    byte[] body = FdRequest.newBuilder().setRequestId(requestId).setSessionId(sessionId)
-        .setSegmentId(segmentId).setReadOnly(readOnly).build().toByteArray();
-    return ByteBuffer.allocate(4 + body.length).putInt(body.length).put(body).array();
+  /**
+   * Writes the request's frame (length, then the FdRequest) into {@link #request}, grown as
+   * needed, and returns its length. Encoded field by field, as the generated code would, without
+   * a builder and a message per fetch.
+   */
+  private int frame(long requestId, String sessionId, long segmentId, boolean readOnly) throws IOException {
+    int size = CodedOutputStream.computeUInt64Size(FdRequest.REQUEST_ID_FIELD_NUMBER, requestId)
+        + (sessionId.isEmpty() ? 0 : CodedOutputStream.computeStringSize(FdRequest.SESSION_ID_FIELD_NUMBER, sessionId))
+        + CodedOutputStream.computeUInt64Size(FdRequest.SEGMENT_ID_FIELD_NUMBER, segmentId)
+        + (readOnly ? CodedOutputStream.computeBoolSize(FdRequest.READ_ONLY_FIELD_NUMBER, true) : 0);
+    if (request.length < 4 + size) {
+      request = new byte[4 + size];
+    }
+    CodedOutputStream out = CodedOutputStream.newInstance(request, 0, 4 + size);
+    out.writeFixed32NoTag(Integer.reverseBytes(size)); // the frame's length, big-endian
+    out.writeUInt64(FdRequest.REQUEST_ID_FIELD_NUMBER, requestId);
+    if (!sessionId.isEmpty()) {
+      out.writeString(FdRequest.SESSION_ID_FIELD_NUMBER, sessionId);
+    }
+    out.writeUInt64(FdRequest.SEGMENT_ID_FIELD_NUMBER, segmentId);
+    if (readOnly) {
+      out.writeBool(FdRequest.READ_ONLY_FIELD_NUMBER, true);
+    }
+    out.checkNoSpaceLeft();
+    return 4 + size;
   }
 
   /**

@@ -5,12 +5,7 @@ import io.gpumemd.proto.v1.OpenSessionRequest;
 import java.nio.file.Path;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.CountDownLatch;
-import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Consumer;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * A connection to gpumemd with one session, kept alive in the background for as long as the
@@ -52,13 +47,12 @@ import org.slf4j.LoggerFactory;
  * {@code SessionKeeper} (opening, reopening with backoff, the KeepAlive stream and its events,
  * per {@code Session}), {@code LeasePaths} (local, stream and unary leases and releases),
  * {@code Notices} (what the daemon is told without waiting), {@code ClientCache} (the cache
- * tier) and {@code SharingCalls}. A {@link Lease} reaches its session only through the narrow
+ * tier), {@code SharingCalls} and {@code ClientClosing} (the ordered close). A {@link Lease} reaches its session only through the narrow
  * {@code Lease.Owner}.
  *
  * <p>Thread-safe: any thread may lease and close leases concurrently.
  */
 public final class GpuMemClient implements AutoCloseable {
-  private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
   private final Channels.Connection connection;
   private final FdChannelClient fdChannel;
   private final ClientCounters counters = new ClientCounters();
@@ -66,9 +60,7 @@ public final class GpuMemClient implements AutoCloseable {
   private final LeasePaths leases;
   private final SharingCalls sharing;
   private final PendingReleases pendingReleases = new PendingReleases();
-  private final AtomicBoolean closeStarted = new AtomicBoolean();
-  private final CountDownLatch closed = new CountDownLatch(1);
-  private final long closeWaitMillis;
+  private final ClientClosing closing;
 
   /** Builds a client; {@link #connect()} opens it. */
   public static final class Builder {
@@ -209,7 +201,6 @@ public final class GpuMemClient implements AutoCloseable {
   }
 
   private GpuMemClient(Builder b) {
-    this.closeWaitMillis = b.closeWaitMillis;
     this.connection = Channels.open(b.target, new Channels.Security(b.caCert, b.clientCert, b.clientKey, b.bearerToken));
     OpenSessionRequest.Builder open = OpenSessionRequest.newBuilder()
         .setClientName(b.clientName).setTtlSeconds(b.ttlSeconds);
@@ -229,6 +220,7 @@ public final class GpuMemClient implements AutoCloseable {
       connection.close();
       throw e;
     }
+    this.closing = new ClientClosing(sessions, pendingReleases, fdChannel, connection, b.closeWaitMillis);
   }
 
   /** The current session id (a bearer credential: do not log it where others can read it). */
@@ -445,76 +437,9 @@ public final class GpuMemClient implements AutoCloseable {
    */
   @Override
   public void close() {
-    if (!closeStarted.compareAndSet(false, true)) {
-      awaitClosed();
-      return;
-    }
-    boolean kept = false;
-    try {
-      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(closeWaitMillis);
-      pendingReleases.close(closeWaitMillis);
-      Session s = sessions.current();
-      if (!s.isLost()) {
-        QueuedGpuWork work = QueuedGpuWork.synchronize(s.mappings.cudaDevices());
-        long left = TimeUnit.NANOSECONDS.toMillis(deadline - System.nanoTime());
-        QueuedGpuWork.Outcome outcome = work.await(Math.max(left, MIN_SYNC_WAIT_MS));
-        if (outcome != QueuedGpuWork.Outcome.DONE) {
-          kept = true;
-          keepUntilIdle(s, work, outcome);
-          return;
-        }
-      }
-      sessions.close();
-    } finally {
-      if (!kept) {
-        fdChannel.close();
-        connection.close();
-      }
-      closed.countDown();
-    }
+    closing.close();
   }
 
   /** The synchronize is given this long at least, even when the releases took the whole bound. */
   static final long MIN_SYNC_WAIT_MS = 100;
-
-  /**
-   * The GPU work on the session's memory outlived the close's bound, or its synchronize failed:
-   * the session stays open, its blocks leased, until the work is done (see {@link #close()}).
-   */
-  private void keepUntilIdle(Session s, QueuedGpuWork work, QueuedGpuWork.Outcome outcome) {
-    sessions.refuseCalls();
-    if (outcome == QueuedGpuWork.Outcome.FAILED) {
-      log.warn("gpumemd client closing: synchronizing CUDA device(s) {} failed ({}); the GPU work on session {}'s "
-          + "blocks may not have ended, so they are not handed back: the session is kept until this process exits",
-          work.devices(), work.failure(), s.id);
-      return;
-    }
-    log.warn("gpumemd client closing: GPU work on CUDA device(s) {} still running after {} ms; session {} and its "
-        + "blocks are kept until it completes (or this process exits), then closed", work.devices(),
-        closeWaitMillis, s.id);
-    Thread linger = new Thread(() -> {
-      if (work.awaitEnd() == QueuedGpuWork.Outcome.FAILED) {
-        log.warn("gpumemd: synchronizing CUDA device(s) {} failed ({}); session {} is kept until this process exits",
-            work.devices(), work.failure(), s.id);
-        return;
-      }
-      try {
-        sessions.close();
-        log.info("gpumemd: the GPU work on session {}'s blocks completed; the session is closed", s.id);
-      } finally {
-        fdChannel.close();
-        connection.close();
-      }
-    }, "gpumemd-client-linger");
-    linger.setDaemon(true);
-    linger.start();
-  }
-
-  private void awaitClosed() {
-    try {
-      closed.await();
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-    }
-  }
 }

@@ -2,70 +2,66 @@ package io.gpumemd.client;
 
 import com.sun.jna.Pointer;
 import io.gpumemd.common.unix.Descriptors;
+import io.gpumemd.common.unix.ReservedRange;
+import io.grpc.Status;
 import java.io.IOException;
 import java.lang.ref.Cleaner;
 import java.nio.ByteBuffer;
-import java.nio.MappedByteBuffer;
-import java.nio.channels.FileChannel;
-import java.nio.file.Path;
-import java.nio.file.StandardOpenOption;
 
 /**
  * A host segment mapped read-write, or read-only for read-only holds on shared blocks (a
  * separate mapping: a read-only hold never sees the writable one, and writes through its
- * buffers throw {@link java.nio.ReadOnlyBufferException}). The daemon owns the segment; this
- * process maps it, so both see the same bytes. The segment comes as a shared-memory file's path
- * ({@code --host-segments path}) or as a descriptor from the fd channel ({@code fd}: {@link
- * #ofDescriptor}, mapped with {@code mmap} since the JDK cannot map a raw descriptor; a
- * read-only grant's descriptor is O_RDONLY and mapped PROT_READ, so not even this process's
- * native code could write through it).
+ * buffers throw {@link java.nio.ReadOnlyBufferException}; the pages are mapped {@code PROT_READ},
+ * so not even this process's native code could write through them). The daemon owns the
+ * segment; this process maps it, so both see the same bytes. The segment comes as a
+ * shared-memory file's path ({@code --host-segments path}, opened here) or as a descriptor from
+ * the fd channel ({@code fd}: {@link #ofDescriptor}; a read-only grant's descriptor is O_RDONLY).
  *
- * <p>Nothing is mapped before the file's real size (its {@code fstat}, or the descriptor's {@code
- * lseek} to its end) is checked against the segment_bytes the daemon gave ({@link ReplyCheck#segmentSize}): a mapping longer than its file
- * faults (SIGBUS) where it is touched past the end, and a writable map of a path would grow the
- * daemon's file.
+ * <p>The segment sits in an address range of its own ({@link ReservedRange}): the range is
+ * reserved inaccessible, then the segment mapped over it at that address (the JDK cannot map at
+ * an address, so both kinds are mapped with {@code mmap}, and the buffers made from the address).
+ * {@link #vacate} lets the segment go while keeping the range, and {@link #refill} maps a segment
+ * of the same size there again: every buffer made from the mapping keeps its address through
+ * both, which is what sleep and wake are built on. While vacated, touching the memory faults
+ * (SIGSEGV, which ends the JVM): the caller makes sure nothing does.
+ *
+ * <p>Nothing is mapped before the file's real size (its {@code lseek} to its end) is checked
+ * against the segment_bytes the daemon gave ({@link ReplyCheck#segmentSize}): touching a mapping
+ * past its file's end is SIGBUS.
  *
  * <p>Unmapping is immediate on {@link #close()} rather than left to the garbage collector. A
- * mapping never closed (an abandoned session's) is unmapped by the collector once no buffer
- * derived from it is reachable: a path mapping by the JDK's own cleaner, a descriptor mapping
- * by {@link #CLEANER} (every slice of a direct buffer keeps its base buffer reachable).
+ * mapping never closed (an abandoned session's) is unmapped by {@link #CLEANER} once no buffer
+ * derived from it is reachable (every slice of a direct buffer keeps its base buffer reachable).
  *
- * <p>Thread-safe: {@link #slice} and {@link #close()} are synchronized.
+ * <p>Thread-safe: the methods that use or change the mapping are synchronized.
  */
 final class HostMapping implements SegmentMapping {
   private static final Cleaner CLEANER = Cleaner.create();
 
+  private final ReservedRange range;
   private final ByteBuffer buffer;
   private final boolean readOnly;
-  private final Runnable unmap;
+  private final Cleaner.Cleanable unmap;
   private boolean closed;
+  private boolean vacated;
 
   HostMapping(String path, long segmentBytes) {
     this(path, segmentBytes, false);
   }
 
   HostMapping(String path, long segmentBytes, boolean readOnly) {
-    this.readOnly = readOnly;
-    checkSize(segmentBytes);
-    MappedByteBuffer mapped;
-    try (FileChannel channel = readOnly ? FileChannel.open(Path.of(path), StandardOpenOption.READ)
-        : FileChannel.open(Path.of(path), StandardOpenOption.READ, StandardOpenOption.WRITE)) {
-      // Before mapping: a writable map of more than the file grows the daemon's file, and
-      // touching a mapping past a file's end is SIGBUS.
-      ReplyCheck.segmentSize("host segment file " + path, channel.size(), "the lease's reply", segmentBytes);
-      mapped = channel.map(readOnly ? FileChannel.MapMode.READ_ONLY : FileChannel.MapMode.READ_WRITE, 0, segmentBytes);
-    } catch (IOException e) {
-      throw new GpuMemException(io.grpc.Status.Code.FAILED_PRECONDITION,
-          "cannot map " + path + ": " + e.getMessage() + " (is this process allowed to open the daemon's shm-dir?)", e);
-    }
-    this.buffer = mapped;
-    this.unmap = () -> Unmapper.unmap(mapped);
+    this(mapPath(path, segmentBytes, readOnly), readOnly);
   }
 
-  private HostMapping(ByteBuffer buffer, boolean readOnly, Runnable unmap) {
-    this.buffer = buffer;
+  private HostMapping(ReservedRange range, boolean readOnly) {
+    this.range = range;
     this.readOnly = readOnly;
-    this.unmap = unmap;
+    Pointer address = range.address();
+    long bytes = range.length();
+    ByteBuffer base = address.getByteBuffer(0, bytes);
+    // The action must not refer to the buffer (it would never become unreachable).
+    this.unmap = CLEANER.register(base, () -> ReservedRange.release(address, bytes));
+    this.buffer = readOnly ? base.asReadOnlyBuffer() : base;
   }
 
   /**
@@ -75,35 +71,74 @@ final class HostMapping implements SegmentMapping {
   static HostMapping ofDescriptor(ReceivedDescriptor descriptor) {
     long bytes = descriptor.segmentBytes();
     checkSize(bytes);
-    // Touching a mapping past the end of the file behind the descriptor is SIGBUS: the file's
-    // own size must be what the grant says, before anything is mapped.
+    checkDescriptorSize(descriptor, bytes);
+    try {
+      return new HostMapping(mapOver(descriptor.number(), bytes, descriptor.readOnly()), descriptor.readOnly());
+    } catch (IOException e) {
+      throw new GpuMemException(Status.Code.INTERNAL, "cannot map the descriptor of segment "
+          + descriptor.segmentId() + " (" + bytes + " bytes" + (descriptor.readOnly() ? ", read-only" : "")
+          + "): " + e.getMessage(), e);
+    }
+  }
+
+  private static ReservedRange mapPath(String path, long segmentBytes, boolean readOnly) {
+    checkSize(segmentBytes);
+    int fd = openPath(path, readOnly);
+    try {
+      checkPathSize(path, fd, "the lease's reply", segmentBytes);
+      return mapOver(fd, segmentBytes, readOnly);
+    } catch (IOException e) {
+      throw cannotMap(path, e);
+    } finally {
+      Descriptors.closeQuietly(fd); // the mapping does not need it
+    }
+  }
+
+  private static int openPath(String path, boolean readOnly) {
+    try {
+      return Descriptors.open(path, readOnly);
+    } catch (IOException e) {
+      throw cannotMap(path, e);
+    }
+  }
+
+  private static GpuMemException cannotMap(String path, IOException e) {
+    return new GpuMemException(Status.Code.FAILED_PRECONDITION,
+        "cannot map " + path + ": " + e.getMessage() + " (is this process allowed to open the daemon's shm-dir?)", e);
+  }
+
+  /** Before mapping: touching a mapping past its file's end is SIGBUS. */
+  private static void checkPathSize(String path, int fd, String source, long segmentBytes) throws IOException {
+    ReplyCheck.segmentSize("host segment file " + path, Descriptors.size(fd), source, segmentBytes);
+  }
+
+  private static void checkDescriptorSize(ReceivedDescriptor descriptor, long bytes) {
     long actual;
     try {
       actual = Descriptors.size(descriptor.number());
     } catch (IOException e) {
-      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot fstat the descriptor of segment "
+      throw new GpuMemException(Status.Code.INTERNAL, "cannot fstat the descriptor of segment "
           + Long.toUnsignedString(descriptor.segmentId()) + ": " + e.getMessage(), e);
     }
     ReplyCheck.segmentSize("the descriptor of segment " + Long.toUnsignedString(descriptor.segmentId()) + " (fstat)",
         actual, "the fd channel's grant", bytes);
-    Pointer address;
+  }
+
+  /** A new reservation with the file behind {@code fd} mapped over it; nothing left on a failure. */
+  private static ReservedRange mapOver(int fd, long bytes, boolean readOnly) throws IOException {
+    ReservedRange range = ReservedRange.reserve(bytes);
     try {
-      address = Descriptors.mapShared(descriptor.number(), bytes, descriptor.readOnly());
-    } catch (IOException e) {
-      throw new GpuMemException(io.grpc.Status.Code.INTERNAL, "cannot map the descriptor of segment "
-          + descriptor.segmentId() + " (" + bytes + " bytes" + (descriptor.readOnly() ? ", read-only" : "")
-          + "): " + e.getMessage(), e);
+      range.fill(fd, readOnly);
+    } catch (IOException | RuntimeException e) {
+      ReservedRange.release(range.address(), bytes);
+      throw e;
     }
-    ByteBuffer base = address.getByteBuffer(0, bytes);
-    // The action must not refer to the buffer (it would never become unreachable).
-    Cleaner.Cleanable cleanable = CLEANER.register(base, () -> Descriptors.unmap(address, bytes));
-    return new HostMapping(descriptor.readOnly() ? base.asReadOnlyBuffer() : base, descriptor.readOnly(),
-        cleanable::clean);
+    return range;
   }
 
   private static void checkSize(long segmentBytes) {
     if (segmentBytes > Integer.MAX_VALUE) {
-      throw new GpuMemException(io.grpc.Status.Code.UNIMPLEMENTED, "host segment of " + segmentBytes
+      throw new GpuMemException(Status.Code.UNIMPLEMENTED, "host segment of " + segmentBytes
           + " bytes cannot be mapped as one ByteBuffer (limit 2 GiB - 1)", null);
     }
   }
@@ -113,20 +148,105 @@ final class HostMapping implements SegmentMapping {
     return readOnly;
   }
 
-  /** A view of {@code [offset, offset + length)} (read-only for a read-only mapping). */
+  /** The address of the mapping's first byte in this process: the same from mapping to close. */
+  long address() {
+    return Pointer.nativeValue(range.address());
+  }
+
+  /** The segment's size in bytes. */
+  long bytes() {
+    return range.length();
+  }
+
+  /**
+   * A view of {@code [offset, offset + length)} (read-only for a read-only mapping). Made also
+   * while vacated (its address is the range's): touching it then faults.
+   */
   synchronized ByteBuffer slice(long offset, long length) {
-    if (closed) {
-      throw new IllegalStateException("segment mapping is closed");
-    }
+    checkOpen();
     return buffer.slice((int) offset, (int) length);
   }
 
+  /** True between {@link #vacate} and {@link #refill}. */
+  synchronized boolean vacated() {
+    return vacated;
+  }
+
+  /**
+   * Lets the segment go and keeps its address range, inaccessible: this process no longer maps
+   * the segment (the daemon may free it), and every buffer made from this mapping keeps its
+   * address for {@link #refill}. Touching them meanwhile faults. Does nothing when vacated.
+   */
+  synchronized void vacate() {
+    checkOpen();
+    if (vacated) {
+      return;
+    }
+    try {
+      range.vacate();
+    } catch (IOException e) {
+      throw new GpuMemException(Status.Code.INTERNAL, "cannot vacate the " + range.length()
+          + "-byte mapping at 0x" + Long.toHexString(address()) + ": " + e.getMessage(), e);
+    }
+    vacated = true;
+  }
+
+  /**
+   * Maps the host segment file at {@code path} over this mapping's range (the same segment or
+   * another of the same size), with this mapping's access: every buffer made from it sees that
+   * segment's bytes at the address it had. Whatever was mapped there is replaced in one step. On
+   * a failure the range is as it was.
+   */
+  synchronized void refill(String path) {
+    checkOpen();
+    int fd = openPath(path, readOnly);
+    try {
+      checkPathSize(path, fd, "the mapping it refills", range.length());
+      range.fill(fd, readOnly);
+    } catch (IOException e) {
+      throw cannotMap(path, e);
+    } finally {
+      Descriptors.closeQuietly(fd);
+    }
+    vacated = false;
+  }
+
+  /**
+   * {@link #refill(String)} from a segment's descriptor, which stays the caller's to close. A
+   * writable mapping cannot be refilled from a read-only grant; a read-only mapping stays
+   * read-only whatever the descriptor allows.
+   */
+  synchronized void refill(ReceivedDescriptor descriptor) {
+    checkOpen();
+    if (descriptor.readOnly() && !readOnly) {
+      throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + Long.toUnsignedString(
+          descriptor.segmentId()) + " is granted read-only: it cannot refill a writable mapping", null);
+    }
+    ReplyCheck.segmentSize("the grant of segment " + Long.toUnsignedString(descriptor.segmentId()),
+        descriptor.segmentBytes(), "the mapping it refills", range.length());
+    checkDescriptorSize(descriptor, range.length());
+    try {
+      range.fill(descriptor.number(), readOnly);
+    } catch (IOException e) {
+      throw new GpuMemException(Status.Code.INTERNAL, "cannot map the descriptor of segment "
+          + descriptor.segmentId() + " at 0x" + Long.toHexString(address()) + ": " + e.getMessage(), e);
+    }
+    vacated = false;
+  }
+
+  private void checkOpen() {
+    if (closed) {
+      throw new IllegalStateException("segment mapping is closed");
+    }
+  }
+
+  /** Unmaps the whole range, segment or reservation. */
   @Override
   public synchronized void close() {
     if (closed) {
       return;
     }
     closed = true;
-    unmap.run();
+    unmap.clean();
   }
 }

@@ -31,6 +31,7 @@ import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.HandOver;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
+import io.gpumemd.server.takeover.Rehearsal;
 import io.gpumemd.server.takeover.TakeOver;
 import io.gpumemd.server.takeover.TakeOverState;
 import io.grpc.ServerServiceDefinition;
@@ -47,14 +48,14 @@ import java.util.List;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.ThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
  * The running daemon: wires the backend, pools, sessions, gRPC services (with health and
- * reflection), {@link Listeners}, metrics and {@link Housekeeping}, and takes them down in
- * order on shutdown.
+ * reflection), {@link Listeners}, metrics and {@link Housekeeping}; a successor rehearses its
+ * take-over ({@link Rehearsal}) before it asks for the running daemon's state. Every way down
+ * (shutdown, failed start, failed take-over, hand-over) is {@link DaemonStop}'s one ordered stop.
  *
  * <p>Owns every resource it starts. {@link #start} either returns a running daemon or, having
  * released whatever it had started, throws; {@link #shutdown} may be called from any thread and
@@ -83,13 +84,12 @@ public final class GpumemdServer {
   private final Ticker ticker;
   /** Closed from the start in a successor: it applies nothing until it holds the running daemon's state. */
   private final HandOverGate gate;
-  private Housekeeping housekeeping;
   /** Who was sent which segment's descriptor; null without an fd channel. */
   private DescriptorPins pins;
   private HandOver handOver;
-  private volatile boolean force;
-  private final AtomicInteger shutdownState = new AtomicInteger();
-  private final Object terminated = new Object();
+  /** Where {@link #handOver} was bound: its path, or beside it until published. */
+  private Path handOverAt;
+  private final DaemonStop stop;
   /** Set once this daemon, taking over, told the running daemon it took the state. */
   private boolean takenOver;
 
@@ -105,23 +105,9 @@ public final class GpumemdServer {
     this.gate = new HandOverGate(config.takeOver().takeOver());
     this.backend = backend;
     this.ticker = ticker;
-    // Sessions first: the pools send unmap requests to them, the registry owns them.
-    LiveSessions sessions = new LiveSessions();
-    List<DevicePool> list = new ArrayList<>();
-    PoolConfig pool = config.pool();
-    for (DeviceInfo device : backend.devices()) {
-      long limit = pool.deviceLimit(device.capacityBytes());
-      long cap = pool.retentionCapBytes() < 0 ? limit : Math.min(pool.retentionCapBytes(), limit);
-      if (pool.retentionCapBytes() > limit) {
-        log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
-            pool.retentionCapBytes(), device.ordinal(), limit);
-      }
-      list.add(new DevicePool(device, backend,
-          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit)),
-          sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
-    }
-    this.pools = new DevicePools(list);
-    this.registry = new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions);
+    Rehearsal.Books books = books(config, backend, ticker, true);
+    this.pools = books.pools();
+    this.registry = books.registry();
     // Misses and zeroing: backend calls that may take milliseconds, and a miss may wait for
     // unmaps. With an unbounded queue a ThreadPoolExecutor never grows past its core size, so
     // core = max, and idle threads time out.
@@ -141,6 +127,32 @@ public final class GpumemdServer {
         new HandOverInterceptor(gate), config.transport());
     this.readiness = new Readiness(listeners, backend instanceof HostShmBackend host ? host.root() : null,
         registry::liveLeases);
+    this.stop = new DaemonStop(new DaemonStop.Parts(config, readiness, health, listeners, registry, blockingExecutor,
+        pools, backend));
+  }
+
+  /**
+   * New pools, one per device, and the session registry over them, as configured; {@code warn}
+   * logs a retention cap above a device's budget (the daemon's own books, not a rehearsal's).
+   */
+  private static Rehearsal.Books books(ServerConfig config, MemoryBackend backend, Ticker ticker, boolean warn) {
+    // Sessions first: the pools send unmap requests to them, the registry owns them.
+    LiveSessions sessions = new LiveSessions();
+    List<DevicePool> list = new ArrayList<>();
+    PoolConfig pool = config.pool();
+    for (DeviceInfo device : backend.devices()) {
+      long limit = pool.deviceLimit(device.capacityBytes());
+      long cap = pool.retentionCapBytes() < 0 ? limit : Math.min(pool.retentionCapBytes(), limit);
+      if (warn && pool.retentionCapBytes() > limit) {
+        log.warn("retention-cap-bytes: {} is above the budget of device {} ({}); using the budget",
+            pool.retentionCapBytes(), device.ordinal(), limit);
+      }
+      list.add(new DevicePool(device, backend,
+          new PoolSettings(limit, cap, pool.maxOversizeBytes(), pool.unmapWaitMillis(), pool.publishedLimit(limit)),
+          sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
+    }
+    DevicePools pools = new DevicePools(list);
+    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, config.sessionSettings(), ticker, sessions));
   }
 
   /**
@@ -203,13 +215,19 @@ public final class GpumemdServer {
     }
     TakeOver takeOver = null;
     try {
-      // Everything that does not need the running daemon's state is built and bound first: its
-      // requests wait only for the state and its restore.
+      // Everything that does not need the running daemon's state is built, bound and run once
+      // first: its requests wait only for the state and its restore.
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
+        server.bindHandOver(true);
+        Path socket = config.takeOver().socket().toAbsolutePath();
+        Rehearsal.run(() -> books(config, backend, ticker, false),
+            socket.resolveSibling(socket.getFileName() + ".rehearsal-" + ProcessHandle.current().pid()),
+            server.listeners.unixBoundAt());
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
-          server.restore(takeOver);
+          TakeOverState.restorePools(takeOver, server.pools);
+          TakeOverState.restoreSessions(takeOver, server.registry);
         }
       }
       server.startServices(takeOver);
@@ -217,24 +235,15 @@ public final class GpumemdServer {
       if (takeOver != null && !server.takenOver) {
         takeOver.abort(e.getMessage());
         takeOver.close();
-        server.releaseAfterFailedTakeOver();
+        server.stop.run(DaemonStop.Reason.FAILED_TAKE_OVER, 0);
         throw e instanceof IOException io ? io
             : new IOException("take-over: restoring the state failed (" + e.getMessage() + "); the running daemon "
                 + "serves on", e);
       }
-      server.closeAfterFailedStart();
+      server.stop.run(DaemonStop.Reason.FAILED_START, 0);
       throw e;
     }
     return server;
-  }
-
-  /**
-   * Rebuilds the running daemon's pools and sessions in this daemon's (the successor's), which
-   * are new and unserved; the pools take the segments' descriptors.
-   */
-  private void restore(TakeOver takeOver) {
-    TakeOverState.restorePools(takeOver, pools);
-    TakeOverState.restoreSessions(takeOver, registry);
   }
 
   /** Logs what this daemon serves and binds its listeners, where no client finds them yet ({@link Listeners#publish}). */
@@ -266,6 +275,26 @@ public final class GpumemdServer {
   }
 
   /**
+   * Binds the take-over socket, if there is one: {@code beside} its path (a successor, whose
+   * predecessor's socket is there until {@link #startServices} replaces it), or at it once a
+   * stale one is cleared.
+   */
+  private void bindHandOver(boolean beside) throws IOException {
+    Path socket = config.takeOver().socket();
+    if (socket == null) {
+      return;
+    }
+    SocketFiles.removeStaleTemporaries(socket);
+    if (!beside) {
+      HandOver.clearStale(socket);
+    }
+    handOverAt = beside ? SocketFiles.temporaryPath(socket.toAbsolutePath()) : socket;
+    handOver = new HandOver(socket, handOverAt, gate,
+        new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver), VERSION);
+    stop.handOver(handOver);
+  }
+
+  /**
    * Starts serving: the sockets move to their paths (over the running daemon's, which is told), the
    * take-over socket, metrics and housekeeping start.
    */
@@ -276,17 +305,11 @@ public final class GpumemdServer {
     for (String service : SERVICES) {
       health.setStatus(service, ServingStatus.SERVING);
     }
-    ListenerConfig addresses = config.listeners();
     Path handOverSocket = config.takeOver().socket();
-    Path handOverAt = null;
-    if (handOverSocket != null) {
-      Listeners.removeStaleTemporaries(handOverSocket);
-      if (takeOver == null) {
-        HandOver.clearStale(handOverSocket);
-      }
-      handOverAt = takeOver == null ? handOverSocket : Listeners.temporaryPath(handOverSocket.toAbsolutePath());
-      handOver = new HandOver(handOverSocket, handOverAt, gate,
-          new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver), VERSION);
+    if (handOver == null) {
+      bindHandOver(false);
+    } else if (takeOver == null) {
+      HandOver.clearStale(handOverSocket); // nobody answered there: a stale socket at most
     }
     if (takeOver != null) {
       // The point of no return: the running daemon stops for good once it reads this.
@@ -304,20 +327,8 @@ public final class GpumemdServer {
       log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.runningDaemonPid(),
           registry.sessionCount(), registry.liveLeases());
     }
-    if (addresses.metricsPort() > 0) {
-      try {
-        listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
-            readiness, takeOver == null ? 0 : METRICS_RETRY_MILLIS);
-      } catch (IOException e) {
-        if (takeOver == null) {
-          throw e;
-        }
-        // Past the point of no return the sessions are this daemon's: serve them without metrics
-        // rather than free their memory.
-        log.error("{}; serving without metrics and probes", e.getMessage());
-      }
-    }
-    housekeeping = new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins);
+    startMetrics(takeOver != null);
+    stop.housekeeping(new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins));
     if (handOver != null) {
       handOver.start();
     }
@@ -325,59 +336,29 @@ public final class GpumemdServer {
     log.info("gpumemd ready: {} device(s) on the {} backend", pools.size(), backend.name());
   }
 
-
-
-  /**
-   * A take-over failed before its point of no return: the running daemon serves on with the
-   * memory, so this daemon (the successor) drops its own references and frees nothing.
-   */
-  private void releaseAfterFailedTakeOver() {
-    health.enterTerminalState();
-    listeners.close();
-    blockingExecutor.shutdownNow();
-    pools.relinquish();
-    backend.close();
-    if (handOver != null) {
-      handOver.close();
-    }
-    shutdownState.set(2);
-  }
-
-  /**
-   * A successor took the state: stop serving for good, freeing no memory (the successor's now).
-   * New connections go to the successor (it owns the socket paths); this daemon's clients learn
-   * it from their streams' MovingNotice and from the GOAWAY of their connections.
-   */
-  private void handedOver(int successorPid) {
-    if (!shutdownState.compareAndSet(0, 1)) {
+  private void startMetrics(boolean tookOver) throws IOException {
+    ListenerConfig addresses = config.listeners();
+    if (addresses.metricsPort() <= 0) {
       return;
     }
-    readiness.handedOver(successorPid);
-    health.enterTerminalState();
-    listeners.stopAccepting();
-    registry.moved();
-    housekeeping.close();
-    listeners.close();
-    blockingExecutor.shutdownNow();
-    pools.relinquish();
-    backend.close();
-    handOver.close();
-    log.info("gpumemd handed over to pid {}: stopped; no memory freed (it is the successor's){}", successorPid,
-        config.takeOver().exitAfterHandOver() ? "" : "; waiting for SIGTERM (--after-hand-over wait)");
-    synchronized (terminated) {
-      shutdownState.set(config.takeOver().exitAfterHandOver() ? 2 : 3);
-      terminated.notifyAll();
+    try {
+      listeners.startMetrics(addresses.metricsHost(), addresses.metricsPort(), meterRegistry, metrics::refresh,
+          readiness, tookOver ? METRICS_RETRY_MILLIS : 0);
+    } catch (IOException e) {
+      if (!tookOver) {
+        throw e;
+      }
+      // Past the point of no return the sessions are this daemon's: serve them without metrics
+      // rather than free their memory.
+      log.error("{}; serving without metrics and probes", e.getMessage());
     }
   }
 
-  /** Releases what a failed start opened, without the drain or its log lines. */
-  private void closeAfterFailedStart() {
-    health.enterTerminalState();
-    listeners.close();
-    blockingExecutor.shutdownNow();
-    pools.close();
-    backend.close();
-    shutdownState.set(2);
+  /** A successor took the state: stop serving for good, freeing no memory (the successor's now). */
+  private void handedOver(int successorPid) {
+    if (stop.begin()) {
+      stop.run(DaemonStop.Reason.HANDED_OVER, successorPid);
+    }
   }
 
   public DevicePools pools() {
@@ -424,75 +405,23 @@ public final class GpumemdServer {
    */
   public void shutdown(boolean force) {
     if (force) {
-      this.force = true;
+      stop.force();
     }
     if (handOver != null) {
       handOver.close(); // no new take-over; one in progress ends first, handed over or not
     }
-    if (shutdownState.compareAndSet(3, 2)) {
-      log.info("Signalled after the hand-over: exiting");
-      synchronized (terminated) {
-        terminated.notifyAll();
-      }
+    if (stop.exitAfterHandOver()) {
       return;
     }
-    if (!shutdownState.compareAndSet(0, 1)) {
+    if (!stop.begin()) {
       awaitTermination();
       return;
     }
-    try {
-      readiness.draining();
-      health.enterTerminalState();
-      long drainMillis = this.force ? 0 : config.drainTimeoutMillis();
-      log.info("Shutting down: draining {} lease(s) for up to {} ms", registry.liveLeases(), drainMillis);
-      registry.beginDrain(drainMillis);
-      long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(drainMillis);
-      while (!this.force && registry.liveLeases() > 0 && System.nanoTime() < deadline) {
-        sleep(20);
-      }
-      int left = registry.liveLeases();
-      if (left > 0) {
-        log.warn("Drain ended with {} lease(s) still held; freeing them", left);
-      }
-      registry.endAll("server shutdown");
-      listeners.close();
-      housekeeping.close();
-      blockingExecutor.shutdown();
-      try {
-        blockingExecutor.awaitTermination(2, TimeUnit.SECONDS);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-      }
-      pools.close();
-      backend.close();
-      log.info("gpumemd stopped; all device memory freed");
-    } finally {
-      synchronized (terminated) {
-        shutdownState.set(2);
-        terminated.notifyAll();
-      }
-    }
+    stop.run(DaemonStop.Reason.SHUTDOWN, 0);
   }
 
   /** Waits until a shutdown has finished. */
   public void awaitTermination() {
-    synchronized (terminated) {
-      while (shutdownState.get() != 2) {
-        try {
-          terminated.wait();
-        } catch (InterruptedException e) {
-          Thread.currentThread().interrupt();
-          return;
-        }
-      }
-    }
-  }
-
-  private static void sleep(long millis) {
-    try {
-      Thread.sleep(millis);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-    }
+    stop.awaitTermination();
   }
 }

@@ -123,18 +123,30 @@ public final class VmmDriver {
     if (result != 0) {
       return new Mapped(0, "cuMemAddressReserve", result);
     }
-    result = map(address[0], bytes, allocation);
-    if (result != 0) {
+    Mapped mapped = mapAt(address[0], allocation, bytes, devices, flags);
+    if (!mapped.ok()) {
       addressFree(address[0], bytes);
+    }
+    return mapped;
+  }
+
+  /**
+   * Maps a whole allocation at {@code address}, a reserved range with nothing mapped in it (the
+   * driver maps only into an unmapped reservation), and grants {@code flags} to each of {@code
+   * devices}: the map of {@link #mapWhole}, and a refill of a range kept while its memory was
+   * away. On a failure it unmaps what it mapped (the reservation stays) and says which call failed.
+   */
+  public static Mapped mapAt(long address, long allocation, long bytes, int[] devices, int flags) {
+    int result = map(address, bytes, allocation);
+    if (result != 0) {
       return new Mapped(0, "cuMemMap", result);
     }
-    result = setAccess(address[0], bytes, devices, flags);
+    result = setAccess(address, bytes, devices, flags);
     if (result != 0) {
-      unmap(address[0], bytes);
-      addressFree(address[0], bytes);
+      unmap(address, bytes);
       return new Mapped(0, "cuMemSetAccess", result);
     }
-    return new Mapped(address[0], null, 0);
+    return new Mapped(address, null, 0);
   }
 
   /** {@code cuMemUnmap}. */

@@ -14,9 +14,6 @@ import java.io.IOException;
  * until it is filled. Stateless and thread-safe.
  */
 public final class AnonymousMemory {
-  private static final int MAP_PRIVATE = 0x02;
-  private static final int MAP_ANONYMOUS = 0x20;
-  private static final int MAP_NORESERVE = 0x4000;
   private static final int MADV_HUGEPAGE = 14;
   private static final int MADV_POPULATE_WRITE = 23;
 
@@ -28,7 +25,7 @@ public final class AnonymousMemory {
       throw new IllegalArgumentException("length " + length);
     }
     Libc.bind();
-    int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+    int flags = Libc.MAP_PRIVATE | Libc.MAP_ANONYMOUS | Libc.MAP_NORESERVE;
     Pointer address = ErrnoCalls.call(
         () -> Libc.mmap(null, length, Libc.PROT_READ | Libc.PROT_WRITE, flags, -1, 0));
     if (Pointer.nativeValue(address) == -1L) { // MAP_FAILED, should LastErrorException not fire

@@ -36,7 +36,12 @@ final class Libc {
   static final int SEEK_END = 2;
   static final int PROT_READ = 1;
   static final int PROT_WRITE = 2;
-  static final int MAP_SHARED = 1;
+  static final int PROT_NONE = 0;
+  static final int MAP_SHARED = 0x01;
+  static final int MAP_PRIVATE = 0x02;
+  static final int MAP_FIXED = 0x10;
+  static final int MAP_ANONYMOUS = 0x20;
+  static final int MAP_NORESERVE = 0x4000;
 
   /** sizeof(sockaddr_un.sun_path). */
   static final int SUN_PATH_MAX = 108;

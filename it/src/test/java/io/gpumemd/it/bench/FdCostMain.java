@@ -3,6 +3,8 @@ package io.gpumemd.it.bench;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.proto.v1.AdminGrpc;
+import io.gpumemd.proto.v1.DeviceStats;
+import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.proto.v1.TrimRequest;
 import io.gpumemd.server.testing.DaemonProcess;
 import java.util.ArrayList;
@@ -19,11 +21,15 @@ import java.util.Map;
  *
  * <ul>
  *   <li>first lease, miss: a new client leases {@value #SEGMENTS} blocks of 2 MiB, each a new
- *       segment the daemon makes and backs, which this client maps first;
+ *       segment the daemon makes and backs, which this client maps first (the pool is emptied
+ *       after each round, and a lease that is not a miss fails the run);
  *   <li>first lease, hit: a second new client leases as many, each a cached segment new to it
  *       (by path: open + mmap; by descriptor: a round trip on the fd channel + mmap);
  *   <li>lease+release: a pool hit on a segment already mapped (1 MiB on the session stream, the
- *       client cache tier off so that every lease reaches the daemon).
+ *       client cache tier off so that every lease reaches the daemon), by a new client per round
+ *       that closes before the next phase: while this process keeps a connection to the fd
+ *       channel open, every segment it was sent by descriptor stays pinned ({@code
+ *       DescriptorPins}), and the pool would fill round by round.
  * </ul>
  *
  * Per lease call, the caller's view; pages are not touched. Prints p50 and p90. Run:
@@ -50,15 +56,14 @@ public final class FdCostMain {
             "--host-device-bytes", "512MiB"));
         samples.put(mode, Map.of("miss", new ArrayList<>(), "hit", new ArrayList<>(), "pair", new ArrayList<>()));
       }
-      Map<String, GpuMemClient> pairClients = new LinkedHashMap<>();
+      Map<String, GpuMemClient> admins = new LinkedHashMap<>();
       for (Map.Entry<String, DaemonProcess> d : daemons.entrySet()) {
-        pairClients.put(d.getKey(), GpuMemClient.builder(d.getValue().unixTarget()).clientName("bench-pairs")
-            .clientCacheBytes(0).connect());
+        admins.put(d.getKey(), GpuMemClient.builder(d.getValue().unixTarget()).clientName("bench-admin").connect());
       }
       // warm-up: both JVMs on every path, both modes
       for (String mode : daemons.keySet()) {
-        pairs(pairClients.get(mode), PAIRS);
-        firstLeases(daemons.get(mode).unixTarget(), new ArrayList<>(), new ArrayList<>());
+        pairs(daemons.get(mode).unixTarget(), new ArrayList<>());
+        firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), new ArrayList<>(), new ArrayList<>());
       }
       for (int round = 0; round < rounds; round++) {
         List<String> order = new ArrayList<>(daemons.keySet());
@@ -67,11 +72,11 @@ public final class FdCostMain {
         }
         for (String mode : order) {
           Map<String, List<Long>> s = samples.get(mode);
-          firstLeases(daemons.get(mode).unixTarget(), s.get("miss"), s.get("hit"));
-          s.get("pair").addAll(pairs(pairClients.get(mode), PAIRS));
+          firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), s.get("miss"), s.get("hit"));
+          pairs(daemons.get(mode).unixTarget(), s.get("pair"));
         }
       }
-      pairClients.values().forEach(GpuMemClient::close);
+      admins.values().forEach(GpuMemClient::close);
     } finally {
       daemons.values().forEach(DaemonProcess::close);
     }
@@ -88,14 +93,22 @@ public final class FdCostMain {
         samples.get("fd").get("miss").size(), samples.get("fd").get("pair").size());
   }
 
-  /** A first client's leases (misses), then a second one's on the same segments (hits), then a trim. */
-  private static void firstLeases(String target, List<Long> misses, List<Long> hits) {
+  /**
+   * A first client's leases (misses), then a second one's on the same segments (hits); then, with
+   * both clients closed, the pool trimmed until it holds no segment, so that the next round's
+   * first leases miss again. (By descriptor a segment stays pinned while this process has a
+   * connection to the fd channel open, which is why the pair clients live only for their phase.)
+   */
+  private static void firstLeases(String target, GpuMemClient admin, List<Long> misses, List<Long> hits) {
     List<Lease> held = new ArrayList<>();
     try (GpuMemClient first = GpuMemClient.builder(target).clientName("bench-first").clientCacheBytes(0).connect()) {
       for (int i = 0; i < SEGMENTS; i++) {
         long started = System.nanoTime();
         held.add(first.lease(0, 2 * MIB));
         misses.add(System.nanoTime() - started);
+      }
+      if (held.stream().anyMatch(Lease::poolHit) || first.mapsOpened() != SEGMENTS) {
+        throw new IllegalStateException("the first client should miss, each lease on a new segment");
       }
       held.forEach(Lease::close);
     }
@@ -110,19 +123,46 @@ public final class FdCostMain {
         throw new IllegalStateException("the second client should hit the first one's segments, each new to it");
       }
       held.forEach(Lease::close);
-      AdminGrpc.newBlockingStub(second.connection().channel())
-          .trim(TrimRequest.newBuilder().setDevice(0).setKeepBytes(0).build());
+    }
+    emptyPool(admin);
+  }
+
+  /** Trims until the pool holds no segment (the clients' unmaps and ends arrive asynchronously). */
+  private static void emptyPool(GpuMemClient admin) {
+    AdminGrpc.AdminBlockingStub stub = AdminGrpc.newBlockingStub(admin.connection().channel());
+    long deadline = System.nanoTime() + 10_000_000_000L;
+    while (true) {
+      stub.trim(TrimRequest.newBuilder().setDevice(0).setKeepBytes(0).build());
+      DeviceStats stats = stub.getStats(GetStatsRequest.newBuilder().setDevice(0).build()).getDevices(0);
+      if (stats.getSegments() == 0) {
+        return;
+      }
+      if (System.nanoTime() > deadline) {
+        throw new IllegalStateException("the pool still holds segments after trims: " + stats);
+      }
+      sleepMillis(5);
     }
   }
 
-  private static List<Long> pairs(GpuMemClient client, int n) {
-    List<Long> times = new ArrayList<>(n);
-    for (int i = 0; i < n; i++) {
-      long started = System.nanoTime();
+  /** A new client's {@value #PAIRS} lease+release pairs on one segment, mapped by a first lease not timed. */
+  private static void pairs(String target, List<Long> times) {
+    try (GpuMemClient client = GpuMemClient.builder(target).clientName("bench-pairs").clientCacheBytes(0).connect()) {
       client.lease(0, MIB).close();
-      times.add(System.nanoTime() - started);
+      for (int i = 0; i < PAIRS; i++) {
+        long started = System.nanoTime();
+        client.lease(0, MIB).close();
+        times.add(System.nanoTime() - started);
+      }
     }
-    return times;
+  }
+
+  private static void sleepMillis(long millis) {
+    try {
+      Thread.sleep(millis);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("interrupted", e);
+    }
   }
 
   private static long[] sorted(List<Long> times) {

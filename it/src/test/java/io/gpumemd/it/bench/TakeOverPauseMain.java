@@ -5,108 +5,236 @@ import io.gpumemd.client.Lease;
 import io.gpumemd.server.testing.DaemonProcess;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.OffsetDateTime;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Comparator;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * How long a worker waits while its daemon is taken over ({@code gpumemd --take-over}): a Java
  * client leases and closes 64 KiB blocks in a loop (the client cache tier off, so every lease is a
- * round trip to the daemon) on one thread, holding 64 leases of 1 MiB besides, while the daemon
- * is taken over {@value #DEFAULT_TAKE_OVERS} times in a row, each successor a JVM of its own. Per
- * take-over it records the longest single lease call from the moment the successor is launched
- * until 1 s after it is ready, and prints each, then their p50 and max, and the leases made
- * meanwhile (none may fail). Run:
+ * round trip to the daemon) on one thread, holding {@value #DEFAULT_LIVE_LEASES} leases of 1 MiB
+ * besides (or as many as asked, 4 KiB each beyond the first 64), while the daemon is taken over
+ * {@value #DEFAULT_TAKE_OVERS} times in a row, each successor a JVM of its own. Per take-over it
+ * records the longest single lease call from the moment the successor is launched until 1 s
+ * after it is ready, and prints each, then their p50 and max, and the leases made meanwhile (none
+ * may fail).
+ *
+ * <p>Where the time goes: each take-over's line also gives, in milliseconds from the moment the
+ * old daemon closed its gate, the steps both daemons log (the successor's {@code state received},
+ * {@code restored}, the old one's {@code Taken}, the successor serving on the socket path, the old
+ * one stopped), and when the longest wait began and ended; the last line gives their medians.
+ * Run:
  *
  * <pre>
  * mvn -B -q -pl it -am package -DskipTests dependency:build-classpath -Dmdep.includeScope=test -Dmdep.outputFile=target/test-classpath.txt
- * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.TakeOverPauseMain [take-overs]
+ * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.TakeOverPauseMain [take-overs [live-leases]]
  * </pre>
  */
 public final class TakeOverPauseMain {
   private static final int DEFAULT_TAKE_OVERS = 20;
+  private static final int DEFAULT_LIVE_LEASES = 64;
+  /** Leases of 1 MiB held; the rest of the live leases are 4 KiB (10,000 of 1 MiB would not fit). */
+  private static final int LARGE_LEASES = 64;
+
+  /** The log lines of a take-over, in order, and which daemon logs each (true: the old one). */
+  private static final String[][] STEPS = {
+      {"received", "new", "--take-over: state of pid"},
+      {"restored", "new", "Take-over: restored"},
+      {"taken", "old", "Handed over to pid"},
+      {"serving", "new", "Took over from pid"},
+      {"stopped", "old", "gpumemd handed over to pid"},
+  };
+  private static final String GATE_CLOSED = "no longer applying requests";
 
   private TakeOverPauseMain() {}
 
   public static void main(String[] args) throws Exception {
     int takeOvers = args.length > 0 ? Integer.parseInt(args[0]) : DEFAULT_TAKE_OVERS;
+    int liveLeases = args.length > 1 ? Integer.parseInt(args[1]) : DEFAULT_LIVE_LEASES;
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-takeover-bench-");
     String[] flags = {"--keepalive-grace-ms", "5000"};
     DaemonProcess daemon = DaemonProcess.startIn(dir, flags);
-    AtomicLong longest = new AtomicLong();
-    AtomicLong leases = new AtomicLong();
-    List<String> failures = new ArrayList<>();
+    Worker worker = null;
     long[] pauses = new long[takeOvers];
-    long[] stateMillis = new long[takeOvers];
+    long[] handOver = new long[takeOvers];
+    long[][] steps = new long[STEPS.length + 2][takeOvers];
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
-      List<Lease> held = new ArrayList<>();
-      for (int i = 0; i < 64; i++) {
-        held.add(client.lease(i % 2, 1 << 20));
-      }
+      List<Lease> held = hold(client, liveLeases);
       String session = client.sessionId();
-      java.util.concurrent.atomic.AtomicBoolean stop = new java.util.concurrent.atomic.AtomicBoolean();
-      Thread worker = new Thread(() -> {
-        while (!stop.get()) {
-          long t0 = System.nanoTime();
-          try (Lease lease = client.lease(0, 64 << 10)) {
-            lease.buffer().put(0, (byte) 1);
-          } catch (RuntimeException e) {
-            synchronized (failures) {
-              failures.add(e.toString());
-            }
-          }
-          longest.accumulateAndGet(System.nanoTime() - t0, Math::max);
-          leases.incrementAndGet();
-        }
-      }, "lease-loop");
-      worker.setDaemon(true);
+      worker = new Worker(client);
       worker.start();
       Thread.sleep(2000); // warm up
       for (int i = 0; i < takeOvers; i++) {
-        longest.set(0);
+        worker.reset();
         DaemonProcess next = DaemonProcess.startIn(dir, concat(flags, "--take-over"));
         if (daemon.awaitExit(30_000) != 0) {
           throw new IllegalStateException("the old daemon did not exit 0:\n" + daemon.output());
         }
         Thread.sleep(1000);
-        pauses[i] = longest.get() / 1000;
-        stateMillis[i] = handOverMillis(daemon.output());
-        System.out.printf("take-over %2d: longest lease wait %,8d us; hand-over %d ms (gate closed to Taken)%n", i + 1,
-            pauses[i], stateMillis[i]);
+        pauses[i] = worker.longestNanos.get() / 1000;
+        handOver[i] = handOverMillis(daemon.output());
+        long[] at = breakdown(daemon.output(), next.output(), worker);
+        for (int s = 0; s < at.length; s++) {
+          steps[s][i] = at[s];
+        }
+        System.out.printf("take-over %2d: longest lease wait %,8d us; hand-over %d ms (gate closed to Taken); %s%n",
+            i + 1, pauses[i], handOver[i], describe(at));
         daemon.close();
         daemon = next;
       }
-      stop.set(true);
-      worker.join(10_000);
+      worker.stop();
       if (!session.equals(client.sessionId())) {
         throw new IllegalStateException("the session changed: " + session + " -> " + client.sessionId());
       }
       held.forEach(Lease::close);
     } finally {
+      if (worker != null) {
+        worker.stop();
+      }
       daemon.close();
       try (var walk = Files.walk(dir)) {
         walk.sorted(Comparator.reverseOrder()).forEach(p -> p.toFile().delete());
       }
     }
-    long[] sorted = pauses.clone();
-    Arrays.sort(sorted);
-    long[] hand = stateMillis.clone();
-    Arrays.sort(hand);
-    System.out.printf("%d take-overs, %,d leases, %d failed: longest lease wait p50 %,d us, max %,d us; "
-        + "hand-over p50 %d ms, max %d ms%n", takeOvers, leases.get(), failures.size(), sorted[sorted.length / 2],
-        sorted[sorted.length - 1], hand[hand.length / 2], hand[hand.length - 1]);
-    if (!failures.isEmpty()) {
-      System.out.println("failures: " + failures.subList(0, Math.min(10, failures.size())));
+    long[] medians = new long[steps.length];
+    for (int s = 0; s < steps.length; s++) {
+      medians[s] = p50(steps[s]);
+    }
+    System.out.printf("%d take-overs with %,d live leases, %,d leases, %d failed: longest lease wait p50 %,d us, "
+        + "max %,d us; hand-over p50 %d ms, max %d ms%nmedian steps: %s%n", takeOvers, liveLeases,
+        worker.leases.get(), worker.failures.size(), p50(pauses), max(pauses), p50(handOver), max(handOver),
+        describe(medians));
+    if (!worker.failures.isEmpty()) {
+      System.out.println("failures: " + worker.failures.subList(0, Math.min(10, worker.failures.size())));
       System.exit(1);
     }
   }
 
+  /** Leases {@code count} blocks and keeps them: the first {@value #LARGE_LEASES} of 1 MiB, the rest of 4 KiB. */
+  private static List<Lease> hold(GpuMemClient client, int count) {
+    List<Lease> held = new ArrayList<>(count);
+    for (int from = 0; from < count; from += 256) {
+      List<CompletableFuture<Lease>> batch = new ArrayList<>();
+      for (int i = from; i < Math.min(count, from + 256); i++) {
+        batch.add(client.leaseAsync(i % 2, i < LARGE_LEASES ? 1 << 20 : 4 << 10, false, ""));
+      }
+      batch.forEach(f -> held.add(f.join()));
+    }
+    return held;
+  }
+
+  /** One thread leasing and closing 64 KiB in a loop, recording the longest call and when it was. */
+  private static final class Worker {
+    private final GpuMemClient client;
+    private final Thread thread;
+    private final AtomicBoolean stop = new AtomicBoolean();
+    final AtomicLong leases = new AtomicLong();
+    final AtomicLong longestNanos = new AtomicLong();
+    /** Wall-clock milliseconds when the longest call began (written by the worker only). */
+    volatile long longestBeganMillis;
+    final List<String> failures = new ArrayList<>();
+
+    Worker(GpuMemClient client) {
+      this.client = client;
+      this.thread = new Thread(this::run, "lease-loop");
+      thread.setDaemon(true);
+    }
+
+    void start() {
+      thread.start();
+    }
+
+    void reset() {
+      longestNanos.set(0);
+    }
+
+    private void run() {
+      while (!stop.get()) {
+        long began = System.currentTimeMillis();
+        long t0 = System.nanoTime();
+        try (Lease lease = client.lease(0, 64 << 10)) {
+          lease.buffer().put(0, (byte) 1);
+        } catch (RuntimeException e) {
+          synchronized (failures) {
+            failures.add(e.toString());
+          }
+        }
+        long took = System.nanoTime() - t0;
+        if (took > longestNanos.get()) {
+          longestNanos.set(took);
+          longestBeganMillis = began;
+        }
+        leases.incrementAndGet();
+      }
+    }
+
+    void stop() throws InterruptedException {
+      stop.set(true);
+      thread.join(10_000);
+    }
+  }
+
+  /**
+   * Milliseconds from the old daemon's gate closing to each of {@link #STEPS}, then to the begin
+   * and the end of the longest wait; -1 for a line not found.
+   */
+  private static long[] breakdown(String old, String successor, Worker worker) {
+    long[] at = new long[STEPS.length + 2];
+    long gate = logged(old, GATE_CLOSED);
+    for (int s = 0; s < STEPS.length; s++) {
+      long t = logged(STEPS[s][1].equals("old") ? old : successor, STEPS[s][2]);
+      at[s] = gate < 0 || t < 0 ? -1 : t - gate;
+    }
+    long began = worker.longestBeganMillis;
+    at[STEPS.length] = gate < 0 ? -1 : began - gate;
+    at[STEPS.length + 1] = gate < 0 ? -1 : began + worker.longestNanos.get() / 1_000_000 - gate;
+    return at;
+  }
+
+  private static String describe(long[] at) {
+    StringBuilder out = new StringBuilder("from gate closed, ms:");
+    for (int s = 0; s < STEPS.length; s++) {
+      out.append(' ').append(STEPS[s][0]).append(' ').append(at[s]);
+    }
+    return out.append("; longest wait ").append(at[STEPS.length]).append("..").append(at[STEPS.length + 1])
+        .toString();
+  }
+
+  /** The wall-clock milliseconds of the first line containing {@code text}, or -1. */
+  private static long logged(String output, String text) {
+    for (String line : output.split("\n")) {
+      if (line.contains(text)) {
+        try {
+          return OffsetDateTime.parse(line.substring(0, line.indexOf(' '))).toInstant().toEpochMilli();
+        } catch (RuntimeException e) {
+          return -1;
+        }
+      }
+    }
+    return -1;
+  }
+
   /** The holder's "Handed over to pid N after M ms" figure. */
   private static long handOverMillis(String output) {
-    java.util.regex.Matcher m = java.util.regex.Pattern.compile("Handed over to pid \\d+ after (\\d+) ms").matcher(output);
+    Matcher m = Pattern.compile("Handed over to pid \\d+ after (\\d+) ms").matcher(output);
     return m.find() ? Long.parseLong(m.group(1)) : -1;
+  }
+
+  private static long p50(long[] values) {
+    long[] sorted = values.clone();
+    Arrays.sort(sorted);
+    return sorted[sorted.length / 2];
+  }
+
+  private static long max(long[] values) {
+    return Arrays.stream(values).max().orElse(-1);
   }
 
   private static String[] concat(String[] a, String b) {

@@ -7,7 +7,6 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.SegmentFd;
 import io.grpc.Status;
 import io.grpc.netty.shaded.io.netty.buffer.ByteBuf;
-import io.grpc.netty.shaded.io.netty.buffer.ByteBufUtil;
 import io.grpc.netty.shaded.io.netty.channel.ChannelFuture;
 import io.grpc.netty.shaded.io.netty.channel.ChannelFutureListener;
 import io.grpc.netty.shaded.io.netty.channel.ChannelHandlerContext;
@@ -115,7 +114,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     quietSinceNanos = channel.ticker().nanos();
     FdRequest request;
     try {
-      request = FdRequest.parseFrom(ByteBufUtil.getBytes(frame));
+      request = FdRequest.parseFrom(frame.nioBuffer()); // no copy: the frame is released below
     } catch (InvalidProtocolBufferException e) {
       refuseAndClose(ctx, "frame: " + frame.readableBytes() + " bytes that are not an FdRequest (expected: "
           + "a 4-byte big-endian length, then a serialized gpumemd.v1.FdRequest)");

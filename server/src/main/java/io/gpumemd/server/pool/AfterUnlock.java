@@ -22,26 +22,26 @@ final class AfterUnlock {
   private record ReturnAsk(String holder, long bytes, boolean overdue) {}
 
   /** The one reference to the pool's collaborators: one of these is made per release. */
-  private final DevicePool pool;
+  private final PoolCore core;
   private List<Segment> toFree;
   private List<UnmapAsk> unmaps;
   private List<ReturnAsk> returns;
 
-  AfterUnlock(DevicePool pool) {
-    this.pool = pool;
+  AfterUnlock(PoolCore core) {
+    this.core = core;
   }
 
   /**
    * Runs {@code work} under the pool's lock, then, once unlocked, the work it left here. For
    * the pool's cold paths; the hot ones spell it out and spare the lambda.
    */
-  static <T> T locked(DevicePool pool, Function<AfterUnlock, T> work) {
-    AfterUnlock after = new AfterUnlock(pool);
-    pool.lock.lock();
+  static <T> T locked(PoolCore core, Function<AfterUnlock, T> work) {
+    AfterUnlock after = new AfterUnlock(core);
+    core.lock.lock();
     try {
       return work.apply(after);
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
       after.run();
     }
   }
@@ -76,30 +76,30 @@ final class AfterUnlock {
 
   /** Runs the collected work; call with the pool lock released. */
   void run() {
-    int device = pool.device().ordinal();
+    int device = core.device.ordinal();
     if (toFree != null) {
       for (Segment segment : toFree) {
         try {
-          pool.backend.free(segment.memory);
+          core.backend.free(segment.memory);
         } finally {
-          pool.eviction.freed(segment);
+          core.segmentFreed(segment);
         }
         log.debug("device {}: freed segment {} ({} bytes)", device, segment.id, segment.bytes);
       }
     }
     if (unmaps != null) {
       for (UnmapAsk ask : unmaps) {
-        pool.holderRequests.requestUnmap(ask.holder(), device, ask.segmentId());
+        core.holderRequests.requestUnmap(ask.holder(), device, ask.segmentId());
       }
     }
     if (returns != null) {
       for (ReturnAsk ask : returns) {
         if (ask.overdue()) {
-          pool.holderRequests.cacheReturnOverdue(ask.holder());
+          core.holderRequests.cacheReturnOverdue(ask.holder());
         } else {
           log.debug("device {}: asking {} to give back {} client-cached bytes", device, ask.holder(),
               ask.bytes() == 0 ? "all its" : ask.bytes());
-          pool.holderRequests.requestCacheReturn(ask.holder(), device, ask.bytes());
+          core.holderRequests.requestCacheReturn(ask.holder(), device, ask.bytes());
         }
       }
     }

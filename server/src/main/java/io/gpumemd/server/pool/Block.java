@@ -7,7 +7,7 @@ import io.gpumemd.server.backend.SegmentMemory;
  * cache tier (client-cached), or released but waiting for the client's completion event. Blocks of a segment form a doubly linked list in address order so
  * that a released block can coalesce with free neighbours.
  *
- * <p>All mutable fields are guarded by the owning {@link DevicePool}'s lock. Outside the pool
+ * <p>All mutable fields are guarded by the owning pool's lock ({@link PoolCore#lock}). Outside the pool
  * a leased block is read-only: its segment, offset and size do not change while it is leased.
  */
 public final class Block {

@@ -28,7 +28,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * every block leased; the pool tells it when a leased block stops counting or counts again
  * ({@link #unleased}, {@link #leasedAgain}).
  *
- * <p>Not thread-safe: every method is called with the owning {@link DevicePool}'s lock held.
+ * <p>Not thread-safe: every method is called with the owning pool's lock ({@link PoolCore#lock}) held.
  */
 final class BlockCarver {
   private final ReentrantLock lock;
@@ -178,6 +178,18 @@ final class BlockCarver {
         : "evicting a segment that is not wholly free: " + segment;
     free.remove(whole);
     live.remove(segment.id);
+  }
+
+  /** The block that starts at {@code offset} in a live segment, or null. */
+  Block blockAt(long segmentId, long offset) {
+    assert lock.isHeldByCurrentThread();
+    Segment segment = live.get(segmentId);
+    for (Block b = segment == null ? null : segment.head; b != null; b = b.next) {
+      if (b.offset == offset) {
+        return b;
+      }
+    }
+    return null;
   }
 
   // ------------------------------------------------------------------ restore (PoolRestorer)

@@ -10,7 +10,7 @@ import java.util.TreeSet;
  * large as the request; in the large pool a block more than {@code maxOversizeBytes} over the
  * request is not used, so one huge free segment is not chopped up for small neighbours.
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock.
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class BlockIndex {
   private static final Comparator<Block> BY_SIZE =

@@ -7,7 +7,7 @@ package io.gpumemd.server.pool;
  * (segments the pool gave up whose backend free has not finished). The budget bounds {@code
  * reserved + in flight}; a miss allocates only when its segment fits too.
  *
- * <p>Not thread-safe: every method is called with the owning {@link DevicePool}'s lock held.
+ * <p>Not thread-safe: every method is called with the owning pool's lock ({@link PoolCore#lock}) held.
  */
 final class Budget {
   private final long limitBytes;

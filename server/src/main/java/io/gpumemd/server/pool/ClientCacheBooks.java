@@ -23,8 +23,8 @@ import java.util.concurrent.locks.ReentrantLock;
  * saturate at {@link Long#MAX_VALUE}, since every tenant reads the sum of every client's
  * reports, and a client may report as much as a long holds.
  *
- * <p>The books are not thread-safe: those methods are called with the owning {@link
- * DevicePool}'s lock held. The reported counters need no lock ({@link #reported}).
+ * <p>The books are not thread-safe: those methods are called with the owning pool's lock ({@link
+ * PoolCore#lock}) held. The reported counters need no lock ({@link #reported}).
  */
 final class ClientCacheBooks {
   private final ReentrantLock lock;

@@ -8,16 +8,15 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * The memory pool of one device: caches released blocks for reuse, caps what it keeps, and
- * counts hits, misses and returns. This class is the pool's public face and holds its lock; the
- * work is done by package-private rooms named below, whose class javadoc says each part.
+ * counts hits, misses and returns. This class is the pool's public face; its lock and books are
+ * held by a package-private {@link PoolCore}, and the work is done by package-private parts named
+ * below that receive that core, whose class javadoc says each part.
  *
  * <h2>Algorithm</h2>
  *
@@ -42,9 +41,10 @@ import java.util.concurrent.locks.ReentrantLock;
  *       waiting for memory on its way back up to {@code unmapWaitMillis}, on the thread that
  *       asked; else {@link ExhaustedException} stating the pool ({@link Miss}, {@link Budget}).
  *   <li><b>Release:</b> the block becomes free and coalesces with free neighbours; a segment
- *       whose blocks are all free is <i>cached</i> (idle) ({@link BlockCarver}). A release that
- *       carries a completion event waits, block still in use, until the event completes ({@link
- *       PendingEvents}, {@link #pollEvents}); one whose event cannot be queried is never reused.
+ *       whose blocks are all free is <i>cached</i> (idle) ({@link Returns}, {@link BlockCarver}).
+ *       A release that carries a completion event waits, block still in use, until the event
+ *       completes ({@link PendingEvents}, {@link #pollEvents}); one whose event cannot be queried
+ *       is never reused.
  *   <li><b>Eviction:</b> while cached bytes exceed the retention cap, the least recently used
  *       idle segment is freed; one that a holder may have mapped only once every such holder
  *       has confirmed an unmap or ended ({@link Eviction}, {@link HolderMappings}, {@link
@@ -61,8 +61,8 @@ import java.util.concurrent.locks.ReentrantLock;
  *
  * <h2>Thread-safety</h2>
  *
- * One {@link ReentrantLock} guards this object and its rooms; the critical sections are index
- * look-ups and list surgery. Backend calls (allocate, free, zero, event queries) and unmap
+ * One {@link ReentrantLock} ({@link PoolCore#lock}) guards the pool's books; the critical
+ * sections are index look-ups and list surgery. Backend calls (allocate, free, zero, event queries) and unmap
  * requests always run after the lock is released: work found under the lock is collected in an
  * {@link AfterUnlock} and run by the calling thread once it has unlocked; waits for memory go
  * through {@link MemoryWaiters}. Calls of the session layer that only count (a share token
@@ -71,26 +71,10 @@ import java.util.concurrent.locks.ReentrantLock;
  * PoolStats} says what that means for a snapshot.
  */
 public final class DevicePool implements AutoCloseable {
-  private final DeviceInfo device;
-  final MemoryBackend backend;
-  final HolderRequests holderRequests;
-  final Ticker ticker;
-  final long unmapWaitNanos;
-  /** The backend's {@link MemoryBackend#segmentGranularity}: new segments are multiples of it. */
-  final long segmentGranularity;
-  final ReentrantLock lock = new ReentrantLock();
-
-  // ---- the rooms, guarded by lock (see each); package-private for Miss, PoolInvariants and the tests ----
-  final BlockCarver carver;
-  final Budget budget;
-  final ClientCacheBooks clientCache;
-  final HolderMappings holders = new HolderMappings();
-  final PendingEvents events = new PendingEvents();
-  final PoolCounters counters = new PoolCounters();
-  final Eviction eviction;
-  final MemoryWaiters waiters;
-  final SharingCounters sharing;
-  boolean closed;
+  /** The lock and the books; package-private for the tests. */
+  final PoolCore core;
+  private final Eviction eviction;
+  private final Returns returns;
 
   /**
    * @param device the device this pool serves
@@ -103,26 +87,17 @@ public final class DevicePool implements AutoCloseable {
    */
   public DevicePool(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
       HolderRequests holderRequests, long segmentIdBase, Ticker ticker) {
-    this.device = device;
-    this.backend = backend;
-    this.holderRequests = holderRequests;
-    this.ticker = ticker;
-    this.unmapWaitNanos = TimeUnit.MILLISECONDS.toNanos(settings.unmapWaitMillis());
-    this.segmentGranularity = Miss.granularity(backend, device.ordinal());
-    this.carver = new BlockCarver(lock, settings.maxOversizeBytes(), segmentIdBase);
-    this.budget = new Budget(settings.limitBytes());
-    this.clientCache = new ClientCacheBooks(lock, carver);
-    this.eviction = new Eviction(this, settings.retentionCapBytes());
-    this.waiters = new MemoryWaiters(lock, ticker);
-    this.sharing = new SharingCounters(lock, holders, counters, settings.publishedLimitBytes());
+    this.core = new PoolCore(device, backend, settings, holderRequests, segmentIdBase, ticker);
+    this.eviction = new Eviction(core, settings.retentionCapBytes());
+    this.returns = new Returns(core, eviction);
   }
 
   public DeviceInfo device() {
-    return device;
+    return core.device;
   }
 
   public long limitBytes() {
-    return budget.limitBytes();
+    return core.budget.limitBytes(); // immutable: no lock needed
   }
 
   /**
@@ -131,17 +106,17 @@ public final class DevicePool implements AutoCloseable {
    * segment exceeds the budget can never be served, however much is freed.
    */
   public long segmentBytesFor(long size) {
-    return Miss.segmentBytes(SizeClasses.roundUp(size), segmentGranularity);
+    return Miss.segmentBytes(SizeClasses.roundUp(size), core.segmentGranularity);
   }
 
   /** The backend's segment granularity on this device (new segments are multiples of it). */
   public long segmentGranularity() {
-    return segmentGranularity;
+    return core.segmentGranularity;
   }
 
   /** Most a cached block may exceed a large request and still serve it ({@link SizeClasses#largestFit}). */
   public long maxOversizeBytes() {
-    return carver.free.maxOversizeBytes(); // immutable: no lock needed
+    return core.carver.free.maxOversizeBytes(); // immutable: no lock needed
   }
 
   // ------------------------------------------------------------------------------ leasing
@@ -153,13 +128,13 @@ public final class DevicePool implements AutoCloseable {
    */
   public LeasedBlock tryLeaseCached(long requested, String holder, SegmentOwner owner) {
     long size = SizeClasses.roundUp(requested);
-    lock.lock();
+    core.lock.lock();
     try {
-      checkOpen();
-      Block block = takeCached(size, holder, owner.key());
+      core.checkOpen();
+      Block block = core.takeCached(size, holder, owner.key());
       return block == null ? null : new LeasedBlock(block, true);
     } finally {
-      lock.unlock();
+      core.lock.unlock();
     }
   }
 
@@ -176,14 +151,15 @@ public final class DevicePool implements AutoCloseable {
   public LeasedBlock lease(long requested, boolean zero, String holder, SegmentOwner owner) {
     long size = SizeClasses.roundUp(requested);
     Block block;
-    lock.lock();
+    core.lock.lock();
     try {
-      checkOpen();
-      block = takeCached(size, holder, owner.key());
+      core.checkOpen();
+      block = core.takeCached(size, holder, owner.key());
     } finally {
-      lock.unlock();
+      core.lock.unlock();
     }
-    LeasedBlock leased = block != null ? new LeasedBlock(block, true) : new Miss(this, size, holder, owner).run();
+    LeasedBlock leased = block != null ? new LeasedBlock(block, true)
+        : new Miss(core, eviction, size, holder, owner).run();
     // A block carved from a segment allocated for this very lease already reads as zeros: the
     // backend guarantees it, or the miss scrubbed the segment.
     if (zero && leased.poolHit()) {
@@ -195,22 +171,11 @@ public final class DevicePool implements AutoCloseable {
   /** Zeroes a leased block outside the lock; on failure the block goes back before rethrowing. */
   private void zeroOrRelease(Block block) {
     try {
-      backend.zero(block.segment.memory, block.offset, block.size);
+      core.backend.zero(block.segment.memory, block.offset, block.size);
     } catch (RuntimeException e) {
       release(block, null);
       throw e;
     }
-  }
-
-  /** Leases the owner's best-fitting cached block to a holder (a hit), or returns null. */
-  Block takeCached(long size, String holder, String owner) {
-    Block block = carver.leaseBestFit(size, owner);
-    if (block == null) {
-      return null;
-    }
-    counters.increment(PoolMetric.HITS);
-    holders.mapped(block.segment, holder);
-    return block;
   }
 
   // ----------------------------------------------------------------------------- releasing
@@ -220,44 +185,7 @@ public final class DevicePool implements AutoCloseable {
    * has completed; the pool owns and closes the event.
    */
   public void release(Block block, CompletionEvent event) {
-    AfterUnlock after = new AfterUnlock(this);
-    lock.lock();
-    try {
-      if (block.state == Block.State.CLIENT_CACHED) {
-        clientCache.uncached(block);
-        waiters.memoryCameBack();
-      } else if (block.state == Block.State.LEASED) {
-        carver.unleased(block);
-      } else {
-        throw new IllegalStateException("release of a block that is not leased: " + block);
-      }
-      if (event != null && !closed) {
-        block.state = Block.State.AWAITING_EVENT;
-        events.add(block, event);
-        event = null; // now owned by the pending events
-        return;
-      }
-      returnToCache(block, after);
-    } finally {
-      lock.unlock();
-      after.run();
-      if (event != null) {
-        // Closed pool: nothing will wait for the event, but we own it.
-        event.close();
-      }
-    }
-  }
-
-  /** Puts a no-longer-used block back: coalesce, index, cache the segment if idle, apply the cap. */
-  private void returnToCache(Block block, AfterUnlock after) {
-    if (carver.giveBack(block)) {
-      eviction.enforceCap(after);
-    }
-    // A block whose segment the cap evicted at once went back to the backend, not the cache:
-    // that is an eviction, not a return. So is one of a pool closed under it.
-    if (block.segment.state == Segment.State.LIVE) {
-      counters.increment(PoolMetric.RETURNS);
-    }
+    returns.release(block, event);
   }
 
   /**
@@ -265,35 +193,7 @@ public final class DevicePool implements AutoCloseable {
    * Called periodically by the server; cheap when nothing is pending.
    */
   public void pollEvents() {
-    List<PendingEvents.Pending> pending;
-    lock.lock();
-    try {
-      if (events.isEmpty()) {
-        return;
-      }
-      pending = events.snapshot();
-    } finally {
-      lock.unlock();
-    }
-    PendingEvents.Outcome outcome = PendingEvents.query(pending);
-    if (outcome.isEmpty()) {
-      return;
-    }
-    AfterUnlock after = new AfterUnlock(this);
-    lock.lock();
-    try {
-      for (Block block : events.removeCompleted(outcome.done())) {
-        if (block.state == Block.State.AWAITING_EVENT) {
-          returnToCache(block, after);
-        }
-      }
-      events.strand(outcome.failed(), device.ordinal());
-    } finally {
-      lock.unlock();
-      after.run();
-    }
-    outcome.done().forEach(p -> p.event().close());
-    outcome.failed().forEach(f -> f.pending().event().close());
+    returns.pollEvents();
   }
 
   // ------------------------------------------------------------------------- client cache
@@ -306,15 +206,7 @@ public final class DevicePool implements AutoCloseable {
    * @throws IllegalStateException when the block is not leased
    */
   public void clientCached(Block block, String holder) {
-    AfterUnlock after = new AfterUnlock(this);
-    lock.lock();
-    try {
-      clientCache.cached(block, holder);
-      eviction.enforceCap(after);
-    } finally {
-      lock.unlock();
-      after.run();
-    }
+    returns.clientCached(block, holder);
   }
 
   /**
@@ -323,13 +215,7 @@ public final class DevicePool implements AutoCloseable {
    * @throws IllegalStateException when the block is not client-cached
    */
   public void clientReused(Block block) {
-    lock.lock();
-    try {
-      clientCache.reused(block);
-      waiters.memoryCameBack();
-    } finally {
-      lock.unlock();
-    }
+    returns.clientReused(block);
   }
 
   /**
@@ -338,7 +224,7 @@ public final class DevicePool implements AutoCloseable {
    * Long#MAX_VALUE}: clients' reports are summed, and every tenant reads the sum. Takes no lock.
    */
   public void addClientCounters(long hits, long returns) {
-    clientCache.reported(hits, returns);
+    core.clientCache.reported(hits, returns);
   }
 
   // ------------------------------------------------------------------------------ eviction
@@ -375,17 +261,17 @@ public final class DevicePool implements AutoCloseable {
    * until the session layer has dropped its last hold.
    */
   public void blockShared(Block block) {
-    sharing.blockShared(block);
+    core.sharing.blockShared(block);
   }
 
   /** The last hold on a shared block is gone; {@link #release} follows. Takes no lock. */
   public void sharedBlockReturned() {
-    sharing.sharedBlockReturned();
+    core.sharing.sharedBlockReturned();
   }
 
   /** A share token was made. Takes no lock. */
   public void shareMade() {
-    sharing.shareMade();
+    core.sharing.shareMade();
   }
 
   /**
@@ -396,12 +282,12 @@ public final class DevicePool implements AutoCloseable {
    * @throws IllegalStateException when the block is not leased (it went back meanwhile)
    */
   public void attached(Block block, String holder) {
-    sharing.attached(block, holder);
+    core.sharing.attached(block, holder);
   }
 
   /** A hold taken by {@link #attached} was released. Takes no lock. */
   public void holdReleased() {
-    sharing.holdReleased();
+    core.sharing.holdReleased();
   }
 
   /**
@@ -410,7 +296,7 @@ public final class DevicePool implements AutoCloseable {
    * @return false, changing nothing, when it would pass the limit
    */
   public boolean publish(Block block) {
-    return sharing.publish(block);
+    return core.sharing.publish(block);
   }
 
   /**
@@ -418,16 +304,16 @@ public final class DevicePool implements AutoCloseable {
    * the lock only for the last name.
    */
   public void unpublished(Block block, boolean lastName) {
-    sharing.unpublished(block, lastName);
+    core.sharing.unpublished(block, lastName);
   }
 
   /** A name more for an already-published block (its bytes count once). Takes no lock. */
   public void publishedAgain() {
-    sharing.publishedAgain();
+    core.sharing.publishedAgain();
   }
 
   public long publishedLimitBytes() {
-    return sharing.publishedLimitBytes();
+    return core.sharing.publishedLimitBytes();
   }
 
   // ------------------------------------------------------------------------------ holders
@@ -448,18 +334,7 @@ public final class DevicePool implements AutoCloseable {
    * segment freed already is not tracked, and then no descriptor of it can be opened either.
    */
   public void descriptorSent(long segmentId, DescriptorHolder process) {
-    lock.lock();
-    try {
-      Segment segment = carver.live.get(segmentId);
-      if (segment == null) {
-        segment = holders.awaitingUnmap(segmentId); // released and evicted while being fetched
-      }
-      if (segment != null) {
-        holders.mapped(segment, process.key());
-      }
-    } finally {
-      lock.unlock();
-    }
+    core.locked(() -> core.holders.descriptorSent(core.segment(segmentId), process.key()));
   }
 
   /** A holder no longer maps one segment (a process found not to reach it): freed if evicted and it was the last. */
@@ -469,33 +344,27 @@ public final class DevicePool implements AutoCloseable {
 
   /** Bytes of evicted segments that processes of the tenant may still map: see {@link HolderMappings#pinnedBytes}. */
   public long pinnedBytes(String tenant) {
-    return AfterUnlock.locked(this, after -> holders.pinnedBytes(tenant));
+    return core.locked(() -> core.holders.pinnedBytes(tenant));
   }
 
   /** The keys of the processes that may map segments of this pool ({@link DescriptorHolder#key}). */
   public List<String> descriptorHolders() {
-    return AfterUnlock.locked(this, after -> holders.descriptorHolders());
+    return core.locked(core.holders::descriptorHolders);
   }
 
   /** The segments a holder may map: id and memory, for the fd channel's reach checks. */
   public Map<Long, SegmentMemory> segmentsOf(String holder) {
-    return AfterUnlock.locked(this, after -> {
-      Map<Long, SegmentMemory> out = new LinkedHashMap<>();
-      for (Segment segment : holders.segmentsOf(holder)) {
-        out.put(segment.id, segment.memory);
-      }
-      return out;
-    });
+    return core.locked(() -> core.holders.segmentsOf(holder));
   }
 
   /** Segments evicted and waiting for this holder's unmap (to ask again after a reconnect). */
   public List<Long> awaitingUnmapBy(String holder) {
-    return AfterUnlock.locked(this, after -> holders.awaitingUnmapBy(holder));
+    return core.locked(() -> core.holders.awaitingUnmapBy(holder));
   }
 
   /** Number of segments a holder may have mapped. */
   public int mappedSegments(String holder) {
-    return AfterUnlock.locked(this, after -> holders.mappedBy(holder));
+    return core.locked(() -> core.holders.mappedBy(holder));
   }
 
   // ----------------------------------------------------------------------- snapshot, restore
@@ -505,18 +374,7 @@ public final class DevicePool implements AutoCloseable {
    * finds its leases' blocks again in a pool restored from a snapshot.
    */
   public Block blockAt(long segmentId, long offset) {
-    lock.lock();
-    try {
-      Segment segment = carver.live.get(segmentId);
-      for (Block b = segment == null ? null : segment.head; b != null; b = b.next) {
-        if (b.offset == offset) {
-          return b;
-        }
-      }
-      return null;
-    } finally {
-      lock.unlock();
-    }
+    return core.locked(() -> core.carver.blockAt(segmentId, offset));
   }
 
   /**
@@ -526,22 +384,7 @@ public final class DevicePool implements AutoCloseable {
    * time (events, allocations in flight) are {@link #snapshot}'s to refuse.
    */
   public String restoreRefusal(long otherLimitBytes) {
-    String backendRefusal = backend.takeOverRefusal();
-    if (backendRefusal != null) {
-      return backendRefusal;
-    }
-    lock.lock();
-    try {
-      long held = budget.reservedBytes() + budget.inFlightBytes();
-      if (held > otherLimitBytes) {
-        return "device " + device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new one's "
-            + "budget is " + otherLimitBytes + " bytes (--device-limit-bytes or --device-limit-fraction); what "
-            + "is leased stays leased, so give the new daemon at least " + held + " bytes";
-      }
-      return null;
-    } finally {
-      lock.unlock();
-    }
+    return PoolSnapshotWriter.refusalFor(core, otherLimitBytes);
   }
 
   /**
@@ -557,7 +400,7 @@ public final class DevicePool implements AutoCloseable {
    *     the pool is closed; descriptors already in the sink stay the sink's
    */
   public PoolSnapshot snapshot(SegmentFdSink sink) throws SnapshotRefusedException {
-    return PoolSnapshotWriter.take(this, sink);
+    return PoolSnapshotWriter.take(core, eviction, sink);
   }
 
   /** A new pool, restored from {@code snapshot} ({@link #restore(PoolSnapshot, int[])}). */
@@ -565,7 +408,7 @@ public final class DevicePool implements AutoCloseable {
       HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, int[] descriptors)
       throws SnapshotRefusedException {
     DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
-        DevicePools.segmentIdBase(device.ordinal()), ticker);
+        SegmentIds.base(device.ordinal()), ticker);
     pool.restore(snapshot, descriptors);
     return pool;
   }
@@ -582,7 +425,7 @@ public final class DevicePool implements AutoCloseable {
    *     a pool; the pool is then closed, every segment adopted so far relinquished (never freed)
    */
   public void restore(PoolSnapshot snapshot, int[] descriptors) throws SnapshotRefusedException {
-    PoolRestorer.restoreInto(this, snapshot, descriptors);
+    PoolRestorer.restoreInto(core, eviction, snapshot, descriptors);
   }
 
   /**
@@ -600,19 +443,7 @@ public final class DevicePool implements AutoCloseable {
 
   /** The pool's figures, taken under the lock; see {@link PoolStats} for which are exact. */
   public PoolStats stats() {
-    lock.lock();
-    try {
-      return PoolStats.snapshot(this);
-    } finally {
-      lock.unlock();
-    }
-  }
-
-  /** Free bytes inside segments that also hold leases (split remainders). */
-  long remainderBytes() {
-    assert lock.isHeldByCurrentThread();
-    return budget.reservedBytes() - carver.leasedBytes() - clientCache.bytes() - carver.cachedBytes()
-        - events.bytes() - holders.awaitingUnmapBytes();
+    return core.locked(() -> PoolStats.snapshot(core, eviction.retentionCapBytes()));
   }
 
   /**
@@ -620,22 +451,10 @@ public final class DevicePool implements AutoCloseable {
    * violation (see {@link PoolInvariants}).
    */
   public void verifyInvariants() {
-    lock.lock();
-    try {
-      PoolInvariants.verify(this);
-    } finally {
-      lock.unlock();
-    }
-  }
-
-  void checkOpen() {
-    if (closed) {
-      throw closedException();
-    }
-  }
-
-  IllegalStateException closedException() {
-    return new IllegalStateException("device pool " + device.ordinal() + " is closed");
+    core.locked(() -> {
+      PoolInvariants.verify(core);
+      return null;
+    });
   }
 
   /**
@@ -650,24 +469,24 @@ public final class DevicePool implements AutoCloseable {
   private void end(boolean free) {
     List<Segment> all;
     List<PendingEvents.Pending> pending;
-    lock.lock();
+    core.lock.lock();
     try {
-      if (closed) {
+      if (core.closed()) {
         return;
       }
-      closed = true;
+      core.markClosed();
       all = eviction.giveUpAll(free);
-      pending = events.drain();
-      waiters.closed();
+      pending = core.events.drain();
+      core.waiters.closed();
     } finally {
-      lock.unlock();
+      core.lock.unlock();
     }
     pending.forEach(p -> p.event().close());
     for (Segment s : all) {
       if (free) {
-        backend.free(s.memory);
+        core.backend.free(s.memory);
       } else {
-        PoolRestorer.relinquishQuietly(backend, s.memory);
+        PoolRestorer.relinquishQuietly(core.backend, s.memory);
       }
     }
   }

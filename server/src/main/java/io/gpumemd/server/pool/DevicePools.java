@@ -12,22 +12,20 @@ import java.util.Set;
  * Segment ids carry their device in the top 16 bits, so a segment id alone finds its pool.
  */
 public final class DevicePools implements AutoCloseable {
-  private static final int DEVICE_SHIFT = 48;
-
   private final List<DevicePool> pools;
 
   public DevicePools(List<DevicePool> pools) {
     this.pools = List.copyOf(pools);
   }
 
-  /** First segment id of a device's pool. */
+  /** First segment id of a device's pool ({@link SegmentIds}). */
   public static long segmentIdBase(int device) {
-    return ((long) device << DEVICE_SHIFT) + 1;
+    return SegmentIds.base(device);
   }
 
   /** Device a segment id belongs to. */
   public static int deviceOfSegment(long segmentId) {
-    return (int) (segmentId >>> DEVICE_SHIFT);
+    return SegmentIds.deviceOf(segmentId);
   }
 
   /**

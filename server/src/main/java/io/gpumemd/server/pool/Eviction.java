@@ -24,12 +24,15 @@ import java.util.concurrent.locks.ReentrantLock;
  *   <li>Closing gives up every segment at once, mapped or not ({@link #giveUpAll}).
  * </ul>
  *
+ * <p>It works on the books of one {@link PoolCore} and owns only the retention cap.
+ *
  * <p>Thread-safety: the methods that the pool's public calls delegate to ({@link
- * #setRetentionCap}, {@link #trim}, {@link #unmapped}, {@link #holderEnded}, {@link #freed})
- * take the owning {@link DevicePool}'s lock; the others are called with it held.
+ * #setRetentionCap}, {@link #trim}, {@link #unmapped}, {@link #dropped}, {@link #holderEnded})
+ * take the core's lock; the others are called with it held. The backend's frees end in {@link
+ * PoolCore#segmentFreed}.
  */
 final class Eviction {
-  private final DevicePool pool;
+  private final PoolCore core;
   private final ReentrantLock lock;
   private final BlockCarver carver;
   private final ClientCacheBooks clientCache;
@@ -40,15 +43,14 @@ final class Eviction {
   /** True once SetRetentionCap set the cap (it then outranks the flag of a daemon that restores the pool). */
   private boolean capSetAtRuntime;
 
-  /** Made by the pool's constructor once the rooms it uses exist. */
-  Eviction(DevicePool pool, long retentionCapBytes) {
-    this.pool = pool;
-    this.lock = pool.lock;
-    this.carver = pool.carver;
-    this.clientCache = pool.clientCache;
-    this.holders = pool.holders;
-    this.budget = pool.budget;
-    this.counters = pool.counters;
+  Eviction(PoolCore core, long retentionCapBytes) {
+    this.core = core;
+    this.lock = core.lock;
+    this.carver = core.carver;
+    this.clientCache = core.clientCache;
+    this.holders = core.holders;
+    this.budget = core.budget;
+    this.counters = core.counters;
     this.retentionCapBytes = retentionCapBytes;
   }
 
@@ -71,7 +73,7 @@ final class Eviction {
 
   /** Sets the retention cap and evicts at once down to it; returns the bytes evicted. */
   long setRetentionCap(long capBytes) {
-    return AfterUnlock.locked(pool, after -> {
+    return AfterUnlock.locked(core, after -> {
       retentionCapBytes = capBytes;
       capSetAtRuntime = true;
       return enforceCap(capBytes, after);
@@ -81,17 +83,17 @@ final class Eviction {
   /** See {@link DevicePool#trim}. */
   long trim(long keepBytes) {
     long evicted = 0;
-    long deadline = pool.ticker.nanos() + pool.unmapWaitNanos;
+    long deadline = core.ticker.nanos() + core.unmapWaitNanos;
     while (true) {
-      AfterUnlock after = new AfterUnlock(pool);
+      AfterUnlock after = new AfterUnlock(core);
       boolean waitForClients;
       long epoch;
       lock.lock();
       try {
-        epoch = pool.waiters.epoch();
+        epoch = core.waiters.epoch();
         evicted += enforceCap(keepBytes, after);
         waitForClients = carver.cachedBytes() + clientCache.bytes() > keepBytes && clientCache.bytes() > 0;
-        if (waitForClients && pool.ticker.nanos() >= deadline) {
+        if (waitForClients && core.ticker.nanos() >= deadline) {
           clientCache.overdueReturns(after);
           waitForClients = false;
         }
@@ -102,52 +104,41 @@ final class Eviction {
       if (!waitForClients) {
         return evicted;
       }
-      pool.waiters.await(deadline, epoch);
+      core.waiters.await(deadline, epoch);
     }
   }
 
   /** A holder confirmed an unmap: the segment is freed when that was its last mapper. */
   void unmapped(String holder, long segmentId) {
-    AfterUnlock.locked(pool, after -> freeIfLast(holders.unmapped(holder, segmentId), after));
+    AfterUnlock.locked(core, after -> freeIfLast(holders.unmapped(holder, segmentId), after));
   }
 
   /** A holder no longer maps one segment: freed when it was evicted and this was its last mapper. */
   void dropped(String holder, long segmentId) {
-    AfterUnlock.locked(pool, after -> freeIfLast(holders.dropped(holder, segmentId), after));
+    AfterUnlock.locked(core, after -> freeIfLast(holders.dropped(holder, segmentId), after));
   }
 
   /** Frees an evicted segment whose last mapper just went (null: none did). */
   private Void freeIfLast(Segment segment, AfterUnlock after) {
     if (segment != null) {
       free(segment, after);
-      pool.waiters.memoryCameBack();
+      core.waiters.memoryCameBack();
     }
     return null;
   }
 
   /** A holder ended: the segments it was the last mapper of are freed. */
   void holderEnded(String holder) {
-    AfterUnlock.locked(pool, after -> {
+    AfterUnlock.locked(core, after -> {
       List<Segment> freed = holders.holderEnded(holder);
       for (Segment segment : freed) {
         free(segment, after);
       }
       if (!freed.isEmpty()) {
-        pool.waiters.memoryCameBack();
+        core.waiters.memoryCameBack();
       }
       return null;
     });
-  }
-
-  /** The backend has freed a segment the pool gave up: the device has that memory again. */
-  void freed(Segment segment) {
-    lock.lock();
-    try {
-      budget.freed(segment.bytes);
-      pool.waiters.memoryCameBack();
-    } finally {
-      lock.unlock();
-    }
   }
 
   // ---------------------------------------------------------------------- with the lock held
@@ -235,7 +226,7 @@ final class Eviction {
   private void free(Segment segment, AfterUnlock after) {
     assert lock.isHeldByCurrentThread();
     segment.state = Segment.State.FREED;
-    budget.freeing(segment.bytes); // until the backend has freed it (AfterUnlock, then freed())
+    budget.freeing(segment.bytes); // until the backend has freed it (AfterUnlock, then PoolCore.segmentFreed)
     counters.increment(PoolMetric.BACKEND_FREES);
     after.free(segment);
   }

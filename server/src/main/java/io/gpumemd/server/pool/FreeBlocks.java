@@ -14,7 +14,7 @@ import java.util.Map;
  * so owners that come and go (sessions, tenants) leave nothing behind. The hit path costs one
  * hash look-up more than a single index.
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock.
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class FreeBlocks {
   private final Map<String, BlockIndex> byOwner = new HashMap<>();

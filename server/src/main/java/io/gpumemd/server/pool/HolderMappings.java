@@ -1,9 +1,11 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.server.backend.SegmentMemory;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.HashMap;
 import java.util.HashSet;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -26,7 +28,7 @@ import java.util.Set;
  * ({@link #dropped}, {@link #holderEnded}). What such processes keep of evicted segments counts
  * against their tenant ({@link #pinnedBytes}).
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock.
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class HolderMappings {
   private final Map<String, Set<Segment>> byHolder = new HashMap<>();
@@ -38,6 +40,17 @@ final class HolderMappings {
     if (segment.mappers.add(holder)) {
       byHolder.computeIfAbsent(holder, h -> new HashSet<>()).add(segment);
     }
+  }
+
+  /**
+   * A process was sent a descriptor of a segment ({@link DescriptorHolder}), which may be null:
+   * freed already, and then not tracked (no descriptor of it can be opened either).
+   */
+  Void descriptorSent(Segment segment, String process) {
+    if (segment != null) {
+      mapped(segment, process);
+    }
+    return null;
   }
 
   /**
@@ -147,10 +160,13 @@ final class HolderMappings {
     return keys;
   }
 
-  /** The segments a holder may map, by id. */
-  List<Segment> segmentsOf(String holder) {
-    Set<Segment> held = byHolder.get(holder);
-    return held == null ? List.of() : List.copyOf(held);
+  /** The segments a holder may map: their memory by id; a copy. */
+  Map<Long, SegmentMemory> segmentsOf(String holder) {
+    Map<Long, SegmentMemory> out = new LinkedHashMap<>();
+    for (Segment segment : byHolder.getOrDefault(holder, Set.of())) {
+      out.put(segment.id, segment.memory);
+    }
+    return out;
   }
 
   /** A holder ended: it maps nothing any more. Returns the segments that can now be freed. */

@@ -8,7 +8,7 @@ import java.util.LinkedHashSet;
  * pool's <i>cached</i> memory, what eviction gives back first. A segment joins when its last
  * block is returned and leaves when a block of it is leased again or it is evicted.
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock.
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class IdleSegments {
   private final LinkedHashSet<Segment> lru = new LinkedHashSet<>();

@@ -17,7 +17,7 @@ import java.util.concurrent.locks.ReentrantLock;
  * each slice.
  *
  * <p>Thread-safety: {@link #epoch}, {@link #memoryCameBack} and {@link #closed} are called with
- * the owning {@link DevicePool}'s lock held; {@link #await} takes it.
+ * the owning pool's lock ({@link PoolCore#lock}) held; {@link #await} takes it.
  */
 final class MemoryWaiters {
   /** Longest single wait before the caller checks its deadline again on the ticker. */

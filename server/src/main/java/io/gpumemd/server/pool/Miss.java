@@ -4,7 +4,6 @@ import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
-import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
@@ -54,6 +53,8 @@ import org.slf4j.LoggerFactory;
  *       the lease is carved from it ({@code misses}).
  * </ol>
  *
+ * <p>It works on the pool's {@link PoolCore} and asks its {@link Eviction} for room.
+ *
  * <p>Not thread-safe: one thread runs a miss. It takes the pool lock for phases 1 and 3 and for
  * the bookkeeping of phase 2, and makes every backend call and request to holders outside it.
  */
@@ -74,7 +75,8 @@ final class Miss {
   /** What phase 1 decided. */
   private enum Next { HIT, WAIT, ALLOCATE }
 
-  private final DevicePool pool;
+  private final PoolCore core;
+  private final Eviction eviction;
   private final Ticker ticker;
   private final long size;
   private final long segmentBytes;
@@ -94,26 +96,17 @@ final class Miss {
   private Block hit;
 
   /** @param size the request rounded up ({@link SizeClasses#roundUp}) */
-  Miss(DevicePool pool, long size, String holder, SegmentOwner owner) {
-    this.pool = pool;
-    this.ticker = pool.ticker;
+  Miss(PoolCore core, Eviction eviction, long size, String holder, SegmentOwner owner) {
+    this.core = core;
+    this.eviction = eviction;
+    this.ticker = core.ticker;
     this.size = size;
-    this.segmentBytes = segmentBytes(size, pool.segmentGranularity);
+    this.segmentBytes = segmentBytes(size, core.segmentGranularity);
     this.holder = holder;
     this.owner = owner;
     long now = ticker.nanos();
-    this.unmapDeadline = now + pool.unmapWaitNanos;
+    this.unmapDeadline = now + core.unmapWaitNanos;
     this.settleDeadline = now + BACKEND_SETTLE_NANOS;
-  }
-
-  /** The backend's segment granularity of a device, checked once when its pool is made. */
-  static long granularity(MemoryBackend backend, int device) {
-    long granularity = backend.segmentGranularity(device);
-    if (granularity <= 0) {
-      throw new IllegalArgumentException("segment granularity of device " + device + ": " + granularity
-          + " (expected: > 0)");
-    }
-    return granularity;
   }
 
   /**
@@ -139,7 +132,7 @@ final class Miss {
         case HIT -> {
           return new LeasedBlock(hit, true);
         }
-        case WAIT -> pool.waiters.await(unmapDeadline, epoch);
+        case WAIT -> core.waiters.await(unmapDeadline, epoch);
         case ALLOCATE -> {
           SegmentMemory memory = allocate();
           if (memory != null) {
@@ -152,28 +145,28 @@ final class Miss {
 
   /** Phase 1, under the lock: a hit, room in the budget (now in flight), or a wait. */
   private Next checkBudget() {
-    AfterUnlock after = new AfterUnlock(pool);
-    pool.lock.lock();
+    AfterUnlock after = new AfterUnlock(core);
+    core.lock.lock();
     try {
-      pool.checkOpen();
-      epoch = pool.waiters.epoch();
+      core.checkOpen();
+      epoch = core.waiters.epoch();
       // Someone may have returned a fitting block while we were outside the lock.
-      hit = pool.takeCached(size, holder, owner.key());
+      hit = core.takeCached(size, holder, owner.key());
       if (hit != null) {
         return Next.HIT;
       }
-      if (!pool.budget.fits(segmentBytes)) {
-        if (pool.eviction.evictUntilFits(segmentBytes, after)) {
-          pool.counters.increment(PoolMetric.ALLOC_RETRIES);
+      if (!core.budget.fits(segmentBytes)) {
+        if (eviction.evictUntilFits(segmentBytes, after)) {
+          core.counters.increment(PoolMetric.ALLOC_RETRIES);
         }
-        if (!pool.budget.fits(segmentBytes)) {
+        if (!core.budget.fits(segmentBytes)) {
           return waitOrRefuse(after);
         }
       }
-      pool.budget.allocating(segmentBytes);
+      core.budget.allocating(segmentBytes);
       return Next.ALLOCATE;
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
       after.run(); // sends the unmap requests
     }
   }
@@ -184,12 +177,12 @@ final class Miss {
     // Evicted segments that clients still map are freed as soon as they confirm the unmap,
     // and blocks clients keep in their caches come back as soon as they are asked (usually
     // within a round trip): wait for that rather than refuse.
-    if (pool.budget.fitsWithout(pool.holders.awaitingUnmapBytes() + pool.clientCache.bytes(), segmentBytes)) {
-      pool.clientCache.askReturns(0, after);
+    if (core.budget.fitsWithout(core.holders.awaitingUnmapBytes() + core.clientCache.bytes(), segmentBytes)) {
+      core.clientCache.askReturns(0, after);
       wait = ticker.nanos() < unmapDeadline;
     } else if (noticeDeadline == 0) {
       // A block closed just now may not be known yet: ask every holder on this device, once.
-      for (String mapper : pool.holders.holders()) {
+      for (String mapper : core.holders.holders()) {
         after.askCacheReturn(mapper, 0);
       }
       noticeDeadline = ticker.nanos() + NOTICE_GRACE_NANOS;
@@ -198,8 +191,8 @@ final class Miss {
       wait = ticker.nanos() < Math.min(noticeDeadline, unmapDeadline);
     }
     if (!wait) {
-      pool.counters.increment(PoolMetric.OOMS);
-      throw exhausted(pool.clientCache.overdueReturns(after) ? "pool limit reached; clients did not give back "
+      core.counters.increment(PoolMetric.OOMS);
+      throw exhausted(core.clientCache.overdueReturns(after) ? "pool limit reached; clients did not give back "
           + "their cached blocks within the unmap wait" : "pool limit reached");
     }
     return Next.WAIT;
@@ -208,7 +201,7 @@ final class Miss {
   /** Phase 2, outside the lock: the backend allocation, or null to look again. */
   private SegmentMemory allocate() {
     try {
-      return pool.backend.allocate(pool.device().ordinal(), segmentBytes, owner);
+      return core.backend.allocate(core.device.ordinal(), segmentBytes, owner);
     } catch (BackendOutOfMemoryException e) {
       deviceFull(e);
       return null;
@@ -223,80 +216,80 @@ final class Miss {
    * memory on its way back, or refuses.
    */
   private void deviceFull(BackendOutOfMemoryException e) {
-    AfterUnlock after = new AfterUnlock(pool);
+    AfterUnlock after = new AfterUnlock(core);
     boolean wait = false;
-    pool.lock.lock();
+    core.lock.lock();
     try {
-      pool.budget.allocationEnded(segmentBytes);
-      epoch = pool.waiters.epoch();
-      if (!retried && pool.eviction.enforceCap(0, after) > 0) {
-        pool.counters.increment(PoolMetric.ALLOC_RETRIES);
+      core.budget.allocationEnded(segmentBytes);
+      epoch = core.waiters.epoch();
+      if (!retried && eviction.enforceCap(0, after) > 0) {
+        core.counters.increment(PoolMetric.ALLOC_RETRIES);
         retried = true;
       } else {
         long now = ticker.nanos();
         // A free in progress always completes (in milliseconds): wait for it whatever the
         // deadline. Unmaps and clients' cached blocks are waited for up to the unmap wait.
-        wait = pool.budget.freeingBytes() > 0
-            || ((pool.holders.awaitingUnmapBytes() > 0 || pool.clientCache.bytes() > 0) && now < unmapDeadline)
+        wait = core.budget.freeingBytes() > 0
+            || ((core.holders.awaitingUnmapBytes() > 0 || core.clientCache.bytes() > 0) && now < unmapDeadline)
             // The pool's books fit, the device's count does not: it counts memory being freed
             // or allocated elsewhere right now. Give it a moment before calling it full.
             || now < settleDeadline;
         if (!wait) {
-          pool.counters.increment(PoolMetric.OOMS);
+          core.counters.increment(PoolMetric.OOMS);
           throw exhausted("device memory exhausted (" + e.getMessage() + ")");
         }
-        pool.clientCache.askReturns(0, after);
+        core.clientCache.askReturns(0, after);
       }
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
       after.run();
     }
     if (wait) {
       // Frees finish on their own: wait a slice for them even past both deadlines.
-      pool.waiters.await(Math.max(ticker.nanos() + MemoryWaiters.SLICE_NANOS, Math.max(unmapDeadline, settleDeadline)),
+      core.waiters.await(Math.max(ticker.nanos() + MemoryWaiters.SLICE_NANOS, Math.max(unmapDeadline, settleDeadline)),
           epoch);
     }
   }
 
   /** The allocation failed for another reason than memory: it is no longer in flight. */
   private void allocationFailed() {
-    pool.lock.lock();
+    core.lock.lock();
     try {
-      pool.budget.allocationEnded(segmentBytes);
+      core.budget.allocationEnded(segmentBytes);
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
     }
   }
 
   /** Phase 3: scrubs the new segment if needed, installs it and carves the lease from it. */
   private LeasedBlock install(SegmentMemory memory) {
     boolean scrubbed = scrubIfNeeded(memory);
-    pool.lock.lock();
+    core.lock.lock();
     try {
-      pool.budget.allocationEnded(segmentBytes);
-      pool.counters.increment(PoolMetric.BACKEND_ALLOCS);
+      core.budget.allocationEnded(segmentBytes);
+      core.counters.increment(PoolMetric.BACKEND_ALLOCS);
       if (scrubbed) {
-        pool.counters.add(PoolMetric.SCRUBBED_BYTES, segmentBytes);
+        core.counters.add(PoolMetric.SCRUBBED_BYTES, segmentBytes);
       }
-      if (!pool.closed) {
-        Block whole = pool.carver.install(owner.key(), memory, SizeClasses.isSmall(size));
-        pool.budget.installed(segmentBytes);
-        pool.counters.increment(PoolMetric.MISSES);
+      if (!core.closed()) {
+        Block whole = core.carver.install(owner.key(), memory, SizeClasses.isSmall(size));
+        core.budget.installed(segmentBytes);
+        core.counters.increment(PoolMetric.MISSES);
         log.debug("device {}: new segment {} of {} bytes for a {}-byte block",
-            pool.device().ordinal(), whole.segment.id, segmentBytes, size);
+            core.device.ordinal(), whole.segment.id, segmentBytes, size);
         // Reads as zeros: the backend guarantees it, or it was just scrubbed.
-        Block block = pool.carver.carve(whole, size);
-        pool.holders.mapped(block.segment, holder);
+        Block block = core.carver.carve(whole, size);
+        core.holders.mapped(block.segment, holder);
         return new LeasedBlock(block, false);
       }
-      pool.counters.increment(PoolMetric.BACKEND_FREES);
+      core.counters.increment(PoolMetric.BACKEND_FREES);
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
     }
     // Lost a race with close(): nobody will ever free this segment but us (outside the lock,
     // like every backend call).
-    pool.backend.free(memory);
-    throw pool.closedException();
+    core.backend.free(memory);
+    throw core.closedException();
   }
 
   /**
@@ -308,21 +301,21 @@ final class Miss {
    * @return true if it zeroed the segment
    */
   private boolean scrubIfNeeded(SegmentMemory memory) {
-    if (pool.backend.freshSegmentsAreZeroed()) {
+    if (core.backend.freshSegmentsAreZeroed()) {
       return false;
     }
     try {
-      pool.backend.zero(memory, 0, segmentBytes);
+      core.backend.zero(memory, 0, segmentBytes);
       return true;
     } catch (RuntimeException e) {
-      pool.backend.free(memory);
-      pool.lock.lock();
+      core.backend.free(memory);
+      core.lock.lock();
       try {
-        pool.budget.allocationEnded(segmentBytes);
-        pool.counters.increment(PoolMetric.BACKEND_ALLOCS);
-        pool.counters.increment(PoolMetric.BACKEND_FREES);
+        core.budget.allocationEnded(segmentBytes);
+        core.counters.increment(PoolMetric.BACKEND_ALLOCS);
+        core.counters.increment(PoolMetric.BACKEND_FREES);
       } finally {
-        pool.lock.unlock();
+        core.lock.unlock();
       }
       throw e;
     }
@@ -330,11 +323,11 @@ final class Miss {
 
   /** The refusal, with the pool's state; built only on the failure path, under the lock. */
   private ExhaustedException exhausted(String why) {
-    return new ExhaustedException("device " + pool.device().ordinal() + ": cannot lease "
-        + Sizes.format(size) + ": " + why + " (requested=" + size + ", leased=" + pool.carver.leasedBytes()
-        + ", client_cached=" + pool.clientCache.bytes() + ", cached=" + pool.carver.cachedBytes()
-        + ", remainder=" + pool.remainderBytes() + ", awaiting_event=" + pool.events.bytes()
-        + ", awaiting_unmap=" + pool.holders.awaitingUnmapBytes() + ", in_flight=" + pool.budget.inFlightBytes()
-        + ", limit=" + pool.budget.limitBytes() + ")");
+    return new ExhaustedException("device " + core.device.ordinal() + ": cannot lease "
+        + Sizes.format(size) + ": " + why + " (requested=" + size + ", leased=" + core.carver.leasedBytes()
+        + ", client_cached=" + core.clientCache.bytes() + ", cached=" + core.carver.cachedBytes()
+        + ", remainder=" + core.remainderBytes() + ", awaiting_event=" + core.events.bytes()
+        + ", awaiting_unmap=" + core.holders.awaitingUnmapBytes() + ", in_flight=" + core.budget.inFlightBytes()
+        + ", limit=" + core.budget.limitBytes() + ")");
   }
 }

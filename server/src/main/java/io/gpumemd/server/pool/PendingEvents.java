@@ -21,7 +21,7 @@ import org.slf4j.LoggerFactory;
  * is never wholly free, so it is never evicted either. The cost is bounded by the bytes
  * released with such events, and no block is ever handed out while a kernel may use it.
  *
- * <p>Guarded by the owning {@link DevicePool}'s lock; the events themselves are queried
+ * <p>Guarded by the owning pool's lock ({@link PoolCore#lock}); the events themselves are queried
  * outside it ({@link #completed}).
  */
 final class PendingEvents {
@@ -46,7 +46,9 @@ final class PendingEvents {
   /** Bytes of {@link #pending} and {@link #stranded} together. */
   private long bytes;
 
+  /** A released block waits for its event: it is in neither the leases nor the cache meanwhile. */
   void add(Block block, CompletionEvent event) {
+    block.state = Block.State.AWAITING_EVENT;
     pending.add(new Pending(block, event));
     bytes += block.size;
   }

@@ -4,7 +4,7 @@ package io.gpumemd.server.pool;
  * The event counters of one pool that change under its lock ({@link PoolMetric.Kind#COUNTER}:
  * hits, misses, returns, evictions, …), indexed by metric; the counters that change without it
  * are kept apart ({@link SharingCounters}, {@link ClientCacheBooks#reported}). Guarded by the
- * owning {@link DevicePool}'s lock; {@link #snapshot} copies them into the values of a {@link
+ * owning pool's lock ({@link PoolCore#lock}); {@link #snapshot} copies them into the values of a {@link
  * PoolStats}. A counter never goes negative: {@link #add} saturates at {@link Long#MAX_VALUE}.
  */
 final class PoolCounters {

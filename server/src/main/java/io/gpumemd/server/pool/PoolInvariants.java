@@ -12,7 +12,7 @@ import java.util.Map;
  * free segments, and every byte counter agrees with the blocks:
  * {@code reserved = leased + client_cached + cached + remainder + awaiting_event + awaiting_unmap <= limit}.
  *
- * <p>Called with the pool's lock held.
+ * <p>Reads the books of a {@link PoolCore}, with its lock held.
  */
 final class PoolInvariants {
   /** What the walk over the blocks of the live segments found. */
@@ -30,29 +30,29 @@ final class PoolInvariants {
   private PoolInvariants() {}
 
   /** Throws {@link AssertionError} describing the first violation. */
-  static void verify(DevicePool pool) {
-    assert pool.lock.isHeldByCurrentThread();
+  static void verify(PoolCore core) {
+    assert core.lock.isHeldByCurrentThread();
     Found found = new Found();
-    for (Segment s : pool.carver.live.values()) {
-      verifySegment(pool, s, found);
+    for (Segment s : core.carver.live.values()) {
+      verifySegment(core, s, found);
     }
-    check(pool.carver.idle.size() <= pool.carver.live.size(), "idle list holds dead segments");
+    check(core.carver.idle.size() <= core.carver.live.size(), "idle list holds dead segments");
     long awaitingUnmap = 0;
-    for (Segment s : pool.holders.awaitingUnmap()) {
+    for (Segment s : core.holders.awaitingUnmap()) {
       found.segmentBytes += s.bytes;
       awaitingUnmap += s.bytes;
       check(s.state == Segment.State.AWAITING_UNMAP, "segment awaiting unmap in state " + s.state);
       check(!s.mappers.isEmpty(), "awaiting-unmap segment without mappers: " + s);
     }
-    check(awaitingUnmap == pool.holders.awaitingUnmapBytes(),
-        "awaiting-unmap bytes " + pool.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
-    verifyFreeIndex(pool, found.freeBlocks);
-    verifyBooks(pool, found);
-    verifySharing(pool);
+    check(awaitingUnmap == core.holders.awaitingUnmapBytes(),
+        "awaiting-unmap bytes " + core.holders.awaitingUnmapBytes() + " != " + awaitingUnmap);
+    verifyFreeIndex(core, found.freeBlocks);
+    verifyBooks(core, found);
+    verifySharing(core);
   }
 
   /** The blocks of one live segment, added to what was found. */
-  private static void verifySegment(DevicePool pool, Segment s, Found found) {
+  private static void verifySegment(PoolCore core, Segment s, Found found) {
     check(s.state == Segment.State.LIVE, "live segment in state " + s.state);
     found.segmentBytes += s.bytes;
     long expectOffset = 0;
@@ -65,7 +65,7 @@ final class PoolInvariants {
       expectOffset += b.size;
       switch (b.state) {
         case FREE -> {
-          check(pool.carver.free.contains(b), "free block not indexed: " + b);
+          check(core.carver.free.contains(b), "free block not indexed: " + b);
           check(prev == null || prev.state != Block.State.FREE, "uncoalesced free neighbours at " + b);
           found.freeBlocks++;
         }
@@ -89,15 +89,15 @@ final class PoolInvariants {
     }
     check(expectOffset == s.bytes, "blocks do not cover " + s);
     check(used == s.usedBytes, "used bytes " + s.usedBytes + " != " + used + " in " + s);
-    check(s.idle() == pool.carver.idle.contains(s), "idle list disagrees for " + s);
+    check(s.idle() == core.carver.idle.contains(s), "idle list disagrees for " + s);
     if (s.idle()) {
       found.cached += s.bytes;
     }
   }
 
   /** Every owner's index holds only free blocks of that owner's live segments, and all of them. */
-  private static void verifyFreeIndex(DevicePool pool, long freeBlocks) {
-    FreeBlocks free = pool.carver.free;
+  private static void verifyFreeIndex(PoolCore core, long freeBlocks) {
+    FreeBlocks free = core.carver.free;
     check(freeBlocks == free.size(), "index holds blocks that are not free");
     int indexed = 0;
     for (var entry : free.byOwner().entrySet()) {
@@ -109,7 +109,7 @@ final class PoolInvariants {
         // A block in another owner's index could be leased to that owner: the isolation rule.
         check(b.segment.owner.equals(owner), "free " + b + " of " + b.segment + " in the index of owner '" + owner + "'");
         check(b.state == Block.State.FREE, "indexed block is not free: " + b);
-        check(b.segment.state == Segment.State.LIVE && pool.carver.live.get(b.segment.id) == b.segment,
+        check(b.segment.state == Segment.State.LIVE && core.carver.live.get(b.segment.id) == b.segment,
             "indexed block of a segment that is not live: " + b);
       });
     }
@@ -117,32 +117,32 @@ final class PoolInvariants {
   }
 
   /** The byte figures of the rooms agree with the blocks. */
-  private static void verifyBooks(DevicePool pool, Found found) {
-    long reserved = pool.budget.reservedBytes();
-    long leased = pool.carver.leasedBytes();
+  private static void verifyBooks(PoolCore core, Found found) {
+    long reserved = core.budget.reservedBytes();
+    long leased = core.carver.leasedBytes();
     check(found.segmentBytes == reserved, "reserved " + reserved + " != segments " + found.segmentBytes);
     check(found.leased == leased, "leased " + leased + " != blocks " + found.leased);
-    check(found.leasedCount == pool.carver.activeLeases(), "active leases " + pool.carver.activeLeases() + " != "
+    check(found.leasedCount == core.carver.activeLeases(), "active leases " + core.carver.activeLeases() + " != "
         + found.leasedCount);
-    check(found.cached == pool.carver.cachedBytes(), "cached " + pool.carver.cachedBytes() + " != idle segments "
+    check(found.cached == core.carver.cachedBytes(), "cached " + core.carver.cachedBytes() + " != idle segments "
         + found.cached);
-    check(found.clientCached == pool.clientCache.bytes(), "client-cached bytes " + pool.clientCache.bytes() + " != "
+    check(found.clientCached == core.clientCache.bytes(), "client-cached bytes " + core.clientCache.bytes() + " != "
         + found.clientCached);
-    check(found.clientCachedByHolder.equals(pool.clientCache.byHolder()),
-        "client-cached bytes by holder " + pool.clientCache.byHolder() + " != " + found.clientCachedByHolder);
-    check(found.awaitingEvent == pool.events.bytes(), "awaiting-event bytes " + pool.events.bytes() + " != "
+    check(found.clientCachedByHolder.equals(core.clientCache.byHolder()),
+        "client-cached bytes by holder " + core.clientCache.byHolder() + " != " + found.clientCachedByHolder);
+    check(found.awaitingEvent == core.events.bytes(), "awaiting-event bytes " + core.events.bytes() + " != "
         + found.awaitingEvent);
-    check(reserved <= pool.limitBytes(), "reserved " + reserved + " over limit " + pool.limitBytes());
+    check(reserved <= core.budget.limitBytes(), "reserved " + reserved + " over limit " + core.budget.limitBytes());
   }
 
   /** The sharing figures are within their bounds (exact under the lock: see {@link SharingCounters}). */
-  private static void verifySharing(DevicePool pool) {
-    SharingCounters sharing = pool.sharing;
+  private static void verifySharing(PoolCore core) {
+    SharingCounters sharing = core.sharing;
     long sharedBlocks = sharing.sharedBlocks();
-    long activeLeases = pool.carver.activeLeases();
+    long activeLeases = core.carver.activeLeases();
     long publishedBytes = sharing.publishedBytes();
     long publishedObjects = sharing.publishedObjects();
-    long leased = pool.carver.leasedBytes();
+    long leased = core.carver.leasedBytes();
     check(sharedBlocks >= 0 && sharedBlocks <= activeLeases,
         "shared blocks " + sharedBlocks + " outside 0.." + activeLeases + " leased blocks");
     check(sharing.liveHolds() >= 0, "live holds " + sharing.liveHolds());

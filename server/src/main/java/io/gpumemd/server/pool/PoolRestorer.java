@@ -35,14 +35,15 @@ final class PoolRestorer {
   private PoolRestorer() {}
 
   /**
-   * Rebuilds a written-down pool in {@code pool}, which must be new (no segment yet, nothing
-   * served): the daemon builds and binds everything else before it asks for the snapshot, so
+   * Rebuilds a written-down pool in {@code core} (with its {@code eviction}), which must be new
+   * (no segment yet, nothing served): the daemon builds and binds everything else before it asks for the snapshot, so
    * that only this is left for the pause. On failure the pool is closed and every descriptor the
    * state names is closed or relinquished.
    */
-  static void restoreInto(DevicePool pool, PoolSnapshot state, int[] descriptors) throws SnapshotRefusedException {
-    DeviceInfo device = pool.device();
-    MemoryBackend backend = pool.backend;
+  static void restoreInto(PoolCore core, Eviction eviction, PoolSnapshot state, int[] descriptors)
+      throws SnapshotRefusedException {
+    DeviceInfo device = core.device;
+    MemoryBackend backend = core.backend;
     List<SegmentSnapshot> segments = state.segments();
     Map<Integer, SegmentSnapshot> byDescriptor = new HashMap<>();
     for (SegmentSnapshot s : segments) {
@@ -54,20 +55,20 @@ final class PoolRestorer {
             + descriptors.length + ")");
       }
     }
-    String why = check(device, backend, pool.limitBytes(), pool.publishedLimitBytes(), state);
+    String why = check(device, backend, core.budget.limitBytes(), core.sharing.publishedLimitBytes(), state);
     if (why != null) {
       closeAll(descriptors, byDescriptor.keySet());
       throw new SnapshotRefusedException("device " + device.ordinal() + ": " + why);
     }
     boolean fresh;
-    pool.lock.lock();
+    core.lock.lock();
     try {
-      fresh = pool.carver.live.isEmpty() && pool.carver.nextSegmentId() == DevicePools.segmentIdBase(device.ordinal());
+      fresh = core.carver.live.isEmpty() && core.carver.nextSegmentId() == SegmentIds.base(device.ordinal());
       if (fresh) {
-        pool.carver.continueSegmentIds(state.nextSegmentId());
+        core.carver.continueSegmentIds(state.nextSegmentId());
       }
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
     }
     if (!fresh) {
       closeAll(descriptors, byDescriptor.keySet());
@@ -85,23 +86,26 @@ final class PoolRestorer {
               + " (" + s.bytes() + " bytes): " + e.getMessage(), e);
         }
       }
-      AfterUnlock after = new AfterUnlock(pool);
-      pool.lock.lock();
+      AfterUnlock after = new AfterUnlock(core);
+      core.lock.lock();
       try {
-        rebuild(pool, state, adopted);
-        PoolInvariants.verify(pool);
+        rebuild(core, state, adopted);
+        if (state.retentionCapSetAtRuntime()) {
+          eviction.restoreRuntimeCap(Math.min(state.retentionCapBytes(), core.budget.limitBytes()));
+        }
+        PoolInvariants.verify(core);
         // This daemon's own cap rules from now on (unless the written-down one was set at run time).
-        pool.eviction.enforceCap(after);
+        eviction.enforceCap(after);
       } catch (AssertionError | RuntimeException e) {
         throw new SnapshotRefusedException("device " + device.ordinal() + ": the state does not make a pool: "
             + e.getMessage(), e);
       } finally {
-        pool.lock.unlock();
+        core.lock.unlock();
       }
       after.run();
     } catch (SnapshotRefusedException e) {
       closeAll(descriptors, byDescriptor.keySet());
-      pool.closed = true;
+      core.markClosed();
       for (SegmentMemory memory : adopted) {
         relinquishQuietly(backend, memory);
       }
@@ -126,15 +130,15 @@ final class PoolRestorer {
           + " and this daemon's device " + device.ordinal() + " is " + device.uuid() + ": a successor must see the "
           + "same GPUs in the same order (start it with the running daemon's CUDA_VISIBLE_DEVICES)";
     }
-    if (DevicePools.deviceOfSegment(state.nextSegmentId()) != device.ordinal()
-        || state.nextSegmentId() < DevicePools.segmentIdBase(device.ordinal())) {
+    if (SegmentIds.deviceOf(state.nextSegmentId()) != device.ordinal()
+        || state.nextSegmentId() < SegmentIds.base(device.ordinal())) {
       return "next segment id " + state.nextSegmentId() + " is outside the device's range";
     }
     long reserved = 0;
     for (SegmentSnapshot s : state.segments()) {
       reserved += s.bytes();
-      if (s.id() < DevicePools.segmentIdBase(device.ordinal()) || s.id() >= state.nextSegmentId()) {
-        return "segment id " + s.id() + " outside " + DevicePools.segmentIdBase(device.ordinal()) + ".."
+      if (s.id() < SegmentIds.base(device.ordinal()) || s.id() >= state.nextSegmentId()) {
+        return "segment id " + s.id() + " outside " + SegmentIds.base(device.ordinal()) + ".."
             + (state.nextSegmentId() - 1);
       }
     }
@@ -166,8 +170,8 @@ final class PoolRestorer {
   }
 
   /** Rebuilds the rooms from the state, with the lock held; {@link PoolInvariants} checks the result. */
-  private static void rebuild(DevicePool pool, PoolSnapshot state, List<SegmentMemory> adopted) {
-    BlockCarver carver = pool.carver;
+  private static void rebuild(PoolCore core, PoolSnapshot state, List<SegmentMemory> adopted) {
+    BlockCarver carver = core.carver;
     Map<Long, Segment> byId = new HashMap<>();
     List<SegmentSnapshot> segments = state.segments();
     for (int i = 0; i < segments.size(); i++) {
@@ -175,7 +179,7 @@ final class PoolRestorer {
       if (byId.containsKey(s.id())) {
         throw new IllegalArgumentException("segment " + s.id() + " twice");
       }
-      Segment segment = rebuildSegment(pool, s, adopted.get(i));
+      Segment segment = rebuildSegment(core, s, adopted.get(i));
       byId.put(segment.id, segment);
     }
     for (long id : state.idleLru()) {
@@ -187,24 +191,21 @@ final class PoolRestorer {
     }
     carver.restorePeak(state.peakLeasedBytes());
     PoolSnapshot.ClientCache cache = state.clientCache();
-    if (!cache.bytesByHolder().equals(pool.clientCache.byHolder())) {
+    if (!cache.bytesByHolder().equals(core.clientCache.byHolder())) {
       throw new IllegalArgumentException("client-cached bytes by holder " + cache.bytesByHolder()
-          + " != the blocks' " + pool.clientCache.byHolder());
+          + " != the blocks' " + core.clientCache.byHolder());
     }
-    cache.returnAsked().forEach(pool.clientCache::restoreReturnAsked);
-    pool.clientCache.reported(cache.reportedHits(), cache.reportedReturns());
-    state.counters().forEach((name, value) -> pool.counters.add(counter(name), value));
+    cache.returnAsked().forEach(core.clientCache::restoreReturnAsked);
+    core.clientCache.reported(cache.reportedHits(), cache.reportedReturns());
+    state.counters().forEach((name, value) -> core.counters.add(counter(name), value));
     PoolSnapshot.Sharing sharing = state.sharing();
-    pool.sharing.restore(sharing.shares(), sharing.liveHolds(), sharing.sharedBlocks(),
+    core.sharing.restore(sharing.shares(), sharing.liveHolds(), sharing.sharedBlocks(),
         sharing.publishedObjects(), sharing.publishedBytes());
-    if (state.retentionCapSetAtRuntime()) {
-      pool.eviction.restoreRuntimeCap(Math.min(state.retentionCapBytes(), pool.limitBytes()));
-    }
   }
 
   /** One segment and its blocks, with the lock held. */
-  private static Segment rebuildSegment(DevicePool pool, SegmentSnapshot s, SegmentMemory memory) {
-    BlockCarver carver = pool.carver;
+  private static Segment rebuildSegment(PoolCore core, SegmentSnapshot s, SegmentMemory memory) {
+    BlockCarver carver = core.carver;
     if (memory.bytes() != s.bytes()) {
       throw new IllegalArgumentException("segment " + s.id() + ": adopted " + memory.bytes() + " bytes, state says "
           + s.bytes());
@@ -214,9 +215,9 @@ final class PoolRestorer {
     }
     boolean live = s.state() == Lifecycle.LIVE;
     Segment segment = carver.restoreSegment(s.id(), s.ownerKey(), memory, s.small(), live);
-    pool.budget.installed(segment.bytes);
+    core.budget.installed(segment.bytes);
     for (String mapper : s.mappers()) {
-      pool.holders.mapped(segment, mapper);
+      core.holders.mapped(segment, mapper);
     }
     if (!live) {
       // Evicted: wholly free, out of the index, waiting for its mappers.
@@ -224,7 +225,7 @@ final class PoolRestorer {
         throw new IllegalArgumentException("segment " + s.id() + " awaiting unmap with blocks or without holders");
       }
       carver.restoreBlock(segment, null, 0, segment.bytes, true, false);
-      pool.holders.awaitUnmaps(segment);
+      core.holders.awaitUnmaps(segment);
       return segment;
     }
     Block prev = null;
@@ -238,7 +239,7 @@ final class PoolRestorer {
       }
       prev = carver.restoreBlock(segment, prev, b.offset(), b.size(), b.state() == BlockKind.FREE, true);
       if (b.state() == BlockKind.CLIENT_CACHED) {
-        pool.clientCache.cached(prev, b.cachedBy());
+        core.clientCache.cached(prev, b.cachedBy());
       }
     }
     if (segment.head == null) {

@@ -33,29 +33,44 @@ final class PoolSnapshotWriter {
 
   private PoolSnapshotWriter() {}
 
+  /** See {@link DevicePool#restoreRefusal}. */
+  static String refusalFor(PoolCore core, long otherLimitBytes) {
+    String backendRefusal = core.backend.takeOverRefusal();
+    if (backendRefusal != null) {
+      return backendRefusal;
+    }
+    long held = core.locked(() -> core.budget.reservedBytes() + core.budget.inFlightBytes());
+    if (held > otherLimitBytes) {
+      return "device " + core.device.ordinal() + ": this daemon holds " + held + " bytes of segments and the new "
+          + "one's budget is " + otherLimitBytes + " bytes (--device-limit-bytes or --device-limit-fraction); what "
+          + "is leased stays leased, so give the new daemon at least " + held + " bytes";
+    }
+    return null;
+  }
+
   /** See {@link DevicePool#snapshot}. */
-  static PoolSnapshot take(DevicePool pool, SegmentFdSink sink) throws SnapshotRefusedException {
-    int device = pool.device().ordinal();
-    String backendRefusal = pool.backend.takeOverRefusal();
+  static PoolSnapshot take(PoolCore core, Eviction eviction, SegmentFdSink sink) throws SnapshotRefusedException {
+    int device = core.device.ordinal();
+    String backendRefusal = core.backend.takeOverRefusal();
     if (backendRefusal != null) {
       throw new SnapshotRefusedException(backendRefusal);
     }
     List<Segment> segments = new ArrayList<>();
     Taken taken;
-    pool.lock.lock();
+    core.lock.lock();
     try {
-      refuseUnsettled(pool, device);
-      segments.addAll(pool.carver.live.values());
-      segments.addAll(pool.holders.awaitingUnmap());
+      refuseUnsettled(core, device);
+      segments.addAll(core.carver.live.values());
+      segments.addAll(core.holders.awaitingUnmap());
       for (Segment s : segments) {
         if (!(s.memory instanceof FdPassedSegment)) {
           throw new SnapshotRefusedException("device " + device + ": segment " + s.id + " (" + s.memory
               + ") cannot be passed as a descriptor");
         }
       }
-      taken = new Taken(pool, segments);
+      taken = new Taken(core, eviction, segments);
     } finally {
-      pool.lock.unlock();
+      core.lock.unlock();
     }
     // Outside the lock, like every backend call; the caller keeps the segments where they are.
     List<SegmentSnapshot> written = new ArrayList<>(segments.size());
@@ -77,8 +92,8 @@ final class PoolSnapshotWriter {
   }
 
   /** Refuses a pool whose state cannot be written down now; with the lock held. */
-  private static void refuseUnsettled(DevicePool pool, int device) throws SnapshotRefusedException {
-    if (pool.closed) {
+  private static void refuseUnsettled(PoolCore pool, int device) throws SnapshotRefusedException {
+    if (pool.closed()) {
       throw new SnapshotRefusedException("device " + device + ": the pool is closed");
     }
     if (pool.events.size() > 0) {
@@ -95,7 +110,7 @@ final class PoolSnapshotWriter {
 
   /** What {@link #take} read under the lock; the descriptors' indexes come after. */
   private static final class Taken {
-    private final DevicePool pool;
+    private final PoolCore pool;
     private final List<Segment> segments;
     private final List<List<BlockSnapshot>> blocks = new ArrayList<>();
     private final List<List<String>> mappers = new ArrayList<>();
@@ -109,7 +124,7 @@ final class PoolSnapshotWriter {
     private final long peakLeasedBytes;
 
     /** Reads the pool; with the lock held. */
-    Taken(DevicePool pool, List<Segment> segments) {
+    Taken(PoolCore pool, Eviction eviction, List<Segment> segments) {
       this.pool = pool;
       this.segments = segments;
       for (Segment s : segments) {
@@ -130,8 +145,8 @@ final class PoolSnapshotWriter {
       sharing = new PoolSnapshot.Sharing(s.shares(), s.liveHolds(), s.sharedBlocks(), s.publishedObjects(),
           s.publishedBytes());
       nextSegmentId = pool.carver.nextSegmentId();
-      retentionCapBytes = pool.eviction.retentionCapBytes();
-      capSetAtRuntime = pool.eviction.capSetAtRuntime();
+      retentionCapBytes = eviction.retentionCapBytes();
+      capSetAtRuntime = eviction.capSetAtRuntime();
       peakLeasedBytes = pool.carver.peakLeasedBytes();
     }
 
@@ -142,8 +157,9 @@ final class PoolSnapshotWriter {
     }
 
     PoolSnapshot snapshot(List<SegmentSnapshot> written) {
-      return new PoolSnapshot(pool.device().ordinal(), pool.device().uuid(), nextSegmentId, written, idleLru,
-          counters, retentionCapBytes, capSetAtRuntime, peakLeasedBytes, pool.limitBytes(), clientCache, sharing);
+      return new PoolSnapshot(pool.device.ordinal(), pool.device.uuid(), nextSegmentId, written, idleLru,
+          counters, retentionCapBytes, capSetAtRuntime, peakLeasedBytes, pool.budget.limitBytes(), clientCache,
+          sharing);
     }
 
     private static List<BlockSnapshot> blocksOf(Segment s) {

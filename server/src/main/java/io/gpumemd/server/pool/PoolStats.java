@@ -29,20 +29,20 @@ public final class PoolStats {
     this.values = values;
   }
 
-  /** Takes the figures of a pool, whose lock the caller holds. */
-  static PoolStats snapshot(DevicePool pool) {
-    assert pool.lock.isHeldByCurrentThread();
-    long[] v = pool.counters.snapshot();
-    pool.carver.report(v);
-    pool.budget.report(v);
-    pool.clientCache.report(v);
-    pool.holders.report(v);
-    pool.events.report(v);
-    pool.sharing.report(v);
-    v[PoolMetric.REMAINDER_BYTES.ordinal()] = pool.remainderBytes();
-    v[PoolMetric.RETENTION_CAP_BYTES.ordinal()] = pool.eviction.retentionCapBytes();
-    v[PoolMetric.CAPACITY_BYTES.ordinal()] = pool.device().capacityBytes();
-    return new PoolStats(pool.device().ordinal(), v);
+  /** Takes the figures of a pool, whose lock the caller holds; the retention cap is {@link Eviction}'s. */
+  static PoolStats snapshot(PoolCore core, long retentionCapBytes) {
+    assert core.lock.isHeldByCurrentThread();
+    long[] v = core.counters.snapshot();
+    core.carver.report(v);
+    core.budget.report(v);
+    core.clientCache.report(v);
+    core.holders.report(v);
+    core.events.report(v);
+    core.sharing.report(v);
+    v[PoolMetric.REMAINDER_BYTES.ordinal()] = core.remainderBytes();
+    v[PoolMetric.RETENTION_CAP_BYTES.ordinal()] = retentionCapBytes;
+    v[PoolMetric.CAPACITY_BYTES.ordinal()] = core.device.capacityBytes();
+    return new PoolStats(core.device.ordinal(), v);
   }
 
   public int device() {

@@ -8,7 +8,7 @@ import java.util.Set;
  * One backend allocation as the pool sees it: its owner, its blocks in address order, the bytes
  * in use, and the holders (sessions) that may have mapped it. The owner is fixed for the
  * segment's life: its blocks are leased only for that owner ({@link FreeBlocks}). All mutable
- * fields are guarded by the owning {@link DevicePool}'s lock.
+ * fields are guarded by the owning pool's lock ({@link PoolCore#lock}).
  */
 final class Segment {
   enum State { LIVE, AWAITING_UNMAP, FREED }

@@ -40,7 +40,7 @@ final class SharingCounters {
   private long publishedBytes;
 
   /**
-   * @param lock the owning {@link DevicePool}'s lock, which guards {@code holders} and {@code
+   * @param lock the owning pool's lock ({@link PoolCore#lock}), which guards {@code holders} and {@code
    *     counters} too
    */
   SharingCounters(ReentrantLock lock, HolderMappings holders, PoolCounters counters, long publishedLimitBytes) {

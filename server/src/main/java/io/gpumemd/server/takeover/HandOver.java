@@ -79,6 +79,10 @@ public final class HandOver implements AutoCloseable {
   private final Thread thread;
   private volatile boolean closed;
   private volatile boolean done;
+  /** Set by the first {@link #close}: only it releases the socket (a number closed twice may be another's). */
+  private final java.util.concurrent.atomic.AtomicBoolean released = new java.util.concurrent.atomic.AtomicBoolean();
+  /** Where the socket was bound: a temporary path until {@link #publishAt} moves it. */
+  private final Path boundAt;
   /** The socket file at {@link #path} once published (device and inode): removed at close only if still there. */
   private Object fileKey;
 
@@ -94,6 +98,7 @@ public final class HandOver implements AutoCloseable {
     this.uid = (int) new com.sun.security.auth.module.UnixSystem().getUid();
     Files.createDirectories(this.path.getParent());
     Path at = bindAt.toAbsolutePath();
+    this.boundAt = at;
     Files.deleteIfExists(at);
     this.listening = UnixSockets.listen(at.toString());
     try {
@@ -173,11 +178,15 @@ public final class HandOver implements AutoCloseable {
   /**
    * Stops listening, and waits for a hand-over in progress to end (a shutdown must not drain
    * sessions a successor is taking); removes the socket file if it is still this daemon's.
+   * Idempotent, from any thread (the hand-over's own included: then it does not wait).
    */
   @Override
   public void close() {
+    boolean first = released.compareAndSet(false, true);
     closed = true;
-    UnixSockets.shutdownQuietly(listening);
+    if (first) {
+      UnixSockets.shutdownQuietly(listening);
+    }
     if (Thread.currentThread() != thread && thread.isAlive()) {
       try {
         thread.join(QUIESCE_MILLIS + 2 * ANSWER_MILLIS + 2 * LIVE_MILLIS);
@@ -185,11 +194,19 @@ public final class HandOver implements AutoCloseable {
         Thread.currentThread().interrupt();
       }
     }
+    if (!first) {
+      return;
+    }
     UnixSockets.closeQuietly(listening);
     try {
-      // A successor replaced the file with its own: leave that one alone.
-      if (fileKey != null && fileKey.equals(Files.readAttributes(path,
+      if (fileKey == null) {
+        // Never served: a temporary path not published yet is this daemon's alone.
+        if (!boundAt.equals(path)) {
+          Files.deleteIfExists(boundAt);
+        }
+      } else if (fileKey.equals(Files.readAttributes(path,
           java.nio.file.attribute.BasicFileAttributes.class, java.nio.file.LinkOption.NOFOLLOW_LINKS).fileKey())) {
+        // A successor replaced the file with its own: leave that one alone.
         Files.deleteIfExists(path);
       }
     } catch (IOException e) {

@@ -174,6 +174,19 @@ public final class TakeOverState {
   }
 
   /**
+   * Rebuilds a state that names no descriptor in new pools and registry, saying nothing: a
+   * {@link Rehearsal}'s, whose books are scratch.
+   */
+  static void restore(State state, DevicePools pools, SessionRegistry registry) {
+    try {
+      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), new int[0]);
+    } catch (SnapshotRefusedException e) {
+      throw new IllegalStateException(e.getMessage(), e);
+    }
+    registry.restore(SessionsStates.fromProto(state.getSessions()));
+  }
+
+  /**
    * Rebuilds the running daemon's sessions in the successor's fresh registry, over pools already
    * restored ({@link #restorePools}), and says what came back: one INFO line, and one WARN when
    * restored usage is over this daemon's quotas (it stays; new leases are refused).

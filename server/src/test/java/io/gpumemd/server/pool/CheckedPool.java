@@ -83,7 +83,7 @@ final class CheckedPool implements AutoCloseable {
     });
     this.pool = new DevicePool(backend.devices().get(0), backend, settings, holders,
         DevicePools.segmentIdBase(0), Ticker.system());
-    ReentrantLock lock = pool.lock;
+    ReentrantLock lock = pool.core.lock;
     backend.checkEveryCall(() -> lock.isHeldByCurrentThread()
         ? "called with the pool lock held (backend calls must run outside it)" : null);
   }

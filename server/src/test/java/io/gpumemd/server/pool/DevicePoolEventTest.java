@@ -109,7 +109,7 @@ class DevicePoolEventTest extends PoolTestBase {
 
     assertEquals(Block.State.AWAITING_EVENT, a.state, "an error is not a completion");
     assertTrue(event.closed(), "the pool is done with an event it cannot query");
-    assertEquals(1, pool.events.strandedCount());
+    assertEquals(1, pool.core.events.strandedCount());
     assertEquals(4096, stats().get(PoolMetric.AWAITING_EVENT_BYTES), "its bytes stay counted");
     assertEquals(1, stats().get(PoolMetric.BLOCKS_AWAITING_EVENT));
     assertEquals(0, stats().get(PoolMetric.RETURNS));

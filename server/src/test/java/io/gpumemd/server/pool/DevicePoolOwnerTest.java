@@ -214,11 +214,11 @@ class DevicePoolOwnerTest extends PoolTestBase {
       release(checked.lease(4096, false, "h" + i, SegmentOwner.of("session-" + i)));
       pool.holderEnded("h" + i);
     }
-    assertEquals(20, pool.carver.free.byOwner().size(), "each owner's idle segment is cached under its owner");
+    assertEquals(20, pool.core.carver.free.byOwner().size(), "each owner's idle segment is cached under its owner");
 
     pool.trim(0);
 
-    assertEquals(0, pool.carver.free.byOwner().size(), "evicting an owner's last free block drops its index");
+    assertEquals(0, pool.core.carver.free.byOwner().size(), "evicting an owner's last free block drops its index");
     checked.verify();
   }
 
@@ -226,12 +226,12 @@ class DevicePoolOwnerTest extends PoolTestBase {
   void ownersWholeFreeMemoryLeased_dropsItsIndex() {
     Block whole = checked.lease(2 * MiB, false, "a", A);
     release(whole);
-    assertEquals(Set.of(A.key()), pool.carver.free.byOwner().keySet());
+    assertEquals(Set.of(A.key()), pool.core.carver.free.byOwner().keySet());
 
     Block again = checked.lease(2 * MiB, false, "a", A);
 
     assertTrue(hit(again));
-    assertTrue(pool.carver.free.byOwner().isEmpty(), "no empty index kept for A: " + pool.carver.free.byOwner());
+    assertTrue(pool.core.carver.free.byOwner().isEmpty(), "no empty index kept for A: " + pool.core.carver.free.byOwner());
     checked.verify();
     release(again);
   }

@@ -10,26 +10,13 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
-import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
-import java.nio.channels.FileLock;
-import java.nio.channels.OverlappingFileLockException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.DirectoryStream;
-import java.nio.file.FileStore;
-import java.nio.file.FileSystemException;
-import java.nio.file.Files;
-import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
-import java.nio.file.attribute.GroupPrincipal;
-import java.nio.file.attribute.PosixFilePermission;
-import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Set;
 import java.util.UUID;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicLongArray;
 import org.slf4j.Logger;
@@ -86,30 +73,22 @@ import org.slf4j.LoggerFactory;
  * <p>Each device has a configured capacity enforced here: an allocation beyond it fails with
  * {@link BackendOutOfMemoryException}, as {@code cuMemAlloc} would on a full GPU.
  *
+ * <p>This class keeps the devices and their usage and answers the backend's calls; the directory,
+ * its lock and the path-mode segment files are {@link SegmentFiles}', the descriptor mode's memfds
+ * {@link SealedSegments}'.
+ *
  * <p>Thread-safe: per-device usage is an atomic counter; files are independent; whether files
  * can be given away is a flag that only ever goes from true to false; the open segments of the
  * descriptor mode are a concurrent set.
  */
 public final class HostShmBackend implements MemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
-  private static final int ZERO_CHUNK = 1 << 20;
-  private static final ByteBuffer ZEROS = ByteBuffer.allocateDirect(ZERO_CHUNK).asReadOnlyBuffer();
-  static final Set<PosixFilePermission> OWNED_FILE_MODE = PosixFilePermissions.fromString("rw-------");
-  private static final Set<PosixFilePermission> OWNED_GROUP_FILE_MODE = PosixFilePermissions.fromString("rw-rw----");
 
-  private final Path root;
-  /** True when this backend created {@link #root}, and so removes it at close. */
-  private final boolean createdRoot;
+  private final SegmentFiles files;
   private final List<DeviceInfo> devices;
   private final long capacityBytes;
-  private final Set<PosixFilePermission> fileMode;
-  private final GroupPrincipal group;
   private final AtomicLongArray usedBytes;
   private final AtomicLong nextFile = new AtomicLong();
-  private final FileChannel lockChannel;
-  private final FileLock lock;
-  /** False once a chown was refused: the daemon may not give files away; it stops trying. */
-  private final AtomicBoolean canChown = new AtomicBoolean(true);
   /** The fd channel's socket when segments are passed as descriptors, else null (paths). */
   private final String fdSocket;
   /** Descriptor mode's segments, or null (paths). */
@@ -146,137 +125,28 @@ public final class HostShmBackend implements MemoryBackend {
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
     try {
-      this.root = ownDirectory(shmDir.toAbsolutePath());
-      this.createdRoot = !Files.exists(root, LinkOption.NOFOLLOW_LINKS);
-      Files.createDirectories(root);
-      this.group = groupName == null || groupName.isEmpty()
-          ? null
-          : root.getFileSystem().getUserPrincipalLookupService().lookupPrincipalByGroupName(groupName);
-      this.fileMode = PosixFilePermissions.fromString(group == null ? "rw-------" : "rw-rw----");
-      // Others may traverse (not list) the directories: a file given to a tenant's user must be
-      // reachable by them; each file's own mode decides who may open it.
-      Set<PosixFilePermission> dirMode =
-          PosixFilePermissions.fromString(group == null ? "rwx--x--x" : "rwxr-x--x");
-      if (createdRoot) {
-        restrict(root, dirMode); // never the mode of a directory an operator made
-      }
-      this.lockChannel = FileChannel.open(root.resolve(".gpumemd.lock"),
-          StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE);
-      // Alone in the directory (exclusive lock): files left there are a dead daemon's. In
-      // descriptor mode the lock is then shared, so that a successor (--take-over) can start
-      // beside this daemon in the same directory: its segments are memfds, on no path.
-      FileLock taken = tryLock(lockChannel, false);
-      boolean alone = taken != null;
-      if (taken == null && fdSocket != null) {
-        taken = tryLock(lockChannel, true);
-      }
-      if (taken == null) {
-        lockChannel.close();
-        throw new BackendException("shm-dir: " + root + " is in use by another gpumemd (expected: a directory of "
-            + "this daemon's own" + (fdSocket == null ? "" : ", or one shared only with daemons in "
-            + "--host-segments fd mode") + ")");
-      }
+      this.files = new SegmentFiles(shmDir, deviceCount, groupName, fdSocket != null);
       List<DeviceInfo> infos = new ArrayList<>();
       for (int d = 0; d < deviceCount; d++) {
-        Path dir = deviceDir(d);
-        Files.createDirectories(dir);
-        restrict(dir, dirMode);
-        int stale = alone ? removeSegmentFiles(dir) : 0;
-        if (stale > 0) {
-          log.warn("Removed {} segment files left in {} by an earlier daemon", stale, dir);
-        }
-        UUID uuid = UUID.nameUUIDFromBytes((root + "#" + d).getBytes(StandardCharsets.UTF_8));
+        UUID uuid = UUID.nameUUIDFromBytes((files.root() + "#" + d).getBytes(StandardCharsets.UTF_8));
         infos.add(new DeviceInfo(d, "host-shm", "HOST-" + uuid, "host", capacityBytes, capacityBytes));
       }
       this.devices = List.copyOf(infos);
-      if (alone && fdSocket != null) {
-        taken.release();
-        taken = tryLock(lockChannel, true);
-        if (taken == null) {
-          lockChannel.close();
-          throw new BackendException("shm-dir: " + root + " was taken by a daemon in --host-segments path mode "
-              + "while this one started");
-        }
-      }
-      this.lock = taken;
       if (fdSocket == null) {
-        warnIfFileSystemTooSmall(deviceCount);
+        files.warnIfFileSystemTooSmall(capacityBytes * deviceCount);
       } else {
         log.info("Host segments are sealed memfds passed as file descriptors over {}; none is on a path (in {} "
-            + "or elsewhere){}", fdSocket, root, group == null ? "" : " (--shm-group plays no part: a descriptor "
-            + "is the only way to a segment)");
+            + "or elsewhere){}", fdSocket, files.root(), files.group() == null ? "" : " (--shm-group plays no "
+            + "part: a descriptor is the only way to a segment)");
       }
     } catch (IOException e) {
       throw new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
     }
   }
 
-  /**
-   * The directory the segment files go in: {@code shmDir} itself when it does not exist yet
-   * (it will be ours) or is this user's own and writable by nobody else; else (a shared
-   * directory such as {@code /dev/shm}, mode 1777, or anyone else's) a subdirectory {@code
-   * gpumemd} of it, which must in turn be new or this user's own. Anyone who can write to the
-   * directory could otherwise plant or swap the files clients map.
-   *
-   * @throws BackendException when the subdirectory exists and is not this user's own
-   */
-  static Path ownDirectory(Path shmDir) throws IOException {
-    if (!Files.exists(shmDir, LinkOption.NOFOLLOW_LINKS) || isOwnPrivate(shmDir)) {
-      return shmDir;
-    }
-    Path sub = shmDir.resolve("gpumemd");
-    if (Files.exists(sub, LinkOption.NOFOLLOW_LINKS) && !isOwnPrivate(sub)) {
-      throw new BackendException("shm-dir: " + shmDir + " is shared (or not this daemon's user's), and its "
-          + "subdirectory " + sub + " is not this user's own either (owner uid "
-          + Files.getAttribute(sub, "unix:uid", LinkOption.NOFOLLOW_LINKS) + ", mode "
-          + PosixFilePermissions.toString(Files.getPosixFilePermissions(sub, LinkOption.NOFOLLOW_LINKS))
-          + "); expected: a directory of this user that nobody else can write, or none");
-    }
-    if (!sub.equals(shmDir)) {
-      log.info("shm-dir {} is shared or not this user's own: segment files go in {}", shmDir, sub);
-    }
-    return sub;
-  }
-
-  /** A real directory (not a link) of this process's user, writable by nobody else. */
-  private static boolean isOwnPrivate(Path dir) throws IOException {
-    if (!Files.isDirectory(dir, LinkOption.NOFOLLOW_LINKS)) {
-      return false;
-    }
-    int owner = (Integer) Files.getAttribute(dir, "unix:uid", LinkOption.NOFOLLOW_LINKS);
-    int mode = (Integer) Files.getAttribute(dir, "unix:mode", LinkOption.NOFOLLOW_LINKS);
-    int self = (Integer) Files.getAttribute(Path.of("/proc/self"), "unix:uid");
-    return owner == self && (mode & 0022) == 0;
-  }
-
-  private void restrict(Path path, Set<PosixFilePermission> mode) throws IOException {
-    Files.setPosixFilePermissions(path, mode);
-    if (group != null) {
-      Files.getFileAttributeView(path, java.nio.file.attribute.PosixFileAttributeView.class)
-          .setGroup(group);
-    }
-  }
-
-  private void warnIfFileSystemTooSmall(int deviceCount) throws IOException {
-    FileStore store = Files.getFileStore(root);
-    long wanted = capacityBytes * deviceCount;
-    if (store.getUsableSpace() < wanted) {
-      // Segments are backed when allocated, so a full file system refuses leases
-      // (RESOURCE_EXHAUSTED) rather than faulting clients; still, the devices will never reach
-      // their configured size. Say so once.
-      log.warn("shm-dir {} ({}) has {} bytes free but the host devices may use {}: leases will be "
-              + "refused once it fills; lower --host-device-bytes or enlarge the file system",
-          root, store.type(), store.getUsableSpace(), wanted);
-    }
-  }
-
-  private Path deviceDir(int device) {
-    return root.resolve("dev" + device);
-  }
-
   /** Directory holding the segment files (for logs and tests). */
   public Path root() {
-    return root;
+    return files.root();
   }
 
   @Override
@@ -303,23 +173,11 @@ public final class HostShmBackend implements MemoryBackend {
     if (fdSocket != null) {
       return allocateSealed(device, bytes);
     }
-    Path path = deviceDir(device).resolve("seg-" + nextFile.incrementAndGet());
     try {
-      Files.createFile(path, PosixFilePermissions.asFileAttribute(fileMode));
-      if (!giveToOwner(path, owner)) {
-        // createFile honours the umask; set the mode (and group) explicitly.
-        restrict(path, fileMode);
-      }
-      back(path, bytes);
-      return new HostSegment(device, bytes, path);
-    } catch (IOException e) {
+      return new HostSegment(device, bytes, files.create(device, nextFile.incrementAndGet(), bytes, owner));
+    } catch (RuntimeException e) {
       usedBytes.addAndGet(device, -bytes);
-      deleteQuietly(path);
-      if (isNoSpace(e)) {
-        throw new BackendOutOfMemoryException("host device " + device + ": the file system of " + root
-            + " has no room for " + bytes + " more bytes (ENOSPC; its size, not --host-device-bytes, is the limit)");
-      }
-      throw new BackendException("host allocate " + path + " (" + bytes + " bytes): " + e, e);
+      throw e;
     }
   }
 
@@ -330,7 +188,7 @@ public final class HostShmBackend implements MemoryBackend {
       return sealed.allocate(device, bytes, name);
     } catch (IOException | RuntimeException e) {
       usedBytes.addAndGet(device, -bytes);
-      if (e instanceof IOException io && (isNoSpace(io) || isNoMemory(io))) {
+      if (e instanceof IOException io && (SegmentFiles.isNoSpace(io) || SegmentFiles.isNoMemory(io))) {
         // A memfd's pages come from the kernel's own tmpfs, bounded by memory (and the daemon's
         // memory cgroup), not by the size of shm-dir.
         throw new BackendOutOfMemoryException("host device " + device + ": no memory for " + bytes
@@ -342,67 +200,6 @@ public final class HostShmBackend implements MemoryBackend {
     }
   }
 
-  /**
-   * Gives the file its pages now, by writing zeros over all of it. A sparse file would take
-   * them when a client first touches each page, and on a full tmpfs that touch is a SIGBUS that
-   * kills the client; here a full file system is an allocation failure, which the pool answers
-   * with RESOURCE_EXHAUSTED. (Java has no posix_fallocate; writing is what it would do on tmpfs.)
-   */
-  private static void back(Path path, long bytes) throws IOException {
-    try (FileChannel channel = FileChannel.open(path, StandardOpenOption.WRITE)) {
-      writeZeros(channel, 0, bytes);
-    }
-  }
-
-  static void writeZeros(FileChannel channel, long offset, long length) throws IOException {
-    long position = offset;
-    long end = offset + length;
-    while (position < end) {
-      ByteBuffer chunk = ZEROS.duplicate();
-      chunk.limit((int) Math.min(ZERO_CHUNK, end - position));
-      position += channel.write(chunk, position);
-    }
-  }
-
-  private static boolean isNoSpace(IOException e) {
-    return String.valueOf(e.getMessage()).contains("No space left on device");
-  }
-
-  private static boolean isNoMemory(IOException e) {
-    return String.valueOf(e.getMessage()).contains("Cannot allocate memory");
-  }
-
-  /**
-   * Gives a new segment file to its owner's user and group, whichever are known, mode 0600
-   * (0660 with the group), when the daemon may chown.
-   *
-   * @return true if the file is now the owner's; false to leave it the daemon's
-   */
-  private boolean giveToOwner(Path path, SegmentOwner owner) throws IOException {
-    if ((owner.uid() < 0 && owner.gid() < 0) || !canChown.get()) {
-      return false;
-    }
-    try {
-      // By number: the owner's ids need no name on this host (a container's users, say).
-      if (owner.uid() >= 0) {
-        Files.setAttribute(path, "unix:uid", owner.uid());
-      }
-      if (owner.gid() >= 0) {
-        Files.setAttribute(path, "unix:gid", owner.gid());
-      }
-    } catch (FileSystemException e) {
-      // Not root (EPERM): every later chown would fail alike. Say so once, not per segment.
-      if (canChown.compareAndSet(true, false)) {
-        log.warn("Cannot give host segment files to their owners' users ({}): the daemon is not root "
-            + "and lacks CAP_CHOWN, so only the daemon's user{} can map host segments", e.getMessage(),
-            group == null ? "" : " and group " + group.getName());
-      }
-      return false;
-    }
-    Files.setPosixFilePermissions(path, owner.gid() >= 0 ? OWNED_GROUP_FILE_MODE : OWNED_FILE_MODE);
-    return true;
-  }
-
   @Override
   public void free(SegmentMemory segment) {
     if (segment instanceof HostFdSegment fd) {
@@ -412,19 +209,10 @@ public final class HostShmBackend implements MemoryBackend {
       return;
     }
     HostSegment host = (HostSegment) segment;
-    if (deleteQuietly(host.path())) {
+    if (SegmentFiles.delete(host.path())) {
       usedBytes.addAndGet(host.device(), -host.bytes());
     } else {
       log.warn("Segment file {} was gone before its free; its {} bytes stay counted as in use", host.path(), host.bytes());
-    }
-  }
-
-  private static boolean deleteQuietly(Path path) {
-    try {
-      return Files.deleteIfExists(path);
-    } catch (IOException e) {
-      log.error("Cannot delete segment file {}: {}", path, e.toString());
-      return false;
     }
   }
 
@@ -432,7 +220,7 @@ public final class HostShmBackend implements MemoryBackend {
   public void zero(SegmentMemory segment, long offset, long length) {
     if (segment instanceof HostFdSegment memfd) {
       try {
-        writeZeros(memfd.channel(), offset, length); // within its size: the seals allow it
+        SegmentFiles.writeZeros(memfd.channel(), offset, length); // within its size: the seals allow it
       } catch (IOException e) {
         throw new BackendException("host zero " + memfd + " [" + offset + ", +" + length + "): " + e, e);
       }
@@ -441,7 +229,7 @@ public final class HostShmBackend implements MemoryBackend {
     HostSegment host = (HostSegment) segment;
     try (FileChannel channel = FileChannel.open(host.path(), StandardOpenOption.WRITE)) {
       // The pages exist since allocate: zeroing cannot run out of space.
-      writeZeros(channel, offset, length);
+      SegmentFiles.writeZeros(channel, offset, length);
     } catch (IOException e) {
       throw new BackendException("host zero " + host.path() + " [" + offset + ", +" + length + "): " + e, e);
     }
@@ -485,8 +273,9 @@ public final class HostShmBackend implements MemoryBackend {
    */
   @Override
   public String takeOverRefusal() {
-    return fdSocket != null ? null : "--host-segments path: segments are files in " + root + ", which a successor "
-        + "cannot take over while this daemon holds the directory; restart both daemons with --host-segments fd";
+    return fdSocket != null ? null : "--host-segments path: segments are files in " + files.root() + ", which a "
+        + "successor cannot take over while this daemon holds the directory; restart both daemons with "
+        + "--host-segments fd";
   }
 
   /**
@@ -550,60 +339,9 @@ public final class HostShmBackend implements MemoryBackend {
         removed++;
       }
     }
-    try {
-      lock.release();
-      // Another daemon in descriptor mode still shares the directory (the successor of a
-      // take-over): it stays as it is, theirs now.
-      FileLock last = tryLock(lockChannel, false);
-      if (last == null) {
-        log.info("shm-dir {} is shared with another gpumemd (a take-over's successor): left in place", root);
-      } else {
-        for (DeviceInfo device : devices) {
-          Path dir = deviceDir(device.ordinal());
-          try {
-            removed += removeSegmentFiles(dir);
-            Files.deleteIfExists(dir);
-          } catch (IOException e) {
-            log.error("Cannot clean {}: {}", dir, e.toString());
-          }
-        }
-        Files.deleteIfExists(root.resolve(".gpumemd.lock"));
-        if (createdRoot) {
-          // Ours since start: leave nothing behind (an operator's own directory stays).
-          Files.deleteIfExists(root);
-        }
-        last.release();
-      }
-      lockChannel.close();
-    } catch (IOException e) {
-      log.error("Cannot release the lock of {} or remove it: {}", root, e.toString());
-    }
+    removed += files.close();
     if (removed > 0) {
       log.info("Host backend freed {} segments still present at close", removed);
     }
-  }
-
-  /** The directory lock, or null when another process (or this JVM) holds a conflicting one. */
-  private static FileLock tryLock(FileChannel channel, boolean shared) throws IOException {
-    try {
-      return channel.tryLock(0, Long.MAX_VALUE, shared);
-    } catch (OverlappingFileLockException e) {
-      return null;
-    }
-  }
-
-  private static int removeSegmentFiles(Path dir) throws IOException {
-    if (!Files.isDirectory(dir)) {
-      return 0;
-    }
-    int removed = 0;
-    try (DirectoryStream<Path> files = Files.newDirectoryStream(dir, "seg-*")) {
-      for (Path file : files) {
-        if (deleteQuietly(file)) {
-          removed++;
-        }
-      }
-    }
-    return removed;
   }
 }

@@ -47,6 +47,7 @@ final class Memfds {
   /** Every segment's memfd name starts so ({@code /proc/self/fd} shows {@code /memfd:NAME (deleted)}). */
   static final String NAME_PREFIX = "gpumemd-seg-";
   private static final int EINVAL = 22;
+  static final int EOPNOTSUPP = 95;
 
   private static volatile boolean bound;
   /** False once the kernel refused MFD_NOEXEC_SEAL (before Linux 6.3): not asked again. */
@@ -61,6 +62,8 @@ final class Memfds {
   private static native int fchmod(int fd, int mode) throws LastErrorException;
 
   private static native int close(int fd) throws LastErrorException;
+
+  private static native int fallocate(int fd, int mode, long offset, long length) throws LastErrorException;
 
   private static void check() throws IOException {
     if (bound) {
@@ -113,6 +116,20 @@ final class Memfds {
       throw new IOException("fchmod 0600 of memfd " + name + ": " + e.getMessage(), e);
     }
     return created;
+  }
+
+  /**
+   * Gives the memfd of {@code fd} its {@code bytes} of pages now ({@code fallocate}, mode 0): the
+   * kernel's shmem allocates them zeroed and charges them at once, as writing zeros would, but
+   * without copying the zeros in; no memory is ENOSPC or ENOMEM here, not a SIGBUS at a client's
+   * first touch.
+   *
+   * @throws ErrnoException with the kernel's errno (EOPNOTSUPP where the file cannot be
+   *     allocated so: the caller writes zeros instead)
+   */
+  static void allocate(int fd, long bytes) throws IOException {
+    check();
+    call(() -> fallocate(fd, 0, 0, bytes));
   }
 
   /** Adds {@link #SEGMENT_SEALS} to the file of {@code fd} (any descriptor of it). */

@@ -61,7 +61,7 @@ final class SealedSegments {
       }
       // Backed before it is sealed (a sealed memfd could not grow to its size), and sealed before
       // the segment exists for anyone to open a descriptor of.
-      HostShmBackend.writeZeros(file.getChannel(), 0, bytes);
+      back(file, number, bytes);
       Memfds.seal(number);
       HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
       openSegments.add(segment);
@@ -72,6 +72,21 @@ final class SealedSegments {
         file.close();
       }
       Memfds.closeQuietly(raw);
+    }
+  }
+
+  /**
+   * Backs a new segment's memfd: {@link Memfds#allocate} (no 2 MiB of zeros copied per segment,
+   * the larger part of a miss's cost), or zeros written where the kernel cannot allocate it so.
+   */
+  private static void back(RandomAccessFile file, int number, long bytes) throws IOException {
+    try {
+      Memfds.allocate(number, bytes);
+    } catch (ErrnoException e) {
+      if (e.errno() != Memfds.EOPNOTSUPP) {
+        throw e; // ENOSPC, ENOMEM: the caller's out-of-memory, by the message
+      }
+      SegmentFiles.writeZeros(file.getChannel(), 0, bytes);
     }
   }
 
