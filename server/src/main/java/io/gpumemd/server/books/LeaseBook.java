@@ -42,7 +42,7 @@ public final class LeaseBook {
    * The session registry's logger, by name: operators filter the sessions' and leases' story by
    * one name, whichever package writes a line of it.
    */
-  static final Logger log = LoggerFactory.getLogger("io.gpumemd.server.session.SessionRegistry");
+  private static final Logger log = LoggerFactory.getLogger("io.gpumemd.server.session.SessionRegistry");
 
   private final DevicePools pools;
   private final MemoryBackend backend;
