@@ -14,7 +14,7 @@ import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.server.config.TransportLimits;
-import io.gpumemd.server.session.Validation;
+import io.gpumemd.server.books.Validation;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.TestChannel;

@@ -17,7 +17,7 @@ import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.TrimRequest;
 import io.gpumemd.server.pool.DevicePool;
-import io.gpumemd.server.session.SecureIds;
+import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;

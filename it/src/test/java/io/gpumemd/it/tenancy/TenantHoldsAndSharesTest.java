@@ -13,7 +13,7 @@ import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.GetStatsRequest;
 import io.gpumemd.proto.v1.ListSharesRequest;
 import io.gpumemd.proto.v1.ShareInfo;
-import io.gpumemd.server.session.SharedObjects;
+import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.ResultProcess;

@@ -18,10 +18,11 @@ import io.gpumemd.proto.v1.ListSharesRequest;
 import io.gpumemd.proto.v1.ListSharesResponse;
 import io.gpumemd.proto.v1.RemoveShareRequest;
 import io.gpumemd.proto.v1.RevokeShareResponse;
-import io.gpumemd.server.session.ShareToken;
-import io.gpumemd.server.session.SharedObjects.ShareCursor;
+import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.SharedObjects;
+import io.gpumemd.server.sharing.ShareCursor;
 import io.gpumemd.proto.v1.UnpublishResponse;
-import io.gpumemd.server.session.PublishedObject;
+import io.gpumemd.server.sharing.PublishedObject;
 import io.gpumemd.proto.v1.SetRetentionCapRequest;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
 import io.gpumemd.proto.v1.TrimRequest;
@@ -33,11 +34,11 @@ import io.gpumemd.server.error.PermissionDeniedException;
 import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
-import io.gpumemd.server.session.LeaseRecord;
-import io.gpumemd.server.session.Page;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Page;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
-import io.gpumemd.server.session.Validation;
+import io.gpumemd.server.books.Validation;
 import io.grpc.Status;
 import io.grpc.stub.StreamObserver;
 import java.util.List;
@@ -55,7 +56,7 @@ import org.slf4j.LoggerFactory;
  * and anyone else their own tenant only, a page at a time ({@link PageTokens}). Trim and SetRetentionCap change the daemon for
  * everyone: admins only (PERMISSION_DENIED otherwise), and each is logged at INFO with who
  * asked. ListObjects and ListShares, RemoveObject and RemoveShare reach the caller's own
- * tenant, and any tenant for an admin ({@link io.gpumemd.server.session.SharedObjects} decides
+ * tenant, and any tenant for an admin ({@link io.gpumemd.server.sharing.SharedObjects} decides
  * and logs); a share token is listed by its public id, never by the token.
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
@@ -63,6 +64,8 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
 
   private final DevicePools pools;
   private final SessionRegistry registry;
+  /** Listing and removing share tokens and published names. */
+  private final SharedObjects sharing;
   private final Executor blockingExecutor;
 
   /**
@@ -72,6 +75,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   public AdminService(DevicePools pools, SessionRegistry registry, Executor blockingExecutor) {
     this.pools = pools;
     this.registry = registry;
+    this.sharing = registry.sharing();
     this.blockingExecutor = blockingExecutor;
   }
 
@@ -186,8 +190,8 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("ListObjects", response, () -> {
       int size = PageTokens.pageSize("page_size", request.getPageSize());
       String[] cursor = PageTokens.objectCursor(request.getPageToken());
-      Page<PublishedObject> page = cursor == null ? registry.sharing().objects(Callers.current(), null, null, size)
-          : registry.sharing().objects(Callers.current(), cursor[0], cursor[1], size);
+      Page<PublishedObject> page = cursor == null ? sharing.objects(Callers.current(), null, null, size)
+          : sharing.objects(Callers.current(), cursor[0], cursor[1], size);
       ListObjectsResponse.Builder out = ListObjectsResponse.newBuilder().setTotal(page.total());
       for (PublishedObject object : page.items()) {
         out.addObjects(ProtoMapping.objectInfo(object, registry.ageMillis(object.publishedNanos())));
@@ -202,7 +206,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   public void removeObject(RemoveObjectRequest request, StreamObserver<UnpublishResponse> response) {
     answer("RemoveObject", response, () -> UnpublishResponse.newBuilder()
-        .setBlockReturned(registry.sharing().remove(Callers.current(), request.getTenant(), request.getName()))
+        .setBlockReturned(sharing.remove(Callers.current(), request.getTenant(), request.getName()))
         .build());
   }
 
@@ -211,7 +215,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("ListShares", response, () -> {
       int size = PageTokens.pageSize("page_size", request.getPageSize());
       ShareCursor after = PageTokens.shareCursor(request.getPageToken());
-      Page<ShareToken> page = registry.sharing().shares(Callers.current(), request.getTenant(), after, size);
+      Page<ShareToken> page = sharing.shares(Callers.current(), request.getTenant(), after, size);
       ListSharesResponse.Builder out = ListSharesResponse.newBuilder().setTotal(page.total());
       for (ShareToken token : page.items()) {
         // The "age" of the expiry, a moment still to come, is the time left with its sign flipped.
@@ -228,7 +232,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   public void removeShare(RemoveShareRequest request, StreamObserver<RevokeShareResponse> response) {
     answer("RemoveShare", response, () -> RevokeShareResponse.newBuilder()
-        .setBlockReturned(registry.sharing().removeShare(Callers.current(), request.getTenant(), request.getShareId()))
+        .setBlockReturned(sharing.removeShare(Callers.current(), request.getTenant(), request.getShareId()))
         .build());
   }
 

@@ -30,13 +30,13 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.metrics.ServerMetrics;
-import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.session.PendingLease;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.HandOverGate;
-import io.gpumemd.server.session.SharedObjects;
-import io.gpumemd.server.session.Validation;
+import io.gpumemd.server.sharing.SharedObjects;
+import io.gpumemd.server.books.Validation;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ServerCallStreamObserver;
@@ -64,6 +64,8 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       .build();
 
   private final SessionRegistry registry;
+  /** Share tokens and published names: Share, Revoke, Attach, Publish, Lookup, Unpublish. */
+  private final SharedObjects sharing;
   private final Executor blockingExecutor;
   private final ServerMetrics metrics;
   private final StreamWatchdog streams;
@@ -83,6 +85,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       StreamWatchdog streams, HandOverGate gate) {
     this.gate = gate;
     this.registry = registry;
+    this.sharing = registry.sharing();
     this.blockingExecutor = blockingExecutor;
     this.metrics = metrics;
     this.streams = streams;
@@ -217,7 +220,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   @Override
   public void share(ShareRequest request, StreamObserver<ShareResponse> response) {
     answer("Share", response, () -> {
-      SharedObjects.Share share = registry.sharing().share(Callers.current(), request.getSessionId(),
+      SharedObjects.Share share = sharing.share(Callers.current(), request.getSessionId(),
           request.getLeaseId(), unsigned(request.getExpiresAfterSeconds()), request.getReadOnly(),
           unsigned(request.getMaxAttaches()));
       return ShareResponse.newBuilder().setToken(share.token()).setExpiresAfterSeconds(share.expiresAfterSeconds())
@@ -228,20 +231,20 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   @Override
   public void revokeShare(RevokeShareRequest request, StreamObserver<RevokeShareResponse> response) {
     answer("RevokeShare", response, () -> RevokeShareResponse.newBuilder()
-        .setBlockReturned(registry.sharing().revoke(Callers.current(), request.getSessionId(), request.getToken()))
+        .setBlockReturned(sharing.revoke(Callers.current(), request.getSessionId(), request.getToken()))
         .build());
   }
 
   @Override
   public void attach(AttachRequest request, StreamObserver<AttachResponse> response) {
-    answer("Attach", response, () -> attached(registry.sharing().attach(Callers.current(), request.getSessionId(),
+    answer("Attach", response, () -> attached(sharing.attach(Callers.current(), request.getSessionId(),
         request.getToken(), request.getTag())));
   }
 
   @Override
   public void publish(PublishRequest request, StreamObserver<PublishResponse> response) {
     answer("Publish", response, () -> {
-      registry.sharing().publish(Callers.current(), request.getSessionId(), request.getLeaseId(), request.getName(),
+      sharing.publish(Callers.current(), request.getSessionId(), request.getLeaseId(), request.getName(),
           request.getReadOnly());
       return PublishResponse.getDefaultInstance();
     });
@@ -249,14 +252,14 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   @Override
   public void lookup(LookupRequest request, StreamObserver<AttachResponse> response) {
-    answer("Lookup", response, () -> attached(registry.sharing().lookup(Callers.current(), request.getSessionId(),
+    answer("Lookup", response, () -> attached(sharing.lookup(Callers.current(), request.getSessionId(),
         request.getName(), request.getTag())));
   }
 
   @Override
   public void unpublish(UnpublishRequest request, StreamObserver<UnpublishResponse> response) {
     answer("Unpublish", response, () -> UnpublishResponse.newBuilder()
-        .setBlockReturned(registry.sharing().unpublish(Callers.current(), request.getSessionId(), request.getName()))
+        .setBlockReturned(sharing.unpublish(Callers.current(), request.getSessionId(), request.getName()))
         .build());
   }
 

@@ -1,11 +1,11 @@
 package io.gpumemd.server.grpc;
 
 import io.gpumemd.server.error.InvalidRequestException;
-import io.gpumemd.server.session.LeaseRecord;
-import io.gpumemd.server.session.PublishedObject;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.sharing.PublishedObject;
 import io.gpumemd.server.session.Session;
-import io.gpumemd.server.session.ShareToken;
-import io.gpumemd.server.session.SharedObjects.ShareCursor;
+import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.ShareCursor;
 import java.nio.charset.StandardCharsets;
 import java.util.Base64;
 

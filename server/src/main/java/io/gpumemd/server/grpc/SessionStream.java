@@ -8,8 +8,9 @@ import io.gpumemd.proto.v1.StreamLease;
 import io.gpumemd.proto.v1.StreamRelease;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.error.InvalidRequestException;
+import io.gpumemd.server.books.ClientCache;
+import io.gpumemd.server.books.NoticeRefusal;
 import io.gpumemd.server.error.StatusMapper;
-import io.gpumemd.server.session.NoticeRefusal;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.takeover.HandOverGate;
@@ -66,6 +67,8 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   private enum Phase { RELEASES_FIRST, NOTICES, RELEASES_LAST, LEASES, DONE }
 
   private final SessionRegistry registry;
+  /** The client cache tier's notices and counters (Cached, Reused, ClientCounters messages). */
+  private final ClientCache clientCache;
   private final AllocatorService leases;
   private final ServerCallStreamObserver<SessionEvent> call;
   /** Who opened the stream: every message on it acts for this caller. */
@@ -96,6 +99,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       Caller caller, StreamWatchdog watchdog, HandOverGate gate) {
     this.gate = gate;
     this.registry = registry;
+    this.clientCache = registry.clientCache();
     this.caller = caller;
     this.leases = leases;
     this.call = call;
@@ -132,7 +136,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       }
       for (ClientCacheCounters c : message.getClientCountersList()) {
         try {
-          registry.clientTier().clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
+          clientCache.clientCounters(session, c.getDevice(), c.getHits(), c.getReturns());
         } catch (InvalidRequestException e) {
           // Counters of a device this daemon does not have: nothing to add them to.
         }
@@ -270,7 +274,7 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
     List<String> run = notices.subList(from, to).stream().map(CacheNotice::getLeaseId).toList();
     try {
-      List<NoticeRefusal> refused = reused ? registry.clientTier().reused(session, run) : registry.clientTier().cached(session, run);
+      List<NoticeRefusal> refused = reused ? clientCache.reused(session, run) : clientCache.cached(session, run);
       for (NoticeRefusal r : refused) {
         channel.releaseFailed(r.leaseId(), StatusMapper.toStatus("KeepAlive", r.reason()).getStatus());
       }

@@ -1,5 +1,6 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.Reservation;
 import io.gpumemd.server.pool.DevicePool;
 
 /**
@@ -11,18 +12,25 @@ import io.gpumemd.server.pool.DevicePool;
  * <p>Not thread-safe: one thread at a time owns it.
  */
 public final class PendingLease implements AutoCloseable {
+  private final Session session;
   final Reservation quota;
   final DevicePool pool;
   final long size;
   final boolean zero;
   final String tag;
 
-  PendingLease(Reservation quota, DevicePool pool, long size, boolean zero, String tag) {
+  PendingLease(Session session, Reservation quota, DevicePool pool, long size, boolean zero, String tag) {
+    this.session = session;
     this.quota = quota;
     this.pool = pool;
     this.size = size;
     this.zero = zero;
     this.tag = tag;
+  }
+
+  /** The session the lease is for (the reservation's). */
+  Session session() {
+    return session;
   }
 
   @Override

@@ -8,16 +8,26 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
+import io.gpumemd.server.books.ClientCache;
+import io.gpumemd.server.books.LeaseBook;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Page;
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.books.Reservation;
+import io.gpumemd.server.books.SecureIds;
+import io.gpumemd.server.books.SegmentHolding;
+import io.gpumemd.server.books.Tenant;
+import io.gpumemd.server.books.Validation;
 import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.LeasedBlock;
+import io.gpumemd.server.sharing.SharedObjects;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.Comparator;
 import java.util.List;
-import java.util.function.Predicate;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -25,9 +35,10 @@ import org.slf4j.LoggerFactory;
 /**
  * Owns sessions, and the way leases are made and returned for them: the daemon's domain facade
  * that the gRPC services call. Its rooms: {@link SessionDirectory} (finding a caller's session,
- * tenants, draining), {@link LeaseBook} (every lease and hold, and returning them),
- * {@link Reservation} (quota taken once per lease, committed or given back), {@link ClientTier}
- * (client cache notices and counters) and {@link SharedObjects} (tokens and names).
+ * tenants, draining); in {@code books}, {@link LeaseBook} (every lease and hold, and returning
+ * them), {@link Reservation} (quota taken once per lease, committed or given back) and {@link
+ * ClientCache} (client cache notices and counters); in {@code sharing}, {@link SharedObjects}
+ * (tokens and names), which the gRPC services call directly.
  *
  * <p>Rules enforced here: a session belongs to the tenant of the caller that opened it, and a
  * call naming another tenant's session or lease answers NOT_FOUND, exactly like an unknown id
@@ -61,9 +72,7 @@ public final class SessionRegistry {
   private final LeaseBook book;
   private final SessionChurn churn;
   private final SharedObjects sharing;
-  private final ClientTier clientTier;
-  /** Written by the reaper thread only. */
-  private long lastLeakScanNanos = Long.MIN_VALUE / 2;
+  private final ClientCache clientCache;
 
   /**
    * @param sessions the live sessions, shared with the pools (which send unmap requests
@@ -79,10 +88,10 @@ public final class SessionRegistry {
     this.directory = new SessionDirectory(sessions, ticker);
     this.book = new LeaseBook(pools, backend, ticker);
     this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker);
-    this.clientTier = new ClientTier(pools, book);
+    this.clientCache = new ClientCache(pools, book);
   }
 
-  /** Share tokens and published objects. */
+  /** Share tokens and published objects: the gRPC services take it once and call it directly. */
   public SharedObjects sharing() {
     return sharing;
   }
@@ -115,7 +124,7 @@ public final class SessionRegistry {
     int ttl = ttlSeconds <= 0 ? settings.defaultTtlSeconds() : Math.min(ttlSeconds, settings.maxTtlSeconds());
     long allowance = cacheBytes < 0 ? settings.clientCacheBytes() : Math.min(cacheBytes, settings.clientCacheBytes());
     Tenant tenant = directory.tenant(caller.tenant());
-    admit(caller, tenant);
+    directory.admit(caller, tenant, settings.limits(), churn);
     Session session;
     try {
       String id = SecureIds.next();
@@ -133,39 +142,6 @@ public final class SessionRegistry {
         .addKeyValue("tenant", caller.tenant())
         .log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
     return session;
-  }
-
-  /**
-   * Takes a session's places within the {@link SessionLimits}: a token of the tenant's open
-   * rate, a place among the tenant's sessions, a place among all sessions. The daemon's own
-   * caller is held to the total only (see {@link SessionLimits}).
-   *
-   * @throws ExhaustedException naming the limit and its flag, having taken nothing
-   */
-  private void admit(Caller caller, Tenant tenant) {
-    SessionLimits limits = settings.limits();
-    boolean peer = caller != Caller.DAEMON;
-    if (peer && limits.openRatePerSecond() > 0) {
-      long waitMillis = tenant.takeOpenToken(ticker.nanos(), limits.openRatePerSecond());
-      if (waitMillis > 0) {
-        churn.refusedRate();
-        throw new ExhaustedException("session open rate of tenant " + caller.tenant() + " exceeded: at most "
-            + limits.openRatePerSecond() + " opens per second (flag --session-open-rate); retry in " + waitMillis
-            + " ms");
-      }
-    }
-    if (!tenant.addSession(peer ? limits.maxSessionsPerTenant() : 0)) {
-      churn.refusedPerTenant();
-      throw new ExhaustedException("session limit of tenant " + caller.tenant() + " reached: "
-          + limits.maxSessionsPerTenant() + " live sessions (flag --max-sessions-per-tenant); close sessions "
-          + "it no longer uses");
-    }
-    if (!sessions.reserve(limits.maxSessions())) {
-      tenant.removeSession();
-      churn.refusedTotal();
-      throw new ExhaustedException("session limit of the daemon reached: " + limits.maxSessions()
-          + " live sessions over all tenants (flag --max-sessions)");
-    }
   }
 
   /**
@@ -309,7 +285,7 @@ public final class SessionRegistry {
     // it, leasing, mapping and ending the session in a loop pins memory outside every bound.
     long pinned = tenantQuota.maxLeasedBytes() > 0 ? pools.pinnedBytes(session.tenant()) : 0;
     Reservation quota = Reservation.forLease(session, SizeClasses.roundUp(size), tenantQuota, pinned);
-    return new PendingLease(quota, pool, size, zero, tag);
+    return new PendingLease(session, quota, pool, size, zero, tag);
   }
 
   /**
@@ -321,14 +297,14 @@ public final class SessionRegistry {
     if (pending.zero) {
       return null;
     }
-    Session session = pending.quota.session();
+    Session session = pending.session();
     LeasedBlock leased = pending.pool.tryLeaseCached(pending.size, session.id(), session.segmentOwner());
     return leased == null ? null : record(pending, leased);
   }
 
   /** Serves a pending lease, allocating from the backend on a miss; may block (a miss may wait for memory). */
   public LeaseRecord leaseFromBackend(PendingLease pending) {
-    Session session = pending.quota.session();
+    Session session = pending.session();
     return record(pending, pending.pool.lease(pending.size, pending.zero, session.id(), session.segmentOwner()));
   }
 
@@ -372,12 +348,12 @@ public final class SessionRegistry {
   }
 
   /** The client cache tier's notices and counters of every session. */
-  public ClientTier clientTier() {
-    return clientTier;
+  public ClientCache clientCache() {
+    return clientCache;
   }
 
   /** The holdings of a tenant by key (created on first use). */
-  Tenant tenant(String key) {
+  public Tenant tenant(String key) {
     return directory.tenant(key);
   }
 
@@ -398,23 +374,7 @@ public final class SessionRegistry {
         end(session, why);
       }
     }
-    long leakNanos = TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis());
-    // Scanning every lease is O(leases): do it a few times per threshold, not on every reap.
-    long scanEvery = Math.max(TimeUnit.MILLISECONDS.toNanos(100), Math.min(leakNanos / 10, TimeUnit.SECONDS.toNanos(5)));
-    if (leakNanos > 0 && now - lastLeakScanNanos >= scanEvery) {
-      lastLeakScanNanos = now;
-      for (LeaseRecord lease : book.all()) {
-        if (!lease.leakReported && now - lease.grantedNanos() > leakNanos) {
-          lease.leakReported = true;
-          log.atWarn().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
-              .addKeyValue("client", lease.session().clientName()).addKeyValue("device", lease.block().device())
-              .addKeyValue("size_bytes", lease.sizeBytes()).addKeyValue("tag", lease.tag())
-              .log("Possible leak: lease {} held for {} ms by session {} ('{}'): device {}, {} bytes, tag '{}'",
-              lease.id(), (now - lease.grantedNanos()) / 1_000_000, lease.session().id(),
-              lease.session().clientName(), lease.block().device(), lease.sizeBytes(), lease.tag());
-        }
-      }
-    }
+    book.reportLeaks(now, TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis()));
   }
 
   /** Stops taking sessions and leases and tells every attached client. */
@@ -493,16 +453,8 @@ public final class SessionRegistry {
 
   /** Live leases in grant order: every tenant's for an admin, else the caller's tenant's only. */
   public List<LeaseRecord> leases(Caller caller, Integer device, String sessionId) {
-    List<LeaseRecord> out = new ArrayList<>(book.all().stream().filter(visible(caller, device, sessionId)).toList());
-    out.sort(LEASE_ORDER);
-    return out;
+    return book.list(caller, device, sessionId);
   }
-
-  /** Leases in grant order, the order of {@link #leasePage}. */
-  public static final Comparator<LeaseRecord> LEASE_ORDER = Comparator.comparingLong(LeaseRecord::sequence);
-  /** Sessions by age, then id (sessions opened in the same nanosecond), the order of {@link #sessionPage}. */
-  public static final Comparator<Session> SESSION_ORDER =
-      Comparator.comparingLong(Session::openedNanos).thenComparing(Session::id);
 
   /**
    * A page of live leases in grant order, after the lease with sequence number
@@ -510,21 +462,7 @@ public final class SessionRegistry {
    * tenant's only.
    */
   public Page<LeaseRecord> leasePage(Caller caller, Integer device, String sessionId, long afterSequence, int size) {
-    return Page.select(book.all(), visible(caller, device, sessionId), lease -> lease.sequence() > afterSequence,
-        LEASE_ORDER, size);
-  }
-
-  /** The leases a listing shows the caller, on a device and of a session if named (checked here). */
-  private Predicate<LeaseRecord> visible(Caller caller, Integer device, String sessionId) {
-    if (!sessionId.isEmpty()) {
-      SecureIds.check("session_id", sessionId);
-    }
-    if (device != null) {
-      pools.get(device);
-    }
-    return lease -> (device == null || lease.block().device() == device)
-        && (sessionId.isEmpty() || lease.session().id().equals(sessionId))
-        && (caller.admin() || caller.owns(lease.session().tenant()));
+    return book.page(caller, device, sessionId, afterSequence, size);
   }
 
   /**
@@ -536,7 +474,7 @@ public final class SessionRegistry {
     return Page.select(sessions.all(), s -> caller.admin() || caller.owns(s.tenant()),
         s -> afterId == null || s.openedNanos() > afterNanos
             || (s.openedNanos() == afterNanos && s.id().compareTo(afterId) > 0),
-        SESSION_ORDER, size);
+        Session.ORDER, size);
   }
 
   public int sessionCount() {

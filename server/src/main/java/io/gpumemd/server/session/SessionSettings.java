@@ -1,8 +1,10 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.config.QuotaConfig;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.config.SessionConfig;
+import io.gpumemd.server.sharing.SharingSettings;
 import java.util.HashMap;
 import java.util.Map;
 

@@ -1,5 +1,14 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.LeaseBook;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.books.SecureIds;
+import io.gpumemd.server.books.SharedBlock;
+import io.gpumemd.server.books.Tenant;
+import io.gpumemd.server.sharing.PublishedObject;
+import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
@@ -281,7 +290,7 @@ final class SessionsRestorer {
       // A shared block's bytes stay its leasing tenant's until its last hold goes (LeaseBook#giveBack).
       b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), 0, Quota.UNLIMITED, "");
     }
-    tokens.forEach(t -> directory.tenant(t.tenant).addShare(0));
+    tokens.forEach(t -> directory.tenant(t.tenant()).addShare(0));
     objects.forEach(o -> directory.tenant(o.tenant()).addShare(0));
     book.restore(records.values(), lastSequence);
     sharing.restore(tokens, objects);

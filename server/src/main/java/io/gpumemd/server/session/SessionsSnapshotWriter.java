@@ -1,5 +1,11 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.LeaseBook;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.SharedBlock;
+import io.gpumemd.server.sharing.PublishedObject;
+import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.CompletionEvent;
@@ -53,21 +59,21 @@ final class SessionsSnapshotWriter {
   SessionsSnapshot take() {
     long now = ticker.nanos();
     List<Session> live = new ArrayList<>(sessions.all());
-    live.sort(SessionRegistry.SESSION_ORDER);
+    live.sort(Session.ORDER);
     Map<String, Boolean> clientCached = new HashMap<>();
     Map<Session, Session.Exported> exported = new IdentityHashMap<>();
     List<SessionSnapshot> sessionSnapshots = new ArrayList<>();
     for (Session s : live) {
       Session.Exported e = s.exportState();
       exported.put(s, e);
-      clientCached.putAll(e.clientCached());
+      clientCached.putAll(e.books().clientCached());
       sessionSnapshots.add(session(s, e, now));
     }
 
     Map<SharedBlock, Integer> index = new IdentityHashMap<>();
     List<SharedBlock> blocks = new ArrayList<>();
     List<LeaseRecord> records = new ArrayList<>(book.all());
-    records.sort(SessionRegistry.LEASE_ORDER);
+    records.sort(LeaseBook.LEASE_ORDER);
     List<LeaseSnapshot> leases = new ArrayList<>();
     for (LeaseRecord r : records) {
       Boolean cached = clientCached.get(r.id());
@@ -82,7 +88,7 @@ final class SessionsSnapshotWriter {
     tokens.sort(SharedObjects.TOKEN_ORDER);
     List<TokenSnapshot> tokenSnapshots = new ArrayList<>();
     for (ShareToken t : tokens) {
-      tokenSnapshots.add(token(t, indexOf(t.shared, index, blocks), now));
+      tokenSnapshots.add(token(t, indexOf(t.shared(), index, blocks), now));
     }
     List<PublishedObject> objects = new ArrayList<>(sharing.allObjects());
     objects.sort(SharedObjects.OBJECT_ORDER);
@@ -116,26 +122,26 @@ final class SessionsSnapshotWriter {
     Caller c = s.owner();
     SegmentOwner so = s.segmentOwner();
     List<ClientCounters> counters = new ArrayList<>();
-    new TreeSet<>(e.counters().keySet()).forEach(device -> {
-      long[] v = e.counters().get(device);
+    new TreeSet<>(e.books().counters().keySet()).forEach(device -> {
+      long[] v = e.books().counters().get(device);
       counters.add(new ClientCounters(device, v[0], v[1]));
     });
     return new SessionSnapshot(s.id(), c, so.key(), so.uid(), so.gid(), s.clientName(), s.ttlSeconds(),
         now - s.openedNanos(), now - e.lastSeenNanos(), e.hadStream(), e.streamAttached(),
-        e.hadStream() && !e.streamAttached() ? now - e.detachedNanos() : 0, e.grantedCacheBytes(),
-        e.cacheAllowance(), e.cacheReturnOverdue(), counters, e.appliedMessages());
+        e.hadStream() && !e.streamAttached() ? now - e.detachedNanos() : 0, e.books().grantedCacheBytes(),
+        e.books().cacheAllowance(), e.books().cacheReturnOverdue(), counters, e.appliedMessages());
   }
 
   private static LeaseSnapshot lease(LeaseRecord r, boolean clientCached, int sharedIndex, long now) {
     Block block = r.block();
     return new LeaseSnapshot(r.id(), r.session().id(), block.device(), block.segmentId(), block.offset(),
         block.size(), r.sizeBytes(), r.tag(), now - r.grantedNanos(), r.sequence(), r.poolHit(), r.attached(),
-        r.readOnly(), clientCached, r.leakReported, sharedIndex);
+        r.readOnly(), clientCached, r.leakReported(), sharedIndex);
   }
 
   private static TokenSnapshot token(ShareToken t, int sharedIndex, long now) {
-    return new TokenSnapshot(t.token, t.id, t.tenant, sharedIndex, t.readOnly, t.maxAttaches, t.attaches(),
-        now - t.createdNanos, t.expiresNanos - now, t.sessionId(), t.leaseId(), t.clientName(), t.dead());
+    return new TokenSnapshot(t.secret(), t.id(), t.tenant(), sharedIndex, t.readOnly(), t.maxAttaches(), t.attaches(),
+        now - t.createdNanos(), t.expiresNanos() - now, t.sessionId(), t.leaseId(), t.clientName(), t.dead());
   }
 
   private static SharedBlockSnapshot sharedBlock(SharedBlock b) {

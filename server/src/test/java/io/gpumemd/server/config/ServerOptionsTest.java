@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionSettings;
 import java.nio.file.Files;

@@ -8,7 +8,7 @@ import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.IdentityPolicy;
-import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.testing.Await;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.OtherUser;

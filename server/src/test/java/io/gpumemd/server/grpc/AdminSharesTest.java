@@ -30,12 +30,12 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
-import io.gpumemd.server.session.SecureIds;
+import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
-import io.gpumemd.server.session.SharedObjects;
-import io.gpumemd.server.session.SharingSettings;
+import io.gpumemd.server.sharing.SharedObjects;
+import io.gpumemd.server.sharing.SharingSettings;
 import io.gpumemd.server.testing.FakeTicker;
 import io.gpumemd.server.testing.LogCapture;
 import io.grpc.ManagedChannel;
@@ -240,7 +240,7 @@ class AdminSharesTest {
       pages++;
     } while (!page.isEmpty() && pages < 10);
     assertEquals(List.of(limited.getShareId(), open.getShareId(), bobShare.getShareId()), paged);
-    String objectsToken = PageTokens.objectToken(new io.gpumemd.server.session.PublishedObject("uid:0", "x", null,
+    String objectsToken = PageTokens.objectToken(new io.gpumemd.server.sharing.PublishedObject("uid:0", "x", null,
         false, 0, "", null));
     refused(Status.Code.INVALID_ARGUMENT, "page_token: '" + objectsToken + "' (expected: empty, or the "
         + "next_page_token of the previous page of this listing)",

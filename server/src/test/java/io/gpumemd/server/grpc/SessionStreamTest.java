@@ -28,7 +28,7 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
-import io.gpumemd.server.session.Quota;
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.testing.FakeTicker;

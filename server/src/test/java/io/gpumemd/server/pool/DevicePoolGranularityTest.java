@@ -6,7 +6,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.error.InvalidRequestException;
-import io.gpumemd.server.session.Validation;
+import io.gpumemd.server.books.Validation;
 import org.junit.jupiter.api.Test;
 
 /**

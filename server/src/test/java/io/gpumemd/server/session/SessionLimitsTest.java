@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.sharing.SharingSettings;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;

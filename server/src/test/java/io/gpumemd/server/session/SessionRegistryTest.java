@@ -1,5 +1,8 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.common.Ticker;
@@ -24,7 +27,6 @@ import io.gpumemd.server.testing.LogCapture;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -49,40 +51,6 @@ class SessionRegistryTest {
   private SessionRegistry registry;
 
   /** A channel that records what the server pushed. */
-  static final class RecordingChannel implements SessionChannel {
-    final List<Long> unmapRequests = new ArrayList<>();
-    long shutdownDrainMillis = -1;
-    boolean closed;
-
-    @Override
-    public synchronized void requestUnmap(int device, long segmentId) {
-      unmapRequests.add(segmentId);
-    }
-
-    final List<long[]> returnRequests = new ArrayList<>();
-    final List<Long> allowances = new ArrayList<>();
-
-    @Override
-    public synchronized void returnCache(int device, long bytes) {
-      returnRequests.add(new long[] {device, bytes});
-    }
-
-    @Override
-    public synchronized void cacheAllowance(long bytes) {
-      allowances.add(bytes);
-    }
-
-    @Override
-    public synchronized void shutdownNotice(long drainMillis) {
-      shutdownDrainMillis = drainMillis;
-    }
-
-    @Override
-    public synchronized void close() {
-      closed = true;
-    }
-  }
-
   private void start(SessionSettings settings) {
     backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
     LiveSessions sessions = new LiveSessions();

@@ -1,5 +1,6 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNull;
@@ -9,7 +10,6 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.InMemoryBackend;
 import io.gpumemd.server.pool.PoolSettings;
-import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import java.util.List;
 import java.util.concurrent.CyclicBarrier;

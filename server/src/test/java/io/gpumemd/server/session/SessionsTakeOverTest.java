@@ -1,5 +1,11 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.books.Tenant;
+import io.gpumemd.server.sharing.SharedObjects;
+import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.PublishedObject;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
@@ -18,7 +24,6 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
-import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import io.gpumemd.server.takeover.SessionsStates;
 import io.gpumemd.server.takeover.TakeOverState;
@@ -109,8 +114,8 @@ class SessionsTakeOverTest {
     LeaseRecord cached = lease(a, ALICE, producer, 50_000, "scratch");
     LeaseRecord plain = lease(a, ALICE, producer, 300_000, "plain");
     LeaseRecord bobs = lease(a, BOB, bob, MIB, "bob's");
-    assertEquals(List.of(), a.clientTier().cached(producer, List.of(cached.id())));
-    a.clientTier().clientCounters(producer, 0, 10, 2);
+    assertEquals(List.of(), a.clientCache().cached(producer, List.of(cached.id())));
+    a.clientCache().clientCounters(producer, 0, 10, 2);
     SharedObjects.Share share = a.sharing().share(ALICE, producer.id(), shared.id(), 600, false, 3);
     LeaseRecord holdByToken = a.sharing().attach(ALICE2, consumer.id(), share.token(), "by-token");
     a.sharing().publish(ALICE, producer.id(), published.id(), "weights", true);
@@ -253,7 +258,7 @@ class SessionsTakeOverTest {
     assertEquals(2, b.sharing().objects(Caller.DAEMON, null, null, 10).items().get(0).lookups().get());
 
     // The client-cached lease is the client's to reuse, in B's books and the pool's.
-    assertEquals(List.of(), b.clientTier().reused(producer, List.of(m.cached().id())));
+    assertEquals(List.of(), b.clientCache().reused(producer, List.of(m.cached().id())));
     assertEquals(cachedBefore - m.cached().block().size(), stat(PoolMetric.CLIENT_CACHED_BYTES));
 
     // A release returns the block to the pool; a repeat is refused as in A.

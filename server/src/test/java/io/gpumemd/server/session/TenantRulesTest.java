@@ -1,5 +1,7 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Quota;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -118,16 +120,16 @@ class TenantRulesTest {
   void keepAliveStream_isPinnedToItsOrigin() {
     start(Quota.UNLIMITED);
     Session alice = registry.open(ALICE_1, "alice", 0, 0);
-    SessionRegistryTest.RecordingChannel first = new SessionRegistryTest.RecordingChannel();
+    RecordingChannel first = new RecordingChannel();
     registry.attach(ALICE_1, alice.id(), first);
-    SessionRegistryTest.RecordingChannel intruder = new SessionRegistryTest.RecordingChannel();
+    RecordingChannel intruder = new RecordingChannel();
     ConflictException refused = assertThrows(ConflictException.class, () -> registry.attach(ALICE_2, alice.id(), intruder));
     assertTrue(refused.getMessage().contains("pid 11") && refused.getMessage().contains("pid 12"), refused.getMessage());
     assertThrows(NotFoundException.class, () -> registry.attach(BOB, alice.id(), intruder));
     assertEquals(first, alice.channel(), "the first stream stays");
     assertTrue(!first.closed);
     // The same process reconnecting replaces its own stream.
-    SessionRegistryTest.RecordingChannel reconnect = new SessionRegistryTest.RecordingChannel();
+    RecordingChannel reconnect = new RecordingChannel();
     registry.attach(ALICE_1, alice.id(), reconnect);
     assertTrue(first.closed);
     assertEquals(reconnect, alice.channel());

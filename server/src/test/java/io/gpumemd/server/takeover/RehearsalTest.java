@@ -5,15 +5,15 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.backend.host.HostShmBackend;
+import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.session.LiveSessions;
-import io.gpumemd.server.session.Quota;
 import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
-import io.gpumemd.server.session.SharingSettings;
+import io.gpumemd.server.sharing.SharingSettings;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;

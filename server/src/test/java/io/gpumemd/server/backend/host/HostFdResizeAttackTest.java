@@ -10,7 +10,7 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.SegmentFd;
-import io.gpumemd.server.session.LeaseRecord;
+import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.TestDaemon;

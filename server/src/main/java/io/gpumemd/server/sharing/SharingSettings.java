@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
 
 /**
  * Bounds on sharing, validated by the configuration. Published bytes are bounded per device by

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.cuda.CudaHandles;
@@ -72,37 +72,5 @@ public final class Validation {
           "empty or " + CudaHandles.IPC_HANDLE_BYTES + " bytes");
     }
     return handle;
-  }
-
-  /**
-   * An object name: 1 to 256 characters (code points), printable, without leading or trailing
-   * white space. Control and format characters (right-to-left overrides, zero-width spaces),
-   * line and paragraph separators and lone surrogates are refused: a name is shown in
-   * line-based listings, where they would break or spoof the lines.
-   */
-  static String objectName(String name) {
-    int length = name.codePointCount(0, name.length());
-    if (length == 0) {
-      throw InvalidRequestException.of("name", "''", "1 to " + SharedObjects.MAX_NAME_LENGTH + " characters");
-    }
-    if (length > SharedObjects.MAX_NAME_LENGTH) {
-      throw InvalidRequestException.of("name", length + " characters", "at most " + SharedObjects.MAX_NAME_LENGTH);
-    }
-    int index = 0;
-    for (int i = 0; i < name.length(); index++) {
-      int c = name.codePointAt(i);
-      int type = Character.getType(c);
-      if (type == Character.CONTROL || type == Character.FORMAT || type == Character.LINE_SEPARATOR
-          || type == Character.PARAGRAPH_SEPARATOR || type == Character.SURROGATE || type == Character.UNASSIGNED) {
-        throw InvalidRequestException.of("name", String.format("U+%04X at index %d", c, index),
-            "printable text (no control, format or separator characters)");
-      }
-      i += Character.charCount(c);
-    }
-    if (Character.isWhitespace(name.codePointAt(0)) || Character.isWhitespace(name.codePointBefore(name.length()))
-        || Character.isSpaceChar(name.codePointAt(0)) || Character.isSpaceChar(name.codePointBefore(name.length()))) {
-      throw InvalidRequestException.of("name", "'" + name + "'", "no leading or trailing white space");
-    }
-    return name;
   }
 }

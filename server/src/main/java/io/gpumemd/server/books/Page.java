@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import java.util.ArrayList;
 import java.util.Collections;
@@ -25,7 +25,7 @@ public record Page<T>(List<T> items, long total, boolean more) {
    * @param visible what the caller may see (and the request's filters)
    * @param afterCursor true for items after the cursor (all of them for the first page)
    */
-  static <T> Page<T> select(Iterable<T> all, Predicate<T> visible, Predicate<T> afterCursor, Comparator<T> order,
+  public static <T> Page<T> select(Iterable<T> all, Predicate<T> visible, Predicate<T> afterCursor, Comparator<T> order,
       int size) {
     PriorityQueue<T> smallest = new PriorityQueue<>(Math.min(size, 1024) + 1, order.reversed());
     long total = 0;

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.error.ExhaustedException;
 
@@ -7,7 +7,7 @@ import io.gpumemd.server.error.ExhaustedException;
  * session's quota and its tenant's quota share. A refusal names the quota, what is counted and
  * the flag that sets it.
  *
- * <p>Not thread-safe: its owner's monitor guards it ({@link Session}, {@link Tenant}).
+ * <p>Not thread-safe: its owner's monitor guards it ({@link LeaseHolder}, {@link Tenant}).
  */
 final class QuotaCount {
   /**

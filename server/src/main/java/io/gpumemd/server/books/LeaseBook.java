@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.common.Sizes;
 import io.gpumemd.common.Ticker;
@@ -10,7 +10,13 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.LeasedBlock;
 import io.gpumemd.common.SizeClasses;
+import io.gpumemd.server.auth.Caller;
+import java.util.ArrayList;
 import java.util.Collection;
+import java.util.Comparator;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Predicate;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
 import org.slf4j.Logger;
@@ -19,9 +25,9 @@ import org.slf4j.LoggerFactory;
 /**
  * Every live lease and hold by id: the one place that records one for a session ({@link
  * #record}, {@link #hold}), finds it for its session, and gives its block back when it goes
- * ({@link #release}, {@link #returnAll}), to the pool and to its tenant's quota. Both the {@link
- * SessionRegistry} (leases, sessions ending) and {@link SharedObjects} (holds by token or name)
- * use it, so neither calls the other.
+ * ({@link #release}, {@link #returnAll}), to the pool and to its tenant's quota. Both the
+ * session registry (leases, sessions ending) and sharing (holds by token or name) use it, so
+ * neither calls the other.
  *
  * <p>Rules: only the owning session finds or releases a record; a foreign, unknown or repeated
  * id answers NOT_FOUND, the same for each, so ids are not probeable. A shared block goes back
@@ -31,17 +37,22 @@ import org.slf4j.LoggerFactory;
  * atomic {@code remove(id, record)}, so an explicit release and a session ending concurrently
  * return a block exactly once.
  */
-final class LeaseBook {
-  /** The registry's logger: operators filter the sessions' and leases' story by one name. */
-  private static final Logger log = LoggerFactory.getLogger(SessionRegistry.class);
+public final class LeaseBook {
+  /**
+   * The session registry's logger, by name: operators filter the sessions' and leases' story by
+   * one name, whichever package writes a line of it.
+   */
+  private static final Logger log = LoggerFactory.getLogger("io.gpumemd.server.session.SessionRegistry");
 
   private final DevicePools pools;
   private final MemoryBackend backend;
   private final Ticker ticker;
   private final ConcurrentHashMap<String, LeaseRecord> records = new ConcurrentHashMap<>();
   private final AtomicLong sequence = new AtomicLong();
+  /** Written by the reaper thread only. */
+  private long lastLeakScanNanos = Long.MIN_VALUE / 2;
 
-  LeaseBook(DevicePools pools, MemoryBackend backend, Ticker ticker) {
+  public LeaseBook(DevicePools pools, MemoryBackend backend, Ticker ticker) {
     this.pools = pools;
     this.backend = backend;
     this.ticker = ticker;
@@ -52,8 +63,8 @@ final class LeaseBook {
    *
    * @throws NotFoundException when the session ended meanwhile (the block is given back)
    */
-  LeaseRecord record(Reservation reservation, LeasedBlock leased, long size, String tag) {
-    Session session = reservation.session();
+  public LeaseRecord record(Reservation reservation, LeasedBlock leased, long size, String tag) {
+    LeaseHolder session = reservation.session();
     LeaseRecord lease = new LeaseRecord(SecureIds.next(), session, leased, size, tag, ticker.nanos(),
         sequence.incrementAndGet());
     enter(reservation, lease);
@@ -66,8 +77,8 @@ final class LeaseBook {
    *
    * @throws NotFoundException when the session ended or the block went back meanwhile
    */
-  LeaseRecord hold(Reservation reservation, SharedBlock shared, boolean readOnly, String tag) {
-    Session session = reservation.session();
+  public LeaseRecord hold(Reservation reservation, SharedBlock shared, boolean readOnly, String tag) {
+    LeaseHolder session = reservation.session();
     LeaseRecord hold = new LeaseRecord(SecureIds.next(), session, shared, readOnly, tag, ticker.nanos(),
         sequence.incrementAndGet());
     if (!shared.addRecord(hold)) {
@@ -101,13 +112,13 @@ final class LeaseBook {
    *
    * @throws NotFoundException for an unknown id or another session's, the same answer for both
    */
-  LeaseRecord find(Session session, String leaseId) {
+  public LeaseRecord find(LeaseHolder session, String leaseId) {
     SecureIds.check("lease_id", leaseId);
     return lookup(session, leaseId);
   }
 
   /** {@link #find} of an id already checked well-formed. */
-  private LeaseRecord lookup(Session session, String leaseId) {
+  private LeaseRecord lookup(LeaseHolder session, String leaseId) {
     LeaseRecord lease = records.get(leaseId);
     if (lease == null || lease.session() != session) {
       throw new NotFoundException("lease " + leaseId + " not found in this session (unknown, already released, "
@@ -117,7 +128,7 @@ final class LeaseBook {
   }
 
   /** A live lease of the session by id, or null (also for a malformed id). */
-  LeaseRecord own(Session session, String leaseId) {
+  public LeaseRecord own(LeaseHolder session, String leaseId) {
     if (!SecureIds.isWellFormed(leaseId)) {
       return null;
     }
@@ -131,7 +142,7 @@ final class LeaseBook {
    *
    * @throws NotFoundException for an unknown lease, another session's lease, or a repeat
    */
-  void release(Session session, String leaseId, byte[] eventHandle) {
+  public void release(LeaseHolder session, String leaseId, byte[] eventHandle) {
     SecureIds.check("lease_id", leaseId);
     Validation.eventHandle(eventHandle);
     LeaseRecord lease = lookup(session, leaseId);
@@ -148,15 +159,12 @@ final class LeaseBook {
     if (restored >= 0) {
       log.info("{} gave back its client-cached blocks: client cache allowance {} restored", session,
           Sizes.format(restored));
-      SessionChannel channel = session.channel();
-      if (channel != null) {
-        channel.cacheAllowance(restored);
-      }
+      session.cacheAllowanceRestored(restored);
     }
   }
 
   /** Returns the records of an ended session. Returns {leases, bytes, holds} it returned. */
-  long[] returnAll(Collection<LeaseRecord> ended) {
+  public long[] returnAll(Collection<LeaseRecord> ended) {
     long[] returned = new long[3];
     for (LeaseRecord lease : ended) {
       if (records.remove(lease.id(), lease)) {
@@ -199,7 +207,7 @@ final class LeaseBook {
   }
 
   /** The last hold on a shared block is gone: the block goes back, the tenant's quota too. */
-  void giveBack(SharedBlock shared) {
+  public void giveBack(SharedBlock shared) {
     Block block = shared.block();
     DevicePool pool = pools.get(block.device());
     pool.sharedBlockReturned();
@@ -210,18 +218,18 @@ final class LeaseBook {
   }
 
   /** The last sequence number given out (snapshot). */
-  long sequence() {
+  public long sequence() {
     return sequence.get();
   }
 
   /**
    * Enters the records of a snapshot into an empty book, and continues the
    * sequence after {@code lastSequence} (restore). Their sessions already count them
-   * ({@link Session#restoreRecord}); their blocks are the pool's already.
+   * ({@link LeaseHolder#restoreRecord}); their blocks are the pool's already.
    *
    * @throws IllegalStateException when the book is not empty
    */
-  void restore(Collection<LeaseRecord> restored, long lastSequence) {
+  public void restore(Collection<LeaseRecord> restored, long lastSequence) {
     if (!records.isEmpty() || sequence.get() != 0) {
       throw new IllegalStateException("lease book already in use: " + records.size() + " records");
     }
@@ -231,12 +239,71 @@ final class LeaseBook {
     sequence.set(lastSequence);
   }
 
+  // ------------------------------------------------------------------------------ reaper, listing
+
+  /**
+   * Reports leases held past {@code leakNanos} (0 = off), each once, at WARN; scans every lease,
+   * O(leases), so a few times per threshold and not on every call. Reaper thread only.
+   */
+  public void reportLeaks(long nowNanos, long leakNanos) {
+    long scanEvery = Math.max(TimeUnit.MILLISECONDS.toNanos(100), Math.min(leakNanos / 10, TimeUnit.SECONDS.toNanos(5)));
+    if (leakNanos <= 0 || nowNanos - lastLeakScanNanos < scanEvery) {
+      return;
+    }
+    lastLeakScanNanos = nowNanos;
+    for (LeaseRecord lease : records.values()) {
+      if (!lease.leakReported && nowNanos - lease.grantedNanos() > leakNanos) {
+        lease.leakReported = true;
+        log.atWarn().addKeyValue("lease", lease.id()).addKeyValue("session", lease.session().id())
+            .addKeyValue("client", lease.session().clientName()).addKeyValue("device", lease.block().device())
+            .addKeyValue("size_bytes", lease.sizeBytes()).addKeyValue("tag", lease.tag())
+            .log("Possible leak: lease {} held for {} ms by session {} ('{}'): device {}, {} bytes, tag '{}'",
+            lease.id(), (nowNanos - lease.grantedNanos()) / 1_000_000, lease.session().id(),
+            lease.session().clientName(), lease.block().device(), lease.sizeBytes(), lease.tag());
+      }
+    }
+  }
+
+  /** Leases in grant order, the order of {@link #page}. */
+  public static final Comparator<LeaseRecord> LEASE_ORDER = Comparator.comparingLong(LeaseRecord::sequence);
+
+  /** Live leases in grant order: every tenant's for an admin, else the caller's tenant's only. */
+  public List<LeaseRecord> list(Caller caller, Integer device, String sessionId) {
+    List<LeaseRecord> out = new ArrayList<>(records.values().stream().filter(visible(caller, device, sessionId))
+        .toList());
+    out.sort(LEASE_ORDER);
+    return out;
+  }
+
+  /**
+   * A page of live leases in grant order, after the lease with sequence number
+   * {@code afterSequence} (0 for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  public Page<LeaseRecord> page(Caller caller, Integer device, String sessionId, long afterSequence, int size) {
+    return Page.select(records.values(), visible(caller, device, sessionId),
+        lease -> lease.sequence() > afterSequence, LEASE_ORDER, size);
+  }
+
+  /** The leases a listing shows the caller, on a device and of a session if named (checked here). */
+  private Predicate<LeaseRecord> visible(Caller caller, Integer device, String sessionId) {
+    if (!sessionId.isEmpty()) {
+      SecureIds.check("session_id", sessionId);
+    }
+    if (device != null) {
+      pools.get(device);
+    }
+    return lease -> (device == null || lease.block().device() == device)
+        && (sessionId.isEmpty() || lease.session().id().equals(sessionId))
+        && (caller.admin() || caller.owns(lease.session().tenant()));
+  }
+
   /** Every live record, in no order. */
-  Collection<LeaseRecord> all() {
+  public Collection<LeaseRecord> all() {
     return records.values();
   }
 
-  int size() {
+  public int size() {
     return records.size();
   }
 }

@@ -1,4 +1,8 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
+
+import io.gpumemd.server.books.LeaseHolder;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.SharedBlock;
 
 /**
  * A share token: the right, for sessions of its tenant, to attach to one shared block, until
@@ -30,14 +34,14 @@ public final class ShareToken {
   private int attaches;
   private boolean dead;
 
-  ShareToken(String token, String id, Session maker, LeaseRecord lease, SharedBlock shared, boolean readOnly,
+  ShareToken(String token, String id, LeaseHolder maker, LeaseRecord lease, SharedBlock shared, boolean readOnly,
       int maxAttaches, long createdNanos, long expiresNanos) {
     this(token, id, maker.tenant(), maker.id(), maker.clientName(), lease.id(), shared, readOnly, maxAttaches,
         createdNanos, expiresNanos, 0, false);
   }
 
   /** A token as made here, or as restored from a snapshot. */
-  ShareToken(String token, String id, String tenant, String sessionId, String clientName, String leaseId,
+  public ShareToken(String token, String id, String tenant, String sessionId, String clientName, String leaseId,
       SharedBlock shared, boolean readOnly, int maxAttaches, long createdNanos, long expiresNanos, int attaches,
       boolean dead) {
     this.token = token;
@@ -88,6 +92,14 @@ public final class ShareToken {
 
   // ------------------------------------------------------------------------------ for listings
 
+  /**
+   * The secret itself, for the take-over snapshot only: no listing shows it (they show {@link
+   * #id()}).
+   */
+  public String secret() {
+    return token;
+  }
+
   /** The public id (32 hex characters, not the token). */
   public String id() {
     return id;
@@ -125,7 +137,7 @@ public final class ShareToken {
   }
 
   /** Killed: revoked, used up or expired (then dropped by whoever killed it). */
-  synchronized boolean dead() {
+  public synchronized boolean dead() {
     return dead;
   }
 

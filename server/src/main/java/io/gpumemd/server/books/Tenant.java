@@ -1,16 +1,16 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.error.ExhaustedException;
 
 /**
  * One tenant's holdings across all its sessions, checked against the per-tenant quota: without
  * it, a per-session quota is no limit at all for a peer that opens many sessions. Also the
- * tenant's live session count and its session-open token bucket ({@link SessionLimits}), its
+ * tenant's live session count and its session-open token bucket ({@code SessionLimits}), its
  * live share tokens and names, and the holds its sessions took by Attach and Lookup.
  *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short.
  */
-final class Tenant {
+public final class Tenant {
   private final String key;
   /** Leases of all its sessions, held or being made, against the tenant quota. */
   private final QuotaCount usage;
@@ -23,7 +23,7 @@ final class Tenant {
   private double openTokens = Double.NaN;
   private long tokensAtNanos;
 
-  Tenant(String key) {
+  public Tenant(String key) {
     this.key = key;
     this.usage = new QuotaCount(new QuotaCount.Label("tenant", " for " + key, " over all its sessions",
         "--tenant-max-leases", "--tenant-max-leased-bytes"));
@@ -36,7 +36,7 @@ final class Tenant {
    * @param prefix what a refusal begins with (who asked)
    * @throws ExhaustedException naming the quota and its flag, having counted nothing
    */
-  synchronized void reserve(long leaseBytes, long pinnedBytes, Quota quota, String prefix) {
+  public synchronized void reserve(long leaseBytes, long pinnedBytes, Quota quota, String prefix) {
     usage.take(leaseBytes, pinnedBytes, quota, prefix);
   }
 
@@ -51,7 +51,7 @@ final class Tenant {
    *
    * @return 0 when taken, else the milliseconds until the next token (at least 1)
    */
-  synchronized long takeOpenToken(long nowNanos, int ratePerSecond) {
+  public synchronized long takeOpenToken(long nowNanos, int ratePerSecond) {
     if (Double.isNaN(openTokens)) {
       openTokens = ratePerSecond;
     } else {
@@ -70,7 +70,7 @@ final class Tenant {
    *
    * @return false, counting nothing, when the tenant already has {@code max} live sessions
    */
-  synchronized boolean addSession(int max) {
+  public synchronized boolean addSession(int max) {
     if (max > 0 && sessions >= max) {
       return false;
     }
@@ -79,7 +79,7 @@ final class Tenant {
   }
 
   /** A session counted by {@link #addSession} ended (or was never opened after all). */
-  synchronized void removeSession() {
+  public synchronized void removeSession() {
     sessions--;
   }
 
@@ -88,7 +88,7 @@ final class Tenant {
    *
    * @return false, counting nothing, at the bound
    */
-  synchronized boolean addShare(int max) {
+  public synchronized boolean addShare(int max) {
     if (max > 0 && shares >= max) {
       return false;
     }
@@ -97,7 +97,7 @@ final class Tenant {
   }
 
   /** A token or name counted by {@link #addShare} is gone. */
-  synchronized void removeShare() {
+  public synchronized void removeShare() {
     shares--;
   }
 
@@ -108,7 +108,7 @@ final class Tenant {
    * @param prefix what a refusal begins with (who asked)
    * @throws ExhaustedException at the bound, having counted nothing
    */
-  synchronized void reserveHold(int max, String prefix) {
+  public synchronized void reserveHold(int max, String prefix) {
     if (max > 0 && holds >= max) {
       throw new ExhaustedException(prefix + "tenant " + key + " has " + holds + " holds on shared blocks over all "
           + "its sessions, the bound of " + max + " (flag --max-holds-per-tenant); release holds it no longer needs");
@@ -121,23 +121,23 @@ final class Tenant {
     holds--;
   }
 
-  synchronized int holds() {
+  public synchronized int holds() {
     return holds;
   }
 
-  synchronized int shares() {
+  public synchronized int shares() {
     return shares;
   }
 
-  synchronized int sessions() {
+  public synchronized int sessions() {
     return sessions;
   }
 
-  synchronized long[] holdings() {
+  public synchronized long[] holdings() {
     return new long[] {usage.leases(), usage.bytes()};
   }
 
-  String key() {
+  public String key() {
     return key;
   }
 }

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.pool.Block;
@@ -43,7 +43,7 @@ public final class SharedBlock {
    * A shared block as restored from a snapshot: its holds are added by
    * {@link #addRecord}, {@link #addToken} and {@link #addName}.
    */
-  SharedBlock(Block block, long sizeBytes, Tenant leasedBy, String leasedBySessionId) {
+  public SharedBlock(Block block, long sizeBytes, Tenant leasedBy, String leasedBySessionId) {
     this.block = block;
     this.sizeBytes = sizeBytes;
     this.leasedBy = leasedBy;
@@ -60,20 +60,20 @@ public final class SharedBlock {
   }
 
   /** The tenant of the session that leased the block: its quota carries the block until it returns. */
-  Tenant leasedBy() {
+  public Tenant leasedBy() {
     return leasedBy;
   }
 
   /** The id of the session that leased the block (it may have ended since). */
-  String leasedBySessionId() {
+  public String leasedBySessionId() {
     return leasedBySessionId;
   }
 
   /** What {@link #snapshot} reads: the records in hold order, the names, the tokens. */
-  record Holds(List<LeaseRecord> records, List<String> names, int tokens, boolean returned) {}
+  public record Holds(List<LeaseRecord> records, List<String> names, int tokens, boolean returned) {}
 
   /** The holds, read together (snapshot). */
-  synchronized Holds snapshot() {
+  public synchronized Holds snapshot() {
     return new Holds(List.copyOf(records), List.copyOf(names), tokens, returned);
   }
 
@@ -81,12 +81,12 @@ public final class SharedBlock {
    * The completion events kept from holders that released it, a copy (snapshot: they
    * are queried outside this monitor, which calls nothing outside).
    */
-  synchronized List<CompletionEvent> keptEvents() {
+  public synchronized List<CompletionEvent> keptEvents() {
     return List.copyOf(events);
   }
 
   /** @return false when the block already went back (nothing to hold) */
-  synchronized boolean addRecord(LeaseRecord hold) {
+  public synchronized boolean addRecord(LeaseRecord hold) {
     if (returned) {
       return false;
     }
@@ -95,7 +95,7 @@ public final class SharedBlock {
   }
 
   /** @return false when the block already went back */
-  synchronized boolean addToken() {
+  public synchronized boolean addToken() {
     if (returned) {
       return false;
     }
@@ -104,7 +104,7 @@ public final class SharedBlock {
   }
 
   /** @return -1 when the block already went back, else the names it had before (0 = first) */
-  synchronized int addName(String name) {
+  public synchronized int addName(String name) {
     if (returned || !names.add(name)) {
       return -1;
     }
@@ -125,15 +125,15 @@ public final class SharedBlock {
   }
 
   /** @return true when it was the last hold */
-  synchronized boolean dropToken() {
+  public synchronized boolean dropToken() {
     tokens--;
     return lastGone();
   }
 
   /** What dropping a name did: whether it was the block's last name, and its last hold. */
-  record NameDrop(boolean lastName, boolean lastHold) {}
+  public record NameDrop(boolean lastName, boolean lastHold) {}
 
-  synchronized NameDrop dropName(String name) {
+  public synchronized NameDrop dropName(String name) {
     names.remove(name);
     return new NameDrop(names.isEmpty(), lastGone());
   }
@@ -178,7 +178,7 @@ public final class SharedBlock {
   }
 
   /** True once the last hold is gone. */
-  synchronized boolean returned() {
+  public synchronized boolean returned() {
     return returned;
   }
 

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.LeasedBlock;
@@ -16,7 +16,7 @@ import io.gpumemd.server.pool.LeasedBlock;
  */
 public final class LeaseRecord {
   private final String id;
-  private final Session session;
+  private final LeaseHolder session;
   private final Block block;
   private final long sizeBytes;
   private final String tag;
@@ -33,7 +33,7 @@ public final class LeaseRecord {
   /** True while the client keeps the lease closed in its cache tier; guarded by the session. */
   boolean clientCached;
 
-  LeaseRecord(String id, Session session, LeasedBlock leased, long sizeBytes, String tag, long grantedNanos, long sequence) {
+  LeaseRecord(String id, LeaseHolder session, LeasedBlock leased, long sizeBytes, String tag, long grantedNanos, long sequence) {
     this.id = id;
     this.session = session;
     this.block = leased.block();
@@ -47,7 +47,7 @@ public final class LeaseRecord {
   }
 
   /** A hold of {@code session} on a shared block. */
-  LeaseRecord(String id, Session session, SharedBlock shared, boolean readOnly, String tag, long grantedNanos,
+  LeaseRecord(String id, LeaseHolder session, SharedBlock shared, boolean readOnly, String tag, long grantedNanos,
       long sequence) {
     this.id = id;
     this.session = session;
@@ -66,7 +66,7 @@ public final class LeaseRecord {
    * A lease or hold as restored from a snapshot, on the block found
    * again in the restored pool; {@code shared} is its block's holds, or null when not shared.
    */
-  LeaseRecord(String id, Session session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence,
+  public LeaseRecord(String id, LeaseHolder session, Block block, long sizeBytes, String tag, long grantedNanos, long sequence,
       boolean poolHit, boolean attached, boolean readOnly, SharedBlock shared, boolean clientCached,
       boolean leakReported) {
     this.id = id;
@@ -122,6 +122,11 @@ public final class LeaseRecord {
     return shared;
   }
 
+  /** Whether a possible leak of this lease was reported (read by the snapshot). */
+  public boolean leakReported() {
+    return leakReported;
+  }
+
   /** Whether this lease was served from cached memory. */
   public boolean poolHit() {
     return poolHit;
@@ -136,7 +141,7 @@ public final class LeaseRecord {
     return id;
   }
 
-  public Session session() {
+  public LeaseHolder session() {
     return session;
   }
 

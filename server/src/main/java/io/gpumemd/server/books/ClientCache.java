@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -18,13 +18,13 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Thread-safe: each session's state is guarded by the session, each pool's by the pool.
  */
-public final class ClientTier {
-  private static final Logger log = LoggerFactory.getLogger(ClientTier.class);
+public final class ClientCache {
+  private static final Logger log = LoggerFactory.getLogger(ClientCache.class);
 
   private final DevicePools pools;
   private final LeaseBook book;
 
-  ClientTier(DevicePools pools, LeaseBook book) {
+  public ClientCache(DevicePools pools, LeaseBook book) {
     this.pools = pools;
     this.book = book;
   }
@@ -37,19 +37,19 @@ public final class ClientTier {
    * @return the notices refused (unknown, another session's, already cached, beyond the
    *     allowance), each with why
    */
-  public List<NoticeRefusal> cached(Session session, List<String> leaseIds) {
+  public List<NoticeRefusal> cached(LeaseHolder session, List<String> leaseIds) {
     List<NoticeRefusal> refused = new ArrayList<>(0);
     for (String id : leaseIds) {
       LeaseRecord lease = book.own(session, id);
-      Session.CacheAnswer answer = lease == null ? Session.CacheAnswer.NOT_CACHEABLE : session.markCached(lease);
-      if (answer == Session.CacheAnswer.OVER_ALLOWANCE) {
+      LeaseHolder.CacheAnswer answer = lease == null ? LeaseHolder.CacheAnswer.NOT_CACHEABLE : session.markCached(lease);
+      if (answer == LeaseHolder.CacheAnswer.OVER_ALLOWANCE) {
         refused.add(new NoticeRefusal(id, new ExhaustedException("lease " + id + " cannot be client-cached: "
             + session + " keeps " + session.clientCachedBytes() + " bytes cached and its block of "
             + lease.block().size() + " bytes would exceed the client cache allowance of " + session.cacheAllowance()
             + " bytes (granted at OpenSession; flag --client-cache-bytes); release it instead")));
         continue;
       }
-      if (answer == Session.CacheAnswer.NOT_CACHEABLE) {
+      if (answer == LeaseHolder.CacheAnswer.NOT_CACHEABLE) {
         refused.add(new NoticeRefusal(id,
             new NotFoundException("lease " + id + " cannot be client-cached: not a leased block of this session")));
         continue;
@@ -70,7 +70,7 @@ public final class ClientTier {
    *
    * @return the notices refused, each with why
    */
-  public List<NoticeRefusal> reused(Session session, List<String> leaseIds) {
+  public List<NoticeRefusal> reused(LeaseHolder session, List<String> leaseIds) {
     List<NoticeRefusal> refused = new ArrayList<>(0);
     for (String id : leaseIds) {
       LeaseRecord lease = book.own(session, id);
@@ -92,7 +92,7 @@ public final class ClientTier {
    * The client's cumulative cache counters for a device; what is new goes to the pool's. A
    * negative value is not a count: it is ignored (with one DEBUG line), the other still counts.
    */
-  public void clientCounters(Session session, int device, long hits, long returns) {
+  public void clientCounters(LeaseHolder session, int device, long hits, long returns) {
     DevicePool pool = pools.get(device);
     if (hits < 0 || returns < 0) {
       log.debug("{}: ignored negative client cache counters for device {}: hits={}, returns={} (expected: >= 0)",

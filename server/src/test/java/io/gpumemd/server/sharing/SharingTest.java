@@ -1,5 +1,13 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
 
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.session.LiveSessions;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.books.SecureIds;
+import io.gpumemd.server.books.Page;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -18,7 +26,7 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
-import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
+import io.gpumemd.server.session.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import java.io.IOException;
 import java.nio.MappedByteBuffer;
@@ -274,11 +282,11 @@ class SharingTest {
     Session s = registry.open(ALICE, "s", 30, MIB); // a client cache allowance: caching is allowed at all
     LeaseRecord cached = lease(ALICE, s, 4096);
     LeaseRecord shared = lease(ALICE, s, 4096);
-    assertTrue(registry.clientTier().cached(s, List.of(cached.id())).isEmpty());
+    assertTrue(registry.clientCache().cached(s, List.of(cached.id())).isEmpty());
     assertThrows(ConflictException.class, () -> sharing.share(ALICE, s.id(), cached.id(), 0, false, 0));
     assertEquals(0, stat(PoolMetric.SHARED_BLOCKS), "the refused share changed nothing");
     sharing.share(ALICE, s.id(), shared.id(), 0, false, 0);
-    assertEquals(1, registry.clientTier().cached(s, List.of(shared.id())).size(), "a shared lease is refused by the cache tier");
+    assertEquals(1, registry.clientCache().cached(s, List.of(shared.id())).size(), "a shared lease is refused by the cache tier");
     Session t = open(ALICE2, "t");
     assertEquals(0, t.holdings()[3]);
   }

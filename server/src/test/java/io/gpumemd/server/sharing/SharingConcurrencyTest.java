@@ -1,5 +1,11 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
 
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.session.LiveSessions;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.SharedBlock;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 

@@ -1,5 +1,9 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.auth.Caller;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
@@ -65,15 +69,15 @@ class ClientCountersTest {
   void twoSessionsReportingLongMax_poolFiguresSaturate_neverWrapNegative() {
     Session a = registry.open(Caller.DAEMON, "a", 0, -1);
     Session b = registry.open(Caller.DAEMON, "b", 0, -1);
-    registry.clientTier().clientCounters(a, 0, MAX, MAX);
-    registry.clientTier().clientCounters(b, 0, MAX, MAX);
+    registry.clientCache().clientCounters(a, 0, MAX, MAX);
+    registry.clientCache().clientCounters(b, 0, MAX, MAX);
     // Before issue 22: MAX + MAX wrapped to -2, which GetStats showed every tenant and which
     // made every /metrics scrape fail.
     assertEquals(MAX, pool(0, PoolMetric.CLIENT_CACHE_HITS));
     assertEquals(MAX, pool(0, PoolMetric.CLIENT_CACHE_RETURNS));
 
     Session c = registry.open(Caller.DAEMON, "c", 0, -1);
-    registry.clientTier().clientCounters(c, 0, 5, 7);
+    registry.clientCache().clientCounters(c, 0, 5, 7);
     assertEquals(MAX, pool(0, PoolMetric.CLIENT_CACHE_HITS), "stays saturated");
     assertEquals(0, pool(1, PoolMetric.CLIENT_CACHE_HITS), "the other device is untouched");
   }
@@ -81,8 +85,8 @@ class ClientCountersTest {
   @Test
   void oneSessionAtLongMaxOnTwoDevices_itsOwnSumSaturates() {
     Session s = registry.open(Caller.DAEMON, "s", 0, -1);
-    registry.clientTier().clientCounters(s, 0, MAX, 3);
-    registry.clientTier().clientCounters(s, 1, MAX, 4);
+    registry.clientCache().clientCounters(s, 0, MAX, 3);
+    registry.clientCache().clientCounters(s, 1, MAX, 4);
     assertArrayEquals(new long[] {MAX, 7}, s.clientCounters(), "ListSessions' sum over devices");
     assertEquals(MAX, pool(0, PoolMetric.CLIENT_CACHE_HITS));
     assertEquals(MAX, pool(1, PoolMetric.CLIENT_CACHE_HITS));
@@ -91,11 +95,11 @@ class ClientCountersTest {
   @Test
   void negativeValue_isIgnored_withOneDebugLine_andTheOtherCounterStillCounts() {
     Session s = registry.open(Caller.DAEMON, "confused", 0, -1);
-    registry.clientTier().clientCounters(s, 0, 5, 2);
-    try (LogCapture log = LogCapture.withDebug(ClientTier.class)) {
+    registry.clientCache().clientCounters(s, 0, 5, 2);
+    try (LogCapture log = LogCapture.withDebug(ClientCache.class)) {
       // Long.MIN_VALUE - 5 wrapped to a huge positive delta before issue 22.
-      registry.clientTier().clientCounters(s, 0, Long.MIN_VALUE, 3);
-      registry.clientTier().clientCounters(s, 0, -1, -1);
+      registry.clientCache().clientCounters(s, 0, Long.MIN_VALUE, 3);
+      registry.clientCache().clientCounters(s, 0, -1, -1);
       List<String> lines = log.messages("DEBUG").stream().filter(m -> m.contains("negative")).toList();
       assertEquals(2, lines.size(), "one line per report with a negative value: " + lines);
       assertTrue(lines.get(0).contains(s.toString()) && lines.get(0).contains("hits=" + Long.MIN_VALUE), lines.get(0));
@@ -105,16 +109,16 @@ class ClientCountersTest {
     assertArrayEquals(new long[] {5, 3}, s.clientCounters(), "the session kept its last valid values");
 
     // The session's cumulative values were not reset by the bad reports: only what is new counts.
-    registry.clientTier().clientCounters(s, 0, 6, 3);
+    registry.clientCache().clientCounters(s, 0, 6, 3);
     assertEquals(6, pool(0, PoolMetric.CLIENT_CACHE_HITS));
   }
 
   @Test
   void cumulativeCounters_addOnlyWhatIsNew_andNothingWhenTheyGoBackwards() {
     Session s = registry.open(Caller.DAEMON, "s", 0, -1);
-    registry.clientTier().clientCounters(s, 0, MAX - 1, 10);
-    registry.clientTier().clientCounters(s, 0, 3, 4); // backwards: a confused client adds nothing
-    registry.clientTier().clientCounters(s, 0, MAX, 10);
+    registry.clientCache().clientCounters(s, 0, MAX - 1, 10);
+    registry.clientCache().clientCounters(s, 0, 3, 4); // backwards: a confused client adds nothing
+    registry.clientCache().clientCounters(s, 0, MAX, 10);
     assertEquals(MAX, pool(0, PoolMetric.CLIENT_CACHE_HITS));
     assertEquals(10, pool(0, PoolMetric.CLIENT_CACHE_RETURNS));
     assertArrayEquals(new long[] {MAX, 10}, s.clientCounters());

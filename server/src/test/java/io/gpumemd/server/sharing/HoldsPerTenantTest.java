@@ -1,5 +1,11 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
 
+import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.session.SessionLimits;
+import io.gpumemd.server.session.LiveSessions;
+import io.gpumemd.server.books.LeaseRecord;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -11,7 +17,7 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolSettings;
-import io.gpumemd.server.session.SessionRegistryTest.RecordingChannel;
+import io.gpumemd.server.session.RecordingChannel;
 import io.gpumemd.server.testing.FakeTicker;
 import java.nio.file.Path;
 import java.util.List;

@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
@@ -16,12 +16,12 @@ import io.gpumemd.server.error.NotFoundException;
  * <p>Not thread-safe: one thread at a time owns it.
  */
 public final class Reservation implements AutoCloseable {
-  private final Session session;
+  private final LeaseHolder session;
   /** The rounded bytes of a lease; -1 for a hold. */
   private final long bytes;
   private boolean settled;
 
-  private Reservation(Session session, long bytes) {
+  private Reservation(LeaseHolder session, long bytes) {
     this.session = session;
     this.bytes = bytes;
   }
@@ -35,7 +35,7 @@ public final class Reservation implements AutoCloseable {
    * @throws ExhaustedException naming the quota that would be exceeded, having taken nothing
    * @throws NotFoundException when the session has ended
    */
-  static Reservation forLease(Session session, long roundedBytes, Quota tenantQuota, long pinnedBytes) {
+  public static Reservation forLease(LeaseHolder session, long roundedBytes, Quota tenantQuota, long pinnedBytes) {
     try {
       session.reserve(roundedBytes);
     } catch (IllegalStateException e) {
@@ -57,7 +57,7 @@ public final class Reservation implements AutoCloseable {
    * @throws ExhaustedException at either bound, having taken nothing
    * @throws NotFoundException when the session has ended
    */
-  static Reservation forHold(Session session, int maxPerSession, int maxPerTenant) {
+  public static Reservation forHold(LeaseHolder session, int maxPerSession, int maxPerTenant) {
     try {
       session.reserveHold(maxPerSession);
     } catch (IllegalStateException e) {
@@ -72,11 +72,11 @@ public final class Reservation implements AutoCloseable {
     return new Reservation(session, -1);
   }
 
-  static NotFoundException ended(Session session) {
+  public static NotFoundException ended(LeaseHolder session) {
     return new NotFoundException("session " + session.id() + " has ended");
   }
 
-  Session session() {
+  public LeaseHolder session() {
     return session;
   }
 

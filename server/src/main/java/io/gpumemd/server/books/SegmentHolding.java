@@ -1,10 +1,10 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 import io.gpumemd.server.backend.SegmentMemory;
 
 /**
- * What a session holds in one segment, as the fd channel asks it ({@link
- * SessionRegistry#holding}): the segment's memory, and whether the session may write to it.
+ * What a session holds in one segment, as the fd channel asks it ({@code
+ * SessionRegistry#holding}, from {@link LeaseHolder#holding}): the segment's memory, and whether the session may write to it.
  * Immutable.
  *
  * @param segmentId the segment

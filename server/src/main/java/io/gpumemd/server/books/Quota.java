@@ -1,4 +1,4 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.books;
 
 /**
  * Per-session limits; 0 means unlimited.

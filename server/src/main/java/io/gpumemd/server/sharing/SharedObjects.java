@@ -1,8 +1,16 @@
-package io.gpumemd.server.session;
+package io.gpumemd.server.sharing;
 
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.error.AlreadyExistsException;
+import io.gpumemd.server.books.LeaseBook;
+import io.gpumemd.server.books.LeaseHolder;
+import io.gpumemd.server.books.LeaseRecord;
+import io.gpumemd.server.books.Page;
+import io.gpumemd.server.books.Reservation;
+import io.gpumemd.server.books.SecureIds;
+import io.gpumemd.server.books.SharedBlock;
+import io.gpumemd.server.books.Tenant;
+import io.gpumemd.server.books.Validation;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.NotFoundException;
@@ -24,7 +32,7 @@ import org.slf4j.LoggerFactory;
  * tenant. Both are holds on the block ({@link SharedBlock}) that outlive the session that made
  * them: a token until it expires, is revoked or is used up, a name until it is unpublished. A
  * session that attaches (by token) or looks up (by name) gets a hold of its own, a record the
- * {@link SessionRegistry} keeps with its leases and drops when it releases or ends.
+ * {@link LeaseBook} keeps with its leases and drops when it releases or ends.
  *
  * <p>Rules: tokens and names are visible to their tenant only; another tenant's answers
  * exactly like an unknown one (NOT_FOUND), because a segment handle opens the whole segment
@@ -43,11 +51,9 @@ import org.slf4j.LoggerFactory;
  */
 public final class SharedObjects {
   private static final Logger log = LoggerFactory.getLogger(SharedObjects.class);
-  /** Longest object name, in characters. */
-  public static final int MAX_NAME_LENGTH = 256;
   private static final long EXPIRY_SCAN_NANOS = TimeUnit.SECONDS.toNanos(1);
 
-  private final SessionDirectory directory;
+  private final HolderDirectory directory;
   private final LeaseBook book;
   private final DevicePools pools;
   private final SharingSettings settings;
@@ -59,7 +65,7 @@ public final class SharedObjects {
   /** Written by the housekeeping thread only. */
   private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
 
-  SharedObjects(SessionDirectory directory, LeaseBook book, DevicePools pools, SharingSettings settings,
+  public SharedObjects(HolderDirectory directory, LeaseBook book, DevicePools pools, SharingSettings settings,
       Ticker ticker) {
     this.directory = directory;
     this.book = book;
@@ -75,14 +81,14 @@ public final class SharedObjects {
   /**
    * Gives a session of the caller's tenant its own hold on a shared block (Attach, Lookup),
    * within the session's and the tenant's bounds on holds. The daemon's own caller is no peer:
-   * it takes the session bound only (as in {@link SessionLimits}).
+   * it takes the session bound only (as in {@code SessionLimits}).
    *
    * @throws NotFoundException when the session ended or the block went back meanwhile
    * @throws ExhaustedException at a bound, having taken nothing
    */
   private LeaseRecord hold(Caller caller, String sessionId, SharedBlock shared, boolean readOnly, String tag) {
     directory.checkNotDraining();
-    Session session = directory.session(caller, sessionId);
+    LeaseHolder session = directory.session(caller, sessionId);
     Validation.label("tag", tag);
     try (Reservation place = Reservation.forHold(session, settings.maxHoldsPerSession(),
         caller == Caller.DAEMON ? 0 : settings.maxHoldsPerTenant())) {
@@ -100,7 +106,7 @@ public final class SharedObjects {
   public Share share(Caller caller, String sessionId, String leaseId, int expiresAfterSeconds, boolean readOnly,
       int maxAttaches) {
     directory.checkNotDraining();
-    Session session = directory.session(caller, sessionId);
+    LeaseHolder session = directory.session(caller, sessionId);
     LeaseRecord lease = book.find(session, leaseId);
     if (expiresAfterSeconds < 0) {
       throw InvalidRequestException.of("expires_after_seconds", expiresAfterSeconds, ">= 0");
@@ -115,7 +121,7 @@ public final class SharedObjects {
     try {
       shared = shareable(session, lease);
       if (!shared.addToken()) {
-        throw released(leaseId);
+        throw Refusals.released(leaseId);
       }
     } catch (RuntimeException e) {
       tenant.removeShare();
@@ -143,7 +149,7 @@ public final class SharedObjects {
     SecureIds.checkSecret("token", token);
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || !found.kill()) {
-      throw tokenNotFound();
+      throw Refusals.tokenNotFound();
     }
     return retire(found);
   }
@@ -155,14 +161,14 @@ public final class SharedObjects {
     ShareToken found = tokens.get(token);
     if (found == null || !caller.owns(found.tenant) || found.expired(ticker.nanos())) {
       directory.session(caller, sessionId); // an unknown session says so first
-      throw tokenNotFound();
+      throw Refusals.tokenNotFound();
     }
     LeaseRecord hold = hold(caller, sessionId, found.shared, found.readOnly, tag);
     int use = found.use();
     if (use < 0) {
       // Used up or revoked while we took the hold: undo it, the token is gone.
       book.release(hold.session(), hold.id(), new byte[0]);
-      throw tokenNotFound();
+      throw Refusals.tokenNotFound();
     }
     if (use == 1) {
       retire(found); // one-shot: the token's hold passed to ours
@@ -173,12 +179,12 @@ public final class SharedObjects {
   /** Publishes a lease or hold of a session under a name of its tenant. */
   public void publish(Caller caller, String sessionId, String leaseId, String name, boolean readOnly) {
     directory.checkNotDraining();
-    Session session = directory.session(caller, sessionId);
+    LeaseHolder session = directory.session(caller, sessionId);
     LeaseRecord lease = book.find(session, leaseId);
-    Validation.objectName(name);
+    PublishedObject.checkName(name);
     String key = PublishedObject.key(session.tenant(), name);
     if (objects.containsKey(key)) {
-      throw exists(name);
+      throw Refusals.exists(name);
     }
     Tenant tenant = session.tenantUsage();
     takeShareSlot(tenant, session.tenant());
@@ -208,16 +214,14 @@ public final class SharedObjects {
     if (namesBefore < 0) {
       tenant.removeShare();
       // The block went back, or a concurrent publish of this very name on it won the race.
-      throw shared.returned() ? released(leaseId) : exists(name);
+      throw shared.returned() ? Refusals.released(leaseId) : Refusals.exists(name);
     }
     if (refused != null) {
       if (refused.lastHold()) {
         book.giveBack(shared);
       }
       tenant.removeShare();
-      throw new ExhaustedException("device " + pool.device().ordinal() + ": publishing " + shared.block().size()
-          + " bytes would pass the published-bytes limit of " + pool.publishedLimitBytes()
-          + " (flag --max-published-bytes); unpublish objects no longer needed");
+      throw Refusals.overPublishedLimit(pool, shared.block().size());
     }
     PublishedObject object = new PublishedObject(session.tenant(), name, shared, readOnly || lease.readOnly(),
         ticker.nanos(), "'" + session.clientName() + "' (session " + session.id().substring(0, 8) + ")",
@@ -225,7 +229,7 @@ public final class SharedObjects {
     if (objects.putIfAbsent(key, object) != null) {
       dropName(shared, name);
       tenant.removeShare();
-      throw exists(name);
+      throw Refusals.exists(name);
     }
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("object", name)
         .log("{} published '{}' of tenant {}: {} bytes on device {}{}", session, name, session.tenant(),
@@ -235,11 +239,11 @@ public final class SharedObjects {
   /** Attaches a session of the caller's tenant to a published object: a hold of its own. */
   public LeaseRecord lookup(Caller caller, String sessionId, String name, String tag) {
     Validation.label("tag", tag);
-    Validation.objectName(name);
+    PublishedObject.checkName(name);
     PublishedObject object = objects.get(PublishedObject.key(caller.tenant(), name));
     if (object == null) {
       directory.session(caller, sessionId);
-      throw objectNotFound(name);
+      throw Refusals.objectNotFound(name);
     }
     LeaseRecord hold = hold(caller, sessionId, object.shared(), object.readOnly(), tag);
     object.lookups().incrementAndGet();
@@ -252,11 +256,11 @@ public final class SharedObjects {
    * @return true when the name was the block's last hold and it went back to the pool
    */
   public boolean unpublish(Caller caller, String sessionId, String name) {
-    Session session = directory.session(caller, sessionId);
-    Validation.objectName(name);
+    LeaseHolder session = directory.session(caller, sessionId);
+    PublishedObject.checkName(name);
     PublishedObject object = objects.remove(PublishedObject.key(session.tenant(), name));
     if (object == null) {
-      throw objectNotFound(name);
+      throw Refusals.objectNotFound(name);
     }
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("object", name)
         .log("{} unpublished '{}' of tenant {}", session, name, object.tenant());
@@ -271,13 +275,13 @@ public final class SharedObjects {
    */
   public boolean remove(Caller caller, String tenant, String name) {
     String owner = tenant.isEmpty() ? caller.tenant() : tenant;
-    Validation.objectName(name);
+    PublishedObject.checkName(name);
     if (!caller.owns(owner) && !caller.admin()) {
-      throw notAdmin("removing another tenant's object", caller);
+      throw Refusals.notAdmin("removing another tenant's object", caller);
     }
     PublishedObject object = objects.remove(PublishedObject.key(owner, name));
     if (object == null) {
-      throw objectNotFound(name);
+      throw Refusals.objectNotFound(name);
     }
     log.atInfo().addKeyValue("object", name).addKeyValue("admin", caller.principal())
         .log("Object '{}' of tenant {} removed by {}", name, owner, caller);
@@ -309,7 +313,7 @@ public final class SharedObjects {
    */
   public Page<ShareToken> shares(Caller caller, String tenant, ShareCursor after, int size) {
     if (!tenant.isEmpty() && !caller.owns(tenant) && !caller.admin()) {
-      throw notAdmin("listing another tenant's share tokens", caller);
+      throw Refusals.notAdmin("listing another tenant's share tokens", caller);
     }
     long now = ticker.nanos();
     return Page.select(tokens.values(),
@@ -321,18 +325,6 @@ public final class SharedObjects {
   /** Tokens by tenant, then age, then id: the order of {@link #shares}. */
   public static final Comparator<ShareToken> TOKEN_ORDER = Comparator.comparing(ShareToken::tenant)
       .thenComparingLong(ShareToken::createdNanos).thenComparing(ShareToken::id);
-
-  /** Where a page of {@link #shares} ends: the last token's sort key. */
-  public record ShareCursor(String tenant, long createdNanos, String id) {
-    /** True when {@code token} comes after this cursor in {@link #TOKEN_ORDER}. */
-    boolean isBefore(ShareToken token) {
-      int c = token.tenant.compareTo(tenant);
-      if (c == 0) {
-        c = Long.compare(token.createdNanos, createdNanos);
-      }
-      return c > 0 || (c == 0 && token.id.compareTo(id) > 0);
-    }
-  }
 
   /**
    * Revokes a share token by its public id, without a session: the caller's own tenant's, or
@@ -349,7 +341,7 @@ public final class SharedObjects {
     // Not echoed: a token pasted here by mistake is a secret.
     SecureIds.checkSecret("share_id", shareId);
     if (!caller.owns(owner) && !caller.admin()) {
-      throw notAdmin("revoking another tenant's share token", caller);
+      throw Refusals.notAdmin("revoking another tenant's share token", caller);
     }
     ShareToken found = tokensById.get(shareId);
     if (found == null || !found.tenant.equals(owner) || !found.kill()) {
@@ -364,18 +356,13 @@ public final class SharedObjects {
     return returned;
   }
 
-  private static PermissionDeniedException notAdmin(String what, Caller caller) {
-    return new PermissionDeniedException(what + " needs an admin identity (root, the daemon's uid, a member of "
-        + "--admin-group, or an admin token); " + caller.principal() + " is not one");
-  }
-
   /** Live share tokens (all tenants). */
   public int tokenCount() {
     return tokens.size();
   }
 
   /** The blocks live tokens and names hold, one entry per token or name (for invariant checks). */
-  List<SharedBlock> heldByTokensAndNames() {
+  public List<SharedBlock> heldByTokensAndNames() {
     List<SharedBlock> out = new ArrayList<>();
     tokens.values().forEach(t -> out.add(t.shared));
     objects.values().forEach(o -> out.add(o.shared()));
@@ -383,12 +370,12 @@ public final class SharedObjects {
   }
 
   /** Every live token, in no order (snapshot). */
-  Collection<ShareToken> allTokens() {
+  public Collection<ShareToken> allTokens() {
     return tokens.values();
   }
 
   /** Every published object, in no order (snapshot). */
-  Collection<PublishedObject> allObjects() {
+  public Collection<PublishedObject> allObjects() {
     return objects.values();
   }
 
@@ -399,7 +386,7 @@ public final class SharedObjects {
    *
    * @throws IllegalStateException when the tables are not empty, or a token or name repeats
    */
-  void restore(List<ShareToken> restoredTokens, List<PublishedObject> restoredObjects) {
+  public void restore(List<ShareToken> restoredTokens, List<PublishedObject> restoredObjects) {
     if (!tokens.isEmpty() || !objects.isEmpty()) {
       throw new IllegalStateException("sharing tables already in use: " + tokens.size() + " tokens, "
           + objects.size() + " names");
@@ -418,7 +405,7 @@ public final class SharedObjects {
   }
 
   /** Ends expired tokens' holds; at most once a second (a scan is O(tokens)). */
-  void expire(long nowNanos) {
+  public void expire(long nowNanos) {
     if (nowNanos - lastExpiryScanNanos < EXPIRY_SCAN_NANOS) {
       return;
     }
@@ -432,7 +419,7 @@ public final class SharedObjects {
   }
 
   /** Drops every token and name (shutdown: the daemon frees everything anyway). */
-  void dropAll(String reason) {
+  public void dropAll(String reason) {
     int names = objects.size();
     for (ShareToken token : tokens.values()) {
       if (token.kill()) {
@@ -451,11 +438,11 @@ public final class SharedObjects {
 
   // ------------------------------------------------------------------------------ internals
 
-  private SharedBlock shareable(Session session, LeaseRecord lease) {
+  private SharedBlock shareable(LeaseHolder session, LeaseRecord lease) {
     DevicePool pool = pools.get(lease.block().device());
     SharedBlock shared = session.shareable(lease, () -> pool.blockShared(lease.block()));
     if (shared == null) {
-      throw released(lease.id());
+      throw Refusals.released(lease.id());
     }
     return shared;
   }
@@ -463,8 +450,7 @@ public final class SharedObjects {
   private void takeShareSlot(Tenant tenant, String tenantKey) {
     int max = settings.maxSharesPerTenant();
     if (!tenant.addShare(max)) {
-      throw new ExhaustedException("tenant " + tenantKey + " has " + max + " live share tokens and published names "
-          + "(flag --max-shares-per-tenant); revoke tokens or unpublish objects it no longer needs");
+      throw Refusals.sharesAtBound(tenantKey, max);
     }
   }
 
@@ -503,20 +489,4 @@ public final class SharedObjects {
     return false;
   }
 
-  private static NotFoundException tokenNotFound() {
-    return new NotFoundException("share token not found (unknown, expired, revoked or used up)");
-  }
-
-  private static NotFoundException objectNotFound(String name) {
-    return new NotFoundException("object '" + name + "' not found (never published, or unpublished)");
-  }
-
-  private static NotFoundException released(String leaseId) {
-    return new NotFoundException("lease " + leaseId + " was released meanwhile");
-  }
-
-  private static AlreadyExistsException exists(String name) {
-    return new AlreadyExistsException("object '" + name + "' is already published by this tenant; unpublish it "
-        + "first or choose another name");
-  }
 }
