@@ -85,6 +85,8 @@ final class ClientCache {
   private long localReturns;
   private long countersVersion;
   private boolean drained;
+  /** The session sleeps: nothing is kept (see {@link #suspend}). */
+  private boolean suspended;
   private static final int ANY_DEVICE = -1;
 
   /** @param maxOversizeBytes the daemon's oversize rule, as its OpenSessionResponse says */
@@ -102,7 +104,7 @@ final class ClientCache {
    */
   List<Lease> offer(Lease lease, Listener listener) {
     synchronized (lock) {
-      if (drained || lease.blockBytes() > allowance) {
+      if (drained || suspended || lease.blockBytes() > allowance) {
         return null;
       }
       List<Lease> evicted = removeOldest(ANY_DEVICE, () -> cachedBytes + lease.blockBytes() > allowance);
@@ -216,15 +218,39 @@ final class ClientCache {
   List<Lease> drain() {
     synchronized (lock) {
       drained = true;
-      List<Lease> out = new ArrayList<>(byAge.size());
-      for (Entry entry : byAge) {
-        out.add(entry.lease);
-      }
-      byAge.clear();
-      bySize.clear();
-      cachedBytes = 0;
-      return out;
+      return removeAll();
     }
+  }
+
+  /**
+   * Empties the cache until {@link #resume}: the session sleeps, and the caller releases what
+   * was cached (nothing of a sleeping session is client-cached); closed leases are released
+   * meanwhile, never kept (a sleeping one has no memory to serve).
+   */
+  List<Lease> suspend() {
+    synchronized (lock) {
+      suspended = true;
+      return removeAll();
+    }
+  }
+
+  /** The session is awake again: closed leases are kept again. */
+  void resume() {
+    synchronized (lock) {
+      suspended = false;
+    }
+  }
+
+  private List<Lease> removeAll() {
+    assert Thread.holdsLock(lock);
+    List<Lease> out = new ArrayList<>(byAge.size());
+    for (Entry entry : byAge) {
+      out.add(entry.lease);
+    }
+    byAge.clear();
+    bySize.clear();
+    cachedBytes = 0;
+    return out;
   }
 
   long allowance() {

@@ -65,6 +65,11 @@ final class CudaVmm {
           "cuMemAddressFree"));
     }
 
+    @Override
+    public boolean vacatable() {
+      return true;
+    }
+
     /** True between {@link #vacate} and {@link #refill}. */
     synchronized boolean vacated() {
       return handle == 0;
@@ -75,7 +80,8 @@ final class CudaVmm {
      * unmaps and releases the allocation, keeping the range: this process no longer holds the
      * memory (the daemon may free it). Does nothing when vacated.
      */
-    synchronized void vacate() {
+    @Override
+    public synchronized void vacate() {
       checkOpen();
       if (handle == 0) {
         return;

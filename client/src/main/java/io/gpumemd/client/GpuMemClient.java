@@ -3,6 +3,7 @@ package io.gpumemd.client;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import java.nio.file.Path;
+import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
 import java.util.function.Consumer;
@@ -47,7 +48,8 @@ import java.util.function.Consumer;
  * {@code SessionKeeper} (opening, reopening with backoff, the KeepAlive stream and its events,
  * per {@code Session}), {@code LeasePaths} (local, stream and unary leases and releases),
  * {@code Notices} (what the daemon is told without waiting), {@code ClientCache} (the cache
- * tier), {@code SharingCalls} and {@code ClientClosing} (the ordered close). A {@link Lease} reaches its session only through the narrow
+ * tier), {@code SharingCalls}, {@code SleepCalls} (sleep and wake) and {@code ClientClosing} (the
+ * ordered close). A {@link Lease} reaches its session only through the narrow
  * {@code Lease.Owner}.
  *
  * <p>Thread-safe: any thread may lease and close leases concurrently.
@@ -59,6 +61,7 @@ public final class GpuMemClient implements AutoCloseable {
   private final SessionKeeper sessions;
   private final LeasePaths leases;
   private final SharingCalls sharing;
+  private final SleepCalls sleeps;
   private final PendingReleases pendingReleases = new PendingReleases();
   private final ClientClosing closing;
 
@@ -213,6 +216,7 @@ public final class GpuMemClient implements AutoCloseable {
         b.onShutdownNotice, counters, fdChannel);
     this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters, pendingReleases);
     this.sharing = new SharingCalls(sessions, leases, connection.channel(), streamCalls, b.ticker, b.sleeper);
+    this.sleeps = new SleepCalls(sessions, connection.channel());
     try {
       sessions.start(session -> new LeaseOwner(session, leases, sharing));
     } catch (GpuMemException e) {
@@ -396,6 +400,46 @@ public final class GpuMemClient implements AutoCloseable {
   public boolean unpublish(String name) {
     Objects.requireNonNull(name, "name");
     return sharing.unpublish(name);
+  }
+
+  // ---------------------------------------------------------------------------- sleep and wake
+
+  /**
+   * Puts the session's leases to sleep: their device memory is freed for others while they keep
+   * their ids, tags, shares' tokens and, in this process, their addresses ({@link Lease#isAsleep}).
+   * With {@code tags}, every lease in a segment that holds a lease of the session with one of
+   * them (a client maps segments whole); else every lease. Cached blocks of the client cache are
+   * given back first. Returns once the memory counts as free at the daemon. While asleep, a
+   * lease is refused FAILED_PRECONDITION by the daemon; closing a sleeping lease releases it.
+   *
+   * <p><b>Pause your own work on the leases first:</b> touching a sleeping lease's memory
+   * faults (host: SIGSEGV, which ends the JVM; CUDA: the kernel faults), until {@link #wake()}.
+   *
+   * @param level 1: the daemon keeps the contents in its host memory; 2: they are dropped (the
+   *     wake gives zeros)
+   * @throws GpuMemException nothing changed: FAILED_PRECONDITION for a shared, published or
+   *     attached lease, or for legacy CUDA IPC handles (the daemon needs {@code --cuda-handles
+   *     vmm}); RESOURCE_EXHAUSTED past the daemon's {@code --offload-max-bytes}
+   */
+  public SleepResult sleep(int level, String... tags) {
+    return sleeps.sleep(level, List.of(tags));
+  }
+
+  /**
+   * Wakes every sleeping lease of the session: each is mapped again at its old address, with
+   * its old bytes (level 1) or zeros (level 2); a lease may be in another segment afterwards
+   * ({@link Lease#segmentId()}).
+   *
+   * @throws GpuMemException RESOURCE_EXHAUSTED when the daemon cannot get the memory now (the
+   *     session stays asleep; try again)
+   */
+  public WakeResult wake() {
+    return sleeps.wake();
+  }
+
+  /** Segments of the current session that sleep (0 when it is awake). */
+  public int sleepingSegments() {
+    return sessions.current().mappings.asleep();
   }
 
   // ---------------------------------------------------------------------------- closing

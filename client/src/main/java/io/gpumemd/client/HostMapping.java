@@ -167,6 +167,11 @@ final class HostMapping implements SegmentMapping {
     return buffer.slice((int) offset, (int) length);
   }
 
+  @Override
+  public boolean vacatable() {
+    return true;
+  }
+
   /** True between {@link #vacate} and {@link #refill}. */
   synchronized boolean vacated() {
     return vacated;
@@ -177,7 +182,8 @@ final class HostMapping implements SegmentMapping {
    * the segment (the daemon may free it), and every buffer made from this mapping keeps its
    * address for {@link #refill}. Touching them meanwhile faults. Does nothing when vacated.
    */
-  synchronized void vacate() {
+  @Override
+  public synchronized void vacate() {
     checkOpen();
     if (vacated) {
       return;

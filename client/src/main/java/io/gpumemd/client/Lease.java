@@ -27,6 +27,11 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * last hold is gone. A lease that was shared or published, and every hold, is released to the
  * daemon on close, never kept in the client cache: others still use the block.
  *
+ * <p>Sleep ({@link GpuMemClient#sleep}): a sleeping lease ({@link #isAsleep()}) keeps its id, tag
+ * and address, but has no memory until {@link GpuMemClient#wake}: its buffer or pointer faults
+ * when touched. A wake may put it in another segment ({@link #segmentId()}), at the same offset
+ * and, in this process, at the same address.
+ *
  * <p>A lease knows the session that granted it only through {@link Owner}: it never reaches into
  * the client.
  *
@@ -63,34 +68,47 @@ public final class Lease implements AutoCloseable {
   private final long sizeBytes;
   private final long blockBytes;
   private final boolean poolHit;
-  private final long segmentId;
+  /** The segment as granted; {@link #segment} says which it is now (a wake may have moved it). */
+  private final long grantedSegmentId;
   private final long segmentBytes;
   private final long offset;
-  private final String hostShmPath;
+  private final String grantedHostShmPath;
+  /** This process's mapping of the lease's segment; null for a test's lease. */
+  private final MappedSegment segment;
   private final SegmentMapping mapping;
   private final boolean localHit;
   private final String tag;
+  /** The daemon's tag of the lease: the first request's, also when served again from the client cache. */
+  private final String recordTag;
   private final boolean attached;
   private final boolean readOnly;
   /** Set once the lease is shared or published (or is a hold): it never goes into the client cache. */
   private volatile boolean shared;
   private final AtomicBoolean closed = new AtomicBoolean();
 
-  /** A lease, or with {@code attached} a hold on a shared block (Attach, Lookup). */
+  /** A lease, or with {@code attached} a hold on a shared block (Attach, Lookup), mapped nowhere (tests). */
   Lease(Owner owner, LeaseResponse response, SegmentMapping mapping, String tag, boolean attached, boolean readOnly) {
+    this(owner, response, null, mapping, tag, attached, readOnly);
+  }
+
+  /** A lease, or with {@code attached} a hold on a shared block (Attach, Lookup), on {@code segment}. */
+  Lease(Owner owner, LeaseResponse response, MappedSegment segment, SegmentMapping mapping, String tag,
+      boolean attached, boolean readOnly) {
     this.owner = owner;
     this.id = response.getLeaseId();
     this.device = response.getDevice();
     this.sizeBytes = response.getSizeBytes();
     this.blockBytes = response.getBlockBytes();
     this.poolHit = response.getPoolHit();
-    this.segmentId = response.getHandle().getSegmentId();
+    this.grantedSegmentId = response.getHandle().getSegmentId();
     this.segmentBytes = response.getHandle().getSegmentBytes();
     this.offset = response.getHandle().getOffset();
-    this.hostShmPath = response.getHandle().hasHostShmPath() ? response.getHandle().getHostShmPath() : null;
+    this.grantedHostShmPath = response.getHandle().hasHostShmPath() ? response.getHandle().getHostShmPath() : null;
+    this.segment = segment;
     this.mapping = mapping;
     this.localHit = false;
     this.tag = tag;
+    this.recordTag = tag;
     this.attached = attached;
     this.readOnly = readOnly;
     this.shared = attached;
@@ -104,13 +122,15 @@ public final class Lease implements AutoCloseable {
     this.sizeBytes = sizeBytes;
     this.blockBytes = cached.blockBytes;
     this.poolHit = true;
-    this.segmentId = cached.segmentId;
+    this.grantedSegmentId = cached.grantedSegmentId;
     this.segmentBytes = cached.segmentBytes;
     this.offset = cached.offset;
-    this.hostShmPath = cached.hostShmPath;
+    this.grantedHostShmPath = cached.grantedHostShmPath;
+    this.segment = cached.segment;
     this.mapping = cached.mapping;
     this.localHit = true;
     this.tag = tag;
+    this.recordTag = cached.recordTag;
     this.attached = false; // the cache holds neither holds nor shared leases
     this.readOnly = false;
   }
@@ -216,8 +236,9 @@ public final class Lease implements AutoCloseable {
     return owner.share(this, options);
   }
 
+  /** The segment the block is in (a wake may have moved it to another, at the same address here). */
   public long segmentId() {
-    return segmentId;
+    return segment != null ? segment.id() : grantedSegmentId;
   }
 
   public long segmentBytes() {
@@ -236,12 +257,32 @@ public final class Lease implements AutoCloseable {
    * maps this file at {@link #offset()} sees the same bytes.
    */
   public String hostShmPath() {
-    return hostShmPath;
+    return segment != null ? segment.hostShmPath() : grantedHostShmPath;
   }
 
   SegmentMapping mapping() {
     checkSession();
     return mapping;
+  }
+
+  /** This process's mapping of the lease's segment; null for a test's lease. */
+  MappedSegment segment() {
+    return segment;
+  }
+
+  /** The daemon's tag of the lease (the first request's, for a lease served again from the client cache). */
+  String recordTag() {
+    return recordTag;
+  }
+
+  /**
+   * True while the lease sleeps ({@link GpuMemClient#sleep}): the daemon keeps its contents in
+   * host memory (level 1) or dropped them (level 2), and its buffer or pointer, which keeps its
+   * address, must not be touched (it faults) until {@link GpuMemClient#wake}. Closing it still
+   * releases it.
+   */
+  public boolean isAsleep() {
+    return segment != null && segment.asleep();
   }
 
   /** The session that granted this lease, as the lease sees it. */
@@ -346,9 +387,9 @@ public final class Lease implements AutoCloseable {
 
   @Override
   public String toString() {
-    return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId
+    return "Lease[" + id + ", device " + device + ", " + sizeBytes + " bytes at segment " + segmentId()
         + "+" + offset + (attached ? ", attached" : localHit ? ", local hit" : poolHit ? ", hit" : ", miss")
         + (readOnly ? ", read-only" : "") + (closed.get() ? ", closed" : "")
-        + (isLost() ? ", session lost" : "") + "]";
+        + (isAsleep() ? ", asleep" : "") + (isLost() ? ", session lost" : "") + "]";
   }
 }

@@ -196,13 +196,13 @@ final class LeasePaths {
   private Lease wrap(Session s, LeaseResponse granted, int deviceAsked, long sizeAsked, String tag, boolean hold,
       boolean readOnly, boolean mayBlock) {
     String what = hold ? "hold" : "lease";
-    SegmentMapping mapping;
+    MappingCache.Acquired mapped;
     try {
       ReplyCheck.lease(granted, deviceAsked, hold ? 0 : sizeAsked);
       if (s.isLost()) {
         throw new GpuMemException(Status.Code.UNAVAILABLE, "session lost while the " + what + " was granted; retry", null);
       }
-      mapping = s.mappings.acquire(granted.getDevice(), granted.getHandle(), readOnly);
+      mapped = s.mappings.acquire(granted.getDevice(), granted.getHandle(), readOnly, tag);
     } catch (RuntimeException | LinkageError e) {
       if (mayBlock) {
         releaseQuietly(s, granted.getLeaseId());
@@ -215,7 +215,7 @@ final class LeasePaths {
       }
       throw e;
     }
-    return new Lease(s.owner, granted, mapping, tag, hold, readOnly);
+    return new Lease(s.owner, granted, mapped.segment(), mapped.mapping(), tag, hold, readOnly);
   }
 
   /** Gives back a lease that is not handed out; done when this returns (tests rely on it). */
@@ -315,7 +315,7 @@ final class LeasePaths {
         throw error;
       }
     } finally {
-      s.mappings.release(lease.segmentId());
+      s.mappings.release(lease);
     }
   }
 
@@ -328,13 +328,13 @@ final class LeasePaths {
 
       @Override
       public void onError(Throwable t) {
-        s.mappings.release(lease.segmentId());
+        s.mappings.release(lease);
         result.completeExceptionally(GpuMemException.from(t));
       }
 
       @Override
       public void onCompleted() {
-        s.mappings.release(lease.segmentId());
+        s.mappings.release(lease);
         result.complete(null);
       }
     });

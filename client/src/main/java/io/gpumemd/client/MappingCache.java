@@ -2,7 +2,9 @@ package io.gpumemd.client;
 
 import io.gpumemd.proto.v1.MemoryHandle;
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -34,41 +36,7 @@ import org.slf4j.LoggerFactory;
 final class MappingCache {
   private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
 
-  private static final class Entry {
-    /** The writable mapping (the one mapping of a legacy CUDA handle), opened on first use; or null. */
-    SegmentMapping mapping;
-    /**
-     * The read-only mapping of a host or CUDA VMM segment, opened by the first read-only hold;
-     * or null.
-     */
-    SegmentMapping readOnly;
-    int leases;
-    boolean unmapRequested;
-    /**
-     * The segment_bytes of the reply that opened the entry, which its mappings were checked
-     * against: a later reply on the same segment must say the same (a segment never changes
-     * size), since its offsets are checked against what it says.
-     */
-    final long segmentBytes;
-
-    Entry(long segmentBytes) {
-      this.segmentBytes = segmentBytes;
-    }
-
-    /** Every mapping of the entry (one or two). */
-    List<SegmentMapping> all() {
-      List<SegmentMapping> all = new ArrayList<>(2);
-      if (mapping != null) {
-        all.add(mapping);
-      }
-      if (readOnly != null) {
-        all.add(readOnly);
-      }
-      return all;
-    }
-  }
-
-  private final Map<Long, Entry> entries = new HashMap<>();
+  private final Map<Long, MappedSegment> entries = new HashMap<>();
   private final LongConsumer ackUnmapped;
   /** Where segments passed by descriptor come from; the client's one connection. */
   final FdChannelClient fdChannel;
@@ -92,21 +60,28 @@ final class MappingCache {
     this.deviceUuids = Map.copyOf(deviceUuids);
   }
 
+  /** A lease's segment and the mapping it uses there (the segment's writable or read-only one). */
+  record Acquired(MappedSegment segment, SegmentMapping mapping) {}
+
   /**
-   * The mapping of a lease's or hold's segment, opened on first use; counts the lease. With
-   * {@code readOnly}, a host or CUDA VMM segment's read-only mapping (the driver enforces it on
-   * VMM); with a legacy CUDA handle the one mapping (read-only is advisory there: a legacy IPC
-   * handle cannot be opened read-only).
+   * The mapping of a lease's or hold's segment, opened on first use; counts the lease, under
+   * the daemon's {@code tag} for it. With {@code readOnly}, a host or CUDA VMM segment's
+   * read-only mapping (the driver enforces it on VMM); with a legacy CUDA handle the one mapping
+   * (read-only is advisory there: a legacy IPC handle cannot be opened read-only).
    */
-  synchronized SegmentMapping acquire(int device, MemoryHandle handle, boolean readOnly) {
-    Entry entry = entries.get(handle.getSegmentId());
+  synchronized Acquired acquire(int device, MemoryHandle handle, boolean readOnly, String tag) {
+    MappedSegment entry = entries.get(handle.getSegmentId());
     boolean opened = false;
     if (entry == null) {
-      entry = new Entry(handle.getSegmentBytes());
+      entry = new MappedSegment(handle.getSegmentId(), handle.getSegmentBytes(), handle);
       opened = true;
     } else if (entry.segmentBytes != handle.getSegmentBytes()) {
       throw ReplyCheck.inconsistent("segment " + Long.toUnsignedString(handle.getSegmentId())
           + " is mapped here with segment_bytes " + entry.segmentBytes + ", this reply says " + handle.getSegmentBytes());
+    } else if (entry.asleep()) {
+      // Its range is vacated: a buffer or pointer on it would fault.
+      throw ReplyCheck.inconsistent("segment " + Long.toUnsignedString(handle.getSegmentId())
+          + " sleeps, and the daemon granted a block in it");
     }
     SegmentMapping mapping;
     switch (handle.getKindCase()) {
@@ -155,8 +130,8 @@ final class MappingCache {
     if (opened) {
       entries.put(handle.getSegmentId(), entry);
     }
-    entry.leases++;
-    return mapping;
+    entry.counted(tag);
+    return new Acquired(entry, mapping);
   }
 
   /**
@@ -213,7 +188,7 @@ final class MappingCache {
    * its first write. Where a read-only mapping is open already, it serves and the new one closes.
    * Called with the monitor held.
    */
-  private SegmentMapping place(Entry entry, long segmentId, SegmentMapping mapping, boolean mappedReadOnly) {
+  private SegmentMapping place(MappedSegment entry, long segmentId, SegmentMapping mapping, boolean mappedReadOnly) {
     if (!mappedReadOnly) {
       entry.mapping = mapping;
     } else if (entry.readOnly == null) {
@@ -239,28 +214,58 @@ final class MappingCache {
    * (a mapping that fails to close exists only on a GPU).
    */
   synchronized void track(long segmentId, SegmentMapping mapping) {
-    Entry entry = entries.computeIfAbsent(segmentId, id -> new Entry(-1)); // no reply: no size to hold to
+    MappedSegment entry = entries.computeIfAbsent(segmentId, id -> new MappedSegment(id, -1, null)); // no reply: no size
     entry.mapping = mapping;
-    entry.leases++;
+    entry.counted("");
   }
 
-  /** A lease on the segment closed. */
+  /** Tests: a lease on the segment with this id closed (see {@link #release(Lease)}). */
   void release(long segmentId) {
-    List<SegmentMapping> toClose = null;
+    MappedSegment entry;
     synchronized (this) {
-      Entry entry = entries.get(segmentId);
-      if (entry == null) {
+      entry = entries.get(segmentId);
+    }
+    if (entry != null) {
+      release(entry, "");
+    }
+  }
+
+  /** A lease closed: it no longer uses its segment's mapping. */
+  void release(Lease lease) {
+    MappedSegment segment = lease.segment();
+    if (segment != null) { // null: a test's lease, mapped nowhere
+      release(segment, lease.recordTag());
+    }
+  }
+
+  /**
+   * A lease left the segment. The segment's last lease closes its mappings when the daemon asked
+   * for it (acknowledged), or when it sleeps (the sleep was the unmap's confirmation; nothing of
+   * this process is left to wake there).
+   */
+  private void release(MappedSegment entry, String tag) {
+    List<SegmentMapping> toClose = null;
+    boolean ack;
+    synchronized (this) {
+      entry.uncounted(tag);
+      if (entry.leases > 0 || !entry.listed || !(entry.unmapRequested || entry.asleep())) {
         return;
       }
-      entry.leases--;
-      if (entry.leases == 0 && entry.unmapRequested) {
-        entries.remove(segmentId);
-        toClose = entry.all();
-      }
+      ack = entry.unmapRequested;
+      toClose = entry.all();
+      unlist(entry);
     }
-    if (toClose != null) {
-      closeQuietly(segmentId, toClose);
-      ackUnmapped.accept(segmentId);
+    closeQuietly(entry.id(), toClose);
+    if (ack) {
+      ackUnmapped.accept(entry.id());
+    }
+  }
+
+  /** Removes a segment from the map; called with the monitor held. */
+  private void unlist(MappedSegment entry) {
+    if (entry.listed) {
+      entries.remove(entry.id());
+      entry.listed = false;
     }
   }
 
@@ -268,11 +273,11 @@ final class MappingCache {
   void unmapRequested(long segmentId) {
     List<SegmentMapping> toClose = List.of();
     synchronized (this) {
-      Entry entry = entries.get(segmentId);
+      MappedSegment entry = entries.get(segmentId);
       if (entry == null) {
         // Never mapped here (or already closed): nothing holds it.
       } else if (entry.leases == 0) {
-        entries.remove(segmentId);
+        unlist(entry);
         toClose = entry.all();
       } else {
         entry.unmapRequested = true;
@@ -281,6 +286,144 @@ final class MappingCache {
     }
     closeQuietly(segmentId, toClose);
     ackUnmapped.accept(segmentId);
+  }
+
+  // ---------------------------------------------------------------------------- sleep and wake
+
+  /** What a sleep let go of: the segments it vacated, and the ids of those it closed (no lease on them). */
+  record Vacated(List<MappedSegment> segments, List<Long> closedIds) {
+    /** Every id the daemon is told this process no longer maps. */
+    List<Long> ids() {
+      List<Long> ids = new ArrayList<>(closedIds);
+      segments.forEach(e -> ids.add(e.id()));
+      return ids;
+    }
+  }
+
+  /**
+   * Before a sleep: vacates every awake segment with a lease on it (with {@code tags}, a lease
+   * the daemon knows by one of them), and closes the mappings no lease uses (acknowledged as
+   * unmapped: the daemon can free their segments too). A refusal (a legacy CUDA mapping) comes
+   * before anything changes; a failure partway fills again what was vacated, and is thrown.
+   */
+  Vacated vacateForSleep(Set<String> tags) {
+    List<MappedSegment> chosen = new ArrayList<>();
+    List<MappedSegment> idle = new ArrayList<>();
+    synchronized (this) {
+      for (MappedSegment e : entries.values()) {
+        if (e.asleep()) {
+          continue;
+        }
+        if (e.leases == 0) {
+          idle.add(e);
+        } else if (tags.isEmpty() || e.holdsAny(tags)) {
+          e.checkCanSleep();
+          chosen.add(e);
+        }
+      }
+      idle.forEach(this::unlist);
+      List<MappedSegment> done = new ArrayList<>(chosen.size());
+      try {
+        for (MappedSegment e : chosen) {
+          e.vacate(fdChannel, sessionId);
+          done.add(e);
+        }
+      } catch (RuntimeException | LinkageError e) {
+        done.forEach(d -> d.refillQuietly(fdChannel, sessionId, e));
+        throw e;
+      }
+    }
+    List<Long> closed = new ArrayList<>(idle.size());
+    for (MappedSegment e : idle) {
+      closeQuietly(e.id(), e.all());
+      ackUnmapped.accept(e.id());
+      closed.add(e.id());
+    }
+    return new Vacated(chosen, closed);
+  }
+
+  /**
+   * After the daemon answered a sleep: the segments it names sleep at {@code level} (one whose
+   * leases all closed meanwhile is closed); a vacated one it does not name is filled again from
+   * itself, since its leases are awake.
+   */
+  synchronized void slept(Vacated vacated, Collection<Long> sleptIds, int level) {
+    Set<Long> slept = new HashSet<>(sleptIds);
+    for (MappedSegment e : vacated.segments()) {
+      if (!slept.contains(e.id())) {
+        e.refillQuietly(fdChannel, sessionId, null);
+      } else if (e.leases == 0) {
+        unlist(e);
+        closeQuietly(e.id(), e.all());
+      } else {
+        e.sleeping(level);
+      }
+    }
+  }
+
+  /**
+   * A refused sleep (the daemon changed nothing): every vacated segment is filled again from
+   * itself. One that cannot be (the call's outcome was unknown, and the daemon did let it go)
+   * is left vacated and counted asleep, for a wake to bring back; its failure is added to {@code
+   * refusal}.
+   */
+  synchronized void sleepRefused(Vacated vacated, int level, GpuMemException refusal) {
+    for (MappedSegment e : vacated.segments()) {
+      if (!e.refillQuietly(fdChannel, sessionId, refusal)) {
+        e.sleeping(level);
+      }
+    }
+  }
+
+  /**
+   * Wakes one sleeping segment: the segment {@code to} names is mapped into its ranges, and it
+   * is known by that id from now on (with every lease on it). On a failure it stays asleep.
+   *
+   * @return false when no segment of this process sleeps as {@code oldId} (its leases all closed
+   *     meanwhile); the daemon is then told that the new segment is not mapped here
+   */
+  boolean wake(long oldId, MemoryHandle to) {
+    long newId = to.getSegmentId();
+    List<SegmentMapping> stale = List.of();
+    boolean woken;
+    boolean mappedHere;
+    synchronized (this) {
+      MappedSegment e = entries.get(oldId);
+      MappedSegment there = newId == oldId ? null : entries.get(newId);
+      woken = e != null && e.asleep();
+      if (woken) {
+        if (there != null && there.leases > 0) {
+          throw ReplyCheck.inconsistent("segment " + Long.toUnsignedString(oldId) + " wakes into segment "
+              + Long.toUnsignedString(newId) + ", where this process has awake leases");
+        }
+        e.refill(to, fdChannel, sessionId);
+        if (there != null) { // mapped, no lease on it: the woken range maps that segment now
+          unlist(there);
+          stale = there.all();
+        }
+        entries.remove(oldId);
+        e.renamed(newId);
+        entries.put(newId, e);
+        e.sleeping(0);
+      }
+      mappedHere = entries.containsKey(newId);
+    }
+    closeQuietly(newId, stale);
+    if (!mappedHere) {
+      ackUnmapped.accept(newId);
+    }
+    return woken;
+  }
+
+  /** Segments of this process that sleep. */
+  synchronized int asleep() {
+    int n = 0;
+    for (MappedSegment e : entries.values()) {
+      if (e.asleep()) {
+        n++;
+      }
+    }
+    return n;
   }
 
   /** Mappings currently open. */
@@ -304,6 +447,7 @@ final class MappingCache {
     Map<Long, List<SegmentMapping>> toClose = new HashMap<>();
     synchronized (this) {
       entries.forEach((segmentId, e) -> {
+        e.listed = false;
         List<SegmentMapping> cuda = e.all().stream().filter(m -> !(m instanceof HostMapping)).toList();
         if (!cuda.isEmpty()) {
           toClose.put(segmentId, cuda);
@@ -317,7 +461,7 @@ final class MappingCache {
   /** This process's CUDA devices that the mappings live on (see {@link SegmentMapping#cudaDevice}). */
   synchronized Set<Integer> cudaDevices() {
     Set<Integer> devices = new TreeSet<>();
-    for (Entry e : entries.values()) {
+    for (MappedSegment e : entries.values()) {
       for (SegmentMapping m : e.all()) {
         if (m.cudaDevice() >= 0) {
           devices.add(m.cudaDevice());
@@ -331,7 +475,10 @@ final class MappingCache {
   void closeAll() {
     Map<Long, List<SegmentMapping>> all = new HashMap<>();
     synchronized (this) {
-      entries.forEach((segmentId, e) -> all.put(segmentId, e.all()));
+      entries.forEach((segmentId, e) -> {
+        e.listed = false;
+        all.put(segmentId, e.all());
+      });
       entries.clear();
     }
     all.forEach(this::closeQuietly);

@@ -16,4 +16,21 @@ interface SegmentMapping {
   default int cudaDevice() {
     return -1;
   }
+
+  /**
+   * Whether the mapping can let its memory go and keep its address range ({@link #vacate}): host
+   * and CUDA VMM mappings; not a legacy CUDA IPC handle, which the driver opens where it chooses.
+   */
+  default boolean vacatable() {
+    return false;
+  }
+
+  /**
+   * Lets the segment go and keeps the address range, inaccessible (sleep): every buffer or
+   * pointer made from the mapping keeps its address until the range is filled again. Does
+   * nothing when vacated.
+   */
+  default void vacate() {
+    throw new UnsupportedOperationException("this mapping cannot keep its address without its memory");
+  }
 }

@@ -144,14 +144,14 @@ final class Session {
   void releaseByNotice(Lease lease) {
     counters.releases.incrementAndGet();
     notices.release(lease.id());
-    mappings.release(lease.segmentId());
+    mappings.release(lease);
     notices.afterRecord();
   }
 
   /** A lease the client cache evicted, its release notice already queued: counted and unmapped. */
   void releasedByEviction(Lease lease) {
     counters.releases.incrementAndGet();
-    mappings.release(lease.segmentId());
+    mappings.release(lease);
   }
 
   /** Releases a granted lease that was never handed to the caller (nothing of it is mapped). */
