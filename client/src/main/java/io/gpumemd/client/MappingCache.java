@@ -30,6 +30,11 @@ import org.slf4j.LoggerFactory;
  * logged and the others are closed still; a requested unmap is acknowledged either way (the
  * process holds nothing more it could let go of).
  *
+ * <p>Sleep and wake (issue 35): a segment is a {@link MappedSegment}, to which its leases refer.
+ * A sleep vacates segments, address ranges kept ({@link #vacateForSleep}); a wake fills each
+ * range from the segment the daemon names and files it under that id ({@link #wake}): its
+ * leases move with it.
+ *
  * <p>Thread-safe: all state is guarded by this object's monitor. The unmap acknowledgement is
  * sent after the mapping is closed, outside the monitor.
  */
@@ -221,13 +226,14 @@ final class MappingCache {
 
   /** Tests: a lease on the segment with this id closed (see {@link #release(Lease)}). */
   void release(long segmentId) {
-    MappedSegment entry;
-    synchronized (this) {
-      entry = entries.get(segmentId);
-    }
+    MappedSegment entry = segment(segmentId);
     if (entry != null) {
       release(entry, "");
     }
+  }
+
+  private synchronized MappedSegment segment(long segmentId) {
+    return entries.get(segmentId);
   }
 
   /** A lease closed: it no longer uses its segment's mapping. */
@@ -292,7 +298,6 @@ final class MappingCache {
 
   /** What a sleep let go of: the segments it vacated, and the ids of those it closed (no lease on them). */
   record Vacated(List<MappedSegment> segments, List<Long> closedIds) {
-    /** Every id the daemon is told this process no longer maps. */
     List<Long> ids() {
       List<Long> ids = new ArrayList<>(closedIds);
       segments.forEach(e -> ids.add(e.id()));
@@ -362,10 +367,9 @@ final class MappingCache {
   }
 
   /**
-   * A refused sleep (the daemon changed nothing): every vacated segment is filled again from
-   * itself. One that cannot be (the call's outcome was unknown, and the daemon did let it go)
-   * is left vacated and counted asleep, for a wake to bring back; its failure is added to {@code
-   * refusal}.
+   * A refused sleep (nothing changed): each vacated segment is filled again from itself; one that
+   * cannot be (an unknown outcome: the daemon let it go) stays vacated, asleep for a wake to
+   * bring back, its failure added to {@code refusal}.
    */
   synchronized void sleepRefused(Vacated vacated, int level, GpuMemException refusal) {
     for (MappedSegment e : vacated.segments()) {
@@ -417,13 +421,7 @@ final class MappingCache {
 
   /** Segments of this process that sleep. */
   synchronized int asleep() {
-    int n = 0;
-    for (MappedSegment e : entries.values()) {
-      if (e.asleep()) {
-        n++;
-      }
-    }
-    return n;
+    return (int) entries.values().stream().filter(MappedSegment::asleep).count();
   }
 
   /** Mappings currently open. */
