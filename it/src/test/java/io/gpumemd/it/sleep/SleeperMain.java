@@ -3,15 +3,18 @@ package io.gpumemd.it.sleep;
 import com.sun.jna.Native;
 import com.sun.jna.Pointer;
 import io.gpumemd.client.GpuMemClient;
+import io.gpumemd.client.GpuMemException;
 import io.gpumemd.client.Lease;
 import io.gpumemd.client.SleepResult;
 import io.gpumemd.client.WakeResult;
+import io.grpc.Status;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.TimeUnit;
 
 /**
  * A client process that sleeps and wakes when told: leases {@code count} blocks of {@code size}
@@ -48,12 +51,31 @@ public final class SleeperMain {
     SleepResult slept = client.sleep(level);
     System.out.println("SLEPT " + slept.leaseIds().size() + " " + slept.freedBytes() + " " + slept.hostBytes());
     expect(in, "wake");
-    WakeResult woken = client.wake();
+    WakeResult woken = wake(client);
     String contents = level == 1 ? (patterned(buffers) ? "kept" : "differ") : (zeros(buffers) ? "zero" : "differ");
     System.out.println("RESULT woken=" + woken.leaseIds().size() + " sameAddresses="
         + addresses.equals(addresses(leases)) + " contents=" + contents);
     leases.forEach(Lease::close);
     client.close();
+  }
+
+  /**
+   * Wakes, trying again for up to 5 s while the daemon answers RESOURCE_EXHAUSTED (the wake's
+   * documented "try again"): memory another process just gave back comes free once the daemon
+   * has seen that process's mappings go, which its exit does not wait for.
+   */
+  private static WakeResult wake(GpuMemClient client) throws InterruptedException {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(5);
+    while (true) {
+      try {
+        return client.wake();
+      } catch (GpuMemException e) {
+        if (e.code() != Status.Code.RESOURCE_EXHAUSTED || System.nanoTime() > deadline) {
+          throw e;
+        }
+        Thread.sleep(20);
+      }
+    }
   }
 
   /** Waits for {@code word} on stdin; stdin closing ends the process at once, leases held. */
