@@ -219,7 +219,8 @@ final class MappingCache {
    * (a mapping that fails to close exists only on a GPU).
    */
   synchronized void track(long segmentId, SegmentMapping mapping) {
-    MappedSegment entry = entries.computeIfAbsent(segmentId, id -> new MappedSegment(id, -1, null)); // no reply: no size
+    // No reply: no size to hold to, no handle to map it from again.
+    MappedSegment entry = entries.computeIfAbsent(segmentId, id -> new MappedSegment(id, -1, null));
     entry.mapping = mapping;
     entry.counted("");
   }

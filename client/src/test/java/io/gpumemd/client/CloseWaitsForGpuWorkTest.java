@@ -6,7 +6,6 @@ import static jcuda.driver.JCudaDriver.cuMemsetD8;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.gpumemd.server.backend.cuda.JCudaBackend;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.grpc.Status;
 import java.io.BufferedReader;
@@ -17,7 +16,6 @@ import java.util.Collections;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import jcuda.Pointer;
-import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.CsvSource;
@@ -44,13 +42,7 @@ class CloseWaitsForGpuWorkTest {
 
   @BeforeAll
   static void needsCuda() {
-    String why;
-    try {
-      why = JCudaBackend.probe() > 0 ? null : "the CUDA driver reports no devices";
-    } catch (Throwable t) {
-      why = "no usable CUDA driver (" + t + ")";
-    }
-    Assumptions.assumeTrue(why == null, "CUDA tests skipped: " + why);
+    CudaTesting.assumeDriver();
   }
 
   @ParameterizedTest(name = "{0} handles, lease {1}")

@@ -1,6 +1,6 @@
 package io.gpumemd.client;
 
-import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
+import static io.gpumemd.client.CudaTesting.readResult;
 import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
@@ -8,14 +8,12 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.cuda.CudaHandles;
-import io.gpumemd.server.backend.cuda.JCudaBackend;
 import io.gpumemd.server.testing.DaemonProcess;
 import java.nio.charset.StandardCharsets;
 import jcuda.Pointer;
 import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUresult;
 import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
@@ -35,13 +33,7 @@ class CudaVmmAddressTest {
 
   @BeforeAll
   static void start() {
-    String why;
-    try {
-      why = JCudaBackend.probe() > 0 ? null : "the CUDA driver reports no devices";
-    } catch (Throwable t) {
-      why = "no usable CUDA driver (" + t + ")";
-    }
-    Assumptions.assumeTrue(why == null, "CUDA tests skipped: " + why);
+    CudaTesting.assumeDriver();
     daemon = DaemonProcess.start("--backend", "cuda", "--cuda-handles", "vmm");
     client = GpuMemClient.connect(daemon.unixTarget());
     channel = new FdChannelClient(daemon.unixTarget(), 5000);
@@ -125,23 +117,10 @@ class CudaVmmAddressTest {
   }
 
   private static void write(int device, long address, String text) {
-    byte[] bytes = text.getBytes(StandardCharsets.US_ASCII);
-    CudaContexts.run(device, () -> CudaContexts.check(
-        () -> cuMemcpyHtoD(new CUdeviceptr().withByteOffset(address), Pointer.to(bytes), bytes.length), "HtoD"));
+    CudaTesting.write(device, address, text.getBytes(StandardCharsets.US_ASCII));
   }
 
   private static String read(int device, long address, int length) {
-    byte[] bytes = new byte[length];
-    CudaContexts.run(device, () -> CudaContexts.check(
-        () -> cuMemcpyDtoH(Pointer.to(bytes), new CUdeviceptr().withByteOffset(address), length), "DtoH"));
-    return new String(bytes, StandardCharsets.US_ASCII);
-  }
-
-  private static int readResult(int device, long address) {
-    byte[] bytes = new byte[4];
-    int[] result = new int[1];
-    CudaContexts.run(device, () -> result[0] = CudaContexts.result(
-        () -> cuMemcpyDtoH(Pointer.to(bytes), new CUdeviceptr().withByteOffset(address), 4), "DtoH"));
-    return result[0];
+    return new String(CudaTesting.read(device, address, length), StandardCharsets.US_ASCII);
   }
 }

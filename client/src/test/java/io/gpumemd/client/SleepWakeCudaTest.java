@@ -1,21 +1,18 @@
 package io.gpumemd.client;
 
-import static jcuda.driver.JCudaDriver.cuMemcpyDtoH;
-import static jcuda.driver.JCudaDriver.cuMemcpyHtoD;
+import static io.gpumemd.client.CudaTesting.read;
+import static io.gpumemd.client.CudaTesting.readResult;
+import static io.gpumemd.client.CudaTesting.write;
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.gpumemd.server.backend.cuda.JCudaBackend;
 import io.gpumemd.server.testing.DaemonProcess;
 import java.util.List;
-import jcuda.Pointer;
-import jcuda.driver.CUdeviceptr;
 import jcuda.driver.CUresult;
 import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
@@ -32,13 +29,7 @@ class SleepWakeCudaTest {
 
   @BeforeAll
   static void start() {
-    String why;
-    try {
-      why = JCudaBackend.probe() > 0 ? null : "the CUDA driver reports no devices";
-    } catch (Throwable t) {
-      why = "no usable CUDA driver (" + t + ")";
-    }
-    Assumptions.assumeTrue(why == null, "CUDA tests skipped: " + why);
+    CudaTesting.assumeDriver();
     daemon = DaemonProcess.start("--backend", "cuda", "--cuda-handles", "vmm");
     client = GpuMemClient.connect(daemon.unixTarget());
   }
@@ -95,25 +86,5 @@ class SleepWakeCudaTest {
       bytes[i] = (byte) (seed * 31 + i + 1);
     }
     return bytes;
-  }
-
-  private static void write(int device, long address, byte[] bytes) {
-    CudaContexts.run(device, () -> CudaContexts.check(
-        () -> cuMemcpyHtoD(new CUdeviceptr().withByteOffset(address), Pointer.to(bytes), bytes.length), "HtoD"));
-  }
-
-  private static byte[] read(int device, long address, int length) {
-    byte[] bytes = new byte[length];
-    CudaContexts.run(device, () -> CudaContexts.check(
-        () -> cuMemcpyDtoH(Pointer.to(bytes), new CUdeviceptr().withByteOffset(address), length), "DtoH"));
-    return bytes;
-  }
-
-  private static int readResult(int device, long address) {
-    byte[] bytes = new byte[4];
-    int[] result = new int[1];
-    CudaContexts.run(device, () -> result[0] = CudaContexts.result(
-        () -> cuMemcpyDtoH(Pointer.to(bytes), new CUdeviceptr().withByteOffset(address), 4), "DtoH"));
-    return result[0];
   }
 }
