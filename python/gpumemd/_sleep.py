@@ -4,10 +4,9 @@ A sleep frees the session's device memory while the session keeps its leases; a 
 memory back at the same addresses. What sleeps is whole segment mappings (see the daemon's
 ``offload`` package notes): a client maps segments whole and a lease is a slice of one.
 
-**Sleep, in order** (:func:`sleep_steps`): the releases whose GPU work has completed go out; the
-client cache tier gives back every cached lease and keeps no close until the wake
-(:meth:`gpumemd._cache.ClientCache.suspend`); the daemon is made to apply every release and
-notice sent so far (:data:`FLUSH`); the segments to sleep are set aside
+**Sleep, in order** (:func:`sleep_steps`): the client cache tier gives back every cached lease
+and keeps no close until the wake (:meth:`gpumemd._cache.ClientCache.suspend`); the daemon is
+made to apply every release and notice sent so far (:data:`FLUSH`); the segments to sleep are set aside
 (:meth:`gpumemd._mapping.MappingCache.set_aside`: every segment with a lease or hold here, with
 one of the tags when given) and each mapping of them vacated (the address range kept,
 inaccessible); then ``Allocator.Sleep`` names them as the client's unmap confirmation. On a
@@ -137,7 +136,9 @@ def sleep_steps(client, s, level, tags):
     """The steps of ``client.sleep(level, tags)`` on its session ``s`` (see the module notes);
     their result is a :data:`Slept`."""
     tags = _checked(level, tags)
-    client._release_ready()  # a release whose GPU work completed goes before the sleep
+    # A lease closed with after= is still the session's until its event completes (its poller
+    # alone sends it): it sleeps with the rest, the vacate waits for the device's work first,
+    # and its release later drops its contents.
     client._evicted(s, s.cache.suspend())
     try:
         yield FLUSH
