@@ -116,6 +116,7 @@ public final class GpumemdServer {
         new LinkedBlockingQueue<>(), Listeners.daemonThreads("gpumemd-backend"));
     blockingExecutor.allowCoreThreadTimeOut(true);
     this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount, backend);
+    ServerMetrics.bindHostStore(meterRegistry, registry.sleep().store());
     this.streams = new StreamWatchdog(config.transport().streamStallMillis(), ticker);
     List<ServerServiceDefinition> services = List.of(
         DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate)),
@@ -153,7 +154,8 @@ public final class GpumemdServer {
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     DevicePools pools = new DevicePools(list);
-    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions));
+    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions,
+        config.pool().offloadMaxBytes()));
   }
 
   /**

@@ -189,11 +189,20 @@ public final class LeaseBook {
   private void returnBlock(LeaseRecord lease, CompletionEvent event) {
     Block block = lease.block();
     SharedBlock shared = lease.markReleased();
+    // Released now, the record can neither fall asleep nor wake any more.
+    LeaseRecord.Asleep asleep = lease.asleep();
     if (lease.attached()) {
       pools.get(block.device()).holdReleased();
       lease.session().tenantUsage().unreserveHold();
     }
-    if (shared == null) {
+    if (asleep != null) {
+      // Its block is the pool's already (a sleeping lease is never shared): drop its contents.
+      asleep.drop();
+      if (event != null) {
+        event.close();
+      }
+      lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
+    } else if (shared == null) {
       pools.get(block.device()).release(block, event);
       lease.session().tenantUsage().unreserve(SizeClasses.roundUp(lease.sizeBytes()));
     } else if (shared.dropRecord(lease, event)) {

@@ -50,6 +50,10 @@ public abstract class LeaseHolder {
   private long attachedBytes;
   private long reservedHolds;
   private boolean ended;
+  /** True from a sleep until the wake of every lease; leases are refused meanwhile. */
+  private boolean sleeping;
+  /** True while a Sleep or Wake of this session runs. */
+  private boolean sleepChanging;
 
   /**
    * @param tenantKey the tenant the session belongs to
@@ -211,7 +215,8 @@ public abstract class LeaseHolder {
    */
   synchronized CacheAnswer markCached(LeaseRecord lease) {
     // A shared block or a hold on one is never the client's to reuse: others still use it.
-    if (ended || leases.get(lease.id()) != lease || lease.clientCached || lease.attached() || lease.shared() != null) {
+    if (ended || leases.get(lease.id()) != lease || lease.clientCached || lease.attached() || lease.shared() != null
+        || lease.asleep() != null) {
       return CacheAnswer.NOT_CACHEABLE;
     }
     // What a client says it caches is held to what was granted: its cached bytes are memory
@@ -308,6 +313,9 @@ public abstract class LeaseHolder {
     if (ended) {
       throw new IllegalStateException(this + " has ended");
     }
+    if (sleeping || sleepChanging) {
+      throw new ConflictException(this + " is asleep (Allocator.Sleep): it leases again once it is woken (Wake)");
+    }
     quotaUsage.take(bytes, quota, this + ": ");
   }
 
@@ -343,6 +351,10 @@ public abstract class LeaseHolder {
     if (lease.clientCached) {
       throw new ConflictException("lease " + lease.id() + " is closed in the client's cache tier; "
           + "only a lease in use can be shared or published");
+    }
+    if (lease.asleep() != null) {
+      throw new ConflictException("lease " + lease.id() + " is asleep (Allocator.Sleep); wake the session before "
+          + "sharing or publishing it");
     }
     return lease.shareable(onFirstShare);
   }
@@ -404,7 +416,8 @@ public abstract class LeaseHolder {
   public synchronized SegmentHolding holding(long segmentId) {
     SegmentHolding found = null;
     for (LeaseRecord record : leases.values()) {
-      if (record.block().segmentId() == segmentId) {
+      // A sleeping lease's segment was freed (or serves others): nothing of it is to be had.
+      if (record.block().segmentId() == segmentId && record.asleep() == null) {
         found = new SegmentHolding(segmentId, record.block().memory(), !record.readOnly());
         if (found.writable()) {
           break;
@@ -412,6 +425,53 @@ public abstract class LeaseHolder {
       }
     }
     return found;
+  }
+
+  // ------------------------------------------------------------------------ sleep and wake
+
+  /**
+   * A Sleep or Wake of this session starts: leases are refused until it ends.
+   *
+   * @return the session's leases and holds, a copy
+   * @throws ConflictException when another one runs
+   * @throws IllegalStateException when the session has ended
+   */
+  public synchronized List<LeaseRecord> beginSleepChange() {
+    if (ended) {
+      throw new IllegalStateException(this + " has ended");
+    }
+    if (sleepChanging) {
+      throw new ConflictException(this + ": a Sleep or Wake of it is under way; try again once it has returned");
+    }
+    sleepChanging = true;
+    return new ArrayList<>(leases.values());
+  }
+
+  /** The Sleep or Wake ended; {@code asleep} says whether any lease of the session sleeps now. */
+  public synchronized void endSleepChange(boolean asleep) {
+    sleepChanging = false;
+    sleeping = asleep;
+  }
+
+  /** Whether the client keeps a lease of this session closed in its cache tier. */
+  public synchronized boolean keepsCached(LeaseRecord lease) {
+    return lease.clientCached;
+  }
+
+  /** {sleeping leases, bytes of their contents in host memory}. */
+  public synchronized long[] sleepFigures() {
+    long count = 0;
+    long hostBytes = 0;
+    if (sleeping || sleepChanging) {
+      for (LeaseRecord record : leases.values()) {
+        LeaseRecord.Asleep asleep = record.asleep();
+        if (asleep != null) {
+          count++;
+          hostBytes += asleep.hostBytes();
+        }
+      }
+    }
+    return new long[] {count, hostBytes};
   }
 
   @Override

@@ -1,5 +1,6 @@
 package io.gpumemd.server.books;
 
+import io.gpumemd.server.offload.ParkedRange;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.LeasedBlock;
 
@@ -12,12 +13,15 @@ import io.gpumemd.server.pool.LeasedBlock;
  * a release on another thread reads it); the client-cached flag, guarded by the session; and
  * the sharing state ({@link #shared}, {@link #released}), guarded by this record's monitor, so
  * that a share and the release of the same lease are ordered: a lease is shared before its
- * release (which then drops one hold of several) or not at all.
+ * release (which then drops one hold of several) or not at all; and the sleep state ({@link
+ * #asleep}, the block), set under the same monitor, so that a lease goes to sleep or wakes
+ * before its release (which then drops its parked contents, or its new block) or not at all.
  */
 public final class LeaseRecord {
   private final String id;
   private final LeaseHolder session;
-  private final Block block;
+  /** The leased block; while asleep, a detached copy of where it was (no memory of its own). */
+  private volatile Block block;
   private final long sizeBytes;
   private final String tag;
   private final long grantedNanos;
@@ -30,6 +34,8 @@ public final class LeaseRecord {
   private volatile SharedBlock shared;
   /** Set, under this record's monitor, when the record is released (it holds nothing after). */
   private boolean released;
+  /** Non-null while the lease sleeps; set under this record's monitor. */
+  private Asleep asleep;
   /** True while the client keeps the lease closed in its cache tier; guarded by the session. */
   boolean clientCached;
 
@@ -120,6 +126,68 @@ public final class LeaseRecord {
   synchronized SharedBlock markReleased() {
     released = true;
     return shared;
+  }
+
+  /**
+   * A sleeping lease's contents: the level it sleeps at and, unless dropped (level 2), its bytes
+   * in the host store.
+   *
+   * @param level 1 (contents kept) or 2 (dropped)
+   * @param parked the contents in host memory; null when dropped
+   */
+  public record Asleep(int level, ParkedRange parked) {
+    /** Bytes held in host memory. */
+    public long hostBytes() {
+      return parked == null ? 0 : parked.length();
+    }
+
+    /** Frees the host memory, if any (the lease is released, or awake again). */
+    public void drop() {
+      if (parked != null) {
+        parked.drop();
+      }
+    }
+  }
+
+  /** Non-null while the lease sleeps. */
+  public synchronized Asleep asleep() {
+    return asleep;
+  }
+
+  /**
+   * The lease goes to sleep, its block still leased (the pool frees it next: {@link #moved}).
+   *
+   * @return false when it was released meanwhile: the caller drops {@code sleep} and leaves the
+   *     block to the release
+   */
+  public synchronized boolean fallAsleep(Asleep sleep) {
+    if (released) {
+      return false;
+    }
+    asleep = sleep;
+    return true;
+  }
+
+  /** The pool freed the sleeping lease's block: {@code place} is a detached copy of where it was. */
+  public void moved(Block place) {
+    block = place;
+  }
+
+  /**
+   * The sleeping lease is awake in {@code woken}, its contents restored; the caller drops what
+   * it returns.
+   *
+   * @return the sleep it woke from; null when the lease was released meanwhile, and then the
+   *     caller gives {@code woken} back to its pool
+   */
+  public synchronized Asleep wake(Block woken) {
+    if (released) {
+      return null;
+    }
+    Asleep was = asleep;
+    asleep = null;
+    block = woken;
+    return was;
   }
 
   /** Whether a possible leak of this lease was reported (read by the snapshot). */

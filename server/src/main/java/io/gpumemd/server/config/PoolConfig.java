@@ -1,5 +1,6 @@
 package io.gpumemd.server.config;
 
+import io.gpumemd.server.offload.HostStore;
 import java.util.Map;
 
 /**
@@ -17,6 +18,8 @@ import java.util.Map;
  *     ({@code --unmap-wait-ms})
  * @param maxPublishedBytes bytes of published objects per device, or -1 for "the device budget"
  *     ({@code --max-published-bytes})
+ * @param offloadMaxBytes bytes of sleeping leases' contents kept in host memory, all devices
+ *     together ({@code --offload-max-bytes}; default {@link HostStore#defaultMaxBytes})
  */
 public record PoolConfig(
     double deviceLimitFraction,
@@ -24,7 +27,8 @@ public record PoolConfig(
     long retentionCapBytes,
     long maxOversizeBytes,
     long unmapWaitMillis,
-    long maxPublishedBytes) {
+    long maxPublishedBytes,
+    long offloadMaxBytes) {
 
   /** Reads and checks the pool options; a problem is recorded in {@code s}. */
   static PoolConfig from(Settings s) {
@@ -34,7 +38,8 @@ public record PoolConfig(
         s.text("retention-cap-bytes").isEmpty() ? -1 : s.size("retention-cap-bytes"),
         s.size("max-oversize-bytes"),
         s.integer("unmap-wait-ms", 0, 600_000),
-        s.text("max-published-bytes").isEmpty() ? -1 : s.size("max-published-bytes"));
+        s.text("max-published-bytes").isEmpty() ? -1 : s.size("max-published-bytes"),
+        s.text("offload-max-bytes").isEmpty() ? HostStore.defaultMaxBytes() : s.size("offload-max-bytes"));
   }
 
   /** The device budget for a device of the given capacity. */
@@ -56,5 +61,6 @@ public record PoolConfig(
     values.put("max-oversize-bytes", maxOversizeBytes);
     values.put("unmap-wait-ms", unmapWaitMillis);
     values.put("max-published-bytes", maxPublishedBytes < 0 ? "(device budget)" : maxPublishedBytes);
+    values.put("offload-max-bytes", offloadMaxBytes);
   }
 }

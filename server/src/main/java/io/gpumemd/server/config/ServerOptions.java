@@ -198,6 +198,11 @@ public final class ServerOptions {
       description = "how long a lease may wait for clients to unmap evicted segments before RESOURCE_EXHAUSTED")
   String unmapWaitMs;
 
+  @Option(names = "--offload-max-bytes", paramLabel = "BYTES",
+      description = "most bytes of sleeping sessions' memory kept in host memory, all devices together; a sleep "
+          + "beyond it is refused (default: a quarter of the machine's RAM)")
+  String offloadMaxBytes;
+
   @Option(names = "--session-ttl-seconds", paramLabel = "N", defaultValue = "30",
       description = "TTL of sessions without keep-alive, when the client asks for none")
   String sessionTtlSeconds;

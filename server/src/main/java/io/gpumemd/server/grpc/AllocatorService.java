@@ -26,6 +26,10 @@ import io.gpumemd.proto.v1.SizeClassRules;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.ReleaseResponse;
 import io.gpumemd.proto.v1.SessionEvent;
+import io.gpumemd.proto.v1.SleepRequest;
+import io.gpumemd.proto.v1.SleepResponse;
+import io.gpumemd.proto.v1.WakeRequest;
+import io.gpumemd.proto.v1.WakeResponse;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.error.StatusMapper;
@@ -34,6 +38,7 @@ import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.session.PendingLease;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSleep;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.server.books.Validation;
@@ -41,8 +46,10 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
+import java.util.List;
 import java.util.concurrent.Executor;
 import java.util.function.Consumer;
+import java.util.function.Supplier;
 import java.util.concurrent.RejectedExecutionException;
 
 /**
@@ -207,6 +214,43 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       response.onCompleted();
     } catch (RuntimeException e) {
       response.onError(StatusMapper.toStatus("Release", e));
+    }
+  }
+
+  // ------------------------------------------------------------------------------ sleep and wake
+
+  @Override
+  public void sleep(SleepRequest request, StreamObserver<SleepResponse> response) {
+    Caller caller = Callers.current();
+    answerBlocking("Sleep", response, () -> {
+      long start = System.nanoTime();
+      SessionSleep.Slept slept = registry.sleep().sleep(caller, request.getSessionId(), request.getLevel(),
+          request.getTagsList(), request.getVacatedSegmentIdsList());
+      metrics.recordSleep(System.nanoTime() - start);
+      return SleepResponse.newBuilder().addAllLeaseIds(slept.leaseIds()).addAllSegmentIds(slept.segmentIds())
+          .setHostBytes(slept.hostBytes()).setFreedBytes(slept.freedBytes()).build();
+    });
+  }
+
+  @Override
+  public void wake(WakeRequest request, StreamObserver<WakeResponse> response) {
+    Caller caller = Callers.current();
+    answerBlocking("Wake", response, () -> {
+      long start = System.nanoTime();
+      List<SessionSleep.Woken> woken = registry.sleep().wake(caller, request.getSessionId());
+      metrics.recordWake(System.nanoTime() - start);
+      WakeResponse.Builder out = WakeResponse.newBuilder();
+      woken.forEach(w -> out.addSegments(ProtoMapping.segmentWake(w)));
+      return out.build();
+    });
+  }
+
+  /** {@link UnaryCalls#answer} on the blocking executor: for calls that copy memory or wait for it. */
+  private <T> void answerBlocking(String rpc, StreamObserver<T> response, Supplier<T> body) {
+    try {
+      blockingExecutor.execute(() -> answer(rpc, response, body));
+    } catch (RejectedExecutionException e) {
+      response.onError(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
     }
   }
 

@@ -6,6 +6,7 @@ import io.gpumemd.proto.v1.DeviceInfo;
 import io.gpumemd.proto.v1.DeviceStats;
 import io.gpumemd.proto.v1.FdSegment;
 import io.gpumemd.proto.v1.LeaseInfo;
+import io.gpumemd.proto.v1.SegmentWake;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.MemoryHandle;
 import io.gpumemd.proto.v1.ObjectInfo;
@@ -20,6 +21,7 @@ import io.gpumemd.server.pool.PoolMetric;
 import io.gpumemd.server.pool.PoolStats;
 import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.session.Session;
+import io.gpumemd.server.session.SessionSleep;
 import io.gpumemd.server.sharing.ShareToken;
 import java.util.EnumMap;
 import java.util.Map;
@@ -95,6 +97,17 @@ final class ProtoMapping {
         .build();
   }
 
+  /** One woken segment: the new segment's handle (offset 0) for the old one's range. */
+  static SegmentWake segmentWake(SessionSleep.Woken woken) {
+    Block block = woken.leases().get(0).block();
+    MemoryHandle.Builder handle = MemoryHandle.newBuilder().setSegmentId(block.segmentId())
+        .setSegmentBytes(block.segmentBytes()).setOffset(0);
+    setKind(handle, block.memory().handle());
+    SegmentWake.Builder out = SegmentWake.newBuilder().setOldSegmentId(woken.oldSegmentId()).setHandle(handle);
+    woken.leases().forEach(lease -> out.addLeaseIds(lease.id()));
+    return out.build();
+  }
+
   static LeaseInfo leaseInfo(LeaseRecord lease, long ageMillis) {
     Block block = lease.block();
     LeaseInfo.Builder out = LeaseInfo.newBuilder()
@@ -105,6 +118,10 @@ final class ProtoMapping {
         .setSegmentId(block.segmentId()).setOffset(block.offset())
         .setAttached(lease.attached()).setReadOnly(lease.readOnly())
         .setHolds(1);
+    LeaseRecord.Asleep asleep = lease.asleep();
+    if (asleep != null) {
+      out.setSleepLevel(asleep.level());
+    }
     SharedBlock shared = lease.shared();
     if (shared != null) {
       out.setHolds(shared.holds()).setObjectName(shared.name()).addAllHolderSessionIds(shared.holderSessionIds());
@@ -128,6 +145,7 @@ final class ProtoMapping {
   static SessionInfo sessionInfo(Session session, long ageMillis, int mappedSegments) {
     long[] holdings = session.holdings();
     long[] counters = session.clientCounters();
+    long[] sleep = session.sleepFigures();
     return SessionInfo.newBuilder()
         .setSessionId(session.id()).setClientName(session.clientName())
         .setLeases(holdings[0]).setLeasedBytes(holdings[1])
@@ -140,6 +158,7 @@ final class ProtoMapping {
         .setClientCacheReturns(counters[1])
         .setTenant(session.tenant()).setPeer(session.owner().principal())
         .setAttachedHolds(holdings[3]).setAttachedBytes(holdings[4])
+        .setSleepingLeases(sleep[0]).setHostBytes(sleep[1])
         .build();
   }
 

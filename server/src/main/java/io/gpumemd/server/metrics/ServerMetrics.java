@@ -10,6 +10,7 @@ import io.micrometer.core.instrument.Gauge;
 import io.micrometer.core.instrument.MeterRegistry;
 import io.micrometer.core.instrument.Tags;
 import io.micrometer.core.instrument.Timer;
+import io.gpumemd.server.offload.HostStore;
 import io.micrometer.core.instrument.binder.MeterBinder;
 import java.time.Duration;
 import java.util.concurrent.TimeUnit;
@@ -36,6 +37,8 @@ public final class ServerMetrics implements MeterBinder {
   private final MemoryBackend backend;
   private volatile PoolStats[] latest;
   private Timer[][] leaseTimers;
+  private Timer sleepTimer;
+  private Timer wakeTimer;
 
   /** Binds to {@code registry} at once, so that {@link #recordLease} may be called. */
   public ServerMetrics(MeterRegistry registry, DevicePools pools, IntSupplier sessions, MemoryBackend backend) {
@@ -103,8 +106,37 @@ public final class ServerMetrics implements MeterBinder {
       }
     }
     leaseTimers = timers;
+    sleepTimer = Timer.builder("gpumemd.sleep.duration").description("time to put a session's leases to sleep "
+        + "(Allocator.Sleep answered), contents copied to host memory included").register(registry);
+    wakeTimer = Timer.builder("gpumemd.wake.duration").description("time to wake a session's sleeping leases "
+        + "(Allocator.Wake answered), contents copied back included").register(registry);
     Gauge.builder("gpumemd.sessions", sessions, IntSupplier::getAsInt)
         .description("live sessions").register(registry);
+  }
+
+  /**
+   * Binds the figures of the host store that keeps sleeping leases' contents: bytes held and
+   * the bound ({@code --offload-max-bytes}), and the ranges parked and restored.
+   */
+  public static void bindHostStore(MeterRegistry registry, HostStore store) {
+    Gauge.builder("gpumemd.offload.held", store, HostStore::heldBytes).baseUnit("bytes")
+        .description("bytes of sleeping leases' contents kept in host memory").register(registry);
+    Gauge.builder("gpumemd.offload.max", store, HostStore::maxBytes).baseUnit("bytes")
+        .description("bound on the contents kept in host memory (--offload-max-bytes)").register(registry);
+    FunctionCounter.builder("gpumemd.offload.parks", store, HostStore::parks)
+        .description("ranges of device memory copied to host memory").register(registry);
+    FunctionCounter.builder("gpumemd.offload.restores", store, HostStore::restores)
+        .description("ranges copied back from host memory to device memory").register(registry);
+  }
+
+  /** Records one Sleep answered. */
+  public void recordSleep(long nanos) {
+    sleepTimer.record(nanos, TimeUnit.NANOSECONDS);
+  }
+
+  /** Records one Wake answered. */
+  public void recordWake(long nanos) {
+    wakeTimer.record(nanos, TimeUnit.NANOSECONDS);
   }
 
   /** Records one served lease. */

@@ -69,6 +69,20 @@ public final class Block {
     return size;
   }
 
+  /**
+   * Where the block is, as a sleeping lease keeps it: a copy of its place that no pool book
+   * links, so what becomes of the block once freed (coalesced, reused) does not change it.
+   * Under the pool's lock, while the block is still leased.
+   */
+  Block detached() {
+    return new Block(segment, id, offset, size, state);
+  }
+
+  /** Whether the block's segment serves small requests ({@link io.gpumemd.common.SizeClasses#isSmall}). */
+  public boolean smallSegment() {
+    return segment.small;
+  }
+
   @Override
   public String toString() {
     return "Block[segment=" + segment.id + ", offset=" + offset + ", size=" + size + ", " + state + "]";

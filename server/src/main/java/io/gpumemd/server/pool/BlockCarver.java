@@ -68,15 +68,7 @@ final class BlockCarver {
     assert lock.isHeldByCurrentThread() && block.state == Block.State.FREE;
     Segment segment = block.segment;
     if (SizeClasses.shouldSplit(block.size, size)) {
-      Block rest = new Block(segment, nextBlockId++, block.offset + size, block.size - size, Block.State.FREE);
-      rest.prev = block;
-      rest.next = block.next;
-      if (block.next != null) {
-        block.next.prev = rest;
-      }
-      block.next = rest;
-      block.size = size;
-      free.add(rest);
+      free.add(splitAfter(block, size));
     }
     idle.remove(segment);
     block.state = Block.State.LEASED;
@@ -97,6 +89,55 @@ final class BlockCarver {
     segment.head = whole;
     live.put(segment.id, segment);
     return whole;
+  }
+
+  /**
+   * Leases the given ranges of a fresh segment's one block (not indexed; {@link #install}), each
+   * at its offset and of exactly its size, and frees the gaps between them: a wake puts a
+   * sleeping session's leases back where they were, in a segment of the old one's size.
+   *
+   * @param ranges offset and size pairs, ordered by offset, not overlapping, inside the block
+   * @return the leased blocks, in the order of the ranges
+   */
+  Block[] carveRanges(Block whole, long[] ranges) {
+    assert lock.isHeldByCurrentThread() && whole.state == Block.State.FREE && whole.next == null;
+    Block[] leased = new Block[ranges.length / 2];
+    Block rest = whole;
+    for (int i = 0; i < leased.length; i++) {
+      long offset = ranges[2 * i];
+      long size = ranges[2 * i + 1];
+      if (rest == null || offset < rest.offset || offset + size > rest.offset + rest.size) {
+        throw new IllegalArgumentException("range " + offset + "+" + size + " does not fit " + whole.segment);
+      }
+      if (offset > rest.offset) {
+        Block gap = rest;
+        rest = splitAfter(gap, offset - gap.offset);
+        free.add(gap);
+      }
+      Block tail = rest.size > size ? splitAfter(rest, size) : null;
+      rest.state = Block.State.LEASED;
+      rest.segment.usedBytes += size;
+      countLeased(rest);
+      leased[i] = rest;
+      rest = tail;
+    }
+    if (rest != null) {
+      free.add(rest);
+    }
+    return leased;
+  }
+
+  /** Splits a free block after its first {@code size} bytes; returns the second part (free, not indexed). */
+  private Block splitAfter(Block block, long size) {
+    Block tail = new Block(block.segment, nextBlockId++, block.offset + size, block.size - size, Block.State.FREE);
+    tail.prev = block;
+    tail.next = block.next;
+    if (block.next != null) {
+      block.next.prev = tail;
+    }
+    block.next = tail;
+    block.size = size;
+    return tail;
   }
 
   /** A leased block stops counting as leased: released, or kept in its client's cache. */

@@ -1,6 +1,7 @@
 package io.gpumemd.server.pool;
 
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.List;
 import java.util.concurrent.locks.ReentrantLock;
 
@@ -138,6 +139,40 @@ final class Eviction {
         core.waiters.memoryCameBack();
       }
       return null;
+    });
+  }
+
+  /**
+   * See {@link DevicePool#sleep}: checks every block first, so that a refusal changes nothing.
+   */
+  List<Block> sleep(List<Block> blocks, String holder, Collection<Long> vacatedSegmentIds) {
+    return AfterUnlock.locked(core, after -> {
+      for (Block block : blocks) {
+        if (block.state != Block.State.LEASED || block.segment.state != Segment.State.LIVE) {
+          throw new IllegalStateException("sleep of a block that is not leased: " + block);
+        }
+      }
+      List<Block> places = new ArrayList<>(blocks.size());
+      for (Block block : blocks) {
+        places.add(block.detached());
+        carver.unleased(block);
+        carver.giveBack(block);
+      }
+      for (long segmentId : vacatedSegmentIds) {
+        Segment segment = core.segment(segmentId);
+        if (segment == null) {
+          continue;
+        }
+        boolean last = holders.vacated(holder, segment);
+        if (segment.state == Segment.State.AWAITING_UNMAP) {
+          freeIfLast(last ? segment : null, after);
+        } else if (segment.idle() && carver.idle.remove(segment)) {
+          // Not kept in the cache: the sleep is there to give the memory to others now.
+          evict(segment, after);
+        }
+      }
+      core.waiters.memoryCameBack();
+      return places;
     });
   }
 

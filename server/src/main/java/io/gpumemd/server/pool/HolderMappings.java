@@ -84,9 +84,17 @@ final class HolderMappings {
    */
   Segment unmapped(String holder, long segmentId) {
     Segment segment = awaitingUnmap.get(segmentId);
-    if (segment == null) {
-      return null;
-    }
+    return segment != null && vacated(holder, segment) ? segment : null;
+  }
+
+  /**
+   * A holder no longer maps a segment: it confirmed an unmap the pool asked for ({@link
+   * #unmapped}), or it vacated its mapping of a live one as its session went to sleep (the sleep
+   * holds the session's leases in it, so no new lease of that session crosses the message).
+   *
+   * @return true when the segment was evicted and this was its last mapper
+   */
+  boolean vacated(String holder, Segment segment) {
     // The session speaks for the processes that fetched the segment's descriptor for it: the
     // client library unmaps (and closes the descriptor) before it confirms.
     List<String> processes = new ArrayList<>(0);
@@ -99,7 +107,7 @@ final class HolderMappings {
     for (String process : processes) {
       last |= dropped(process, segment);
     }
-    return dropped(holder, segment) || last ? segment : null;
+    return dropped(holder, segment) || last;
   }
 
   /**

@@ -94,14 +94,42 @@ final class Miss {
   private long epoch;
   /** The block phase 1 found cached. */
   private Block hit;
+  /**
+   * For a wake: the offset and size pairs to lease in the new segment, whose size and class are
+   * the old one's; null for a lease. A wake takes no cached block: it needs a whole segment.
+   */
+  private final long[] wakeRanges;
+  private final boolean small;
+  /** A wake's leased blocks, in the order of {@link #wakeRanges}. */
+  private Block[] woken;
 
   /** @param size the request rounded up ({@link SizeClasses#roundUp}) */
   Miss(PoolCore core, Eviction eviction, long size, String holder, SegmentOwner owner) {
+    this(core, eviction, size, segmentBytes(size, core.segmentGranularity), SizeClasses.isSmall(size), null, holder,
+        owner);
+  }
+
+  /** A wake's miss: see {@link DevicePool#wake}. */
+  static Block[] wake(PoolCore core, Eviction eviction, long segmentBytes, boolean small, long[] ranges, String holder,
+      SegmentOwner owner) {
+    long bytes = 0;
+    for (int i = 1; i < ranges.length; i += 2) {
+      bytes += ranges[i];
+    }
+    Miss miss = new Miss(core, eviction, bytes, segmentBytes, small, ranges, holder, owner);
+    miss.run();
+    return miss.woken;
+  }
+
+  private Miss(PoolCore core, Eviction eviction, long size, long segmentBytes, boolean small, long[] wakeRanges,
+      String holder, SegmentOwner owner) {
     this.core = core;
     this.eviction = eviction;
     this.ticker = core.ticker;
     this.size = size;
-    this.segmentBytes = segmentBytes(size, core.segmentGranularity);
+    this.segmentBytes = segmentBytes;
+    this.small = small;
+    this.wakeRanges = wakeRanges;
     this.holder = holder;
     this.owner = owner;
     long now = ticker.nanos();
@@ -151,7 +179,7 @@ final class Miss {
       core.checkOpen();
       epoch = core.waiters.epoch();
       // Someone may have returned a fitting block while we were outside the lock.
-      hit = core.takeCached(size, holder, owner.key());
+      hit = wakeRanges == null ? core.takeCached(size, holder, owner.key()) : null;
       if (hit != null) {
         return Next.HIT;
       }
@@ -272,14 +300,18 @@ final class Miss {
         core.counters.add(PoolMetric.SCRUBBED_BYTES, segmentBytes);
       }
       if (!core.closed()) {
-        Block whole = core.carver.install(owner.key(), memory, SizeClasses.isSmall(size));
+        Block whole = core.carver.install(owner.key(), memory, small);
         core.budget.installed(segmentBytes);
+        log.debug("device {}: new segment {} of {} bytes for {} bytes of {}", core.device.ordinal(),
+            whole.segment.id, segmentBytes, size, wakeRanges == null ? "a block" : "sleeping leases");
+        core.holders.mapped(whole.segment, holder);
+        if (wakeRanges != null) {
+          woken = core.carver.carveRanges(whole, wakeRanges);
+          return null;
+        }
         core.counters.increment(PoolMetric.MISSES);
-        log.debug("device {}: new segment {} of {} bytes for a {}-byte block",
-            core.device.ordinal(), whole.segment.id, segmentBytes, size);
         // Reads as zeros: the backend guarantees it, or it was just scrubbed.
         Block block = core.carver.carve(whole, size);
-        core.holders.mapped(block.segment, holder);
         return new LeasedBlock(block, false);
       }
       core.counters.increment(PoolMetric.BACKEND_FREES);
@@ -323,8 +355,9 @@ final class Miss {
 
   /** The refusal, with the pool's state; built only on the failure path, under the lock. */
   private ExhaustedException exhausted(String why) {
-    return new ExhaustedException("device " + core.device.ordinal() + ": cannot lease "
-        + Sizes.format(size) + ": " + why + " (requested=" + size + ", leased=" + core.carver.leasedBytes()
+    return new ExhaustedException("device " + core.device.ordinal() + ": cannot "
+        + (wakeRanges == null ? "lease " : "wake ") + Sizes.format(size) + (wakeRanges == null ? "" : " of sleeping leases")
+        + ": " + why + " (requested=" + size + ", leased=" + core.carver.leasedBytes()
         + ", client_cached=" + core.clientCache.bytes() + ", cached=" + core.carver.cachedBytes()
         + ", remainder=" + core.remainderBytes() + ", awaiting_event=" + core.events.bytes()
         + ", awaiting_unmap=" + core.holders.awaitingUnmapBytes() + ", in_flight=" + core.budget.inFlightBytes()

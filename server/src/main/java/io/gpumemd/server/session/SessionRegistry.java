@@ -19,6 +19,7 @@ import io.gpumemd.server.books.SegmentHolding;
 import io.gpumemd.server.books.Tenant;
 import io.gpumemd.server.books.Validation;
 import io.gpumemd.server.error.NotFoundException;
+import io.gpumemd.server.offload.HostStore;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
@@ -73,6 +74,7 @@ public final class SessionRegistry {
   private final SessionChurn churn;
   private final SharedObjects sharing;
   private final ClientCache clientCache;
+  private final SessionSleep sleep;
 
   /**
    * @param sessions the live sessions, shared with the pools (which send unmap requests
@@ -80,6 +82,12 @@ public final class SessionRegistry {
    */
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
       LiveSessions sessions) {
+    this(pools, backend, settings, ticker, sessions, HostStore.defaultMaxBytes());
+  }
+
+  /** @param offloadMaxBytes the bound on sleeping leases' contents in host memory ({@code --offload-max-bytes}) */
+  public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
+      LiveSessions sessions, long offloadMaxBytes) {
     this.pools = pools;
     this.sessions = sessions;
     this.settings = settings;
@@ -89,6 +97,12 @@ public final class SessionRegistry {
     this.book = new LeaseBook(pools, backend, ticker);
     this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker);
     this.clientCache = new ClientCache(pools, book);
+    this.sleep = new SessionSleep(this, book, new HostStore(backend, offloadMaxBytes));
+  }
+
+  /** Sleep and wake of sessions: the gRPC service calls it directly. */
+  public SessionSleep sleep() {
+    return sleep;
   }
 
   /** Share tokens and published objects: the gRPC services take it once and call it directly. */

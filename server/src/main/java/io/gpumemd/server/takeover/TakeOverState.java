@@ -5,15 +5,18 @@ import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.SnapshotRefusedException;
+import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.function.IntConsumer;
 import org.slf4j.Logger;
@@ -101,7 +104,24 @@ public final class TakeOverState {
     if (registry.draining()) {
       return "this daemon is shutting down";
     }
-    return pools.restoreRefusal(hello.getLimitBytesList());
+    String sleeping = sleepingRefusal(registry);
+    return sleeping != null ? sleeping : pools.restoreRefusal(hello.getLimitBytesList());
+  }
+
+  /**
+   * Why the state cannot be handed over while sessions sleep, or null: their contents are in
+   * this process's host memory (pinned, on CUDA), which cannot pass to another process, and a
+   * successor that re-read gigabytes would stretch the pause the take-over is there to keep short.
+   */
+  static String sleepingRefusal(SessionRegistry registry) {
+    List<String> sleeping = new ArrayList<>();
+    for (Session session : registry.sessions(Caller.DAEMON)) {
+      if (session.sleepFigures()[0] > 0) {
+        sleeping.add(session.toString());
+      }
+    }
+    return sleeping.isEmpty() ? null : sleeping.size() + " session(s) sleep (" + String.join(", ", sleeping)
+        + "): wake them (Allocator.Wake, or gpumemctl sleep/wake) before a take-over";
   }
 
   /**
@@ -139,6 +159,10 @@ public final class TakeOverState {
       throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
+    }
+    String sleeping = sleepingRefusal(registry);
+    if (sleeping != null) {
+      throw new TakeOverRefusedException(sleeping);
     }
     State.Builder state = State.newBuilder();
     try {
