@@ -4,10 +4,11 @@ on a GPU or the stand-in driver. Other sessions are other processes (tests/sleep
 import asyncio
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
+import urllib.request
 
 import grpc
 import numpy
@@ -18,6 +19,8 @@ import gpumemd.aio
 from gpumemd import _cuda
 from gpumemd._errors import GpumemdError
 from gpumemd._stubs import pb
+from test_client_cache import _free_port
+from test_fd import wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SIZE = 4 << 20   # a large request: a segment of its own
@@ -174,8 +177,9 @@ def test_a_sleep_past_the_host_bound_is_refused_and_changes_nothing(start_daemon
         lease.close()
 
 
-def test_a_sleep_with_tags_leaves_the_other_segments_awake(daemon):
-    with gpumemd.connect(daemon.target) as gm:
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_sleep_with_tags_leaves_the_other_segments_awake(daemon, stream):
+    with gpumemd.connect(daemon.target, stream=stream) as gm:
         weights, kv = gm.lease(0, SIZE, tag="weights"), gm.lease(0, SIZE, tag="kv")
         assert weights.segment_id != kv.segment_id
         weights.buffer()[:1] = b"w"
@@ -190,6 +194,26 @@ def test_a_sleep_with_tags_leaves_the_other_segments_awake(daemon):
         kv.close()
 
 
+def test_a_segment_the_daemon_does_not_put_to_sleep_is_mapped_again(daemon):
+    """The client vacates every segment that ever held a lease with the tag (a superset of the
+    daemon's choice); one the daemon leaves awake is refilled from itself."""
+    with gpumemd.connect(daemon.target, client_cache_bytes=0) as gm:
+        kv = gm.lease(0, 4096, tag="kv")
+        kv.close()  # released: the segment holds no "kv" lease any more
+        weights = gm.lease(0, 4096, tag="weights")
+        assert weights.segment_id == kv.segment_id  # the same small segment
+        view = weights.buffer()
+        view[:2] = b"w!"
+        slept = gm.sleep(2, tags="kv")
+        assert slept.lease_ids == [] and slept.segment_ids == []
+        assert not weights.asleep and bytes(view[:2]) == b"w!"  # mapped again, at the same address
+        view[2:3] = b"?"
+        with gm.lease(0, 4096) as more:  # nothing sleeps: the session leases
+            more.buffer()[0] = 1
+        del view
+        weights.close()
+
+
 def test_while_asleep_leases_are_refused_and_a_sleeping_lease_can_be_closed(daemon):
     with gpumemd.connect(daemon.target) as gm:
         gm.lease(0, 4096).close()  # kept in the client cache tier
@@ -201,9 +225,11 @@ def test_while_asleep_leases_are_refused_and_a_sleeping_lease_can_be_closed(daem
         with pytest.raises(GpumemdError) as refused:
             gm.lease(0, 4096)  # not served by the tier either
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
-        first.close()  # a sleeping lease: released, its contents dropped
+        first.close()  # a sleeping lease: released (a notice on the stream), its contents dropped
         assert gm.stats().cached_leases == 0
-        assert set(_sleep_levels(daemon, gm.session_id)) == {second.id}
+        wait_until(lambda: set(_sleep_levels(daemon, gm.session_id)) == {second.id}, 10,
+                   "the daemon applying the sleeping lease's release")
+        assert _session(daemon, gm.session_id).sleeping_leases == 1
         woken = gm.wake()
         assert woken.lease_ids == [second.id] and bytes(second.buffer()[:3]) == b"two"
         assert set(_sleep_levels(daemon, gm.session_id)) == {second.id}
@@ -212,8 +238,17 @@ def test_while_asleep_leases_are_refused_and_a_sleeping_lease_can_be_closed(daem
         second.close()
 
 
+def _held_in_host_memory(port):
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+    match = re.search(r"^gpumemd_offload_held_bytes(?:\{[^}]*\})? (\S+)$", text, re.M)
+    assert match, "no gpumemd_offload_held_bytes on /metrics"
+    return float(match.group(1))
+
+
 def test_a_sleeping_client_killed_is_freed_after_the_grace_period(start_daemon):
-    d = start_daemon("--backend", "host", "--host-devices", "1", "--host-device-bytes", "64MiB")
+    port = _free_port()
+    d = start_daemon("--backend", "host", "--host-devices", "1", "--host-device-bytes", "64MiB",
+                     "--metrics-port", str(port))
     worker = _start_worker("sleep", d.target, BIG)
     try:
         line = worker.stdout.readline().split()
@@ -221,15 +256,14 @@ def test_a_sleeping_client_killed_is_freed_after_the_grace_period(start_daemon):
         session_id = line[1]
         info = _session(d, session_id)
         assert info.sleeping_leases == 1 and info.host_bytes >= BIG
+        assert _held_in_host_memory(port) == info.host_bytes
     finally:
         worker.send_signal(signal.SIGKILL)
         worker.wait()
-    deadline = time.monotonic() + 30  # the grace period is 500 ms (conftest)
-    while _session(d, session_id) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert _session(d, session_id) is None
+    wait_until(lambda: _session(d, session_id) is None, 30, "the session's end after its grace period (500 ms)")
     assert d.leases(session_id=session_id) == []
-    assert _other_session(d, BIG) == "leased"
+    assert _held_in_host_memory(port) == 0  # its contents dropped with it
+    assert _other_session(d, BIG) == "leased"  # and its device memory is another's to lease
 
 
 @pytest.mark.parametrize("segments", ["path", "fd"])
