@@ -245,6 +245,17 @@ def _held_in_host_memory(port):
     return float(match.group(1))
 
 
+def test_a_client_closed_while_asleep_ends_its_session_and_leases(daemon):
+    gm = gpumemd.connect(daemon.target)
+    lease = gm.lease(0, SIZE)
+    view = lease.buffer()
+    gm.sleep(1)
+    session_id = gm.session_id
+    gm.close()
+    assert _session(daemon, session_id) is None and daemon.leases(session_id=session_id) == []
+    del view  # its range, inaccessible, goes with it
+
+
 def test_a_sleeping_client_killed_is_freed_after_the_grace_period(start_daemon):
     port = _free_port()
     d = start_daemon("--backend", "host", "--host-devices", "1", "--host-device-bytes", "64MiB",
