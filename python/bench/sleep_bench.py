@@ -14,7 +14,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,27 +24,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 import numpy  # noqa: E402
 
 import gpumemd  # noqa: E402
+from cache_bench import start_daemon  # noqa: E402
 
 MIB = 1 << 20
-
-
-def start(jar, directory, mib):
-    socket = os.path.join(directory, "gpumemd.sock")
-    log = open(os.path.join(directory, "gpumemd.log"), "wb")
-    process = subprocess.Popen(
-        ["java", "-jar", jar, "--socket", socket, "--shm-dir", os.path.join(directory, "shm"), "--metrics-port", "0",
-         "--backend", "host", "--host-devices", "1", "--host-device-bytes", "%dMiB" % (2 * mib),
-         "--offload-max-bytes", "%dMiB" % (2 * mib)], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with open(log.name, "rb") as f:
-            if b"gpumemd ready" in f.read():
-                return process, "unix://" + socket
-        if process.poll() is not None:
-            break
-        time.sleep(0.1)
-    process.kill()
-    sys.exit("gpumemd did not start; see %s" % log.name)
 
 
 def main():
@@ -56,7 +37,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="gpumemd-sleep-bench-")
-    process, target = start(args.jar, directory, args.mib)
+    process, target = start_daemon(args.jar, directory, ("--host-device-bytes", "%dMiB" % (2 * args.mib),
+                                                         "--offload-max-bytes", "%dMiB" % (2 * args.mib)))
     size = args.mib * MIB
     try:
         with gpumemd.connect(target, client_name="sleep-bench", client_cache_bytes=0) as gm:
