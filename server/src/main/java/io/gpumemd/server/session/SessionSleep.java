@@ -111,7 +111,10 @@ public final class SessionSleep {
   private Slept sleep(Session session, List<LeaseRecord> records, int level, Set<String> tags, Set<Long> vacated) {
     Set<Long> segments = new TreeSet<>();
     for (LeaseRecord r : records) {
-      if (r.asleep() == null && !r.attached() && (tags.isEmpty() || tags.contains(r.tag()))) {
+      // A client-cached lease names no segment: the client gives its tier back before it calls,
+      // and the release may still be on its way.
+      if (r.asleep() == null && !r.attached() && !session.keepsCached(r)
+          && (tags.isEmpty() || tags.contains(r.tag()))) {
         segments.add(r.block().segmentId());
       }
     }
