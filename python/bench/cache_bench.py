@@ -32,13 +32,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 KiB, MiB = 1 << 10, 1 << 20
 
 
-def start_daemon(jar, directory):
+def start_daemon(jar, directory, options=("--host-device-bytes", "2GiB", "--client-cache-bytes", "256MiB")):
+    """The daemon on the host backend, one device, with ``options`` (bench/sleep_bench.py's too)."""
     socket = os.path.join(directory, "gpumemd.sock")
     log = open(os.path.join(directory, "gpumemd.log"), "wb")
     process = subprocess.Popen(
         ["java", "-jar", jar, "--socket", socket, "--shm-dir", os.path.join(directory, "shm"),
-         "--metrics-port", "0", "--backend", "host", "--host-devices", "1", "--host-device-bytes", "2GiB",
-         "--client-cache-bytes", "256MiB"], stdout=log, stderr=subprocess.STDOUT)
+         "--metrics-port", "0", "--backend", "host", "--host-devices", "1"] + list(options),
+        stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         with open(log.name, "rb") as f:

@@ -13,15 +13,20 @@ PyTorch and CuPy allocate through gpumemd with ``gpumemd.torch.mem_pool(gm, devi
 ``torch.cuda.MemPool``) and ``gpumemd.cupy.allocator(gm, device)``; both submodules are imported
 on first use, since they import their framework.
 
+Sleep and wake: ``gm.sleep(level=1)`` frees the session's device memory while it keeps its
+leases (the daemon keeps their contents in host memory, level 1, or drops them, level 2);
+``gm.wake()`` brings every lease back at its old address.
+
 See python/README.md for the protocol spoken and what is left out.
 """
 from ._errors import GpumemdError
 from ._lease import Lease
 from ._sharing import AsyncPublished, AsyncShare, Published, Share
+from ._sleep import Slept, Woken
 from .client import Client, ClientStats, connect
 
 __all__ = ["connect", "Client", "ClientStats", "Lease", "Share", "Published", "AsyncShare", "AsyncPublished",
-           "GpumemdError", "cuda_available"]
+           "GpumemdError", "Slept", "Woken", "cuda_available"]
 __version__ = "0.1.0"
 
 

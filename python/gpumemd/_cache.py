@@ -99,6 +99,7 @@ class ClientCache:
         self._version_sent = 0
         self._scheduled = False  # a wake was asked for and its flush has not run yet
         self._drained = False
+        self._refusing = False   # offers are refused: drained for good, or suspended by a sleep
         self._discarded = False
         self.local_hits = 0
 
@@ -146,7 +147,7 @@ class ClientCache:
         mappings the caller releases."""
         nbytes = lease.block_bytes
         with self._lock:
-            if self._drained or nbytes > self.allowance:
+            if self._refusing or nbytes > self.allowance:
                 return None
             evicted = ()
             if self.cached_bytes + nbytes > self.allowance:
@@ -258,7 +259,7 @@ class ClientCache:
         takes find nothing and keep nothing; the leases that were cached are returned."""
         with self._lock:
             out = list(self._by_age.values())
-            self._drained = True
+            self._drained = self._refusing = True
             self._by_age.clear()
             self._by_size.clear()
             self.cached_bytes = 0
@@ -267,6 +268,23 @@ class ClientCache:
                 self._notices.clear()
                 self._releases.clear()
         return out
+
+    def suspend(self):
+        """A sleep begins (see gpumemd._sleep): every cached lease is given back (the leases
+        removed, as :meth:`give_back`) and closes are not kept until :meth:`resume`, so that
+        nothing of a sleeping session is client-cached and no lease is served here while the
+        daemon refuses leases to the session."""
+        with self._lock:
+            self._refusing = True
+            out = self._remove_oldest(None, None)
+        if out:
+            self._wake(True)
+        return out
+
+    def resume(self):
+        """Nothing of the session sleeps any more: closes are kept again (unless drained)."""
+        with self._lock:
+            self._refusing = self._drained
 
     # ------------------------------------------------------------------ sending
 

@@ -38,6 +38,12 @@ class Lease:
     nothing enforces it. ``__cuda_array_interface__`` says writable either way, since PyTorch
     refuses read-only arrays.
 
+    While its session sleeps (:meth:`Client.sleep`) the lease may sleep (:attr:`asleep`): it
+    keeps its id, address and views, but its memory is gone and touching it faults (SIGSEGV on
+    the host backend); :meth:`Client.wake` brings it back at the same address, in the segment
+    the wake gave (:attr:`segment_id` changes, :attr:`offset` does not). Closing a sleeping
+    lease releases it (its contents are dropped).
+
     If the session that granted it is lost (the daemon restarted), the lease is dead:
     :attr:`lost` is True, :meth:`close` does nothing, and the accessors raise
     :class:`GpumemdError` (``UNAVAILABLE``, "session lost"). A buffer or array taken earlier keeps
@@ -56,7 +62,6 @@ class Lease:
         #: True when the client cache tier served it (no round trip to the daemon).
         self.local_hit = False
         self._shared = False  # shared or published: never kept in the client cache tier
-        self.segment_id = response.handle.segment_id
         self.offset = response.handle.offset
         self.tag = tag
         #: True for a read-only hold (see the class notes).
@@ -97,6 +102,16 @@ class Lease:
             ctypes.memset(self._mapping.address + self.offset, 0, self.block_bytes)
         else:
             _cuda.memset(self._mapping.device, self._mapping.base + self.offset, 0, self.block_bytes)
+
+    @property
+    def segment_id(self):
+        """The segment the block is in: the mapping's, which a wake moves to another segment."""
+        return self._mapping.segment_id
+
+    @property
+    def asleep(self):
+        """True while the lease sleeps (see :meth:`Client.sleep`): touching its memory faults."""
+        return self._mapping.vacated
 
     @property
     def is_host(self):

@@ -33,6 +33,13 @@ unmap is acknowledged. With legacy CUDA IPC handles read-only is advisory (a leg
 cannot be opened read-only, and CUDA allows one open per context), so every lease and hold on a
 segment shares its one mapping.
 
+A sleep (:mod:`gpumemd._sleep`) sets the segments it covers aside: out of the table, their
+mappings vacated, still counted by their leases (a sleeping lease may close) and closed with the
+rest, and no hold is mapped on them; the wake puts each back under the id of the segment it
+became (a mapping knows its ``segment_id``, and a lease reads its own from its mapping), a
+refused sleep under its own. An ``UnmapSegment`` of a set-aside segment is acknowledged at
+once: the sleep's vacated segments told the daemon already.
+
 CUDA mappings live on this process's ordinal of the daemon's device, found by UUID (the
 daemon's devices come with OpenSession); a lease on a GPU this process cannot see fails with
 FAILED_PRECONDITION naming its UUID.
@@ -69,8 +76,11 @@ class HostMapping:
 
     kind = "host"
 
-    def __init__(self, device, path, segment_bytes, read_only=False, fd=None, source="the lease's reply"):
+    def __init__(self, device, path, segment_bytes, read_only=False, fd=None, source="the lease's reply",
+                 segment_id=None):
         self.device = device
+        #: The segment mapped here now (a wake moves the mapping to another, see gpumemd._sleep).
+        self.segment_id = segment_id
         self.path = path
         self.read_only = read_only
         self.segment_bytes = segment_bytes
@@ -107,7 +117,7 @@ class HostMapping:
     def from_descriptor(cls, device, segment_id, fd, segment_bytes, read_only):
         """Maps a descriptor from the fd channel, and closes it (also when mapping fails)."""
         return cls(device, "segment %d" % segment_id, segment_bytes, read_only, fd=fd,
-                   source="the fd channel's grant")
+                   source="the fd channel's grant", segment_id=segment_id)
 
     @property
     def closed(self):
@@ -183,10 +193,12 @@ def _open(path, read_only):
 
 
 class CudaMapping:
-    """A legacy CUDA segment opened with ``cuIpcOpenMemHandle`` on this process's ``device``."""
+    """A legacy CUDA segment opened with ``cuIpcOpenMemHandle`` on this process's ``device``.
+    It cannot sleep: the driver places an IPC mapping where it likes, not at a kept address."""
 
     kind = "cuda"
     read_only = False  # one mapping per segment and context: read-only is advisory with legacy handles
+    vacated = False
 
     def __init__(self, device, segment_id, handle_bytes, segment_bytes):
         self.device = device
@@ -239,6 +251,10 @@ class VmmMapping:
     def vacated(self):
         return self._handle is None
 
+    @property
+    def closed(self):
+        return self._closed
+
     def vacate(self):
         """Waits for the context's queued work, unmaps and releases the allocation, keeps the
         range (a kernel touching it meanwhile faults). Nothing when vacated."""
@@ -289,9 +305,9 @@ def _close_quietly(mapping):
 
 
 class _Entry:
-    __slots__ = ("mappings", "leases", "unmap_requested", "segment_bytes")
+    __slots__ = ("mappings", "leases", "unmap_requested", "segment_bytes", "handle", "tags")
 
-    def __init__(self, mappings=None, segment_bytes=None):
+    def __init__(self, mappings=None, segment_bytes=None, handle=None):
         self.mappings = mappings or {}  # read_only (bool) -> mapping
         self.leases = 0
         self.unmap_requested = False
@@ -299,6 +315,11 @@ class _Entry:
         # later reply on the segment must say the same (a segment never changes size), since its
         # offsets are checked against it.
         self.segment_bytes = segment_bytes
+        # The segment's MemoryHandle (a refused sleep maps it again from there), and the tags of
+        # the leases and holds granted on it, never removed: a sleep with tags vacates a superset
+        # of the segments the daemon puts to sleep, which is what it asks for.
+        self.handle = handle
+        self.tags = set()
 
 
 class MappingCache:
@@ -313,6 +334,7 @@ class MappingCache:
         self._lock = threading.Lock()
         self._entries = {}
         self._waiting = {}  # segment id -> ([mappings], ack): closed by us, refused while exported for now
+        self._asleep = {}   # segment id -> _Entry: set aside by a sleep (gpumemd._sleep), vacated
         self.maps_opened = 0
 
     def needs_descriptor(self, handle, read_only=False):
@@ -327,23 +349,27 @@ class MappingCache:
                 waiting is not None and any(m.read_only == bool(read_only) for m in waiting[0]))
             return not mapped
 
-    def acquire(self, device, handle, read_only=False, descriptor=None):
+    def acquire(self, device, handle, read_only=False, descriptor=None, tag=""):
         """The mapping of a lease's or hold's segment (a MemoryHandle), opened on first use;
-        counts the lease. ``read_only``: the segment's read-only mapping (host backend; on CUDA
-        its one mapping). ``descriptor``: a :class:`gpumemd._fdchannel.Descriptor` fetched
-        beforehand for an ``fd_segment`` handle (see :meth:`needs_descriptor`); closed here if
-        not needed."""
+        counts the lease, and its ``tag`` (for a sleep with tags). ``read_only``: the segment's
+        read-only mapping (host backend; on CUDA its one mapping). ``descriptor``: a
+        :class:`gpumemd._fdchannel.Descriptor` fetched beforehand for an ``fd_segment`` handle
+        (see :meth:`needs_descriptor`); closed here if not needed."""
         segment_id = handle.segment_id
         kind = handle.WhichOneof("kind")
         key = bool(read_only) and kind in _READ_ONLY_KINDS
         try:
-            return self._acquire(device, handle, segment_id, kind, key, descriptor)
+            return self._acquire(device, handle, segment_id, kind, key, descriptor, tag)
         finally:
             if descriptor is not None:
                 descriptor.close()
 
-    def _acquire(self, device, handle, segment_id, kind, key, descriptor):
+    def _acquire(self, device, handle, segment_id, kind, key, descriptor, tag):
         with self._lock:
+            if self._asleep and segment_id in self._asleep:
+                # Its range here is vacated until the wake: a hold must not be handed that.
+                raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                   "segment %d sleeps in this process (the session sleeps): wake it first" % segment_id)
             entry = self._entries.get(segment_id)
             waiting = None
             if entry is None:
@@ -357,12 +383,14 @@ class MappingCache:
             if entry is None:
                 waiting = self._waiting.pop(segment_id, None)
                 # never unmapped, still valid: take them back
-                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None, handle.segment_bytes)
+                entry = _Entry({m.read_only: m for m in waiting[0]} if waiting else None, handle.segment_bytes,
+                               handle)
             mapping = entry.mappings.get(key)
             if mapping is None:
                 try:
                     if kind == "host_shm_path":
-                        mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes, key)
+                        mapping = HostMapping(device, handle.host_shm_path, handle.segment_bytes, key,
+                                              segment_id=segment_id)
                     elif kind in _DESCRIPTOR_KINDS:
                         mapping = self._map_descriptor(device, handle, kind, key, descriptor)
                     elif kind == "cuda_ipc_handle":
@@ -378,6 +406,7 @@ class MappingCache:
                 self.maps_opened += 1
             self._entries[segment_id] = entry
             entry.leases += 1
+            entry.tags.add(tag)
             return mapping
 
     def _cuda_device(self, device):
@@ -409,10 +438,12 @@ class MappingCache:
         return HostMapping.from_descriptor(device, handle.segment_id, fd, handle.segment_bytes, read_only)
 
     def release(self, segment_id):
-        """A lease or hold on the segment closed."""
+        """A lease or hold on the segment closed (a sleeping one too)."""
         to_close = None
         with self._lock:
             entry = self._entries.get(segment_id)
+            if entry is None and self._asleep:
+                entry = self._asleep.get(segment_id)  # counted, kept until the wake says what it became
             if entry is not None:
                 entry.leases -= 1
                 if entry.leases == 0 and entry.unmap_requested:
@@ -474,12 +505,98 @@ class MappingCache:
         return sorted({m.device for m in mappings if m.kind == "cuda"})
 
     def close_all(self):
-        """Closes every mapping (the client closes). Host mappings still exported stay mapped
-        until the last exporting object is gone (the mapping's finalizer then unmaps it)."""
+        """Closes every mapping (the client closes), sleeping ones too. Host mappings still
+        exported stay mapped until the last exporting object is gone (the mapping's finalizer
+        then unmaps it)."""
         with self._lock:
             mappings = [m for e in self._entries.values() for m in e.mappings.values()]
+            mappings += [m for e in self._asleep.values() for m in e.mappings.values()]
             mappings += [m for ms, _ in self._waiting.values() for m in ms]
             self._entries.clear()
+            self._asleep.clear()
             self._waiting.clear()
         for mapping in mappings:
             _close_quietly(mapping)
+
+    # ------------------------------------------------------------------ sleep and wake (gpumemd._sleep)
+
+    def fetch_descriptor(self, handle, read_only):
+        """A :class:`gpumemd._fdchannel.Descriptor` of the handle's segment (blocking)."""
+        if self._fetch is None:
+            raise GpumemdError(grpc.StatusCode.INTERNAL, "no fd channel for a segment passed by descriptor")
+        return self._fetch(handle, read_only)
+
+    def set_aside(self, tags):
+        """Takes the segments a sleep covers out of the table: each with a lease or hold here,
+        and with one of ``tags`` when given (a set; see :class:`_Entry`). ``[(segment_id,
+        entry)]``, whose mappings the caller vacates; they stay counted (:meth:`release`) and
+        closed with the rest, and no hold is mapped on them, until :meth:`put_back` or
+        :meth:`woken`. Raises FAILED_PRECONDITION, taking nothing, for a legacy CUDA IPC mapping."""
+        with self._lock:
+            chosen = [(segment_id, entry) for segment_id, entry in self._entries.items()
+                      if entry.leases > 0 and (not tags or entry.tags & tags)]
+            for segment_id, entry in chosen:
+                if any(isinstance(m, CudaMapping) for m in entry.mappings.values()):
+                    raise GpumemdError(grpc.StatusCode.FAILED_PRECONDITION,
+                                       "segment %d is mapped from a legacy CUDA IPC handle, which cannot be mapped "
+                                       "again at its address: a session can sleep with --cuda-handles vmm only"
+                                       % segment_id)
+            for segment_id, entry in chosen:
+                del self._entries[segment_id]
+                entry.unmap_requested = False  # the sleep's vacated segments answer the daemon's request
+                self._asleep[segment_id] = entry
+        return chosen
+
+    def sleeping(self, segment_id):
+        """The entry of a segment set aside by a sleep, or None."""
+        with self._lock:
+            return self._asleep.get(segment_id)
+
+    def sleeping_ids(self):
+        with self._lock:
+            return list(self._asleep)
+
+    def put_back(self, segment_id):
+        """A set-aside segment that did not sleep (refused, or not the daemon's choice), its
+        mappings refilled: back in the table (:meth:`acquire` refused its id meanwhile)."""
+        self._return(segment_id, segment_id, None)
+
+    def woken(self, old_segment_id, handle):
+        """A slept segment woke as ``handle``'s segment: its entry and mappings are that
+        segment's now (every lease on them moves with them), its mappings refilled; one that
+        could not be refilled leaves the table (see :func:`_forget`; not acknowledged: the
+        daemon counts it unmapped since the sleep)."""
+        self._return(old_segment_id, handle.segment_id, handle)
+
+    def _return(self, old, new, handle):
+        with self._lock:
+            entry = self._asleep.pop(old)
+            if new in self._entries:
+                self._asleep[old] = entry
+                raise inconsistent("the wake put sleeping segment %d into segment %d, which this process maps "
+                                   "already" % (old, new))
+            left = [m for m in entry.mappings.values() if m.vacated]
+            entry.mappings = {key: m for key, m in entry.mappings.items() if not m.vacated}
+            if handle is not None:
+                entry.handle = handle
+                for mapping in entry.mappings.values():
+                    mapping.segment_id = new
+            self._entries[new] = entry
+        _forget(left)
+
+    def drop_sleeping(self, segment_id):
+        """A set-aside segment the wake does not name (its leases were released meanwhile):
+        its mappings are closed (see :func:`_forget`), not acknowledged; the leases counted on it."""
+        with self._lock:
+            entry = self._asleep.pop(segment_id, None)
+        if entry is None:
+            return 0
+        _forget(entry.mappings.values())
+        return entry.leases
+
+
+def _forget(vacated):
+    """Closes vacated mappings that left the table; one a view still exports holds only its
+    inaccessible range, which its finalizer releases once the last view is gone."""
+    for mapping in vacated:
+        _close_quietly(mapping)

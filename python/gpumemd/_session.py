@@ -261,10 +261,10 @@ class ClientCore:
             self._give_back(s, response.lease_id)
             raise
 
-    def _granted(self, s, response, descriptor=None):
-        """The mapping for a lease granted on session ``s``, counted. Raises UNAVAILABLE when
-        ``s`` was lost meanwhile; a lease that cannot be mapped here is given back.
-        ``descriptor``: its segment's, fetched beforehand (the asyncio client)."""
+    def _granted(self, s, response, tag, descriptor=None):
+        """The mapping for a lease granted on session ``s`` with ``tag``, counted. Raises
+        UNAVAILABLE when ``s`` was lost meanwhile; a lease that cannot be mapped here is given
+        back. ``descriptor``: its segment's, fetched beforehand (the asyncio client)."""
         if s.lost:
             if descriptor is not None:
                 descriptor.close()
@@ -273,7 +273,7 @@ class ClientCore:
         if response.pool_hit:
             self._pool_hits += 1
         try:
-            return s.mappings.acquire(response.device, response.handle, descriptor=descriptor)
+            return s.mappings.acquire(response.device, response.handle, descriptor=descriptor, tag=tag)
         except BaseException:
             self._give_back(s, response.lease_id)  # unusable here: do not hold it until session end
             raise

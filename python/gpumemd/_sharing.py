@@ -62,7 +62,8 @@ def make_hold(client, s, response, tag, lease_class, give_back, descriptor=None)
     granted = response.lease
     try:
         check_lease(granted)  # a hold asks for no size: its block must lie in its segment
-        mapping = s.mappings.acquire(granted.device, granted.handle, response.read_only, descriptor=descriptor)
+        mapping = s.mappings.acquire(granted.device, granted.handle, response.read_only, descriptor=descriptor,
+                                     tag=tag)
     except BaseException:
         if descriptor is not None:
             descriptor.close()  # acquire closes it, but the check may have refused before it

@@ -31,6 +31,7 @@ from ._keepalive import END, FLUSH, FLUSH_NOW, Turn, reattach_delay, stream_erro
 from ._session import ClientCore, Reopening, SessionState, no_answer, open_request, stream_down
 from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
                        share_request)
+from ._sleep import BARRIER_SIZE, FLUSH as SLEEP_FLUSH, Call, check_barrier, run_async, sleep_steps, wake_steps
 from ._stubs import pb, pb_grpc
 from . import client as _sync
 
@@ -153,7 +154,7 @@ class AsyncClient(ClientCore):
                     raise  # else lost while this lease waited: once more, on a new session
         self._check_reply(s, response, device, size)  # before a descriptor is fetched for it
         descriptor = await self._descriptor(s, response.handle, False, response.lease_id)
-        return AsyncLease(self, response, self._granted(s, response, descriptor), tag, stream, session=s)
+        return AsyncLease(self, response, self._granted(s, response, tag, descriptor), tag, stream, session=s)
 
     async def _descriptor(self, s, handle, read_only, lease_id):
         """The descriptor of a segment passed by descriptor and not mapped here yet, fetched on
@@ -188,6 +189,41 @@ class AsyncClient(ClientCore):
                                           timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise self._lease_error(s, e) from None
+
+    # ------------------------------------------------------------------ sleep and wake
+
+    async def sleep(self, level=1, tags=None):
+        """As :meth:`gpumemd.Client.sleep` (pause your work on the session's memory first);
+        the mapping work runs on the loop's executor."""
+        s = await self._live_session()
+        return await run_async(sleep_steps(self, s, level, tags), lambda effect: self._perform(s, effect))
+
+    async def wake(self):
+        """As :meth:`gpumemd.Client.wake`."""
+        s = await self._live_session()
+        return await run_async(wake_steps(self, s), lambda effect: self._perform(s, effect))
+
+    async def _perform(self, s, effect):
+        """One effect of a sleep's or wake's steps (see gpumemd._sleep): calls awaited, the
+        blocking work (mmap, CUDA, the fd channel) on an executor thread."""
+        if effect is SLEEP_FLUSH:
+            return await self._flush(s)
+        if isinstance(effect, Call):
+            return await self._call(effect.method, effect.request)
+        return await asyncio.get_running_loop().run_in_executor(None, effect.fn, *effect.args)
+
+    async def _flush(self, s):
+        """As :meth:`gpumemd.Client._flush`; on the unary path the Release tasks are awaited."""
+        if not self._stream_calls:
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+            return
+        try:
+            granted = await self._lease_once(s, 0, BARRIER_SIZE, False, "", self._timeout)
+        except GpumemdError as e:
+            check_barrier(e)
+        else:
+            self._give_back(s, granted.lease_id)
 
     # ------------------------------------------------------------------ sharing
 

@@ -23,6 +23,7 @@ from ._cache import FLUSH_DELAY
 from ._keepalive import END, FLUSH, Turn, reattach_delay, stream_error
 from ._session import ClientCore, Reopening, SessionState, no_answer, open_request, stream_down
 from ._sharing import Published, Share, closed_client, is_not_found, make_hold, publish_request, share_request
+from ._sleep import BARRIER_SIZE, FLUSH as SLEEP_FLUSH, Call, check_barrier, run, sleep_steps, wake_steps
 from ._stubs import pb, pb_grpc
 
 log = logging.getLogger("gpumemd")
@@ -179,7 +180,7 @@ class Client(ClientCore):
                 if not (s.lost and attempt == 1):
                     raise  # else lost while this lease waited: once more, on a new session
         self._check_reply(s, response, device, size)
-        return Lease(self, response, self._granted(s, response), tag, stream, session=s)
+        return Lease(self, response, self._granted(s, response, tag), tag, stream, session=s)
 
     def _lease_once(self, s, device, size, zero, tag, timeout):
         if self._stream_calls:
@@ -190,6 +191,59 @@ class Client(ClientCore):
                                     timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise self._lease_error(s, e) from None
+
+    # ------------------------------------------------------------------ sleep and wake
+
+    def sleep(self, level=1, tags=None):
+        """Puts this session's leases to sleep: their device memory is freed for others while
+        the session keeps them, with their ids, addresses and views. Pause your own work on
+        them first: touching a sleeping lease's memory faults (SIGSEGV on the host backend, a
+        CUDA error on a GPU) until :meth:`wake`.
+
+        ``level`` 1: the daemon keeps the contents in its host memory; 2: they are dropped (the
+        wake gives zeroed memory). ``tags`` (a string or strings): only the segments holding a
+        lease with one of these tags sleep, with every lease in them (segments are mapped
+        whole); None: every lease. Cached closed leases are given back first, and closes are
+        not cached until the wake. While anything sleeps, :meth:`lease` raises the daemon's
+        ``FAILED_PRECONDITION``; closing a sleeping lease releases it.
+
+        Returns a :data:`gpumemd.Slept` (lease ids, segment ids, host bytes, freed bytes).
+        Raises :class:`GpumemdError` with the daemon's refusal, which changes nothing: every
+        lease stays usable with its bytes (``FAILED_PRECONDITION`` for a shared, published or
+        attached lease, or legacy CUDA IPC handles; ``RESOURCE_EXHAUSTED`` past the daemon's
+        ``--offload-max-bytes``; ``INVALID_ARGUMENT`` for a level other than 1 or 2)."""
+        s = self._live_session()
+        return run(sleep_steps(self, s, level, tags), lambda effect: self._perform(s, effect))
+
+    def wake(self):
+        """Brings every sleeping lease back: each at its old address with its old bytes (level
+        1) or zeros (level 2), so every memoryview, array and tensor made before the sleep is
+        valid again. Returns a :data:`gpumemd.Woken` (lease ids; each slept segment id -> the
+        segment it is in now). Raises :class:`GpumemdError` ``RESOURCE_EXHAUSTED`` when the
+        daemon cannot get the memory back: the session stays asleep, try again later."""
+        s = self._live_session()
+        return run(wake_steps(self, s), lambda effect: self._perform(s, effect))
+
+    def _perform(self, s, effect):
+        """One effect of a sleep's or wake's steps (see gpumemd._sleep), blocking."""
+        if effect is SLEEP_FLUSH:
+            return self._flush(s)
+        if isinstance(effect, Call):
+            return self._call(effect.method, effect.request)
+        return effect.fn(*effect.args)
+
+    def _flush(self, s):
+        """Returns once the daemon has applied every release and notice sent so far: on the
+        stream, the reply to a lease it refuses (see gpumemd._sleep.BARRIER_SIZE) comes after
+        them; a unary release was answered before its close returned."""
+        if not self._stream_calls:
+            return
+        try:
+            granted = self._lease_on_stream(s, 0, BARRIER_SIZE, False, "", self._timeout)
+        except GpumemdError as e:
+            check_barrier(e)
+        else:
+            self._give_back(s, granted.lease_id)
 
     # ------------------------------------------------------------------ sharing
 

@@ -146,3 +146,21 @@ def test_an_attach_flushes_what_queued_up_while_the_stream_was_away():
     assert wakes == [False]
     notices, _, counters, _ = _sent(cache)
     assert notices == [("a", False)] and counters == {0: (0, 1)}
+
+
+def test_a_sleep_suspends_the_tier_until_the_wake():
+    cache, wakes = _cache(allowance=64 * MiB)
+    cache.offer(_Lease("a", 0, 4096))
+    cache.offer(_Lease("b", 1, 2 * MiB))
+    _sent(cache)
+    del wakes[:]
+    assert [lease.id for lease in cache.suspend()] == ["a", "b"]  # every device's, oldest first
+    assert wakes == [True] and cache.cached_bytes == 0 and len(cache) == 0
+    assert cache.offer(_Lease("c", 0, 4096)) is None  # a close while asleep is released, not kept
+    assert cache.set_allowance(128 * MiB) == [] and cache.offer(_Lease("d", 0, 4096)) is None
+    assert _sent(cache)[1] == ["a", "b"]
+    cache.resume()
+    assert cache.offer(_Lease("e", 0, 4096)) == () and cache.take(0, 4096).id == "e"
+    cache.drain(discard=False)
+    cache.resume()  # a drained tier stays drained
+    assert cache.offer(_Lease("f", 0, 4096)) is None

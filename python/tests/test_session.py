@@ -141,7 +141,7 @@ def test_a_stream_the_daemon_ended_loses_the_session(code):
     assert client._stream_broke(s, code, "no such session", 0.0) is False
     assert s.lost
     with pytest.raises(GpumemdError) as error:
-        client._granted(s, pb.LeaseResponse(lease_id="late"))
+        client._granted(s, pb.LeaseResponse(lease_id="late"), "")
     assert error.value.code == grpc.StatusCode.UNAVAILABLE
     nxt = client._next_session(s, pb.OpenSessionResponse(session_id="s2"))
     client._adopt(s, nxt)

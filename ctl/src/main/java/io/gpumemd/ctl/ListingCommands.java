@@ -184,12 +184,13 @@ final class ListingCommands {
         out.println("no live leases");
         return;
       }
-      Table table = new Table("LEASE", "SESSION", "CLIENT", ">DEVICE", ">SIZE", ">BLOCK", "TAG", ">AGE", ">SEGMENT",
-          ">OFFSET", ">HOLDS", "SHARING");
+      Table table = new Table("LEASE", "SESSION", "CLIENT", ">DEVICE", ">SIZE", ">BLOCK", "TAG", ">AGE", "SLEEP",
+          ">SEGMENT", ">OFFSET", ">HOLDS", "SHARING");
       for (LeaseInfo l : response.getLeasesList()) {
         table.row(l.getLeaseId(), l.getSessionId(), l.getClientName(), l.getDevice(), Sizes.format(l.getSizeBytes()),
             Sizes.format(l.getBlockBytes()), l.getTag().isEmpty() ? "-" : l.getTag(), Sizes.formatMillis(l.getAgeMs()),
-            Long.toUnsignedString(l.getSegmentId()), l.getOffset(), l.getHolds(), sharing(l));
+            l.getSleepLevel() == 0 ? "-" : "level " + l.getSleepLevel(), Long.toUnsignedString(l.getSegmentId()),
+            l.getOffset(), l.getHolds(), sharing(l));
       }
       table.print(out);
       if (response.getTotal() > response.getLeasesCount()) {
@@ -244,12 +245,13 @@ final class ListingCommands {
         return;
       }
       Table table = new Table("SESSION", "CLIENT", "TENANT", "PEER", ">LEASES", ">LEASED", ">CLIENT CACHED",
-          ">ALLOWANCE", ">MAPPED SEGMENTS", "STREAM", ">TTL", ">AGE");
+          ">ALLOWANCE", ">MAPPED SEGMENTS", "STREAM", ">TTL", ">AGE", ">ASLEEP", ">IN HOST MEMORY");
       for (SessionInfo s : sessions) {
         table.row(s.getSessionId(), s.getClientName(), s.getTenant(), s.getPeer(), s.getLeases(),
             Sizes.format(s.getLeasedBytes()), Sizes.format(s.getClientCachedBytes()),
             Sizes.format(s.getClientCacheAllowanceBytes()), s.getMappedSegments(),
-            s.getStreamAttached() ? "attached" : "detached", s.getTtlSeconds() + " s", Sizes.formatMillis(s.getAgeMs()));
+            s.getStreamAttached() ? "attached" : "detached", s.getTtlSeconds() + " s", Sizes.formatMillis(s.getAgeMs()),
+            s.getSleepingLeases() == 0 ? "-" : s.getSleepingLeases() + " leases", Sizes.format(s.getHostBytes()));
       }
       table.print(out);
     }

@@ -95,7 +95,7 @@ public final class HostStoreCostMain {
   }
 
   /** A new Python process: maps a fresh file in /dev/shm and reads the weights into it; wall time from spawn to exit. */
-  private static double reload(Path weights, Path target, long bytes) throws Exception {
+  static double reload(Path weights, Path target, long bytes) throws Exception {
     String script = "import mmap,os,sys\n"
         + "n=int(sys.argv[3]); fd=os.open(sys.argv[2], os.O_RDWR|os.O_CREAT, 0o600); os.ftruncate(fd, n)\n"
         + "m=mmap.mmap(fd, n); f=open(sys.argv[1], 'rb', buffering=0); v=memoryview(m); done=0\n"
@@ -110,14 +110,14 @@ public final class HostStoreCostMain {
     return (System.nanoTime() - start) / 1e6;
   }
 
-  private static void copy(Pointer from, Pointer to, long bytes) {
+  static void copy(Pointer from, Pointer to, long bytes) {
     for (long done = 0; done < bytes; done += CHUNK) {
       int n = (int) Math.min(CHUNK, bytes - done);
       to.getByteBuffer(done, n).put(from.getByteBuffer(done, n));
     }
   }
 
-  private static void touch(Pointer p, long bytes) {
+  static void touch(Pointer p, long bytes) {
     for (long done = 0; done < bytes; done += CHUNK) {
       ByteBuffer view = p.getByteBuffer(done, (int) Math.min(CHUNK, bytes - done));
       while (view.remaining() >= 8) {
@@ -126,7 +126,7 @@ public final class HostStoreCostMain {
     }
   }
 
-  private static void fill(Path file, long bytes) throws Exception {
+  static void fill(Path file, long bytes) throws Exception {
     byte[] chunk = new byte[1 << 20];
     Arrays.fill(chunk, (byte) 7);
     try (FileChannel channel = FileChannel.open(file, StandardOpenOption.WRITE, StandardOpenOption.CREATE)) {
@@ -139,7 +139,7 @@ public final class HostStoreCostMain {
     }
   }
 
-  private static double median(double[] values) {
+  static double median(double[] values) {
     double[] sorted = values.clone();
     Arrays.sort(sorted);
     return sorted[sorted.length / 2];

@@ -8,7 +8,6 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.error.ExhaustedException;
-import java.util.Collection;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.locks.ReentrantLock;
@@ -76,6 +75,7 @@ public final class DevicePool implements AutoCloseable {
   final PoolCore core;
   private final Eviction eviction;
   private final Returns returns;
+  private final PoolSleep sleep;
 
   /**
    * @param device the device this pool serves
@@ -91,6 +91,7 @@ public final class DevicePool implements AutoCloseable {
     this.core = new PoolCore(device, backend, settings, holderRequests, segmentIdBase, ticker);
     this.eviction = new Eviction(core, settings.retentionCapBytes());
     this.returns = new Returns(core, eviction);
+    this.sleep = new PoolSleep(core, eviction);
   }
 
   public DeviceInfo device() {
@@ -368,31 +369,9 @@ public final class DevicePool implements AutoCloseable {
     return core.locked(() -> core.holders.mappedBy(holder));
   }
 
-  // ----------------------------------------------------------------------- sleep and wake
-
-  /**
-   * A holder's leased blocks go to sleep: each is freed to the pool, and each vacated segment
-   * (the holder's mapping of it is gone) is given back to the backend at once when that left it
-   * unused and unmapped, else freed once its other mappers unmap it. The caller has copied out
-   * what it keeps. Returns where each block was (detached copies), in order.
-   *
-   * @throws IllegalStateException when a block is not leased; nothing changed then
-   */
-  public List<Block> sleep(List<Block> blocks, String holder, Collection<Long> vacatedSegmentIds) {
-    return eviction.sleep(blocks, holder, vacatedSegmentIds);
-  }
-
-  /**
-   * Wakes sleeping blocks of one old segment: a new segment of {@code segmentBytes} for the
-   * owner, within the budget as a miss is (waits, evicts, refuses alike), with each range
-   * leased at its old offset and the gaps free. Reads as zeros.
-   *
-   * @param ranges offset and size pairs, ordered by offset
-   * @return the leased blocks, in the order of the ranges
-   * @throws ExhaustedException when the memory cannot be had
-   */
-  public List<Block> wake(long segmentBytes, boolean small, long[] ranges, String holder, SegmentOwner owner) {
-    return List.of(Miss.wake(core, eviction, segmentBytes, small, ranges, holder, owner));
+  /** The pool's part of sleep and wake (Allocator.Sleep and Wake). */
+  public PoolSleep sleep() {
+    return sleep;
   }
 
   // ----------------------------------------------------------------------- snapshot, restore

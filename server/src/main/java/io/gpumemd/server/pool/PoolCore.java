@@ -13,7 +13,7 @@ import java.util.function.Supplier;
  * PendingEvents}, {@link PoolCounters}, {@link SharingCounters}), the waiters for memory, and
  * what every part reads and never changes (device, backend, holders' requests, clock, unmap wait,
  * segment granularity). The parts that work on the pool ({@link Miss}, {@link Eviction}, {@link
- * Returns}, {@link AfterUnlock}, {@link PoolStats}, {@link PoolInvariants}, {@link
+ * Returns}, {@link PoolSleep}, {@link AfterUnlock}, {@link PoolStats}, {@link PoolInvariants}, {@link
  * PoolSnapshotWriter}, {@link PoolRestorer}) receive this core, not the {@link DevicePool}
  * facade; each changes a book only through that book's own methods.
  *

@@ -1,7 +1,12 @@
 package io.gpumemd.server.session;
 
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.books.Page;
 import io.gpumemd.server.pool.HolderRequests;
+import java.util.ArrayList;
 import java.util.Collection;
+import java.util.Comparator;
+import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
@@ -20,6 +25,28 @@ public final class LiveSessions implements HolderRequests {
   private final ConcurrentHashMap<String, Session> byId = new ConcurrentHashMap<>();
   /** Live sessions plus those being opened: what {@code --max-sessions} bounds. */
   private final AtomicInteger count = new AtomicInteger();
+
+  /**
+   * A page of live sessions by age, after the session that opened at {@code afterNanos} with id
+   * {@code afterId} (null for the first page): every tenant's for an admin, else the caller's
+   * tenant's only.
+   */
+  Page<Session> page(Caller caller, long afterNanos, String afterId, int size) {
+    return Page.select(byId.values(), s -> caller.admin() || caller.owns(s.tenant()),
+        s -> afterId == null || s.openedNanos() > afterNanos
+            || (s.openedNanos() == afterNanos && s.id().compareTo(afterId) > 0),
+        Session.ORDER, size);
+  }
+
+  /** Live sessions by age: every tenant's for an admin, else the caller's tenant's only. */
+  List<Session> visibleTo(Caller caller) {
+    List<Session> out = new ArrayList<>(byId.values());
+    if (!caller.admin()) {
+      out.removeIf(s -> !caller.owns(s.tenant()));
+    }
+    out.sort(Comparator.comparingLong(Session::openedNanos));
+    return out;
+  }
 
   Session get(String id) {
     return byId.get(id);

@@ -479,16 +479,9 @@ public final class SessionRegistry {
     return book.page(caller, device, sessionId, afterSequence, size);
   }
 
-  /**
-   * A page of live sessions by age, after the session that opened at {@code afterNanos} with id
-   * {@code afterId} (null for the first page): every tenant's for an admin, else the caller's
-   * tenant's only.
-   */
+  /** A page of live sessions by age: see {@link LiveSessions#page}. */
   public Page<Session> sessionPage(Caller caller, long afterNanos, String afterId, int size) {
-    return Page.select(sessions.all(), s -> caller.admin() || caller.owns(s.tenant()),
-        s -> afterId == null || s.openedNanos() > afterNanos
-            || (s.openedNanos() == afterNanos && s.id().compareTo(afterId) > 0),
-        Session.ORDER, size);
+    return sessions.page(caller, afterNanos, afterId, size);
   }
 
   public int sessionCount() {
@@ -497,12 +490,7 @@ public final class SessionRegistry {
 
   /** Live sessions by age: every tenant's for an admin, else the caller's tenant's only. */
   public List<Session> sessions(Caller caller) {
-    List<Session> out = new ArrayList<>(sessions.all());
-    if (!caller.admin()) {
-      out.removeIf(s -> !caller.owns(s.tenant()));
-    }
-    out.sort(Comparator.comparingLong(Session::openedNanos));
-    return out;
+    return sessions.visibleTo(caller);
   }
 
   public long ageMillis(long sinceNanos) {

@@ -111,7 +111,10 @@ public final class SessionSleep {
   private Slept sleep(Session session, List<LeaseRecord> records, int level, Set<String> tags, Set<Long> vacated) {
     Set<Long> segments = new TreeSet<>();
     for (LeaseRecord r : records) {
-      if (r.asleep() == null && !r.attached() && (tags.isEmpty() || tags.contains(r.tag()))) {
+      // A client-cached lease names no segment: the client gives its tier back before it calls,
+      // and the release may still be on its way.
+      if (r.asleep() == null && !r.attached() && !session.keepsCached(r)
+          && (tags.isEmpty() || tags.contains(r.tag()))) {
         segments.add(r.block().segmentId());
       }
     }
@@ -153,7 +156,7 @@ public final class SessionSleep {
       e.getValue().forEach(r -> blocks.add(r.block()));
       Set<Long> ofPool = new HashSet<>();
       blocks.forEach(b -> ofPool.add(b.segmentId()));
-      List<Block> places = e.getKey().sleep(blocks, session.id(), ofPool);
+      List<Block> places = e.getKey().sleep().sleep(blocks, session.id(), ofPool);
       for (int i = 0; i < places.size(); i++) {
         e.getValue().get(i).moved(places.get(i));
         freed += places.get(i).size();
@@ -178,7 +181,7 @@ public final class SessionSleep {
     if (shared != null && !shared.returned()) {
       String name = shared.name();
       throw new ConflictException("lease " + r.id() + " of " + session + " is shared (" + shared.holds() + " holds"
-          + (name == null ? "" : ", published as '" + name + "'") + ", holder sessions "
+          + (name.isEmpty() ? "" : ", published as '" + name + "'") + ", holder sessions "
           + shared.holderSessionIds() + "): a block others may map cannot be freed; revoke, unpublish or release "
           + "it first, or sleep with tags that leave its segment awake");
     }
@@ -268,7 +271,7 @@ public final class SessionSleep {
           ranges[2 * i] = leases.get(i).block().offset();
           ranges[2 * i + 1] = leases.get(i).block().size();
         }
-        List<Block> blocks = pools.get(place.device()).wake(place.segmentBytes(), place.smallSegment(), ranges,
+        List<Block> blocks = pools.get(place.device()).sleep().wake(place.segmentBytes(), place.smallSegment(), ranges,
             session.id(), session.segmentOwner());
         for (int i = 0; i < leases.size(); i++) {
           fresh.put(leases.get(i), blocks.get(i));

@@ -224,6 +224,24 @@ class SessionSleepTest {
   }
 
   @Test
+  void clientCachedLeases_nameNoSegment_andGoBackWhereTheirSegmentSleeps() {
+    start(64 * MIB, 64 * MIB);
+    Session s = registry.open(Caller.DAEMON, "engine", 0, -1);
+    LeaseRecord inUse = lease(s, 256 * 1024, "");
+    LeaseRecord cachedBeside = lease(s, 256 * 1024, "");
+    LeaseRecord cachedAlone = lease(s, 4 * MIB, "");
+    assertEquals(List.of(), registry.clientCache().cached(s, List.of(cachedBeside.id(), cachedAlone.id())));
+
+    // The client vacated only the segment of the lease it still uses.
+    SessionSleep.Slept slept = registry.sleep().sleep(Caller.DAEMON, s.id(), 1, List.of(), segments(inUse));
+
+    assertEquals(List.of(inUse.id()), slept.leaseIds());
+    assertEquals(2, registry.liveLeases(), "the cached lease beside it went back; the one alone stays cached");
+    assertNull(cachedAlone.asleep());
+    assertTrue(s.keepsCached(cachedAlone));
+  }
+
+  @Test
   void releaseOrEnd_whileAsleep_dropsTheContents() {
     start(64 * MIB, 64 * MIB);
     Session s = registry.open(Caller.DAEMON, "engine", 0, -1);

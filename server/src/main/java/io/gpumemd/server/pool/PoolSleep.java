@@ -1,0 +1,53 @@
+package io.gpumemd.server.pool;
+
+import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.error.ExhaustedException;
+import java.util.Collection;
+import java.util.List;
+
+/**
+ * One pool's part of sleep and wake (Allocator.Sleep and Wake; the design is in {@code
+ * offload/package-info.java}): freeing a sleeping holder's blocks and the segments it vacated,
+ * and new segments with its blocks at their old offsets. The session layer keeps which leases
+ * sleep and their contents; this class keeps nothing.
+ *
+ * <p>Thread-safe: each call takes the pool's lock for its bookkeeping and makes its backend
+ * calls outside it, as a miss and an eviction do.
+ */
+public final class PoolSleep {
+  private final PoolCore core;
+  private final Eviction eviction;
+
+  PoolSleep(PoolCore core, Eviction eviction) {
+    this.core = core;
+    this.eviction = eviction;
+  }
+
+  /**
+   * A holder's leased blocks go to sleep: each is freed to the pool, and each vacated segment
+   * (the holder's mapping of it is gone) is given back to the backend at once when that left it
+   * unused and unmapped, else once its other mappers have unmapped it. The caller has copied out
+   * what it keeps.
+   *
+   * @param vacatedSegmentIds segments of these blocks the holder no longer maps
+   * @return where each block was (copies that no pool book links), in order
+   * @throws IllegalStateException when a block is not leased; nothing changed then
+   */
+  public List<Block> sleep(List<Block> blocks, String holder, Collection<Long> vacatedSegmentIds) {
+    return eviction.sleep(blocks, holder, vacatedSegmentIds);
+  }
+
+  /**
+   * Wakes sleeping blocks of one old segment: a new segment of {@code segmentBytes} for the
+   * owner, within the budget as a miss is (it evicts, waits and refuses alike), with each range
+   * leased at its old offset and the gaps free. Reads as zeros.
+   *
+   * @param small whether the old segment served small requests
+   * @param ranges offset and size pairs, ordered by offset
+   * @return the leased blocks, in the order of the ranges
+   * @throws ExhaustedException when the memory cannot be had
+   */
+  public List<Block> wake(long segmentBytes, boolean small, long[] ranges, String holder, SegmentOwner owner) {
+    return List.of(Miss.wake(core, eviction, segmentBytes, small, ranges, holder, owner));
+  }
+}
