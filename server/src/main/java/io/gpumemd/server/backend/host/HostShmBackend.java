@@ -1,12 +1,12 @@
 package io.gpumemd.server.backend.host;
 
+import io.gpumemd.server.backend.AbstractMemoryBackend;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
-import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
@@ -81,7 +81,7 @@ import org.slf4j.LoggerFactory;
  * can be given away is a flag that only ever goes from true to false; the open segments of the
  * descriptor mode are a concurrent set.
  */
-public final class HostShmBackend implements MemoryBackend {
+public final class HostShmBackend extends AbstractMemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
 
   private final SegmentFiles files;
@@ -93,7 +93,6 @@ public final class HostShmBackend implements MemoryBackend {
   private final String fdSocket;
   /** Descriptor mode's segments, or null (paths). */
   private final SealedSegments sealed;
-  private volatile boolean closed;
 
   /**
    * Creates the device directories and takes the directory lock.
@@ -117,6 +116,7 @@ public final class HostShmBackend implements MemoryBackend {
    *     (descriptors) when this JVM does not show descriptor numbers
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName, String fdSocket) {
+    super("host");
     if (fdSocket != null) {
       JdkFdNumbers.check();
     }
@@ -150,20 +150,13 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public String name() {
-    return "host";
-  }
-
-  @Override
   public List<DeviceInfo> devices() {
     return devices;
   }
 
   @Override
   public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
-    if (closed) {
-      throw new BackendException("host backend is closed");
-    }
+    checkOpen();
     long used = usedBytes.addAndGet(device, bytes);
     if (used > capacityBytes) {
       usedBytes.addAndGet(device, -bytes);
@@ -288,10 +281,10 @@ public final class HostShmBackend implements MemoryBackend {
       SealedSegments.closeReceived(fd);
       throw new UnsupportedOperationException(takeOverRefusal());
     }
-    if (closed || device < 0 || device >= devices.size()) {
+    if (isClosed() || device < 0 || device >= devices.size()) {
       SealedSegments.closeReceived(fd);
-      throw new BackendException(closed ? "host backend is closed" : "adopt: device " + device + " (expected: 0.."
-          + (devices.size() - 1) + ")");
+      checkOpen();
+      throw new BackendException("adopt: device " + device + " (expected: 0.." + (devices.size() - 1) + ")");
     }
     long used = usedBytes.addAndGet(device, bytes);
     if (used > capacityBytes) {
@@ -327,11 +320,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public synchronized void close() {
-    if (closed) {
-      return;
-    }
-    closed = true;
+  protected void release() {
     int removed = 0;
     if (sealed != null) {
       for (HostFdSegment segment : sealed.open()) {
