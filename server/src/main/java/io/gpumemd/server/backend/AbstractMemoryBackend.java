@@ -1,24 +1,35 @@
 package io.gpumemd.server.backend;
 
+import java.util.List;
+
 /**
- * What the daemon's backends share about their life: a name, and a close that runs once, after
- * which the backend refuses new segments ({@link #checkOpen}: "&lt;name&gt; backend is closed") and
- * frees what it still holds ({@link #release}). Each backend keeps its own devices and segments.
+ * What the daemon's backends share about their life: a name and devices fixed at start, and a
+ * close that runs once, after which the backend refuses new segments ({@link #checkOpen}:
+ * "&lt;name&gt; backend is closed") and frees what it still holds ({@link #release}). Each backend
+ * keeps its own segments.
  *
  * <p>Thread-safety: {@link #close} is synchronized and runs {@link #release} once; the closed
- * flag is volatile, so a call on any thread sees a close that has begun.
+ * flag is volatile, so a call on any thread sees a close that has begun. The rest is immutable.
  */
 public abstract class AbstractMemoryBackend implements MemoryBackend {
   private final String name;
+  private final List<DeviceInfo> devices;
   private volatile boolean closed;
 
-  protected AbstractMemoryBackend(String name) {
+  /** @param devices ordinals 0..n-1 (copied) */
+  protected AbstractMemoryBackend(String name, List<DeviceInfo> devices) {
     this.name = name;
+    this.devices = List.copyOf(devices);
   }
 
   @Override
   public final String name() {
     return name;
+  }
+
+  @Override
+  public final List<DeviceInfo> devices() {
+    return devices;
   }
 
   /** Whether {@link #close} has begun. */

@@ -73,7 +73,6 @@ import org.slf4j.LoggerFactory;
 public final class JCudaBackend extends AbstractMemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(JCudaBackend.class);
 
-  private final List<DeviceInfo> devices;
   private final CUcontext[] contexts;
   private final CUdevice[] handles;
   /** Per device: its VMM allocations, or null where it uses legacy handles. */
@@ -81,8 +80,7 @@ public final class JCudaBackend extends AbstractMemoryBackend {
   private final Set<DeviceSegment> live = ConcurrentHashMap.newKeySet();
 
   private JCudaBackend(List<DeviceInfo> devices, CUcontext[] contexts, CUdevice[] handles, VmmAllocations[] vmm) {
-    super("cuda");
-    this.devices = devices;
+    super("cuda", devices);
     this.contexts = contexts;
     this.handles = handles;
     this.vmm = vmm;
@@ -205,11 +203,6 @@ public final class JCudaBackend extends AbstractMemoryBackend {
 
   private void makeCurrent(int device) {
     CudaCalls.check(cuCtxSetCurrent(contexts[device]), "cuCtxSetCurrent(" + device + ")");
-  }
-
-  @Override
-  public List<DeviceInfo> devices() {
-    return devices;
   }
 
   /**
