@@ -89,6 +89,36 @@ def _with_timeout(details, timeout):
                     getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
 
 
+class _Attempts:
+    """The attempts of one unary call, without I/O: whether the last outcome goes to the caller or
+    the call is made again, after how long, and with what is left of the call's timeout (which
+    covers every attempt). :class:`MovingRetry` and :class:`AsyncMovingRetry` only call and wait.
+    One per call; not thread-safe."""
+
+    __slots__ = ("details", "_start", "_timeout", "_n")
+
+    def __init__(self, details):
+        self.details = details  # the next attempt's
+        self._start = time.monotonic()
+        self._timeout = details.timeout
+        self._n = 0
+
+    def next_wait(self, code, trailers):
+        """Seconds to wait before calling again with :attr:`details`, or None: the outcome that
+        ended with ``code`` and ``trailers`` goes to the caller."""
+        elapsed = time.monotonic() - self._start
+        if not retries(code, trailers, self._n, elapsed):
+            return None
+        self._n += 1
+        wait = backoff(self._n)
+        if self._timeout is not None:
+            left = self._timeout - elapsed - wait
+            if left <= 0:
+                return None
+            self.details = _with_timeout(self.details, left)
+        return wait
+
+
 class MovingRetry(grpc.UnaryUnaryClientInterceptor):
     """Calls a unary method again, with backoff (:func:`backoff`, :data:`RETRY_BOUND`), while
     the daemon answers that it is moving (:func:`is_moving`); any other answer, or the last
@@ -97,22 +127,12 @@ class MovingRetry(grpc.UnaryUnaryClientInterceptor):
     stream reattaches itself). Stateless: thread-safe."""
 
     def intercept_unary_unary(self, continuation, details, request):
-        start = time.monotonic()
-        timeout = details.timeout  # covers every attempt
-        n = 0
+        attempts = _Attempts(details)
         while True:
-            outcome = continuation(details, request)
-            code = outcome.code()
-            elapsed = time.monotonic() - start
-            if not retries(code, outcome.trailing_metadata(), n, elapsed):
+            outcome = continuation(attempts.details, request)
+            wait = attempts.next_wait(outcome.code(), outcome.trailing_metadata())
+            if wait is None:
                 return outcome
-            n += 1
-            wait = backoff(n)
-            if timeout is not None:
-                left = timeout - elapsed - wait
-                if left <= 0:
-                    return outcome
-                details = _with_timeout(details, left)
             time.sleep(wait)
 
 
@@ -120,20 +140,10 @@ class AsyncMovingRetry(grpc.aio.UnaryUnaryClientInterceptor):
     """:class:`MovingRetry` for the asyncio client's channel."""
 
     async def intercept_unary_unary(self, continuation, details, request):
-        start = time.monotonic()
-        timeout = details.timeout  # covers every attempt
-        n = 0
+        attempts = _Attempts(details)
         while True:
-            call = await continuation(details, request)
-            code = await call.code()
-            elapsed = time.monotonic() - start
-            if not retries(code, await call.trailing_metadata(), n, elapsed):
+            call = await continuation(attempts.details, request)
+            wait = attempts.next_wait(await call.code(), await call.trailing_metadata())
+            if wait is None:
                 return call
-            n += 1
-            wait = backoff(n)
-            if timeout is not None:
-                left = timeout - elapsed - wait
-                if left <= 0:
-                    return call
-                details = _with_timeout(details, left)
             await asyncio.sleep(wait)

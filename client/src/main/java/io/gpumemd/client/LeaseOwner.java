@@ -6,18 +6,12 @@ import java.util.concurrent.CompletableFuture;
  * The owner of one session's leases: what a {@link Lease} of that session asks (give me back,
  * share me, publish me) goes to the client's lease and sharing paths with the session attached.
  * One per session, made when the session opens. Thread-safe: it holds only final references.
+ *
+ * @param session the session whose leases these are
+ * @param leases the client's lease paths (give back)
+ * @param sharing the client's sharing paths (share, publish)
  */
-final class LeaseOwner implements Lease.Owner {
-  private final Session session;
-  private final LeasePaths leases;
-  private final SharingCalls sharing;
-
-  LeaseOwner(Session session, LeasePaths leases, SharingCalls sharing) {
-    this.session = session;
-    this.leases = leases;
-    this.sharing = sharing;
-  }
-
+record LeaseOwner(Session session, LeasePaths leases, SharingCalls sharing) implements Lease.Owner {
   @Override
   public boolean isLost() {
     return session.isLost();

@@ -13,31 +13,20 @@ import org.slf4j.LoggerFactory;
  * Turns a kernel-vouched peer (uid, gid, pid) into a {@link Caller}: its tenant ({@code
  * --tenant-by uid|gid}) and whether it is an admin (root, the daemon's own uid, or a member of
  * {@code --admin-group}). Immutable and thread-safe; called once per accepted connection.
+ *
+ * @param tenantBy what names a tenant for a Unix-socket or loopback peer
+ * @param daemonUid the daemon's own uid, an admin
+ * @param adminGid the admin group's gid, or {@link Caller#UNKNOWN} for none
  */
-public final class IdentityPolicy {
+public record IdentityPolicy(TenantBy tenantBy, int daemonUid, int adminGid) {
   private static final Logger log = LoggerFactory.getLogger(IdentityPolicy.class);
 
   /** What names a tenant for a Unix-socket or loopback peer. */
   public enum TenantBy { UID, GID }
 
-  private final TenantBy tenantBy;
-  private final int daemonUid;
-  /** The admin group's gid, or {@link Caller#UNKNOWN} for none. */
-  private final int adminGid;
-
-  public IdentityPolicy(TenantBy tenantBy, int daemonUid, int adminGid) {
-    this.tenantBy = tenantBy;
-    this.daemonUid = daemonUid;
-    this.adminGid = adminGid;
-  }
-
   /** uid tenants, admins = root and the daemon's own uid. */
   public static IdentityPolicy defaults() {
     return new IdentityPolicy(TenantBy.UID, currentUid(), Caller.UNKNOWN);
-  }
-
-  public TenantBy tenantBy() {
-    return tenantBy;
   }
 
   /** A Unix-socket peer: SO_PEERCRED's uid, gid and pid. */

@@ -21,6 +21,7 @@ import static jcuda.driver.JCudaDriver.cuMemsetD8;
 import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.common.cuda.CudaUuids;
 import io.gpumemd.common.cuda.DeviceUuidDriver;
+import io.gpumemd.server.backend.AbstractMemoryBackend;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
@@ -28,7 +29,6 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
@@ -70,19 +70,17 @@ import org.slf4j.LoggerFactory;
  * driver serializes what needs it. Live segments are tracked in a concurrent set so that
  * {@link #close} frees what is left.
  */
-public final class JCudaBackend implements MemoryBackend {
+public final class JCudaBackend extends AbstractMemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(JCudaBackend.class);
 
-  private final List<DeviceInfo> devices;
   private final CUcontext[] contexts;
   private final CUdevice[] handles;
   /** Per device: its VMM allocations, or null where it uses legacy handles. */
   private final VmmAllocations[] vmm;
   private final Set<DeviceSegment> live = ConcurrentHashMap.newKeySet();
-  private volatile boolean closed;
 
   private JCudaBackend(List<DeviceInfo> devices, CUcontext[] contexts, CUdevice[] handles, VmmAllocations[] vmm) {
-    this.devices = devices;
+    super("cuda", devices);
     this.contexts = contexts;
     this.handles = handles;
     this.vmm = vmm;
@@ -207,16 +205,6 @@ public final class JCudaBackend implements MemoryBackend {
     CudaCalls.check(cuCtxSetCurrent(contexts[device]), "cuCtxSetCurrent(" + device + ")");
   }
 
-  @Override
-  public String name() {
-    return "cuda";
-  }
-
-  @Override
-  public List<DeviceInfo> devices() {
-    return devices;
-  }
-
   /**
    * {@inheritDoc} The owner is not used: a CUDA handle carries no user identity (the fd channel
    * gives a VMM descriptor only to a holder of the segment), and the pool zeroes fresh segments
@@ -224,9 +212,7 @@ public final class JCudaBackend implements MemoryBackend {
    */
   @Override
   public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
-    if (closed) {
-      throw new BackendException("cuda backend is closed");
-    }
+    checkOpen();
     makeCurrent(device);
     checkRoom(device, bytes);
     if (vmm[device] != null) {
@@ -285,7 +271,7 @@ public final class JCudaBackend implements MemoryBackend {
    */
   @Override
   public long bytesOutsideBooks(int device) {
-    if (closed) {
+    if (isClosed()) {
       return -1;
     }
     makeCurrent(device);
@@ -343,9 +329,7 @@ public final class JCudaBackend implements MemoryBackend {
   @Override
   public SegmentMemory adopt(int device, int fd, long bytes) {
     try {
-      if (closed) {
-        throw new BackendException("cuda backend is closed");
-      }
+      checkOpen();
       if (device < 0 || device >= vmm.length || vmm[device] == null) {
         throw new UnsupportedOperationException(device < 0 || device >= vmm.length
             ? "adopt: device " + device + " (expected: 0.." + (vmm.length - 1) + ")" : takeOverRefusal());
@@ -470,11 +454,7 @@ public final class JCudaBackend implements MemoryBackend {
   }
 
   @Override
-  public synchronized void close() {
-    if (closed) {
-      return;
-    }
-    closed = true;
+  protected void release() {
     int freed = 0;
     for (DeviceSegment segment : List.copyOf(live)) {
       free(segment);

@@ -3,9 +3,8 @@ package io.gpumemd.server.backend.cuda;
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 
 import io.gpumemd.common.cuda.VmmDriver;
-import io.gpumemd.common.unix.Descriptors;
+import io.gpumemd.server.backend.AbstractFdPassedSegment;
 import io.gpumemd.server.backend.DescriptorExhaustedException;
-import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
@@ -24,41 +23,21 @@ import jcuda.driver.CUresult;
  * the daemon has released its handle and every descriptor and importer's mapping is gone.
  *
  * <p>Thread-safety: {@link #open} and {@link #markReleased} are ordered by this object's
- * monitor, so nothing is exported from a handle the daemon has released.
+ * monitor ({@link AbstractFdPassedSegment}), so nothing is exported from a handle the daemon has
+ * released.
  */
-final class VmmSegment implements DeviceSegment, FdPassedSegment {
-  private final int device;
-  private final long bytes;
+final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment {
   private final CUcontext context;
   /** The driver's {@code CUmemGenericAllocationHandle}. */
   private final long allocation;
   private final CUdeviceptr pointer;
-  private final IpcHandle.CudaVmm handle;
-  private boolean released; // guarded by this
 
   VmmSegment(int device, long bytes, CUcontext context, long allocation,
       CUdeviceptr pointer, IpcHandle.CudaVmm handle) {
-    this.device = device;
-    this.bytes = bytes;
+    super(device, bytes, handle);
     this.context = context;
     this.allocation = allocation;
     this.pointer = pointer;
-    this.handle = handle;
-  }
-
-  @Override
-  public int device() {
-    return device;
-  }
-
-  @Override
-  public long bytes() {
-    return bytes;
-  }
-
-  @Override
-  public IpcHandle handle() {
-    return handle;
   }
 
   @Override
@@ -77,13 +56,10 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
    * maps it with read-only access ({@code FdGrant.read_only}).
    */
   @Override
-  public synchronized SegmentFd open(boolean readOnly) throws IOException {
-    if (released) {
-      return null;
-    }
+  protected SegmentFd openLive(boolean readOnly) throws IOException {
     int current = cuCtxSetCurrent(context);
     if (current != CUresult.CUDA_SUCCESS) {
-      throw new IOException("cuCtxSetCurrent(" + device + ") failed: " + CUresult.stringFor(current));
+      throw new IOException("cuCtxSetCurrent(" + device() + ") failed: " + CUresult.stringFor(current));
     }
     int[] fd = new int[1];
     int result = VmmDriver.exportDescriptor(allocation, fd);
@@ -91,26 +67,6 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
       throw exportFailed(result);
     }
     return own(fd[0], readOnly, SegmentFd::ofNative);
-  }
-
-  /** Wraps a number native code opened for this process; {@link SegmentFd#ofNative} in the daemon. */
-  @FunctionalInterface
-  interface Wrapper {
-    SegmentFd wrap(int number, boolean readOnly) throws IOException;
-  }
-
-  /**
-   * A descriptor that owns {@code fd}, or an exception with {@code fd} closed: nothing between the
-   * export and its owner may leak the number (a leaked descriptor of an allocation keeps its
-   * memory alive outside every budget, and counts against RLIMIT_NOFILE for good).
-   */
-  static SegmentFd own(int fd, boolean readOnly, Wrapper wrapper) throws IOException {
-    try {
-      return wrapper.wrap(fd, readOnly);
-    } catch (IOException | RuntimeException | Error e) {
-      Descriptors.closeQuietly(fd); // no Java object owns the number yet
-      throw e;
-    }
   }
 
   /**
@@ -122,7 +78,7 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
    * too; anything else is the daemon's fault (INTERNAL).
    */
   IOException exportFailed(int result) {
-    String call = "cuMemExportToShareableHandle on device " + device + " failed: " + CUresult.stringFor(result);
+    String call = "cuMemExportToShareableHandle on device " + device() + " failed: " + CUresult.stringFor(result);
     if (result != CUresult.CUDA_ERROR_OUT_OF_MEMORY && result != CUDA_ERROR_OPERATING_SYSTEM) {
       return new IOException(call);
     }
@@ -154,16 +110,12 @@ final class VmmSegment implements DeviceSegment, FdPassedSegment {
    *
    * @return false when it already was
    */
-  synchronized boolean markReleased() {
-    if (released) {
-      return false;
-    }
-    released = true;
-    return true;
+  boolean markReleased() {
+    return markGone();
   }
 
   @Override
   public String toString() {
-    return "CUDA VMM segment of " + bytes + " bytes on device " + device;
+    return "CUDA VMM segment of " + bytes() + " bytes on device " + device();
   }
 }

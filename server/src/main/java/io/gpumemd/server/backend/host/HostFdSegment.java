@@ -1,7 +1,7 @@
 package io.gpumemd.server.backend.host;
 
 import io.gpumemd.common.unix.Descriptors;
-import io.gpumemd.server.backend.FdPassedSegment;
+import io.gpumemd.server.backend.AbstractFdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.backend.SegmentFd;
 import java.io.IOException;
@@ -16,40 +16,19 @@ import java.nio.channels.FileChannel;
  * keeps what it mapped when the daemon dies. Its size is fixed: the seals bind every descriptor
  * of it, the clients' too.
  *
- * <p>Thread-safety: {@link #open} and {@link #close} are ordered by this object's monitor, so
- * a descriptor is opened only through the segment's own number while that number is still
- * the segment's.
+ * <p>Thread-safety: {@link #open} and {@link #close} are ordered by this object's monitor
+ * ({@link AbstractFdPassedSegment}), so a descriptor is opened only through the segment's own
+ * number while that number is still the segment's.
  */
-final class HostFdSegment implements FdPassedSegment {
-  private final int device;
-  private final long bytes;
+final class HostFdSegment extends AbstractFdPassedSegment {
   private final RandomAccessFile file;
   /** The number of {@link #file}'s descriptor; descriptors for clients are opened through it. */
   private final int number;
-  private final IpcHandle.HostFd handle;
-  private boolean closed; // guarded by this
 
   HostFdSegment(int device, long bytes, RandomAccessFile file, int number, IpcHandle.HostFd handle) {
-    this.device = device;
-    this.bytes = bytes;
+    super(device, bytes, handle);
     this.file = file;
     this.number = number;
-    this.handle = handle;
-  }
-
-  @Override
-  public int device() {
-    return device;
-  }
-
-  @Override
-  public long bytes() {
-    return bytes;
-  }
-
-  @Override
-  public IpcHandle handle() {
-    return handle;
   }
 
   /** The number of the daemon's own descriptor (for tests: it is closed on free). */
@@ -70,18 +49,9 @@ final class HostFdSegment implements FdPassedSegment {
    * seals are the inode's, so a reopened descriptor carries them.
    */
   @Override
-  public synchronized SegmentFd open(boolean readOnly) throws IOException {
-    if (closed) {
-      return null;
-    }
+  protected SegmentFd openLive(boolean readOnly) throws IOException {
     // open(2) itself, not a Java file: no JVM object, no reflection to read the number back
-    int opened = Descriptors.open("/proc/self/fd/" + number, readOnly);
-    try {
-      return SegmentFd.ofNative(opened, readOnly);
-    } catch (IOException | RuntimeException e) {
-      Descriptors.closeQuietly(opened);
-      throw e;
-    }
+    return own(Descriptors.open("/proc/self/fd/" + number, readOnly), readOnly, SegmentFd::ofNative);
   }
 
   /**
@@ -91,16 +61,15 @@ final class HostFdSegment implements FdPassedSegment {
    * @return false when it was already closed
    */
   synchronized boolean close() throws IOException {
-    if (closed) {
+    if (!markGone()) {
       return false;
     }
-    closed = true;
-    file.close();
+    file.close(); // under the monitor: no openLive reads the number while it is let go of
     return true;
   }
 
   @Override
   public String toString() {
-    return "host segment of " + bytes + " bytes on device " + device + " (fd " + number + ", a sealed memfd)";
+    return "host segment of " + bytes() + " bytes on device " + device() + " (fd " + number + ", a sealed memfd)";
   }
 }

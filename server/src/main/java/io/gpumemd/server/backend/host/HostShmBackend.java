@@ -1,12 +1,12 @@
 package io.gpumemd.server.backend.host;
 
+import io.gpumemd.server.backend.AbstractMemoryBackend;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
-import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import java.io.IOException;
@@ -81,11 +81,10 @@ import org.slf4j.LoggerFactory;
  * can be given away is a flag that only ever goes from true to false; the open segments of the
  * descriptor mode are a concurrent set.
  */
-public final class HostShmBackend implements MemoryBackend {
+public final class HostShmBackend extends AbstractMemoryBackend {
   private static final Logger log = LoggerFactory.getLogger(HostShmBackend.class);
 
   private final SegmentFiles files;
-  private final List<DeviceInfo> devices;
   private final long capacityBytes;
   private final AtomicLongArray usedBytes;
   private final AtomicLong nextFile = new AtomicLong();
@@ -93,7 +92,6 @@ public final class HostShmBackend implements MemoryBackend {
   private final String fdSocket;
   /** Descriptor mode's segments, or null (paths). */
   private final SealedSegments sealed;
-  private volatile boolean closed;
 
   /**
    * Creates the device directories and takes the directory lock.
@@ -117,31 +115,53 @@ public final class HostShmBackend implements MemoryBackend {
    *     (descriptors) when this JVM does not show descriptor numbers
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName, String fdSocket) {
-    if (fdSocket != null) {
-      JdkFdNumbers.check();
-    }
+    this(shmDir, openFiles(shmDir, deviceCount, groupName, fdSocket), deviceCount, capacityBytes, fdSocket);
+  }
+
+  private HostShmBackend(Path shmDir, SegmentFiles files, int deviceCount, long capacityBytes, String fdSocket) {
+    super("host", simulatedDevices(files.root(), deviceCount, capacityBytes));
+    this.files = files;
     this.fdSocket = fdSocket;
     this.sealed = fdSocket == null ? null : new SealedSegments(fdSocket);
     this.capacityBytes = capacityBytes;
     this.usedBytes = new AtomicLongArray(deviceCount);
-    try {
-      this.files = new SegmentFiles(shmDir, deviceCount, groupName, fdSocket != null);
-      List<DeviceInfo> infos = new ArrayList<>();
-      for (int d = 0; d < deviceCount; d++) {
-        UUID uuid = UUID.nameUUIDFromBytes((files.root() + "#" + d).getBytes(StandardCharsets.UTF_8));
-        infos.add(new DeviceInfo(d, "host-shm", "HOST-" + uuid, "host", capacityBytes, capacityBytes));
-      }
-      this.devices = List.copyOf(infos);
-      if (fdSocket == null) {
+    if (fdSocket == null) {
+      try {
         files.warnIfFileSystemTooSmall(capacityBytes * deviceCount);
-      } else {
-        log.info("Host segments are sealed memfds passed as file descriptors over {}; none is on a path (in {} "
-            + "or elsewhere){}", fdSocket, files.root(), files.group() == null ? "" : " (--shm-group plays no "
-            + "part: a descriptor is the only way to a segment)");
+      } catch (IOException e) {
+        throw cannotUse(shmDir, e);
       }
-    } catch (IOException e) {
-      throw new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
+    } else {
+      log.info("Host segments are sealed memfds passed as file descriptors over {}; none is on a path (in {} "
+          + "or elsewhere){}", fdSocket, files.root(), files.group() == null ? "" : " (--shm-group plays no "
+          + "part: a descriptor is the only way to a segment)");
     }
+  }
+
+  /** The segment directory, checked and locked (and, for descriptors, the JVM checked first). */
+  private static SegmentFiles openFiles(Path shmDir, int deviceCount, String groupName, String fdSocket) {
+    if (fdSocket != null) {
+      JdkFdNumbers.check();
+    }
+    try {
+      return new SegmentFiles(shmDir, deviceCount, groupName, fdSocket != null);
+    } catch (IOException e) {
+      throw cannotUse(shmDir, e);
+    }
+  }
+
+  private static BackendException cannotUse(Path shmDir, IOException e) {
+    return new BackendException("shm-dir: cannot use " + shmDir.toAbsolutePath() + ": " + e, e);
+  }
+
+  /** The simulated devices, each named by a UUID of the directory and its ordinal. */
+  private static List<DeviceInfo> simulatedDevices(Path root, int deviceCount, long capacityBytes) {
+    List<DeviceInfo> infos = new ArrayList<>();
+    for (int d = 0; d < deviceCount; d++) {
+      UUID uuid = UUID.nameUUIDFromBytes((root + "#" + d).getBytes(StandardCharsets.UTF_8));
+      infos.add(new DeviceInfo(d, "host-shm", "HOST-" + uuid, "host", capacityBytes, capacityBytes));
+    }
+    return infos;
   }
 
   /** Directory holding the segment files (for logs and tests). */
@@ -150,20 +170,8 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public String name() {
-    return "host";
-  }
-
-  @Override
-  public List<DeviceInfo> devices() {
-    return devices;
-  }
-
-  @Override
   public SegmentMemory allocate(int device, long bytes, SegmentOwner owner) {
-    if (closed) {
-      throw new BackendException("host backend is closed");
-    }
+    checkOpen();
     long used = usedBytes.addAndGet(device, bytes);
     if (used > capacityBytes) {
       usedBytes.addAndGet(device, -bytes);
@@ -288,10 +296,10 @@ public final class HostShmBackend implements MemoryBackend {
       SealedSegments.closeReceived(fd);
       throw new UnsupportedOperationException(takeOverRefusal());
     }
-    if (closed || device < 0 || device >= devices.size()) {
+    if (isClosed() || device < 0 || device >= devices().size()) {
       SealedSegments.closeReceived(fd);
-      throw new BackendException(closed ? "host backend is closed" : "adopt: device " + device + " (expected: 0.."
-          + (devices.size() - 1) + ")");
+      checkOpen();
+      throw new BackendException("adopt: device " + device + " (expected: 0.." + (devices().size() - 1) + ")");
     }
     long used = usedBytes.addAndGet(device, bytes);
     if (used > capacityBytes) {
@@ -327,11 +335,7 @@ public final class HostShmBackend implements MemoryBackend {
   }
 
   @Override
-  public synchronized void close() {
-    if (closed) {
-      return;
-    }
-    closed = true;
+  protected void release() {
     int removed = 0;
     if (sealed != null) {
       for (HostFdSegment segment : sealed.open()) {

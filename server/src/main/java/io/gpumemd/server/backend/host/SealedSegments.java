@@ -50,28 +50,48 @@ final class SealedSegments {
    */
   HostFdSegment allocate(int device, long bytes, String name) throws IOException {
     int raw = Memfds.create(name);
-    RandomAccessFile file = null;
     try {
-      Path created = Path.of("/proc/self/fd/" + raw);
-      file = new RandomAccessFile(created.toFile(), "rw");
-      int number = JdkFdNumbers.of(file.getFD());
-      if (!Files.isSameFile(Path.of("/proc/self/fd/" + number), created)) {
-        throw new BackendException("descriptor number " + number + " read from the JVM names "
-            + Files.readSymbolicLink(Path.of("/proc/self/fd/" + number)) + ", not the new segment's memfd " + name);
-      }
       // Backed before it is sealed (a sealed memfd could not grow to its size), and sealed before
       // the segment exists for anyone to open a descriptor of.
-      back(file, number, bytes);
-      Memfds.seal(number);
+      return keep(device, bytes, Path.of("/proc/self/fd/" + raw), "the new segment's memfd " + name, (file, number) -> {
+        back(file, number, bytes);
+        Memfds.seal(number);
+      });
+    } finally {
+      Memfds.closeQuietly(raw);
+    }
+  }
+
+  /** What is done to a segment's file between its opening and its segment's making. */
+  @FunctionalInterface
+  private interface Preparation {
+    void prepare(RandomAccessFile file, int number) throws IOException;
+  }
+
+  /**
+   * The segment of the memfd at {@code path}, opened read-write as a Java file that owns the
+   * daemon's descriptor from then on, and kept until it is freed. The number read from the JVM is
+   * checked to be the memfd's (same inode), since a wrong one would hand clients some other file
+   * ({@code what} names the memfd in that error); then {@code preparation} runs. On any failure
+   * the file is closed and no segment made.
+   */
+  private HostFdSegment keep(int device, long bytes, Path path, String what, Preparation preparation)
+      throws IOException {
+    RandomAccessFile file = new RandomAccessFile(path.toFile(), "rw");
+    try {
+      int number = JdkFdNumbers.of(file.getFD());
+      Path numbered = Path.of("/proc/self/fd/" + number);
+      if (!Files.isSameFile(numbered, path)) {
+        throw new BackendException("descriptor number " + number + " read from the JVM names "
+            + Files.readSymbolicLink(numbered) + ", not " + what);
+      }
+      preparation.prepare(file, number);
       HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
       openSegments.add(segment);
-      file = null;
       return segment;
-    } finally {
-      if (file != null) {
-        file.close();
-      }
-      Memfds.closeQuietly(raw);
+    } catch (IOException | RuntimeException | Error e) {
+      file.close();
+      throw e;
     }
   }
 
@@ -99,7 +119,6 @@ final class SealedSegments {
    * a Java file like a new segment's) and the received number is closed, success or not.
    */
   HostFdSegment adopt(int device, int fd, long bytes) throws IOException {
-    RandomAccessFile file = null;
     try {
       Path received = Path.of("/proc/self/fd/" + fd);
       String target = Files.readSymbolicLink(received).toString();
@@ -119,24 +138,13 @@ final class SealedSegments {
             + " (expected: F_SEAL_GROW and F_SEAL_SHRINK: an unsealed segment could have been resized by any "
             + "holder of a writable descriptor)");
       }
-      file = new RandomAccessFile(received.toFile(), "rw");
-      if (file.length() != bytes) {
-        throw new BackendException("descriptor " + fd + ": " + file.length() + " bytes (expected: " + bytes
-            + ", as the state says)");
-      }
-      int number = JdkFdNumbers.of(file.getFD());
-      if (!Files.isSameFile(Path.of("/proc/self/fd/" + number), received)) {
-        throw new BackendException("descriptor number " + number + " read from the JVM is not the reopened "
-            + "segment " + target);
-      }
-      HostFdSegment segment = new HostFdSegment(device, bytes, file, number, new IpcHandle.HostFd(fdSocket));
-      openSegments.add(segment);
-      file = null;
-      return segment;
+      return keep(device, bytes, received, "the reopened segment " + target, (file, number) -> {
+        if (file.length() != bytes) {
+          throw new BackendException("descriptor " + fd + ": " + file.length() + " bytes (expected: " + bytes
+              + ", as the state says)");
+        }
+      });
     } finally {
-      if (file != null) {
-        file.close();
-      }
       closeReceived(fd);
     }
   }
