@@ -14,7 +14,6 @@ import java.io.IOException;
  * until it is filled. Stateless and thread-safe.
  */
 public final class AnonymousMemory {
-  private static final int MADV_HUGEPAGE = 14;
   private static final int MADV_POPULATE_WRITE = 23;
 
   private AnonymousMemory() {}
@@ -31,17 +30,19 @@ public final class AnonymousMemory {
     if (Pointer.nativeValue(address) == -1L) { // MAP_FAILED, should LastErrorException not fire
       throw new IOException("mmap of " + length + " anonymous bytes failed");
     }
-    advise(address, length, MADV_HUGEPAGE);
     advise(address, length, MADV_POPULATE_WRITE);
     return address;
   }
 
   /**
-   * Huge pages (where transparent huge pages are {@code madvise}d, the common default) and the
-   * pages made at once: a buffer is filled whole right after it is made, and 512 times fewer
-   * page faults and TLB entries make that copy run near memcpy speed (measured with {@code
-   * HostStoreCostMain}: a 1 GiB park took 1.1 s with 4 KiB pages faulted one by one). A kernel
-   * without either advice (before 5.14 for the second) just faults pages in as they are written.
+   * The pages made at once ({@code MADV_POPULATE_WRITE}, Linux 5.14): a buffer is filled whole
+   * right after it is made, and one call that faults every page in the kernel spares a page
+   * fault per 4 KiB (a 1 GiB park took 1.1 s with the pages faulted one by one). No huge pages:
+   * with transparent huge pages on {@code madvise} and their defrag on {@code madvise} (the
+   * common defaults), a {@code MADV_HUGEPAGE} region compacts memory synchronously on its first
+   * touch, and on a busy host whose memory is fragmented that made the same park take 10 s
+   * ({@code HostStoreCostMain}, load 16: 10-12 s with the advice, 0.9-2 s without). A kernel
+   * without the advice just faults pages in as they are written.
    */
   private static void advise(Pointer address, long length, int advice) {
     try {
