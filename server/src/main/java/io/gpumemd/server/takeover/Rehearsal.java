@@ -31,8 +31,9 @@ import org.slf4j.LoggerFactory;
  *       descriptor segments): a scratch set of pools and sessions is served by the daemon's own
  *       services on a scratch socket, and a {@link RehearsalClient} makes a worker's calls on it
  *       (a session, its KeepAlive stream, leases and releases on it and unary ones, a share
- *       token, a published name) and keeps {@value #HELD} leases; that state is exported with its
- *       segments' descriptors, sent over a take-over channel to this process and restored into
+ *       token; nothing that logs, as publishing or closing a session would) and keeps {@value
+ *       #HELD} leases; that state is exported with its segments' descriptors, sent over a
+ *       take-over channel to this process and restored into
  *       another scratch set, {@value #CODEC_ROUNDS} times (the JIT compiles what runs per lease);
  *       the last restored set is served in turn, and the restored session reattached and leased
  *       on: the running daemon's hand-over and a client's reattach, done here to oneself on data
@@ -85,7 +86,9 @@ public final class Rehearsal {
     long started = System.nanoTime();
     try {
       if (stage != null) {
-        served(scratch, stage, channelAt, started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS));
+        if (served(scratch, stage, channelAt, started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS)) == 0) {
+          log.debug("Take-over rehearsal: the restored scratch session was not served after its reattach");
+        }
       } else {
         codec(scratch, channelAt);
       }
@@ -114,8 +117,10 @@ public final class Rehearsal {
    * A scratch daemon served and leased on, its state handed over to this process {@value
    * #CODEC_ROUNDS} times, and the restored state served and reattached to. Every scratch set is
    * closed at the end, its memory freed.
+   *
+   * @return how many leases the restored session was answered after its reattach ({@value #ROUNDS}, or 0)
    */
-  static void served(Supplier<Books> scratch, Stage stage, Path channelAt, long deadlineNanos)
+  static int served(Supplier<Books> scratch, Stage stage, Path channelAt, long deadlineNanos)
       throws IOException, InterruptedException {
     Path at = channelAt.toAbsolutePath();
     Path socket = at.resolveSibling(at.getFileName() + ".sock");
@@ -137,11 +142,10 @@ public final class Rehearsal {
       try (AutoCloseable server = stage.serve(to, socket);
           RehearsalClient client = new RehearsalClient(socket, deadlineNanos)) {
         // A worker's client after a take-over: its restored session's stream, then its leases.
-        if (client.attach(session)) {
-          client.leaseOnStream(0, ROUNDS, 0);
-          client.detach();
-        }
-        client.closeSession(session);
+        // The sessions are not closed: that would log as a client's do; closing the pools is silent.
+        List<String> leased = client.attach(session) ? client.leaseOnStream(0, ROUNDS, 0) : null;
+        client.detach();
+        return leased == null ? 0 : ROUNDS;
       }
     } catch (IOException | RuntimeException | InterruptedException e) {
       throw e;
@@ -154,8 +158,8 @@ public final class Rehearsal {
 
   /**
    * A worker's calls on a scratch daemon: a session leasing and releasing on its stream and with
-   * unary calls on every device, {@value #HELD} leases kept, one of them shared and published, a
-   * second session leasing; the stream ends, the sessions stay (as a client's that went away).
+   * unary calls on every device, {@value #HELD} leases kept, one of them shared, a second
+   * session leasing; the stream ends, the sessions stay (as a client's that went away).
    *
    * @return the first session's id
    */
@@ -175,7 +179,7 @@ public final class Rehearsal {
       client.leaseUnary(session, d);
     }
     if (!held.isEmpty()) {
-      client.share(session, held.get(0), "gpumemd-rehearsal");
+      client.share(session, held.get(0));
     }
     client.detach();
     String other = client.openSession();

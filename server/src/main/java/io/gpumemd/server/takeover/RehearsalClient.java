@@ -1,12 +1,10 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.proto.v1.AllocatorGrpc;
-import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.OpenSessionRequest;
-import io.gpumemd.proto.v1.PublishRequest;
 import io.gpumemd.proto.v1.ReleaseRequest;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.ShareRequest;
@@ -98,14 +96,9 @@ final class RehearsalClient implements AutoCloseable {
     blocking().release(ReleaseRequest.newBuilder().setSessionId(session).setLeaseId(lease.getLeaseId()).build());
   }
 
-  /** A share token and a published name for {@code leaseId}: the sharing books get entries too. */
-  void share(String session, String leaseId, String name) {
+  /** A share token for {@code leaseId}: the sharing books get an entry too. */
+  void share(String session, String leaseId) {
     blocking().share(ShareRequest.newBuilder().setSessionId(session).setLeaseId(leaseId).build());
-    blocking().publish(PublishRequest.newBuilder().setSessionId(session).setLeaseId(leaseId).setName(name).build());
-  }
-
-  void closeSession(String session) {
-    blocking().closeSession(CloseSessionRequest.newBuilder().setSessionId(session).build());
   }
 
   /**

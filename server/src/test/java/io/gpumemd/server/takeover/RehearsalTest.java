@@ -107,18 +107,17 @@ class RehearsalTest {
   }
 
   @Test
-  void served_leasesOnScratchBooks_restoresTheirState_andLeavesNoMemoryNorSocket() throws Exception {
+  void served_leasesOnScratchBooks_restoresTheirState_servesItAgain_andLeavesNoMemoryNorSocket() throws Exception {
     Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
 
-    Rehearsal.served(this::books, this::serve, at, System.nanoTime() + TimeUnit.SECONDS.toNanos(30));
+    int answered = Rehearsal.served(this::books, this::serve, at, System.nanoTime() + TimeUnit.SECONDS.toNanos(30));
 
     assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size(), "one set of books served, one restored per hand-over");
-    for (Rehearsal.Books restored : made.subList(1, made.size() - 1)) {
+    for (Rehearsal.Books restored : made.subList(1, made.size())) {
       assertEquals(2, restored.registry().sessionCount(), "the rehearsal's two sessions came back");
       assertEquals(Rehearsal.HELD + 1, restored.registry().liveLeases(), "the leases kept, and the other session's");
     }
-    assertEquals(1, made.get(made.size() - 1).registry().sessionCount(),
-        "the restored session, served and reattached to, was closed; the other one stays");
+    assertTrue(answered > 0, "the restored session, served and reattached to, was answered its leases");
     try (var files = Files.list(dir)) {
       assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket left: " + dir);
     }
