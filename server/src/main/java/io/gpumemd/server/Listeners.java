@@ -268,7 +268,7 @@ final class Listeners implements AutoCloseable {
    * A server like the Unix listener, on its event loops, over {@code scratchServices} with an
    * open gate, bound at {@code at}: what a successor's {@link io.gpumemd.server.takeover.Rehearsal}
    * serves its scratch books on, on a path no client knows. Neither published nor logged; closing
-   * it stops it (not the event loops) and removes its socket file.
+   * it stops it as {@link #stopAccepting} does (not the event loops) and removes its socket file.
    *
    * @throws IOException when there is no Unix listener, or {@code at} cannot be bound
    */
@@ -285,8 +285,11 @@ final class Listeners implements AutoCloseable {
         groups[0], groups[1], scratchServices, new HandOverInterceptor(HandOverGate.ALWAYS_OPEN)).build().start();
     restrictSocket(at, "rw-------", -1);
     return () -> {
-      server.shutdownNow();
-      server.awaitTermination(1, TimeUnit.SECONDS);
+      // As a daemon that handed over stops: connections are sent away (GOAWAY), not cut.
+      server.shutdown();
+      if (!server.awaitTermination(1, TimeUnit.SECONDS)) {
+        server.shutdownNow();
+      }
       Files.deleteIfExists(at);
     };
   }

@@ -35,8 +35,9 @@ import org.slf4j.LoggerFactory;
  *       #HELD} leases; that state is exported with its segments' descriptors, sent over a
  *       take-over channel to this process and restored into
  *       another scratch set, {@value #CODEC_ROUNDS} times (the JIT compiles what runs per lease);
- *       the last restored set is served in turn, and the restored session reattached and leased
- *       on: the running daemon's hand-over and a client's reattach, done here to oneself on data
+ *       the last restored set is served in turn, the restored session reattached and leased on,
+ *       then told it moved and its connection sent away: the running daemon's hand-over, a
+ *       client's reattach and a handed-over daemon's last words, done here to oneself on data
  *       shaped like a real node's. Elsewhere {@link #codec} sends an empty state that way.
  *   <li>{@link #calls}: a health check, a unary Lease and a KeepAlive stream on this daemon's own
  *       Unix socket, still at its temporary path where no client finds it. The gate is closed, so
@@ -139,11 +140,15 @@ public final class Rehearsal {
         made.add(to);
         handOver(from, to, at);
       }
-      try (AutoCloseable server = stage.serve(to, socket);
-          RehearsalClient client = new RehearsalClient(socket, deadlineNanos)) {
+      // The client is closed last: the server goes away with it connected, as a daemon that handed over does.
+      try (RehearsalClient client = new RehearsalClient(socket, deadlineNanos);
+          AutoCloseable server = stage.serve(to, socket)) {
         // A worker's client after a take-over: its restored session's stream, then its leases.
         // The sessions are not closed: that would log as a client's do; closing the pools is silent.
         List<String> leased = client.attach(session) ? client.leaseOnStream(0, ROUNDS, 0) : null;
+        // What a daemon that handed over does: its clients are told that they moved, then its
+        // listener sends them away (GOAWAY). Done here, it runs compiled when this one hands over.
+        to.registry().moved();
         client.detach();
         return leased == null ? 0 : ROUNDS;
       }
