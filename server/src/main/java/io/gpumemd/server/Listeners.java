@@ -258,7 +258,8 @@ final class Listeners implements AutoCloseable {
     try {
       server.start();
     } catch (IOException e) {
-      throw new IOException(listener + ": " + address + (isAddressInUse(e) ? " already in use" : ": " + e.getMessage()), e);
+      throw new IOException(listener + ": " + address
+          + (isAddressInUse(e) ? " already in use" : ": " + e.getMessage()), e);
     }
     servers.add(server);
     return server;
