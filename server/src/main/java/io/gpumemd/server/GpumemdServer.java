@@ -224,7 +224,7 @@ public final class GpumemdServer {
       if (takingOver) {
         server.bindHandOver(true);
         Path socket = config.takeOver().socket().toAbsolutePath();
-        Rehearsal.run(() -> books(config, backend, ticker, false),
+        Rehearsal.run(() -> books(config, backend, ticker, false), server.stage(),
             socket.resolveSibling(socket.getFileName() + ".rehearsal-" + ProcessHandle.current().pid()),
             server.listeners.unixBoundAt());
         takeOver = TakeOverState.request(config, backend, VERSION);
@@ -247,6 +247,27 @@ public final class GpumemdServer {
       throw e;
     }
     return server;
+  }
+
+  /**
+   * What serves a rehearsal's scratch books: this daemon's Allocator service and health over them,
+   * with metrics of their own, on the Unix listener's event loops ({@link Listeners#scratchUnix}).
+   * Null where scratch books cannot be leased on: without a Unix listener, or on a backend whose
+   * scratch segments would be device memory or files beside the running daemon's (only host
+   * segments passed as descriptors are neither).
+   */
+  private Rehearsal.Stage stage() {
+    if (!(backend instanceof HostShmBackend) || !backend.passesDescriptors() || listeners.unixBoundAt() == null) {
+      return null;
+    }
+    return (books, at) -> {
+      ServerMetrics scratchMetrics = new ServerMetrics(IsolatingPrometheusRegistry.newMeterRegistry(), books.pools(),
+          books.registry()::sessionCount, backend);
+      return listeners.scratchUnix(List.of(
+          DocumentedSchema.bind(new AllocatorService(books.registry(), blockingExecutor, scratchMetrics,
+              new StreamWatchdog(config.transport().streamStallMillis(), ticker))),
+          new HealthStatusManager().getHealthService().bindService()), at);
+    };
   }
 
   /** Logs what this daemon serves and binds its listeners, where no client finds them yet ({@link Listeners#publish}). */

@@ -11,6 +11,7 @@ import io.gpumemd.server.config.TransportLimits;
 import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.metrics.MetricsHttpServer;
 import io.gpumemd.server.metrics.ReadinessCheck;
+import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.takeover.HandOverInterceptor;
 import io.grpc.InsecureServerCredentials;
 import io.grpc.Server;
@@ -71,6 +72,8 @@ final class Listeners implements AutoCloseable {
    */
   private final List<EventLoopGroup> eventLoopGroups = new ArrayList<>();
   private final List<Server> servers = new ArrayList<>();
+  /** The Unix listener's accept and I/O event loops, once bound: a rehearsal's scratch server runs on them too. */
+  private EventLoopGroup[] unixGroups;
   private MetricsHttpServer metrics;
   private Path socketPath;
   private FdChannel fdChannel;
@@ -248,8 +251,55 @@ final class Listeners implements AutoCloseable {
         daemonThreads("gpumemd-io-" + kind));
     eventLoopGroups.add(bossGroup);
     eventLoopGroups.add(workerGroup);
-    builder.bossEventLoopGroup(bossGroup)
-        .workerEventLoopGroup(workerGroup)
+    if (kind.equals("unix")) {
+      unixGroups = new EventLoopGroup[] {bossGroup, workerGroup};
+    }
+    Server server = configure(builder, bossGroup, workerGroup, services, handOver).build();
+    try {
+      server.start();
+    } catch (IOException e) {
+      throw new IOException(listener + ": " + address
+          + (isAddressInUse(e) ? " already in use" : ": " + e.getMessage()), e);
+    }
+    servers.add(server);
+    return server;
+  }
+
+  /**
+   * A server like the Unix listener, on its event loops, over {@code scratchServices} with an
+   * open gate, bound at {@code at}: what a successor's {@link io.gpumemd.server.takeover.Rehearsal}
+   * serves its scratch books on, on a path no client knows. Neither published nor logged; closing
+   * it stops it as {@link #stopAccepting} does (not the event loops) and removes its socket file.
+   *
+   * @throws IOException when there is no Unix listener, or {@code at} cannot be bound
+   */
+  AutoCloseable scratchUnix(List<ServerServiceDefinition> scratchServices, Path at) throws IOException {
+    EventLoopGroup[] groups = unixGroups;
+    if (groups == null) {
+      throw new IOException("no unix listener to rehearse on");
+    }
+    Files.deleteIfExists(at);
+    Server server = configure(NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()),
+                ConnectionLimit.wrap(UnixPeerNegotiator.credentials(identities), "rehearsal listener",
+                    "--unix-max-connections", limits.unixMaxConnections()))
+            .channelType(EpollServerDomainSocketChannel.class),
+        groups[0], groups[1], scratchServices, new HandOverInterceptor(HandOverGate.ALWAYS_OPEN)).build().start();
+    restrictSocket(at, "rw-------", -1);
+    return () -> {
+      // As a daemon that handed over stops: connections are sent away (GOAWAY), not cut.
+      server.shutdown();
+      if (!server.awaitTermination(1, TimeUnit.SECONDS)) {
+        server.shutdownNow();
+      }
+      Files.deleteIfExists(at);
+    };
+  }
+
+  /** The settings every listener's server has, on {@code boss} and {@code workers}. */
+  private NettyServerBuilder configure(NettyServerBuilder builder, EventLoopGroup boss, EventLoopGroup workers,
+      List<ServerServiceDefinition> served, HandOverInterceptor gate) {
+    builder.bossEventLoopGroup(boss)
+        .workerEventLoopGroup(workers)
         // Handlers never block: a lease that needs the backend moves itself to the blocking
         // executor (AllocatorService). Running on the transport thread saves a thread hop.
         .directExecutor()
@@ -269,19 +319,12 @@ final class Listeners implements AutoCloseable {
     if (limits.connectionIdleSeconds() > 0) {
       builder.maxConnectionIdle(limits.connectionIdleSeconds(), TimeUnit.SECONDS);
     }
-    services.forEach(builder::addService);
+    served.forEach(builder::addService);
     // Every call learns who is calling before any handler runs (Callers.current()).
     builder.intercept(auth);
     // While a successor takes over, calls are refused unserved (UNAVAILABLE, gpumemd-moving).
-    builder.intercept(handOver);
-    Server server = builder.build();
-    try {
-      server.start();
-    } catch (IOException e) {
-      throw new IOException(listener + ": " + address + (isAddressInUse(e) ? " already in use" : ": " + e.getMessage()), e);
-    }
-    servers.add(server);
-    return server;
+    builder.intercept(gate);
+    return builder;
   }
 
   private static boolean isAddressInUse(Throwable e) {

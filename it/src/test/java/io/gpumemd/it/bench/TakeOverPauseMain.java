@@ -27,9 +27,10 @@ import java.util.regex.Pattern;
  * may fail).
  *
  * <p>Where the time goes: each take-over's line also gives, in milliseconds from the moment the
- * old daemon closed its gate, the steps both daemons log (the successor's {@code state received},
- * {@code restored}, the old one's {@code Taken}, the successor serving on the socket path, the old
- * one stopped), and when the longest wait began and ended; the last line gives their medians.
+ * old daemon closed its gate, the steps both daemons log (the old one's {@code state sent}, the
+ * successor's {@code state received}, {@code restored}, the old one's {@code Taken}, the successor
+ * serving on the socket path, the old one stopped), and when the longest wait began and ended;
+ * the last line gives their medians.
  * Run:
  *
  * <pre>
@@ -45,6 +46,7 @@ public final class TakeOverPauseMain {
 
   /** The log lines of a take-over, in order, and which daemon logs each (true: the old one). */
   private static final String[][] STEPS = {
+      {"sent", "old", "State sent to pid"},
       {"received", "new", "--take-over: state of pid"},
       {"restored", "new", "Take-over: restored"},
       {"taken", "old", "Handed over to pid"},

@@ -33,15 +33,26 @@ final class KernelWaits {
     throw new AssertionError("pid " + pid + " never blocked reading its take-over socket");
   }
 
+  /**
+   * Waits until {@code pid} is a zombie whose other threads are gone too: a killed JVM's main
+   * thread shows "Z" while its other threads are still exiting, and its sockets close only when
+   * the last of them has (a peer writing meanwhile still succeeds).
+   */
   static void awaitZombie(long pid) throws Exception {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
     while (System.nanoTime() < deadline) {
       String stat = Files.readString(Path.of("/proc/" + pid + "/stat"));
-      if (stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z")) {
+      if (stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z") && threads(pid) <= 1) {
         return;
       }
       Thread.sleep(20);
     }
     throw new AssertionError("pid " + pid + " did not die");
+  }
+
+  private static long threads(long pid) throws IOException {
+    try (Stream<Path> tasks = Files.list(Path.of("/proc/" + pid + "/task"))) {
+      return tasks.count();
+    }
   }
 }

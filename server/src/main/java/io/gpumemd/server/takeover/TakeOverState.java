@@ -198,12 +198,12 @@ public final class TakeOverState {
   }
 
   /**
-   * Rebuilds a state that names no descriptor in new pools and registry, saying nothing: a
-   * {@link Rehearsal}'s, whose books are scratch.
+   * Rebuilds a state in new pools and registry, saying nothing: a {@link Rehearsal}'s, whose books
+   * are scratch. The pools take {@code fds}, the descriptors the state names, whatever happens.
    */
-  static void restore(State state, DevicePools pools, SessionRegistry registry) {
+  static void restore(State state, int[] fds, DevicePools pools, SessionRegistry registry) {
     try {
-      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), new int[0]);
+      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), fds);
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }

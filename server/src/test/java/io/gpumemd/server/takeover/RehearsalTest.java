@@ -2,10 +2,18 @@ package io.gpumemd.server.takeover;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.Ticker;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.books.Quota;
+import io.gpumemd.server.grpc.AllocatorService;
+import io.gpumemd.server.grpc.StreamWatchdog;
+import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolSettings;
@@ -14,11 +22,18 @@ import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.sharing.SharingSettings;
+import io.grpc.Server;
+import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
+import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
+import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
+import io.micrometer.core.instrument.simple.SimpleMeterRegistry;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -49,6 +64,25 @@ class RehearsalTest {
     return books;
   }
 
+  /** Serves scratch books as a daemon does (its Allocator service on a Unix socket), every caller the daemon. */
+  private AutoCloseable serve(Rehearsal.Books books, Path at) throws java.io.IOException {
+    EpollEventLoopGroup loop = new EpollEventLoopGroup(2);
+    Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()))
+        .channelType(EpollServerDomainSocketChannel.class).bossEventLoopGroup(loop).workerEventLoopGroup(loop)
+        .directExecutor()
+        .addService(new AllocatorService(books.registry(), r -> new Thread(r).start(),
+            new ServerMetrics(new SimpleMeterRegistry(), books.pools(), books.registry()::sessionCount, backend),
+            new StreamWatchdog(10_000, Ticker.system())))
+        .intercept(Callers.fixed(Caller.DAEMON))
+        .build().start();
+    return () -> {
+      server.shutdownNow();
+      assertTrue(server.awaitTermination(5, TimeUnit.SECONDS), "scratch server left running");
+      loop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+      Files.deleteIfExists(at);
+    };
+  }
+
   @AfterEach
   void close() {
     if (backend != null) {
@@ -69,6 +103,29 @@ class RehearsalTest {
     assertEquals(0, restored.registry().liveLeases());
     for (DevicePool pool : restored.pools().all()) {
       pool.verifyInvariants();
+    }
+  }
+
+  @Test
+  void served_leasesOnScratchBooks_restoresTheirState_servesItAgain_andLeavesNoMemoryNorSocket() throws Exception {
+    Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
+
+    int answered = Rehearsal.served(this::books, this::serve, at, System.nanoTime() + TimeUnit.SECONDS.toNanos(30));
+
+    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size(), "one set of books served, one restored per hand-over");
+    // The last set was served again: the release on its stream's last lease may have gone unapplied.
+    for (Rehearsal.Books restored : made.subList(1, made.size() - 1)) {
+      assertEquals(2, restored.registry().sessionCount(), "the rehearsal's two sessions came back");
+      assertEquals(Rehearsal.HELD + 1, restored.registry().liveLeases(), "the leases kept, and the other session's");
+    }
+    assertTrue(answered > 0, "the restored session, served and reattached to, was answered its leases");
+    try (var files = Files.list(dir)) {
+      assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket left: " + dir);
+    }
+    for (var device : backend.devices()) {
+      // Every scratch segment was freed: the whole device fits again.
+      SegmentMemory all = backend.allocate(device.ordinal(), 64L << 20, SegmentOwner.DAEMON);
+      backend.free(all);
     }
   }
 }
