@@ -109,6 +109,7 @@ public final class SessionSleep {
   }
 
   private Slept sleep(Session session, List<LeaseRecord> records, int level, Set<String> tags, Set<Long> vacated) {
+    long start = System.nanoTime();
     Set<Long> segments = new TreeSet<>();
     for (LeaseRecord r : records) {
       // A client-cached lease names no segment: the client gives its tier back before it calls,
@@ -138,6 +139,7 @@ public final class SessionSleep {
       releaseQuietly(session, r);
     }
     List<ParkedRange> parked = park(session, sleepers, level, tags);
+    long parkedAt = System.nanoTime();
     Map<DevicePool, List<LeaseRecord>> byPool = new LinkedHashMap<>();
     List<String> ids = new ArrayList<>(sleepers.size());
     for (int i = 0; i < sleepers.size(); i++) {
@@ -165,8 +167,9 @@ public final class SessionSleep {
     long hostBytes = session.sleepFigures()[1];
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("leases", ids.size())
         .log("{} sleeps at level {}: {} leases in {} segments{}; {} of device memory freed, {} kept in host memory "
-            + "in all", session, level, ids.size(), segments.size(), tags.isEmpty() ? "" : " (tags " + tags + ")",
-        Sizes.format(freed), Sizes.format(hostBytes));
+            + "in all; {} ms (copies {} ms)", session, level, ids.size(), segments.size(),
+            tags.isEmpty() ? "" : " (tags " + tags + ")", Sizes.format(freed), Sizes.format(hostBytes),
+            (System.nanoTime() - start) / 1_000_000, (parkedAt - start) / 1_000_000);
     return new Slept(ids, List.copyOf(segments), hostBytes, freed);
   }
 
@@ -258,6 +261,8 @@ public final class SessionSleep {
   }
 
   private List<Woken> wake(Session session, List<LeaseRecord> records) {
+    long start = System.nanoTime();
+    long allocated = start;
     Map<Long, List<LeaseRecord>> bySegment = new LinkedHashMap<>();
     records.stream().filter(r -> r.asleep() != null).sorted(Comparator.comparingLong(LeaseRecord::sequence))
         .forEach(r -> bySegment.computeIfAbsent(r.block().segmentId(), id -> new ArrayList<>()).add(r));
@@ -277,6 +282,7 @@ public final class SessionSleep {
           fresh.put(leases.get(i), blocks.get(i));
         }
       }
+      allocated = System.nanoTime();
       fresh.forEach((r, b) -> {
         ParkedRange parked = r.asleep().parked();
         try {
@@ -304,8 +310,9 @@ public final class SessionSleep {
     List<Woken> woken = new ArrayList<>(bySegment.size());
     bySegment.forEach((id, leases) -> woken.add(new Woken(id, leases)));
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("leases", fresh.size())
-        .log("{} woke: {} leases in {} segments, {} restored from host memory", session, fresh.size(),
-            bySegment.size(), Sizes.format(restored));
+        .log("{} woke: {} leases in {} segments, {} restored from host memory; {} ms (new memory {} ms)", session,
+            fresh.size(), bySegment.size(), Sizes.format(restored), (System.nanoTime() - start) / 1_000_000,
+            (allocated - start) / 1_000_000);
     return woken;
   }
 
