@@ -161,6 +161,34 @@ class TakeOverTest {
   }
 
   /**
+   * A session asleep keeps its contents in the running daemon's host memory, which cannot pass
+   * to another process: the take-over is refused naming the session, and nothing changes (the
+   * session wakes with its bytes).
+   */
+  @Test
+  void sleepingSession_refusesTheTakeOver_untilItWakes() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
+      Lease weights = client.lease(0, 8 << 20);
+      fill(weights, (byte) 0x5c);
+      String session = client.sessionId();
+      client.sleep(1);
+      Process taker = new ProcessBuilder(takerCommand()).redirectErrorStream(true).start();
+      String out = new String(taker.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      assertTrue(taker.waitFor(60, TimeUnit.SECONDS));
+      assertEquals(1, taker.exitValue(), out);
+      assertTrue(out.contains("take-over refused by the running daemon") && out.contains("sleep")
+          && out.contains(session.substring(0, 8)), out);
+      assertTrue(daemon.process().isAlive());
+
+      client.wake();
+      assertBytes(weights, (byte) 0x5c);
+      assertEquals(session, client.sessionId());
+      weights.close();
+    }
+  }
+
+  /**
    * A daemon that offers no take-over socket cannot be taken over, and its socket is never
    * replaced: the would-be successor, finding nobody to take over from, refuses the live socket
    * as a fresh start does.
