@@ -121,6 +121,9 @@ public final class ServerMetrics implements MeterBinder {
   public static void bindHostStore(MeterRegistry registry, HostStore store) {
     Gauge.builder("gpumemd.offload.held", store, HostStore::heldBytes).baseUnit("bytes")
         .description("bytes of sleeping leases' contents kept in host memory").register(registry);
+    Gauge.builder("gpumemd.offload.spare", store, HostStore::spareBytes).baseUnit("bytes")
+        .description("host memory kept from dropped contents for the next sleep (within the bound, freed after 30 s "
+            + "unused)").register(registry);
     Gauge.builder("gpumemd.offload.max", store, HostStore::maxBytes).baseUnit("bytes")
         .description("bound on the contents kept in host memory (--offload-max-bytes)").register(registry);
     FunctionCounter.builder("gpumemd.offload.parks", store, HostStore::parks)

@@ -1,11 +1,18 @@
 package io.gpumemd.server.offload;
 
 import io.gpumemd.common.Sizes;
+import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.error.ExhaustedException;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
@@ -19,9 +26,16 @@ import java.util.concurrent.atomic.AtomicLong;
  * reserves the bytes of every range first (or refuses, changing nothing), then {@link
  * Claim#park} copies each range out. What a claim does not use goes back when it is closed.
  *
- * <p>Thread-safe: the bound is one atomic count, claimed by compare-and-set so that concurrent
- * claims never hold more than the bound between them; copies run outside any lock, each on the
- * calling thread.
+ * <p>Spare buffers: the host memory of contents dropped after a wake is kept for the next
+ * park of the same length (sleep and wake alternate, with the same leases), because making
+ * host memory is most of a park's cost: faulting in and zeroing every page on the host backend,
+ * pinning it on CUDA. Spares count against the bound with what is parked, so the store never
+ * holds more host memory than {@code --offload-max-bytes}: a claim that needs their room frees
+ * them first, and {@link #trimSpares} frees those left unused for {@link #SPARE_IDLE_NANOS}.
+ *
+ * <p>Thread-safety: the bound is one atomic count, claimed by compare-and-set so that concurrent
+ * claims never hold more than the bound between them; spares are guarded by this store's
+ * monitor; copies run outside any lock, each on the calling thread.
  */
 public final class HostStore {
   private final MemoryBackend backend;
@@ -31,6 +45,14 @@ public final class HostStore {
   private final AtomicLong restores = new AtomicLong();
   private final AtomicLong parkNanos = new AtomicLong();
   private final AtomicLong restoreNanos = new AtomicLong();
+  /** Unused host buffers by length, oldest first; guarded by this. Their bytes are in {@link #claimedBytes}. */
+  private final Map<Long, ArrayDeque<Spare>> spares = new HashMap<>();
+  private long spareBytes;
+
+  /** How long a spare buffer is kept without being reused. */
+  static final long SPARE_IDLE_NANOS = TimeUnit.SECONDS.toNanos(30);
+
+  private record Spare(HostBuffer buffer, long sinceNanos) {}
 
   public HostStore(MemoryBackend backend, long maxBytes) {
     if (maxBytes < 0) {
@@ -77,6 +99,9 @@ public final class HostStore {
     }
     while (true) {
       long held = claimedBytes.get();
+      if (held + bytes > maxBytes && freeSpares(held + bytes - maxBytes) > 0) {
+        continue;
+      }
       if (held + bytes > maxBytes) {
         throw new ExhaustedException("keeping " + Sizes.format(bytes) + " of " + what + " in host memory would exceed"
             + " --offload-max-bytes (" + Sizes.format(maxBytes) + ", " + Sizes.format(held) + " already held)");
@@ -87,9 +112,75 @@ public final class HostStore {
     }
   }
 
-  /** Bytes claimed: parked contents plus claims not yet used or closed. */
-  public long heldBytes() {
-    return claimedBytes.get();
+  /**
+   * A spare buffer of exactly {@code length} bytes, or null; its bytes move from the spares to
+   * the caller's claim (which already counted them: the caller gives the claim's share back).
+   */
+  synchronized HostBuffer takeSpare(long length) {
+    ArrayDeque<Spare> ofLength = spares.get(length);
+    Spare spare = ofLength == null ? null : ofLength.pollLast();
+    if (spare == null) {
+      return null;
+    }
+    if (ofLength.isEmpty()) {
+      spares.remove(length);
+    }
+    spareBytes -= length;
+    return spare.buffer();
+  }
+
+  /** Keeps a buffer whose contents were dropped for the next park of its length; its bytes stay claimed. */
+  synchronized void keepSpare(HostBuffer buffer, long length) {
+    spares.computeIfAbsent(length, l -> new ArrayDeque<>()).addLast(new Spare(buffer, System.nanoTime()));
+    spareBytes += length;
+  }
+
+  /** Frees spares, oldest first, until {@code bytes} are freed or none is left; returns the bytes freed. */
+  private long freeSpares(long bytes) {
+    return freeSparesWhere(bytes, s -> true);
+  }
+
+  /** Frees the spare buffers unused for {@link #SPARE_IDLE_NANOS}; housekeeping calls it. Returns the bytes freed. */
+  public long trimSpares() {
+    return trimSpares(SPARE_IDLE_NANOS);
+  }
+
+  /** Frees the spare buffers unused for {@code idleNanos}; returns the bytes freed. */
+  long trimSpares(long idleNanos) {
+    long now = System.nanoTime();
+    return freeSparesWhere(Long.MAX_VALUE, s -> now - s.sinceNanos() >= idleNanos);
+  }
+
+  private long freeSparesWhere(long bytes, java.util.function.Predicate<Spare> idle) {
+    List<HostBuffer> freed = new ArrayList<>();
+    long total = 0;
+    synchronized (this) {
+      for (var it = spares.values().iterator(); it.hasNext() && total < bytes; ) {
+        ArrayDeque<Spare> ofLength = it.next();
+        while (!ofLength.isEmpty() && total < bytes && idle.test(ofLength.peekFirst())) {
+          Spare spare = ofLength.pollFirst();
+          freed.add(spare.buffer());
+          total += spare.buffer().bytes();
+        }
+        if (ofLength.isEmpty()) {
+          it.remove();
+        }
+      }
+      spareBytes -= total;
+    }
+    freed.forEach(HostBuffer::free); // munmap or cuMemFreeHost: outside the monitor
+    claimedBytes.addAndGet(-total);
+    return total;
+  }
+
+  /** Bytes of spare buffers kept for the next park (in {@link #heldBytes}). */
+  public synchronized long spareBytes() {
+    return spareBytes;
+  }
+
+  /** Bytes of contents parked, and claims not yet used or closed (spare buffers not included). */
+  public synchronized long heldBytes() {
+    return claimedBytes.get() - spareBytes;
   }
 
   public long maxBytes() {
@@ -152,7 +243,9 @@ public final class HostStore {
         throw new IllegalStateException("parking " + length + " bytes from a claim with " + unused + " left");
       }
       ParkedRange parked = ParkedRange.copyOut(HostStore.this, segment, offset, length);
-      unused -= length;
+      if (!parked.reusedSpare()) {
+        unused -= length; // a spare's bytes were counted already: the claim's share goes back at close
+      }
       return parked;
     }
 

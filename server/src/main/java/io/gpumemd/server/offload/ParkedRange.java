@@ -16,25 +16,42 @@ public final class ParkedRange {
   private final HostStore store;
   private final HostBuffer buffer;
   private final long length;
+  private final boolean reusedSpare;
   private boolean dropped;
 
-  private ParkedRange(HostStore store, HostBuffer buffer, long length) {
+  private ParkedRange(HostStore store, HostBuffer buffer, long length, boolean reusedSpare) {
     this.store = store;
     this.buffer = buffer;
     this.length = length;
+    this.reusedSpare = reusedSpare;
   }
 
+  /**
+   * Copies a range out into a spare buffer of its length, or a new one. A spare's bytes were
+   * claimed already: the caller's claim gives its share back ({@code true} in the result's
+   * {@link #reusedSpare}).
+   */
   static ParkedRange copyOut(HostStore store, SegmentMemory segment, long offset, long length) {
     long start = System.nanoTime();
-    HostBuffer buffer = store.backend().allocateHost(length);
+    HostBuffer spare = store.takeSpare(length);
+    HostBuffer buffer = spare != null ? spare : store.backend().allocateHost(length);
     try {
       store.backend().copyToHost(segment, offset, buffer, 0, length);
     } catch (RuntimeException e) {
-      buffer.free();
+      if (spare != null) {
+        store.keepSpare(spare, length);
+      } else {
+        buffer.free();
+      }
       throw e;
     }
     store.parked(System.nanoTime() - start);
-    return new ParkedRange(store, buffer, length);
+    return new ParkedRange(store, buffer, length, spare != null);
+  }
+
+  /** Whether its host memory was a spare buffer (already counted against the bound). */
+  boolean reusedSpare() {
+    return reusedSpare;
   }
 
   /** Copies the parked bytes into {@code [offset, offset + length())} of a segment. */
@@ -51,12 +68,14 @@ public final class ParkedRange {
     return length;
   }
 
-  /** Frees the host memory and gives its bytes back to the store's bound. */
+  /**
+   * Drops the contents: the host memory becomes a spare for the next park of this length (its
+   * bytes stay counted against the store's bound until the store frees it).
+   */
   public synchronized void drop() {
     if (!dropped) {
       dropped = true;
-      buffer.free();
-      store.release(length);
+      store.keepSpare(buffer, length);
     }
   }
 }

@@ -389,6 +389,7 @@ public final class SessionRegistry {
       }
     }
     book.reportLeaks(now, TimeUnit.MILLISECONDS.toNanos(settings.leakThresholdMillis()));
+    sleep.store().trimSpares();
   }
 
   /** Stops taking sessions and leases and tells every attached client. */

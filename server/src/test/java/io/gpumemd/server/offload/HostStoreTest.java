@@ -74,7 +74,49 @@ class HostStoreTest {
     parked.drop();
     parked.drop();
     assertEquals(0, store.heldBytes(), "dropped once, given back once");
+    assertEquals(3 * MiB, store.spareBytes(), "kept once");
     assertThrows(IllegalStateException.class, () -> parked.restoreInto(segment, 0));
+  }
+
+  @Test
+  void droppedContents_leaveASpareForTheNextParkOfTheirLength_withinTheBound() throws Exception {
+    HostStore store = new HostStore(backend, 4 * MiB);
+    ParkedRange first;
+    try (HostStore.Claim claim = store.claim(3 * MiB, "session s1")) {
+      first = claim.park(segment, 0, 3 * MiB);
+    }
+    first.drop();
+    assertEquals(0, store.heldBytes());
+    assertEquals(3 * MiB, store.spareBytes(), "kept for the next sleep");
+
+    byte[] bytes = pattern((int) (3 * MiB), 11);
+    write(0, bytes);
+    ParkedRange second;
+    try (HostStore.Claim claim = store.claim(3 * MiB, "session s1")) {
+      second = claim.park(segment, 0, 3 * MiB);
+    }
+    assertEquals(0, store.spareBytes(), "the spare was taken");
+    assertEquals(3 * MiB, store.heldBytes(), "counted once, not twice");
+    backend.zero(segment, 0, 8 * MiB);
+    second.restoreInto(segment, 0);
+    assertArrayEquals(bytes, read(0, bytes.length), "the spare holds the new contents");
+    second.drop();
+
+    // A claim that needs the spare's room frees it; the bound holds parked and spare together.
+    try (HostStore.Claim claim = store.claim(2 * MiB, "session s2")) {
+      assertEquals(0, store.spareBytes());
+      assertEquals(2 * MiB, store.heldBytes());
+    }
+    ParkedRange third;
+    try (HostStore.Claim claim = store.claim(MiB, "session s3")) {
+      third = claim.park(segment, 0, MiB);
+    }
+    third.drop();
+    assertEquals(MiB, store.spareBytes());
+    assertEquals(0, store.trimSpares(), "used just now: kept");
+    assertEquals(MiB, store.trimSpares(0), "unused past the idle time: freed");
+    assertEquals(0, store.spareBytes());
+    assertEquals(0, store.heldBytes());
   }
 
   @Test
