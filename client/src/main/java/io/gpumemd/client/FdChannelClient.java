@@ -299,16 +299,17 @@ public final class FdChannelClient implements AutoCloseable {
     while ((frame = frames.read(socket, buffer)).reply().getPushed()) {
       keepPushed(frame);
     }
-    Descriptors.closeQuietly(frame.fd()); // none but from a daemon out of step
-    if (frame.reply().getRequestId() != bindId || frame.fd() >= 0) {
+    Descriptors.closeQuietly(frame.fd()); // an answer of a daemon that does not know binds
+    if (frame.reply().getRequestId() != bindId) {
       throw new IOException("the answer to bind request " + bindId + " came for request "
           + frame.reply().getRequestId());
     }
     if (frame.reply().getResultCase() == FdReply.ResultCase.BOUND) {
       boundSessions.put(sessionId, bindId);
     } else {
+      // Whatever else it answered (a refusal of segment 0, most often), it pushes nothing.
       bindRefused = true;
-      log.debug("fd channel {}: no pushed descriptors ({})", path, frame.reply().getRefused().getMessage());
+      log.debug("fd channel {}: no pushed descriptors ({})", path, frame.reply().getResultCase());
     }
   }
 
