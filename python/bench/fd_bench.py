@@ -4,7 +4,9 @@
     python3 bench/fd_bench.py [--jar server/target/gpumemd.jar] [--rounds 5] [--segments 20]
 
 Starts two daemons on the host backend, one per mode, and alternates rounds between them (and
-which goes first in a round) so that drift of the machine hits both alike. Per round and mode:
+which goes first in a round) so that drift of the machine hits both alike. By descriptor, two
+kinds of client: fd-fetch asks for each segment (GPUMEMD_FD_PUSH=0, as clients before pushed
+descriptors did), fd has its new segments pushed before their Lease replies. Per round and mode:
 
   first lease, miss      a new session leases --segments blocks of 2 MiB: each is a new segment
                          (the daemon allocates and backs it) that this process maps first
@@ -30,6 +32,7 @@ import gpumemd  # noqa: E402
 from gpumemd._stubs import pb, pb_grpc  # noqa: E402
 
 MIB = 1 << 20
+PUSHED = {"0": 0, "1": 0}  # first leases that came pushed, by GPUMEMD_FD_PUSH
 
 
 def start(jar, directory, mode):
@@ -64,6 +67,7 @@ def first_leases(target, segments):
             hits.append(time.perf_counter() - started)
         assert all(lease.pool_hit for lease in held), "the second session should hit the first one's segments"
         assert second.stats().maps_opened == segments
+        PUSHED[os.environ.get("GPUMEMD_FD_PUSH", "1")] += first._fd_channels.pushed + second._fd_channels.pushed
         for lease in held:
             lease.close()
         pb_grpc.AdminStub(second.channel).Trim(pb.TrimRequest(device=0, keep_bytes=0))
@@ -94,16 +98,24 @@ def main():
 
     directories = {mode: tempfile.mkdtemp(prefix="gpumemd-bench-%s-" % mode, dir="/tmp") for mode in ("path", "fd")}
     daemons = {mode: start(args.jar, directories[mode], mode) for mode in directories}
+    daemons["fd-fetch"] = daemons["fd"]  # the same daemon, clients that never bind
+
+    def pushes(mode):  # read by each client's fd channel when it first connects
+        os.environ["GPUMEMD_FD_PUSH"] = "0" if mode == "fd-fetch" else "1"
+
     samples = {mode: {"miss": [], "hit": [], "pair": []} for mode in daemons}
     try:
-        clients = {mode: gpumemd.connect(target, client_name="bench-pairs") for mode, (_, target) in daemons.items()}
-        for mode, client in clients.items():
-            lease_pairs(client, args.pairs)  # the daemon's JIT, the segment's mapping
+        clients = {}
+        for mode, (_, target) in daemons.items():
+            pushes(mode)
+            clients[mode] = gpumemd.connect(target, client_name="bench-pairs")
+            lease_pairs(clients[mode], args.pairs)  # the daemon's JIT, the segment's mapping
             first_leases(daemons[mode][1], args.segments)
         for round_ in range(args.rounds):
             # which mode goes first alternates too: the second of a round ran measurably slower
             order = list(daemons) if round_ % 2 == 0 else list(reversed(daemons))
             for mode in order:
+                pushes(mode)
                 target = daemons[mode][1]
                 misses, hits = first_leases(target, args.segments)
                 samples[mode]["miss"] += misses
@@ -112,17 +124,23 @@ def main():
         for client in clients.values():
             client.close()
     finally:
-        for process, _ in daemons.values():
+        for mode in ("path", "fd"):
+            process = daemons[mode][0]
             process.terminate()
             process.wait(20)
         for directory in directories.values():
             shutil.rmtree(directory, ignore_errors=True)
 
-    print("%-34s %12s %12s %12s %12s" % ("", "path p50 us", "fd p50 us", "path p99 us", "fd p99 us"))
+    print("%-34s %10s %10s %10s %8s %8s %10s %10s" % ("us", "path p50", "fetch p50", "fd p50", "fetch/p", "fd/p",
+                                                      "path p99", "fd p99"))
     for key, what in (("miss", "first lease, miss (new segment)"), ("hit", "first lease, hit (segment new here)"),
                       ("pair", "lease+release, mapped segment")):
-        print("%-34s %12.1f %12.1f %12.1f %12.1f" % (what, p(samples["path"][key], 0.5), p(samples["fd"][key], 0.5),
-                                                    p(samples["path"][key], 0.99), p(samples["fd"][key], 0.99)))
+        path, fetch, fd = (p(samples[mode][key], 0.5) for mode in ("path", "fd-fetch", "fd"))
+        print("%-34s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f" % (
+            what, path, fetch, fd, fetch / path, fd / path, p(samples["path"][key], 0.99), p(samples["fd"][key], 0.99)))
+    print("(fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply. First leases that came "
+          "pushed, warm-up included: fd %d of at most %d, fd-fetch %d)"
+          % (PUSHED["1"], 2 * (args.rounds + 1) * (args.segments - 1), PUSHED["0"]))
     print("(%d rounds; %d first leases and %d pairs per mode)" % (args.rounds, len(samples["fd"]["miss"]),
                                                                     len(samples["fd"]["pair"])))
 

@@ -16,10 +16,19 @@ The framing and the meaning of replies are functions without I/O (:func:`request
 connection both use (the asyncio client calls it from an executor thread), and
 :class:`FdChannels` the client's one connection to whichever fd channel its handles name.
 
+Pushed descriptors (see "Pushed descriptors" in ``gpumemd.proto``): a session's first fetch on a
+connection binds the session there, in the same send; from then on the daemon pushes each segment
+new to the session before the Lease reply that names it. A fetch therefore first reads what
+already waits on the connection (without waiting) and takes the pushed descriptor, asking only
+when none is there. A daemon that refuses the bind (one from before pushes) is asked for every
+segment. ``GPUMEMD_FD_PUSH=0`` in the environment turns binding off (to compare both).
+
 Thread-safe: one request at a time per :class:`FdChannel` (a lock); the daemon answers in order.
 """
+import collections
 import itertools
 import os
+import select
 import socket
 import struct
 import threading
@@ -44,10 +53,13 @@ def socket_path(target, fd_socket):
     return os.path.join(os.path.dirname(own), os.path.basename(fd_socket))
 
 
-def request_frame(request_id, session_id, segment_id, read_only):
-    """The bytes of one FdRequest frame."""
+MAX_PUSHED_KEPT = 16  # pushed descriptors not taken (a segment mapped already): the oldest is closed
+
+
+def request_frame(request_id, session_id, segment_id, read_only, bind=False):
+    """The bytes of one FdRequest frame (with ``bind``, the bind of ``session_id``)."""
     body = pb.FdRequest(request_id=request_id, session_id=session_id, segment_id=segment_id,
-                        read_only=bool(read_only)).SerializeToString()
+                        read_only=bool(read_only), bind=bool(bind)).SerializeToString()
     return _LENGTH.pack(len(body)) + body
 
 
@@ -101,7 +113,12 @@ class FdChannel:
         self._lock = threading.Lock()
         self._sock = None
         self._ids = itertools.count(1)
-        self.fetched = 0  # descriptors received
+        self.fetched = 0  # descriptors handed out (asked for or pushed)
+        self.pushed = 0  # of them, those pushed
+        self._bind = os.environ.get("GPUMEMD_FD_PUSH", "1") != "0"
+        self._bound = {}  # this connection's bound sessions: bind request id -> session id
+        self._bind_refused = False  # this connection's daemon pushes nothing
+        self._kept = collections.OrderedDict()  # (session id, segment id) -> pushed Descriptor
 
     def fetch(self, session_id, segment_id, read_only):
         """A :class:`Descriptor` of the segment, the caller's to close. Raises
@@ -109,12 +126,24 @@ class FdChannel:
         reached."""
         with self._lock:
             for attempt in (1, 2):
-                request_id = next(self._ids)
                 try:
+                    descriptor = self._take_pushed(session_id, segment_id, read_only)
+                    if descriptor is not None:
+                        self.fetched += 1
+                        self.pushed += 1
+                        return descriptor
                     if self._sock is None:
                         self._sock = self._connect()
-                    self._sock.sendall(request_frame(request_id, session_id, segment_id, read_only))
-                    reply, fds = self._receive()
+                    frames = b""
+                    bind_id = 0
+                    if self._bind and not self._bind_refused and session_id not in self._bound.values():
+                        bind_id = next(self._ids)  # bound in the same send as the request
+                        frames = request_frame(bind_id, session_id, 0, False, bind=True)
+                    request_id = next(self._ids)
+                    self._sock.sendall(frames + request_frame(request_id, session_id, segment_id, read_only))
+                    if bind_id:
+                        self._receive_bound(bind_id, session_id)
+                    reply, fds = self._receive_reply()
                 except OSError as e:
                     self._drop()
                     if attempt == 2:
@@ -134,6 +163,60 @@ class FdChannel:
             sock.close()
             raise
         return sock
+
+    def _receive_reply(self):
+        """The next reply that answers a request, keeping the pushed ones before it."""
+        while True:
+            reply, fds = self._receive()
+            if not reply.pushed:
+                return reply, fds
+            self._keep(reply, fds)
+
+    def _receive_bound(self, bind_id, session_id):
+        """The answer to a bind: bound, or refused by a daemon that pushes nothing (one from before
+        pushes reads a bind as a request for segment 0), which this connection asks no more."""
+        reply, fds = self._receive_reply()
+        for fd in fds:  # an answer of a daemon that does not know binds
+            os.close(fd)
+        if reply.request_id != bind_id:
+            raise ConnectionResetError("the answer to bind request %d came for request %d"
+                                       % (bind_id, reply.request_id))
+        if reply.WhichOneof("result") == "bound":
+            self._bound[bind_id] = session_id
+        else:
+            self._bind_refused = True
+
+    def _take_pushed(self, session_id, segment_id, read_only):
+        """Reads the pushed replies waiting on the connection, without waiting for more, and takes
+        the one for the segment and session (a read-only one serves any mapping, a writable one a
+        writable mapping), or None."""
+        while self._sock is not None and self._bound and select.select([self._sock], [], [], 0)[0]:
+            reply, fds = self._receive()
+            if not reply.pushed:
+                for fd in fds:
+                    os.close(fd)
+                raise ConnectionResetError("a reply to request %d, which was not asked" % reply.request_id)
+            self._keep(reply, fds)
+        descriptor = self._kept.get((session_id, segment_id))
+        if descriptor is None or (read_only and not descriptor.grant.read_only):
+            return None
+        del self._kept[(session_id, segment_id)]
+        return descriptor
+
+    def _keep(self, reply, fds):
+        """Keeps a pushed descriptor under the session whose bind its reply names; closes any other."""
+        session_id = self._bound.get(reply.request_id)
+        if session_id is None or len(fds) != 1 or reply.WhichOneof("result") != "granted":
+            for fd in fds:
+                os.close(fd)
+            return
+        key = (session_id, reply.granted.segment_id)
+        before = self._kept.pop(key, None)
+        if before is not None:
+            before.close()
+        self._kept[key] = Descriptor(fds[0], reply.granted)
+        while len(self._kept) > MAX_PUSHED_KEPT:
+            self._kept.popitem(last=False)[1].close()
 
     def _receive(self):
         """One reply, and the descriptors that came with it: its frame (read exactly: the byte
@@ -168,10 +251,15 @@ class FdChannel:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._bound.clear()  # a new connection binds again, and asks its daemon again
+        self._bind_refused = False
 
     def close(self):
         with self._lock:
             self._drop()
+            for descriptor in self._kept.values():
+                descriptor.close()
+            self._kept.clear()
 
 
 class FdChannels:
@@ -199,8 +287,13 @@ class FdChannels:
 
     @property
     def fetched(self):
-        """Descriptors received on the current connection's channel (for tests)."""
+        """Descriptors handed out on the current connection's channel (for tests)."""
         return 0 if self._channel is None else self._channel.fetched
+
+    @property
+    def pushed(self):
+        """Of :attr:`fetched`, those pushed before their Lease replies (for tests)."""
+        return 0 if self._channel is None else self._channel.pushed
 
     def close(self):
         with self._lock:

@@ -90,6 +90,41 @@ def test_leases_map_descriptors_fetched_once_per_segment_and_nothing_is_on_a_pat
             assert shm_files(fd_daemon) == []
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
+def test_new_segments_after_the_first_come_pushed_before_their_replies(fd_daemon, stream):
+    with gpumemd.connect(fd_daemon.target, client_name="fd-push", stream=stream) as gm:
+        leases = [gm.lease(0, SIZE) for _ in range(4)]
+        assert len({lease.segment_id for lease in leases}) == 4, "each lease a segment of its own"
+        for i, lease in enumerate(leases):
+            numpy.asarray(lease)[:2] = (i, 200)
+        assert gm._fd_channels.fetched == 4, "one descriptor per segment"
+        assert gm._fd_channels.pushed == 3, "the first asked for (the session bound with it), the rest pushed"
+        # the same bytes through descriptors asked for by another connection
+        other = _fdchannel.FdChannel(gm._fd_channels._channel.path, 10)
+        try:
+            for i, lease in enumerate(leases):
+                descriptor = other.fetch(gm.session_id, lease.segment_id, True)
+                try:
+                    seen = mmap.mmap(descriptor.fd, descriptor.grant.segment_bytes, prot=mmap.PROT_READ)
+                finally:
+                    descriptor.close()
+                assert seen[lease.offset:lease.offset + 2] == bytes((i, 200))
+                seen.close()
+        finally:
+            other.close()
+        for lease in leases:
+            lease.close()
+
+
+def test_a_client_with_pushes_off_asks_for_every_segment(fd_daemon, monkeypatch):
+    monkeypatch.setenv("GPUMEMD_FD_PUSH", "0")
+    with gpumemd.connect(fd_daemon.target, client_name="fd-no-push") as gm:
+        leases = [gm.lease(0, SIZE) for _ in range(3)]
+        assert gm._fd_channels.fetched == 3 and gm._fd_channels.pushed == 0
+        for lease in leases:
+            lease.close()
+
+
 def test_two_processes_share_the_bytes(fd_daemon):
     trim(fd_daemon, 1)
     written = run_worker("write", fd_daemon.target, 1, SIZE, 11)

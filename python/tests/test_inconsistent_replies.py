@@ -109,6 +109,11 @@ class CraftedDaemon(pb_grpc.AllocatorServicer):
                 if len(header) < 4:
                     return
                 request = pb.FdRequest.FromString(connection.recv(struct.unpack(">I", header)[0], socket.MSG_WAITALL))
+                if request.bind:  # refused, as a daemon from before pushed descriptors refuses it
+                    body = pb.FdReply(request_id=request.request_id, refused=pb.FdRefusal(
+                        code=5, message="segment 0: the session holds no lease or hold in it")).SerializeToString()
+                    connection.sendall(struct.pack(">I", len(body)) + body)
+                    continue
                 fd = os.memfd_create("crafted-segment")  # a real descriptor of a real file
                 try:
                     os.ftruncate(fd, self.file_bytes)

@@ -17,7 +17,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.attribute.BasicFileAttributes;
 import java.util.Arrays;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import org.slf4j.Logger;
@@ -36,13 +38,20 @@ import org.slf4j.LoggerFactory;
  * handle ({@link #fetch(String, long, boolean)}) the socket last used, or the daemon's default,
  * the gRPC socket's path with {@code ".fd"} appended.
  *
+ * <p>Pushed descriptors (see "Pushed descriptors" in {@code gpumemd.proto}): a session's first
+ * fetch on a connection binds the session there, in the same send. From then on the daemon
+ * pushes each segment new to the session before the Lease reply that names it, so that a fetch
+ * first reads what is waiting on the connection, without waiting, and takes the pushed
+ * descriptor ({@link PushedDescriptors}) instead of asking. A daemon that refuses the bind (one
+ * from before pushes) is asked for every segment, as before. System property {@value
+ * #PUSH_PROPERTY}{@code =false} turns binding off.
+ *
  * <p>Every wait is bounded by the timeout: connecting, sending, each read of a reply, and the
- * wait for another thread's fetch. A reply is read with {@code recvmsg} that always has room for
- * a descriptor ({@link MessageBuffer}), so the byte after a granted reply may come in the same
- * read as its frame (a plain read of that byte would make the kernel close the descriptor it
- * carries): the daemon sends nothing but the reply to the one request outstanding, so a
- * round trip is one send and, most often, one receive. The connection's native buffer is made
- * when it opens and freed when it closes: a fetch allocates no native memory.
+ * wait for another thread's fetch. Each reply is read exactly (its length, its message, then for
+ * a grant its descriptor's byte with {@code recvmsg} and room for a descriptor, {@link
+ * MessageBuffer}), never past it: the next reply (a push) carries a descriptor of its own. The
+ * connection's native buffer is made when it opens and freed when it closes: a fetch allocates
+ * no native memory.
  *
  * <p>Thread-safe: one fetch at a time on the connection ({@code lock}); {@link #close()} from
  * any thread also ends a fetch blocked in a read (shutdown of the socket, under {@code
@@ -50,13 +59,17 @@ import org.slf4j.LoggerFactory;
  */
 public final class FdChannelClient implements AutoCloseable {
   private static final Logger log = LoggerFactory.getLogger(ClientLog.NAME);
-  /** An FdReply is under 300 bytes; a longer frame is not the daemon. */
-  static final int MAX_REPLY_BYTES = 1 << 16;
   static final long DEFAULT_TIMEOUT_MS = 10_000;
-  /** Room for a reply (an FdReply is under 300 bytes) and the byte carrying its descriptor, in one read. */
+  /** Room for a read of a reply (an FdReply is under 300 bytes) or of the byte carrying its descriptor. */
   private static final int REPLY_BUFFER = 1024;
   /** What {@link #inode} answers for a path where no socket file is. */
   private static final Object NO_FILE = "none";
+  /**
+   * System property read when a client is built: {@code false} makes it ask for every segment
+   * as clients before pushes did, never binding its sessions (to compare both, as {@code
+   * FdCostMain} does).
+   */
+  public static final String PUSH_PROPERTY = "gpumemd.fd.push";
 
   private final String ownSocket;
   private final long timeoutMillis;
@@ -68,10 +81,18 @@ public final class FdChannelClient implements AutoCloseable {
   private Object socketFile; // the inode of the socket file when connected; guarded by lock
   private int socket = -1; // guarded by lock for use, by socketLock for close and shutdown
   private MessageBuffer buffer; // the connection's; guarded by lock
-  private byte[] received = new byte[REPLY_BUFFER]; // guarded by lock
-  private byte[] request = new byte[128]; // the frame being sent; guarded by lock
+  private final FdFrames frames = new FdFrames(); // guarded by lock
+  /** Whether this client binds its sessions for pushed descriptors (see {@link #PUSH_PROPERTY}). */
+  private final boolean bindSessions;
+  /** Descriptors pushed and not taken yet; guarded by lock, kept across connections. */
+  private final PushedDescriptors pushed = new PushedDescriptors();
+  /** This connection's bound sessions and the request id of each one's bind; guarded by lock. */
+  private final Map<String, Long> boundSessions = new HashMap<>();
+  /** This connection's daemon refused a bind: it pushes nothing; guarded by lock. */
+  private boolean bindRefused;
   private volatile boolean closed;
   private volatile long fetched;
+  private volatile long pushedTaken;
 
   /**
    * @param target the client's gRPC target ({@code unix:///path} or {@code host:port})
@@ -81,6 +102,7 @@ public final class FdChannelClient implements AutoCloseable {
     this.ownSocket = target.startsWith("unix://") ? target.substring("unix://".length()) : null;
     this.timeoutMillis = timeoutMillis;
     this.defaultPath = ownSocket != null ? ownSocket + ".fd" : null;
+    this.bindSessions = !"false".equalsIgnoreCase(System.getProperty(PUSH_PROPERTY));
   }
 
   /**
@@ -144,18 +166,28 @@ public final class FdChannelClient implements AutoCloseable {
         if (closed) {
           throw new GpuMemException(Status.Code.CANCELLED, "the client is closed", null);
         }
-        long requestId = nextRequestId++;
         try {
+          ReceivedDescriptor ready = takePushed(sessionId, segmentId, readOnly);
+          if (ready != null) {
+            return ready;
+          }
           if (socket < 0) {
             connect(file);
             file = null; // looked up before this connection: a second attempt looks again
           }
-          int length = frame(requestId, sessionId, segmentId, readOnly);
+          // A session's first fetch on a connection binds it first, in the same send: its next
+          // new segments come pushed before their Lease replies.
+          long bindId = bindSessions && !bindRefused && !boundSessions.containsKey(sessionId) ? nextRequestId++ : 0;
+          long requestId = nextRequestId++;
+          int length = frames.encode(bindId, requestId, sessionId, segmentId, readOnly);
           if (length <= buffer.capacity()) {
-            buffer.sendAll(socket, request, 0, length, List.of(), null);
+            buffer.sendAll(socket, frames.request(), 0, length, List.of(), null);
           } else {
             // a session id of hundreds of bytes
-            UnixSockets.send(socket, Arrays.copyOf(request, length), List.of());
+            UnixSockets.send(socket, Arrays.copyOf(frames.request(), length), List.of());
+          }
+          if (bindId != 0) {
+            receiveBound(bindId, sessionId);
           }
           return receive(requestId, segmentId);
         } catch (IOException e) {
@@ -172,6 +204,7 @@ public final class FdChannelClient implements AutoCloseable {
     } finally {
       if (closed) {
         drop(); // a connection opened while close() ran
+        pushed.close();
       }
       lock.unlock();
     }
@@ -231,98 +264,92 @@ public final class FdChannelClient implements AutoCloseable {
   }
 
   /**
-   * Writes the request's frame (length, then the FdRequest) into {@link #request}, grown as
-   * needed, and returns its length. Encoded field by field, as the generated code would, without
-   * a builder and a message per fetch.
+   * The reply to {@code requestId}: frames are read one by one, and a pushed one that comes
+   * before it is kept ({@link #keepPushed}).
    */
-  private int frame(long requestId, String sessionId, long segmentId, boolean readOnly) throws IOException {
-    int size = CodedOutputStream.computeUInt64Size(FdRequest.REQUEST_ID_FIELD_NUMBER, requestId)
-        + (sessionId.isEmpty() ? 0 : CodedOutputStream.computeStringSize(FdRequest.SESSION_ID_FIELD_NUMBER, sessionId))
-        + CodedOutputStream.computeUInt64Size(FdRequest.SEGMENT_ID_FIELD_NUMBER, segmentId)
-        + (readOnly ? CodedOutputStream.computeBoolSize(FdRequest.READ_ONLY_FIELD_NUMBER, true) : 0);
-    if (request.length < 4 + size) {
-      request = new byte[4 + size];
+  private ReceivedDescriptor receive(long requestId, long segmentId) throws IOException {
+    FdFrames.Frame frame;
+    while ((frame = frames.read(socket, buffer)).reply().getPushed()) {
+      keepPushed(frame);
     }
-    CodedOutputStream out = CodedOutputStream.newInstance(request, 0, 4 + size);
-    out.writeFixed32NoTag(Integer.reverseBytes(size)); // the frame's length, big-endian
-    out.writeUInt64(FdRequest.REQUEST_ID_FIELD_NUMBER, requestId);
-    if (!sessionId.isEmpty()) {
-      out.writeString(FdRequest.SESSION_ID_FIELD_NUMBER, sessionId);
+    FdReply reply = frame.reply();
+    if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+      check(reply, requestId, segmentId);
+      throw new GpuMemException(Status.fromCodeValue(reply.getRefused().getCode()).getCode(),
+          reply.getRefused().getMessage(), null);
     }
-    out.writeUInt64(FdRequest.SEGMENT_ID_FIELD_NUMBER, segmentId);
-    if (readOnly) {
-      out.writeBool(FdRequest.READ_ONLY_FIELD_NUMBER, true);
+    try {
+      check(reply, requestId, segmentId);
+    } catch (RuntimeException e) {
+      Descriptors.closeQuietly(frame.fd());
+      throw e;
     }
-    out.checkNoSpaceLeft();
-    return 4 + size;
+    FdGrant grant = reply.getGranted();
+    fetched++;
+    return new ReceivedDescriptor(frame.fd(), segmentId, grant.getSegmentBytes(), grant.getReadOnly());
   }
 
   /**
-   * One reply: its frame, then for a grant the byte carrying the descriptor, read as they come
-   * (one {@code recvmsg} when both are there), never past the reply.
+   * The answer to the bind {@code bindId} of {@code sessionId}, read after the bind and before
+   * the request sent with it: bound, or refused by a daemon that pushes nothing (one from before
+   * pushes reads a bind as a request for segment 0), which this connection then asks no more.
    */
-  private ReceivedDescriptor receive(long requestId, long segmentId) throws IOException {
-    int[] fds = {-1, -1}; // the descriptor, and whether more came (a daemon out of step)
-    int have = 0;
-    int frameEnd = -1; // after the frame: where the descriptor's byte is
-    FdReply reply = null;
-    try {
-      while (true) {
-        if (frameEnd < 0 && have >= 4) {
-          int length = ByteBuffer.wrap(received, 0, 4).getInt();
-          if (length < 0 || length > MAX_REPLY_BYTES) {
-            throw new IOException("a reply frame of " + Integer.toUnsignedString(length) + " bytes");
-          }
-          frameEnd = 4 + length;
-          if (received.length < frameEnd + 1) {
-            received = Arrays.copyOf(received, frameEnd + 1);
-          }
-        }
-        if (reply == null && frameEnd >= 0 && have >= frameEnd) {
-          try {
-            reply = FdReply.parseFrom(ByteBuffer.wrap(received, 4, frameEnd - 4));
-          } catch (InvalidProtocolBufferException e) {
-            throw new IOException("a reply that is not an FdReply: " + e.getMessage());
-          }
-          if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
-            if (have > frameEnd || fds[0] >= 0) {
-              drop(); // bytes or a descriptor after a refusal: out of step with the daemon
-            }
-            check(reply, requestId, segmentId);
-            throw new GpuMemException(Status.fromCodeValue(reply.getRefused().getCode()).getCode(),
-                reply.getRefused().getMessage(), null);
-          }
-        }
-        if (reply != null && have > frameEnd) {
-          break; // the byte after a granted reply's frame: the one that carries its descriptor
-        }
-        int want = (frameEnd < 0 ? Math.min(received.length, 4 + MAX_REPLY_BYTES) : frameEnd + 1) - have;
-        int got = buffer.receive(socket, received, have, want, n -> {
-          if (fds[0] < 0) {
-            fds[0] = n;
-          } else {
-            fds[1] = 0;
-            Descriptors.closeQuietly(n);
-          }
-        });
-        if (got == 0) {
-          throw new IOException(reply == null ? "the daemon closed the fd channel in the middle of a reply"
-              : "the daemon closed the fd channel before the descriptor of a granted reply");
-        }
-        have += got;
-      }
-      if (fds[0] < 0 || fds[1] >= 0 || have != frameEnd + 1) {
-        throw new IOException("the daemon's granted reply came without its descriptor");
-      }
-      check(reply, requestId, segmentId);
-    } catch (IOException | RuntimeException e) {
-      Descriptors.closeQuietly(fds[0]);
-      throw e;
+  private void receiveBound(long bindId, String sessionId) throws IOException {
+    FdFrames.Frame frame;
+    while ((frame = frames.read(socket, buffer)).reply().getPushed()) {
+      keepPushed(frame);
     }
-    int fd = fds[0];
+    Descriptors.closeQuietly(frame.fd()); // an answer of a daemon that does not know binds
+    if (frame.reply().getRequestId() != bindId) {
+      throw new IOException("the answer to bind request " + bindId + " came for request "
+          + frame.reply().getRequestId());
+    }
+    if (frame.reply().getResultCase() == FdReply.ResultCase.BOUND) {
+      boundSessions.put(sessionId, bindId);
+    } else {
+      // Whatever else it answered (a refusal of segment 0, most often), it pushes nothing.
+      bindRefused = true;
+      log.debug("fd channel {}: no pushed descriptors ({})", path, frame.reply().getResultCase());
+    }
+  }
+
+  /**
+   * Reads the pushed replies waiting on the connection without waiting for more, and takes the
+   * one for the segment and session, if any (else null).
+   */
+  private ReceivedDescriptor takePushed(String sessionId, long segmentId, boolean readOnly) throws IOException {
+    while (socket >= 0 && !boundSessions.isEmpty() && UnixSockets.readable(socket) > 0) {
+      FdFrames.Frame frame = frames.read(socket, buffer);
+      if (!frame.reply().getPushed()) {
+        Descriptors.closeQuietly(frame.fd());
+        throw new IOException("a reply to request " + frame.reply().getRequestId() + ", which was not asked");
+      }
+      keepPushed(frame);
+    }
+    ReceivedDescriptor descriptor = pushed.take(sessionId, segmentId, readOnly);
+    if (descriptor != null) {
+      fetched++;
+      pushedTaken++;
+    }
+    return descriptor;
+  }
+
+  /** Keeps a pushed descriptor under the session whose bind its reply names; closes any other. */
+  private void keepPushed(FdFrames.Frame frame) {
+    FdReply reply = frame.reply();
+    String session = null;
+    for (Map.Entry<String, Long> bound : boundSessions.entrySet()) {
+      if (bound.getValue() == reply.getRequestId()) {
+        session = bound.getKey();
+      }
+    }
+    if (session == null || frame.fd() < 0 || reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+      Descriptors.closeQuietly(frame.fd()); // a session bound on a connection since dropped
+      return;
+    }
     FdGrant grant = reply.getGranted();
-    fetched++;
-    return new ReceivedDescriptor(fd, segmentId, grant.getSegmentBytes(), grant.getReadOnly());
+    pushed.keep(session, new ReceivedDescriptor(frame.fd(), grant.getSegmentId(), grant.getSegmentBytes(),
+        grant.getReadOnly()));
   }
 
   private void check(FdReply reply, long requestId, long segmentId) {
@@ -341,7 +368,22 @@ public final class FdChannelClient implements AutoCloseable {
     }
   }
 
-  /** Descriptors received since the client started, over every connection. */
+  /** Of {@link #fetched}, those the daemon pushed before the Lease reply (no request sent). */
+  public long pushed() {
+    return pushedTaken;
+  }
+
+  /** Pushed descriptors kept and not taken (for tests). */
+  int pushedKept() {
+    lock.lock();
+    try {
+      return pushed.size();
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** Descriptors handed out since the client started (fetched or pushed), over every connection. */
   public long fetched() {
     return fetched;
   }
@@ -370,6 +412,8 @@ public final class FdChannelClient implements AutoCloseable {
         path = null;
       }
     }
+    boundSessions.clear(); // a new connection binds again, and asks its daemon again
+    bindRefused = false;
     if (buffer != null) {
       buffer.close();
       buffer = null;
@@ -388,6 +432,7 @@ public final class FdChannelClient implements AutoCloseable {
     if (lock.tryLock()) {
       try {
         drop();
+        pushed.close();
       } finally {
         lock.unlock();
       }

@@ -9,6 +9,7 @@ import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.CloseSessionResponse;
 import io.gpumemd.proto.v1.FdGrant;
 import io.gpumemd.proto.v1.FdReply;
+import io.gpumemd.proto.v1.FdRefusal;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseReply;
@@ -240,7 +241,10 @@ final class CraftedDaemon implements AutoCloseable {
     }
   }
 
-  /** One fd channel connection: each request granted with a fresh memfd of {@link #fileBytes}. */
+  /**
+   * One fd channel connection: each request granted with a fresh memfd of {@link #fileBytes}, a
+   * bind refused as a daemon from before pushed descriptors refuses it.
+   */
   private final class FdAnswers extends ChannelInboundHandlerAdapter {
     @Override
     public void channelRead(ChannelHandlerContext ctx, Object msg) throws Exception {
@@ -250,6 +254,13 @@ final class CraftedDaemon implements AutoCloseable {
         request = FdRequest.parseFrom(ByteBufUtil.getBytes(frame));
       } finally {
         frame.release();
+      }
+      if (request.getBind()) {
+        // as a daemon from before pushes answers a bind: a request for segment 0, which it refuses
+        byte[] refused = FdReply.newBuilder().setRequestId(request.getRequestId()).setRefused(FdRefusal.newBuilder()
+            .setCode(5).setMessage("segment 0: the session holds no lease or hold in it")).build().toByteArray();
+        ctx.writeAndFlush(ctx.alloc().buffer(4 + refused.length).writeInt(refused.length).writeBytes(refused));
+        return;
       }
       int fd = MemfdLibc.C.memfd_create("crafted-segment", 0);
       if (fd < 0 || MemfdLibc.C.ftruncate(fd, fileBytes) != 0) {

@@ -226,4 +226,61 @@ class FdChannelClientTest {
       Files.delete(dir);
     }
   }
+
+  // ------------------------------------------------------------------------- pushed descriptors
+
+  /** Leases {@code n} blocks of 2 MiB, each a segment of its own, writing {@code n} into each. */
+  private static java.util.List<Lease> leaseNewSegments(GpuMemClient c, int n) {
+    java.util.List<Lease> leases = new java.util.ArrayList<>();
+    for (int i = 0; i < n; i++) {
+      Lease lease = c.lease(0, 2 << 20);
+      lease.buffer().putInt(0, 1000 + i);
+      leases.add(lease);
+    }
+    assertEquals(n, leases.stream().mapToLong(Lease::segmentId).distinct().count(), "each lease a new segment");
+    return leases;
+  }
+
+  @Test
+  void newSegmentsAfterTheFirst_comePushedBeforeTheirReplies_andMapTheSegmentsBytes() {
+    daemon = TestDaemon.start("--host-segments", "fd");
+    client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect();
+    java.util.List<Lease> leases = leaseNewSegments(client, 6);
+    try (GpuMemClient reader = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+      assertEquals(6, client.fdChannel().fetched(), "one descriptor per mapping");
+      assertEquals(5, client.fdChannel().pushed(), "the first asked for (and the session bound), the rest pushed");
+      assertEquals(0, client.fdChannel().pushedKept(), "every push taken by its lease");
+      for (int i = 0; i < leases.size(); i++) {
+        // the same bytes through a descriptor asked for by another client
+        try (ReceivedDescriptor d = reader.fdChannel().fetch(client.sessionId(), leases.get(i).segmentId(), true)) {
+          HostMapping again = d.mapHost();
+          try {
+            assertEquals(1000 + i, again.slice(leases.get(i).offset(), 4).getInt(0));
+          } finally {
+            again.close();
+          }
+        }
+      }
+    }
+    // a segment the session was sent already is not pushed again: a second lease there asks nothing
+    long before = client.fdChannel().fetched();
+    leases.forEach(Lease::close);
+    leaseNewSegments(client, 3).forEach(Lease::close);
+    assertEquals(before, client.fdChannel().fetched(), "the segments are mapped here already");
+    assertEquals(0, client.fdChannel().pushedKept(), "and nothing was pushed for them");
+  }
+
+  @Test
+  void aClientWithPushesOff_asksForEverySegment_asBefore() {
+    daemon = TestDaemon.start("--host-segments", "fd");
+    System.setProperty(FdChannelClient.PUSH_PROPERTY, "false");
+    try {
+      client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect();
+    } finally {
+      System.clearProperty(FdChannelClient.PUSH_PROPERTY);
+    }
+    leaseNewSegments(client, 4).forEach(Lease::close);
+    assertEquals(4, client.fdChannel().fetched());
+    assertEquals(0, client.fdChannel().pushed(), "a client that never binds is never pushed a descriptor");
+  }
 }

@@ -13,6 +13,7 @@ import io.gpumemd.server.config.BackendConfig;
 import io.gpumemd.server.config.ListenerConfig;
 import io.gpumemd.server.config.PoolConfig;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.fd.DescriptorPushes;
 import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.fd.FdChannel;
 import io.gpumemd.server.fd.FdGrants;
@@ -82,6 +83,8 @@ public final class GpumemdServer {
   private final Listeners listeners;
   private final Readiness readiness;
   private final StreamWatchdog streams;
+  /** Where fd-channel connections bind sessions for pushed descriptors; null when the backend passes none. */
+  private final DescriptorPushes pushes;
   private final Ticker ticker;
   /** Closed from the start in a successor: it applies nothing until it holds the running daemon's state. */
   private final HandOverGate gate;
@@ -118,8 +121,9 @@ public final class GpumemdServer {
     this.metrics = new ServerMetrics(meterRegistry, pools, registry::sessionCount, backend);
     ServerMetrics.bindHostStore(meterRegistry, registry.sleep().store());
     this.streams = new StreamWatchdog(config.transport().streamStallMillis(), ticker);
+    this.pushes = backend.passesDescriptors() ? new DescriptorPushes() : null;
     List<ServerServiceDefinition> services = List.of(
-        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate)),
+        DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate, pushes)),
         DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor)),
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
@@ -291,7 +295,7 @@ public final class GpumemdServer {
     if (backend.passesDescriptors()) {
       pins = new DescriptorPins(pools, ticker);
       listeners.startFd(config.fdChannel().socket(), config.tenancy().socketMode(), config.tenancy().socketGroup(),
-          new FdChannel(identities, new FdGrants(registry, pins), config.fdChannel(), ticker));
+          new FdChannel(identities, new FdGrants(registry, pins), pushes, config.fdChannel(), ticker));
     }
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());

@@ -30,6 +30,8 @@ final class Libc {
   static final int SHUT_RDWR = 2;
   /** ioctl: bytes sent on a socket and not yet read by its peer (Unix stream: what waits in the peer's queue). */
   static final long SIOCOUTQ = 0x5411;
+  /** FIONREAD (SIOCINQ): bytes waiting to be read on a socket. */
+  static final long FIONREAD = 0x541B;
   static final int O_RDONLY = 0;
   static final int O_RDWR = 2;
   static final int O_CLOEXEC = 0x80000;

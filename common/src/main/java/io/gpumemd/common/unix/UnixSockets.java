@@ -139,6 +139,17 @@ public final class UnixSockets {
     return queued[0];
   }
 
+  /**
+   * Bytes waiting to be read on {@code fd} ({@code FIONREAD}): what a read would take now without
+   * waiting, 0 when none.
+   */
+  public static int readable(int fd) throws IOException {
+    check();
+    int[] waiting = new int[1];
+    call(() -> Libc.ioctl(fd, Libc.FIONREAD, waiting));
+    return waiting[0];
+  }
+
   /** The deadline of a send or receive passed (see {@link #send}). */
   public static final class DeadlinePassed extends IOException {
     private static final long serialVersionUID = 1L;

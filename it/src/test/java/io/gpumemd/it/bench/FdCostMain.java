@@ -1,5 +1,6 @@
 package io.gpumemd.it.bench;
 
+import io.gpumemd.client.FdChannelClient;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.proto.v1.AdminGrpc;
@@ -15,8 +16,10 @@ import java.util.Map;
 
 /**
  * Host segments by path against by descriptor ({@code --host-segments path|fd}) for the Java
- * client, in one run: two daemons in JVMs of their own, one per mode, rounds alternating
- * between them and which goes first (as {@code python/bench/fd_bench.py} does, whose figures it
+ * client, in one run: two daemons in JVMs of their own, one per mode, and by descriptor two
+ * kinds of client (fd-fetch: asks for each segment, as clients before pushed descriptors did;
+ * fd: its new segments pushed before their Lease replies), rounds alternating between the three
+ * and which goes first (as {@code python/bench/fd_bench.py} does, whose figures it
  * complements). Per round and mode:
  *
  * <ul>
@@ -43,6 +46,8 @@ public final class FdCostMain {
   private static final long MIB = 1L << 20;
   private static final int SEGMENTS = 20;
   private static final int PAIRS = 2000;
+  /** Descriptors pushed to the first-lease clients of the mode being measured. */
+  private static final java.util.concurrent.atomic.AtomicLong PUSHED = new java.util.concurrent.atomic.AtomicLong();
 
   private FdCostMain() {}
 
@@ -50,10 +55,15 @@ public final class FdCostMain {
     int rounds = args.length > 0 ? Integer.parseInt(args[0]) : 10;
     Map<String, DaemonProcess> daemons = new LinkedHashMap<>();
     Map<String, Map<String, List<Long>>> samples = new LinkedHashMap<>();
+    Map<String, Long> pushedByMode = new LinkedHashMap<>();
     try {
       for (String mode : List.of("path", "fd")) {
         daemons.put(mode, DaemonProcess.start("--host-segments", mode, "--host-devices", "1",
             "--host-device-bytes", "512MiB"));
+      }
+      // "fd-fetch": the fd daemon, its clients asking for every segment (no pushed descriptors)
+      daemons.put("fd-fetch", daemons.get("fd"));
+      for (String mode : daemons.keySet()) {
         samples.put(mode, Map.of("miss", new ArrayList<>(), "hit", new ArrayList<>(), "pair", new ArrayList<>()));
       }
       Map<String, GpuMemClient> admins = new LinkedHashMap<>();
@@ -62,6 +72,7 @@ public final class FdCostMain {
       }
       // warm-up: both JVMs on every path, both modes
       for (String mode : daemons.keySet()) {
+        pushes(mode);
         pairs(daemons.get(mode).unixTarget(), new ArrayList<>());
         firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), new ArrayList<>(), new ArrayList<>());
       }
@@ -71,24 +82,31 @@ public final class FdCostMain {
           java.util.Collections.reverse(order);
         }
         for (String mode : order) {
+          pushes(mode);
           Map<String, List<Long>> s = samples.get(mode);
+          PUSHED.set(0);
           firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), s.get("miss"), s.get("hit"));
+          pushedByMode.merge(mode, PUSHED.get(), Long::sum);
           pairs(daemons.get(mode).unixTarget(), s.get("pair"));
         }
       }
       admins.values().forEach(GpuMemClient::close);
     } finally {
-      daemons.values().forEach(DaemonProcess::close);
+      new java.util.HashSet<>(daemons.values()).forEach(DaemonProcess::close);
     }
-    System.out.printf("%-40s %12s %12s %12s %12s%n", "Java client, per lease call", "path p50 us", "fd p50 us",
-        "path p90 us", "fd p90 us");
+    System.out.printf("%-38s %10s %10s %10s %8s %8s %10s %10s%n", "Java client, per lease call", "path p50", "fetch p50",
+        "fd p50", "fetch/p", "fd/p", "path p90", "fd p90");
     for (String[] row : new String[][] {{"miss", "first lease, miss (new segment)"},
         {"hit", "first lease, hit (segment new here)"}, {"pair", "lease+release, mapped segment"}}) {
       long[] path = sorted(samples.get("path").get(row[0]));
+      long[] fetch = sorted(samples.get("fd-fetch").get(row[0]));
       long[] fd = sorted(samples.get("fd").get(row[0]));
-      System.out.printf("%-40s %12.1f %12.1f %12.1f %12.1f%n", row[1], q(path, 0.5), q(fd, 0.5), q(path, 0.9),
-          q(fd, 0.9));
+      System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", row[1], q(path, 0.5), q(fetch, 0.5),
+          q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
     }
+    System.out.println("(us; fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply)");
+    System.out.printf("(first leases that came pushed, of %d per mode: %s)%n", 2 * samples.get("fd").get("miss").size(),
+        pushedByMode);
     System.out.printf("(%d rounds; %d first leases and %d pairs per mode)%n", rounds,
         samples.get("fd").get("miss").size(), samples.get("fd").get("pair").size());
   }
@@ -107,6 +125,7 @@ public final class FdCostMain {
         held.add(first.lease(0, 2 * MIB));
         misses.add(System.nanoTime() - started);
       }
+      PUSHED.addAndGet(first.fdChannel().pushed());
       if (held.stream().anyMatch(Lease::poolHit) || first.mapsOpened() != SEGMENTS) {
         throw new IllegalStateException("the first client should miss, each lease on a new segment");
       }
@@ -122,6 +141,7 @@ public final class FdCostMain {
       if (!held.stream().allMatch(Lease::poolHit) || second.mapsOpened() != SEGMENTS) {
         throw new IllegalStateException("the second client should hit the first one's segments, each new to it");
       }
+      PUSHED.addAndGet(second.fdChannel().pushed());
       held.forEach(Lease::close);
     }
     emptyPool(admin);
@@ -154,6 +174,11 @@ public final class FdCostMain {
         times.add(System.nanoTime() - started);
       }
     }
+  }
+
+  /** Clients built from now on bind their sessions for pushed descriptors, unless {@code mode} is fd-fetch. */
+  private static void pushes(String mode) {
+    System.setProperty(FdChannelClient.PUSH_PROPERTY, Boolean.toString(!mode.equals("fd-fetch")));
   }
 
   private static void sleepMillis(long millis) {

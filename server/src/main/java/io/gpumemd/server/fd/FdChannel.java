@@ -85,9 +85,23 @@ public final class FdChannel implements AutoCloseable {
    * included) reaches it. 1,000 connections at the mark hold 32 MiB.
    */
   static final WriteBufferWaterMark WRITE_BUFFER = new WriteBufferWaterMark(16 << 10, 32 << 10);
+  /**
+   * Longest a Lease reply waits for a push handed to the event loop (which was writing on the
+   * connection); past it the reply goes, and the client asks.
+   */
+  static final long PUSH_WAIT_MILLIS = 20;
+  /** Room for a pushed reply's frame: an FdReply with a grant is under 64 bytes. */
+  static final int MAX_PUSH_BYTES = 256;
+  /**
+   * The most a peer may have unread of a connection's sends ({@code SIOCOUTQ}, the kernel's
+   * buffer memory, about 1.5 KiB per pushed reply with its descriptor) for the daemon to push
+   * more there: a client that never reads its pushes holds a few, not a socket buffer's worth.
+   */
+  static final int MAX_UNREAD_FOR_PUSH = 8 << 10;
 
   private final IdentityPolicy identities;
   private final FdGrants grants;
+  private final DescriptorPushes pushes;
   private final int maxConnections;
   private final int maxInFlight;
   private final long firstRequestNanos;
@@ -104,9 +118,17 @@ public final class FdChannel implements AutoCloseable {
   private EventLoopGroup group;
   private Channel server;
 
+  /** A channel whose bindings nobody pushes on (tests of the channel alone). */
   public FdChannel(IdentityPolicy identities, FdGrants grants, FdChannelConfig config, Ticker ticker) {
+    this(identities, grants, new DescriptorPushes(), config, ticker);
+  }
+
+  /** @param pushes where connections bind sessions, and the Allocator service pushes through them */
+  public FdChannel(IdentityPolicy identities, FdGrants grants, DescriptorPushes pushes, FdChannelConfig config,
+      Ticker ticker) {
     this.identities = identities;
     this.grants = grants;
+    this.pushes = pushes;
     this.maxConnections = config.maxConnections();
     this.maxInFlight = config.maxInFlight();
     this.firstRequestNanos = TimeUnit.MILLISECONDS.toNanos(config.firstRequestMillis());
@@ -187,6 +209,10 @@ public final class FdChannel implements AutoCloseable {
 
   FdGrants grants() {
     return grants;
+  }
+
+  DescriptorPushes pushes() {
+    return pushes;
   }
 
   Ticker ticker() {

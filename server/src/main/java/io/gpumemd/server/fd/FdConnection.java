@@ -1,6 +1,7 @@
 package io.gpumemd.server.fd;
 
 import com.google.protobuf.InvalidProtocolBufferException;
+import io.gpumemd.proto.v1.FdBound;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.auth.Caller;
@@ -45,12 +46,18 @@ import org.slf4j.LoggerFactory;
  * --fd-idle-timeout-seconds} without a complete request. Bytes of a frame do not count: a peer
  * that sends two bytes of a frame and stops is closed like one that sends nothing.
  *
+ * <p>Pushes (see "Pushed descriptors" in {@code gpumemd.proto}): a bind request ties one of
+ * the peer's sessions to this connection ({@link ConnectionBindings}); a lease of that session
+ * in a segment it was not sent here yet then pushes the descriptor, on the Allocator service's
+ * thread ({@link ConnectionPushes}), which shares the socket with this handler's writes.
+ *
  * <p>Replies go out in request order: a request waits in {@link #waiting} until the ones before
  * it are answered, and a write's listener (which Netty may run at once, within the write)
  * answers the next ones from the same queue.
  *
- * <p>Thread-safety: every method runs on the connection's event loop; the channel's in-flight
- * counts are shared and atomic.
+ * <p>Thread-safety: every method runs on the connection's event loop but {@link
+ * #pushBeforeReply}, which hands over to {@link ConnectionPushes} (thread-safe); the channel's
+ * in-flight counts are shared and atomic.
  */
 final class FdConnection extends ChannelInboundHandlerAdapter {
   private static final Logger log = LoggerFactory.getLogger(FdChannel.class);
@@ -74,6 +81,10 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
   /** The last write done, or when writes began to wait after none did: what a stall counts from. */
   private long progressNanos;
   private ScheduledFuture<?> deadlineCheck;
+  /** The pushes of this connection's bound sessions, and who writes on its socket. */
+  private final ConnectionPushes pushes;
+  /** The sessions this connection bound, and what each was sent here (any thread). */
+  private final ConnectionBindings bindings = new ConnectionBindings();
 
   FdConnection(FdChannel channel, Caller peer) {
     this.channel = channel;
@@ -81,16 +92,22 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     this.tenant = peer.tenant();
     this.tokensAtNanos = channel.ticker().nanos();
     this.connectedNanos = tokensAtNanos;
+    this.pushes = new ConnectionPushes(channel, peer, bindings, this);
   }
 
   @Override
   public void handlerAdded(ChannelHandlerContext ctx) {
+    pushes.attach(ctx);
     armDeadlineCheck(ctx, Math.min(channel.firstRequestNanos(), channel.checkEveryNanos()));
   }
 
   @Override
   public void channelInactive(ChannelHandlerContext ctx) {
     cancelDeadlineCheck();
+    for (String session : bindings.sessions()) {
+      channel.pushes().unbind(session, this);
+    }
+    pushes.close();
     ctx.fireChannelInactive();
   }
 
@@ -152,6 +169,9 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
       return refusal(request, Status.RESOURCE_EXHAUSTED.withDescription("fd channel: more than "
           + FdChannel.REQUESTS_PER_SECOND + " requests per second on one connection; retry later"));
     }
+    if (request.getBind()) {
+      return bind(request);
+    }
     Status full = channel.reserveInFlight(tenant);
     if (full != null) {
       return refusal(request, full);
@@ -159,8 +179,28 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     FdGrants.Answer answer = channel.grants().answer(peer, request);
     if (answer.descriptor() == null) {
       channel.releaseInFlight(tenant);
+    } else {
+      bindings.fetched(request.getSessionId(), request.getSegmentId());
     }
     return answer;
+  }
+
+  /** Binds the request's session to this connection, when it is of the peer's tenant. */
+  private FdGrants.Answer bind(FdRequest request) {
+    FdReply refused = channel.grants().refusedBind(peer, request);
+    if (refused == null) {
+      refused = pushes.open(request.getRequestId());
+    }
+    if (refused != null) {
+      return new FdGrants.Answer(refused, null);
+    }
+    String evicted = bindings.bind(request.getSessionId(), request.getRequestId());
+    if (evicted != null) {
+      channel.pushes().unbind(evicted, this);
+    }
+    channel.pushes().bind(request.getSessionId(), this);
+    return new FdGrants.Answer(FdReply.newBuilder().setRequestId(request.getRequestId())
+        .setBound(FdBound.getDefaultInstance()).build(), null);
   }
 
   private static FdGrants.Answer refusal(FdRequest request, Status status) {
@@ -179,21 +219,23 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     return true;
   }
 
-  /** Writes one reply: its frame, then, when it grants one, the descriptor on a byte of its own. */
-  private void send(ChannelHandlerContext ctx, FdGrants.Answer answer) {
+  /**
+   * Writes one reply: its frame, then, when it grants one, the descriptor on a byte of its own.
+   * Returns the future of its last write.
+   */
+  private ChannelFuture send(ChannelHandlerContext ctx, FdGrants.Answer answer) {
     byte[] reply = answer.reply().toByteArray();
     ByteBuf frame = ctx.alloc().buffer(4 + reply.length).writeInt(reply.length).writeBytes(reply);
     SegmentFd descriptor = answer.descriptor();
     if (descriptor == null) {
-      write(ctx, frame, true).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
-      return;
+      return write(ctx, frame, true).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
     }
     write(ctx, frame, false).addListener(ChannelFutureListener.CLOSE_ON_FAILURE);
     unsent++;
     // Netty's sendFd sends one byte with the descriptor (SCM_RIGHTS); the kernel gives the peer a
     // descriptor of its own at once, so ours is closed as soon as the write is done. A write that
     // fails, also because the connection closed with it still queued, closes it just the same.
-    write(ctx, new FileDescriptor(descriptor.number()), true).addListener(f -> {
+    return write(ctx, new FileDescriptor(descriptor.number()), true).addListener(f -> {
       closeQuietly(descriptor);
       channel.releaseInFlight(tenant);
       unsent--;
@@ -210,6 +252,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
   /** Hands one message to Netty, keeping the count of writes not done that the stall deadline watches. */
   private ChannelFuture write(ChannelHandlerContext ctx, Object message, boolean flush) {
     if (pendingWrites++ == 0) {
+      pushes.takeWriterForLoop();
       progressNanos = channel.ticker().nanos();
     }
     ChannelFuture written = flush ? ctx.writeAndFlush(message) : ctx.write(message);
@@ -218,9 +261,30 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
       progressNanos = channel.ticker().nanos();
       if (pendingWrites == 0) {
         quietSinceNanos = progressNanos;
+        pushes.releaseWriterForLoop();
       }
     });
     return written;
+  }
+
+
+
+  /** See {@link ConnectionPushes#push}: called by the Allocator service's threads. */
+  void pushBeforeReply(String sessionId, long segmentId) {
+    pushes.push(sessionId, segmentId);
+  }
+
+  /**
+   * On the event loop: sends a pushed answer as a reply (its descriptor closed and its place in
+   * flight given back once written), unless the connection closed or owes replies; returns
+   * false when it did not (the caller closes the descriptor and gives the place back).
+   */
+  boolean sendPush(ChannelHandlerContext ctx, FdGrants.Answer answer, Runnable whenWritten) {
+    if (!ctx.channel().isActive() || !waiting.isEmpty() || unsent >= MAX_UNSENT) {
+      return false;
+    }
+    send(ctx, answer).addListener(f -> whenWritten.run());
+    return true;
   }
 
   private void armDeadlineCheck(ChannelHandlerContext ctx, long delayNanos) {

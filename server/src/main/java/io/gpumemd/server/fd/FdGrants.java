@@ -13,6 +13,7 @@ import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.books.SegmentHolding;
 import io.gpumemd.server.error.StatusMapper;
+import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
@@ -51,6 +52,14 @@ public final class FdGrants {
 
   /** The answer to one request of {@code peer}. Never throws. */
   Answer answer(Caller peer, FdRequest request) {
+    return answer(peer, request, false);
+  }
+
+  /**
+   * The answer to one request of {@code peer}, or with {@code pushed} the push of a segment the
+   * request names (the same rules, the reply marked pushed). Never throws.
+   */
+  Answer answer(Caller peer, FdRequest request, boolean pushed) {
     try {
       SegmentHolding holding = registry.holding(peer, request.getSessionId(), request.getSegmentId());
       if (!(holding.memory() instanceof FdPassedSegment segment)) {
@@ -65,7 +74,7 @@ public final class FdGrants {
       if (descriptor == null) {
         throw new NotFoundException("segment " + request.getSegmentId() + " was freed");
       }
-      FdReply reply = FdReply.newBuilder().setRequestId(request.getRequestId())
+      FdReply reply = FdReply.newBuilder().setRequestId(request.getRequestId()).setPushed(pushed)
           .setGranted(FdGrant.newBuilder().setSegmentId(request.getSegmentId())
               .setSegmentBytes(segment.bytes()).setReadOnly(readOnly))
           .build();
@@ -73,6 +82,25 @@ public final class FdGrants {
     } catch (RuntimeException e) {
       StatusRuntimeException status = StatusMapper.toStatus("fd channel", e);
       return new Answer(refusal(request.getRequestId(), status.getStatus()), null);
+    }
+  }
+
+  /**
+   * Whether {@code peer} may bind its connection to {@code sessionId}: null when it may, else
+   * the refusal. Only a peer of the session's own tenant may (an admin peer of another tenant
+   * may fetch, but is not pushed another tenant's segments); any other answers as an unknown
+   * session does, so that ids cannot be probed.
+   */
+  FdReply refusedBind(Caller peer, FdRequest request) {
+    try {
+      Session session = registry.session(peer, request.getSessionId());
+      if (!session.tenant().equals(peer.tenant())) {
+        throw new NotFoundException("session " + request.getSessionId() + " not found (never opened, closed, or "
+            + "expired)");
+      }
+      return null;
+    } catch (RuntimeException e) {
+      return refusal(request.getRequestId(), StatusMapper.toStatus("fd channel", e).getStatus());
     }
   }
 

@@ -33,6 +33,7 @@ import io.gpumemd.proto.v1.WakeResponse;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
 import io.gpumemd.server.error.StatusMapper;
+import io.gpumemd.server.fd.DescriptorPushes;
 import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.session.PendingLease;
@@ -77,6 +78,8 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
   private final ServerMetrics metrics;
   private final StreamWatchdog streams;
   private final HandOverGate gate;
+  /** Pushes a new segment's descriptor before a Lease reply ({@code --host-segments fd}); null: none. */
+  private final DescriptorPushes pushes;
 
   /** A service whose gate never closes (no take-over): in-process daemons of the tests. */
   public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
@@ -90,6 +93,13 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
    */
   public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
       StreamWatchdog streams, HandOverGate gate) {
+    this(registry, blockingExecutor, metrics, streams, gate, null);
+  }
+
+  /** @param pushes the fd channel's bindings, pushed on before each Lease reply (null: no fd channel) */
+  public AllocatorService(SessionRegistry registry, Executor blockingExecutor, ServerMetrics metrics,
+      StreamWatchdog streams, HandOverGate gate, DescriptorPushes pushes) {
+    this.pushes = pushes;
     this.gate = gate;
     this.registry = registry;
     this.sharing = registry.sharing();
@@ -200,6 +210,9 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   private LeaseResponse respond(LeaseRecord lease, long startNanos) {
     LeaseResponse reply = ProtoMapping.leaseResponse(lease);
+    if (pushes != null) {
+      pushes.beforeLeaseReply(lease.session().id(), lease.block().segmentId());
+    }
     // Recorded before the reply leaves: afterwards the client may already have released the
     // block and another lease be using it.
     metrics.recordLease(reply.getDevice(), reply.getPoolHit(), System.nanoTime() - startNanos);

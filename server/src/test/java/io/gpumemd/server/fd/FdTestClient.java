@@ -74,6 +74,11 @@ final class FdTestClient implements AutoCloseable {
     return total;
   }
 
+  /** Bytes waiting to be read now, without waiting for more ({@code FIONREAD}). */
+  int readable() throws IOException {
+    return io.gpumemd.common.unix.UnixSockets.readable(socket.intValue());
+  }
+
   /** The next reply, or null when the daemon closed the connection instead. */
   Reply receive() throws IOException {
     long deadline = System.nanoTime() + DEADLINE_NANOS;
