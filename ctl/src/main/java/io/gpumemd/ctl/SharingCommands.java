@@ -6,6 +6,8 @@ import io.gpumemd.proto.v1.ListObjectsResponse;
 import io.gpumemd.proto.v1.ListSharesRequest;
 import io.gpumemd.proto.v1.ListSharesResponse;
 import io.gpumemd.proto.v1.ObjectInfo;
+import io.gpumemd.proto.v1.ParkObjectRequest;
+import io.gpumemd.proto.v1.ParkObjectResponse;
 import io.gpumemd.proto.v1.RemoveObjectRequest;
 import io.gpumemd.proto.v1.RemoveShareRequest;
 import io.gpumemd.proto.v1.RevokeShareResponse;
@@ -18,7 +20,8 @@ import picocli.CommandLine.Option;
 import picocli.CommandLine.Parameters;
 
 /**
- * The commands of sharing: published objects ({@link Objects}, and {@link RemoveObject} under it)
+ * The commands of sharing: published objects ({@link Objects}, and {@link RemoveObject} and
+ * {@link ParkObject} under it)
  * and share tokens ({@link Shares}, {@link RevokeShare}), each an {@link AdminCommand}. Another
  * tenant's objects and tokens need an admin identity; the daemon checks that. Not thread-safe
  * (one command per instance).
@@ -26,7 +29,8 @@ import picocli.CommandLine.Parameters;
 final class SharingCommands {
   private SharingCommands() {}
 
-  @Command(name = "objects", description = "published objects with size, holders and age; 'objects rm NAME' removes one")
+  @Command(name = "objects", description = "published objects with size, holders and age; 'objects rm NAME' removes "
+      + "one, 'objects park NAME' parks one in the daemon's host memory")
   static final class Objects extends AdminCommand {
     Objects(GpuMemCtl ctl) {
       super(ctl);
@@ -50,10 +54,11 @@ final class SharingCommands {
         out.println("no published objects");
         return;
       }
-      Table table = new Table("NAME", "TENANT", ">DEVICE", ">SIZE", ">HOLDS", ">HOLDERS", ">AGE", "RO");
+      Table table = new Table("NAME", "TENANT", ">DEVICE", ">SIZE", ">HOLDS", ">HOLDERS", ">AGE", "RO", "PARKED");
       for (ObjectInfo o : objects) {
         table.row(o.getName(), o.getTenant(), o.getDevice(), Sizes.format(o.getSizeBytes()), o.getHolds(), o.getHolders(),
-            Sizes.formatMillis(o.getAgeMs()), o.getReadOnly() ? "yes" : "no");
+            Sizes.formatMillis(o.getAgeMs()), o.getReadOnly() ? "yes" : "no",
+            o.getParked() ? Sizes.format(o.getHostBytes()) + " in host memory" : "no");
       }
       table.print(out);
     }
@@ -77,6 +82,30 @@ final class SharingCommands {
           .setName(name).build());
       return admin.print(response, out -> out.println("removed object '" + name + "'"
           + whatBecame(tenant, response.getBlockReturned())));
+    }
+  }
+
+  @Command(name = "park", description = "park an object nobody but its names holds: its contents to the daemon's "
+      + "host memory, its device memory freed; the next lookup brings it back")
+  static final class ParkObject extends AdminCommand {
+    @Parameters(index = "0", paramLabel = "NAME", description = "the published name")
+    String name;
+    @Option(names = "--tenant", paramLabel = "T",
+        description = "the object's tenant (default: the caller's own; another's needs an admin identity)")
+    String tenant = "";
+
+    ParkObject(GpuMemCtl ctl) {
+      super(ctl);
+    }
+
+    @Override
+    int run(AdminConnection admin) {
+      ParkObjectResponse response = admin.admin().parkObject(ParkObjectRequest.newBuilder().setTenant(tenant)
+          .setName(name).build());
+      return admin.print(response, out -> out.println(response.getFreedBytes() == 0
+          ? "object '" + name + "' was parked already (" + Sizes.format(response.getHostBytes()) + " in host memory)"
+          : "parked object '" + name + "': " + Sizes.format(response.getHostBytes()) + " in host memory, "
+          + Sizes.format(response.getFreedBytes()) + " of device memory freed"));
     }
   }
 

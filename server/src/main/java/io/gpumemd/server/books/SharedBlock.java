@@ -1,12 +1,15 @@
 package io.gpumemd.server.books;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.offload.ParkedRange;
 import io.gpumemd.server.pool.Block;
 import java.util.ArrayList;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.concurrent.locks.ReentrantLock;
 
 /**
  * The holds on one shared block: the lease and the attached holds of live sessions ({@link
@@ -18,11 +21,23 @@ import java.util.TreeSet;
  * reused only once every holder's GPU work on it has completed (README, "The rules that keep
  * memory safe", rule 3, for several holders).
  *
+ * <p>A block whose only holds are its names can be <i>parked</i> (Admin.ParkObject, {@code
+ * --park-idle-objects}): its contents go to the host store, its memory back to the pool, and the
+ * block becomes the place it was (a detached copy, for its device and size) until the next
+ * Lookup restores it into a new block ({@link #restored}). While parked it takes no record.
+ *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short and
- * calls nothing outside.
+ * calls nothing outside. Parking, restoring and dropping a parked block's last name also take
+ * {@link #residency()} first, and hold it across their copies, which the monitor never is. Lock
+ * order: residency, then this monitor, then the pool's lock.
  */
 public final class SharedBlock {
-  private final Block block;
+  private Block block;
+  /** The contents while parked, else null. */
+  private ParkedRange parked;
+  private final ReentrantLock residency = new ReentrantLock();
+  /** When it was last looked up (or published): idle objects are parked least recently used first. */
+  private volatile long lastUsedNanos;
   private final long sizeBytes;
   /** The leasing session's tenant: its quota carries the block until it returns. */
   private final Tenant leasedBy;
@@ -50,8 +65,112 @@ public final class SharedBlock {
     this.leasedBySessionId = leasedBySessionId;
   }
 
-  public Block block() {
+  /** The leased block; while parked, where it was (for its device and size only). */
+  public synchronized Block block() {
     return block;
+  }
+
+  /**
+   * Orders parking, restoring, lookups and the drop of a parked block's last name: held across
+   * the copies in and out of the host store, so concurrent lookups of a parked object restore it
+   * once. Taken before this monitor, never while holding it.
+   */
+  public ReentrantLock residency() {
+    return residency;
+  }
+
+  /** True while the contents are in the host store and the block is no longer leased. */
+  public synchronized boolean parked() {
+    return parked != null;
+  }
+
+  /** The parked contents, or null when not parked. */
+  public synchronized ParkedRange parkedRange() {
+    return parked;
+  }
+
+  /**
+   * Why the block cannot be parked, naming who holds it, or null when only its names do. With
+   * {@link #residency()} held: no lookup can add a record until it is released.
+   */
+  public synchronized String parkRefusal() {
+    if (returned) {
+      return "it was unpublished meanwhile";
+    }
+    if (records.isEmpty() && tokens == 0) {
+      return null;
+    }
+    List<String> sessions = new ArrayList<>();
+    for (LeaseRecord r : records) {
+      String who = r.session().toString() + (r.attached() ? " (hold " : " (lease ") + r.id() + ")";
+      if (!sessions.contains(who)) {
+        sessions.add(who);
+      }
+    }
+    return "it is held by " + (sessions.isEmpty() ? "no session" : String.join(", ", sessions))
+        + (tokens == 0 ? "" : " and " + tokens + " share token(s)") + ": release the holds and revoke the tokens "
+        + "first (only a block nobody but its names holds can be parked)";
+  }
+
+  /** The contents are parked: no record may be added until {@link #restored}. With {@link #residency()} held. */
+  public synchronized void park(ParkedRange contents) {
+    assert residency.isHeldByCurrentThread();
+    if (returned || !records.isEmpty() || tokens != 0) {
+      throw new IllegalStateException("parking a block that others hold: " + block);
+    }
+    parked = contents;
+  }
+
+  /** The pool took the memory back; {@code place} is where it was. With {@link #residency()} held. */
+  public synchronized void freed(Block place) {
+    block = place;
+  }
+
+  /** Restored into {@code fresh}: leased again, no longer parked. With {@link #residency()} held. */
+  public synchronized void restored(Block fresh) {
+    assert residency.isHeldByCurrentThread();
+    block = fresh;
+    parked = null;
+  }
+
+  /**
+   * The last name of a parked block went: drops its contents and the leasing tenant's quota of
+   * it (what giving the block back does for a leased one). With {@link #residency()} held.
+   */
+  public void dropParked() {
+    ParkedRange contents;
+    synchronized (this) {
+      contents = parked;
+      parked = null;
+    }
+    if (contents != null) {
+      contents.drop();
+      leasedBy.unreserve(SizeClasses.roundUp(sizeBytes));
+    }
+  }
+
+  /** A lookup at {@code nanos} (the daemon's ticker). */
+  public void used(long nanos) {
+    lastUsedNanos = nanos;
+  }
+
+  public long lastUsedNanos() {
+    return lastUsedNanos;
+  }
+
+  /** The names of the block, in order. */
+  public synchronized List<String> names() {
+    return List.copyOf(names);
+  }
+
+  /** Closes and forgets the completion events kept (parking: every one has completed). */
+  public void closeKeptEvents() {
+    List<CompletionEvent> all;
+    synchronized (this) {
+      all = List.copyOf(events);
+      events.clear();
+    }
+    all.forEach(CompletionEvent::close);
   }
 
   /** Bytes requested by the lease that was shared. */
@@ -89,6 +208,10 @@ public final class SharedBlock {
   public synchronized boolean addRecord(LeaseRecord hold) {
     if (returned) {
       return false;
+    }
+    if (parked != null) {
+      // Lookups restore a parked block before they hold it, under the residency lock.
+      throw new IllegalStateException("a hold on a parked block: " + block);
     }
     records.add(hold);
     return true;

@@ -13,6 +13,8 @@ import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.ListSessionsResponse;
 import io.gpumemd.proto.v1.ListObjectsRequest;
 import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.ParkObjectRequest;
+import io.gpumemd.proto.v1.ParkObjectResponse;
 import io.gpumemd.proto.v1.RemoveObjectRequest;
 import io.gpumemd.proto.v1.ListSharesRequest;
 import io.gpumemd.proto.v1.ListSharesResponse;
@@ -208,6 +210,21 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     answer("RemoveObject", response, () -> UnpublishResponse.newBuilder()
         .setBlockReturned(sharing.remove(Callers.current(), request.getTenant(), request.getName()))
         .build());
+  }
+
+  /** Runs on the blocking executor: it copies the object's bytes to host memory. */
+  @Override
+  public void parkObject(ParkObjectRequest request, StreamObserver<ParkObjectResponse> response) {
+    Caller caller = Callers.current();
+    try {
+      blockingExecutor.execute(() -> answer("ParkObject", response, () -> {
+        SharedObjects.Parked parked = sharing.park(caller, request.getTenant(), request.getName());
+        return ParkObjectResponse.newBuilder().setHostBytes(parked.hostBytes()).setFreedBytes(parked.freedBytes())
+            .build();
+      }));
+    } catch (RejectedExecutionException e) {
+      response.onError(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
+    }
   }
 
   @Override

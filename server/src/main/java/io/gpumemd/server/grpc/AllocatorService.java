@@ -307,9 +307,11 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
     });
   }
 
+  /** On the blocking executor: a parked object is restored first (a lease, maybe a wait, a copy). */
   @Override
   public void lookup(LookupRequest request, StreamObserver<AttachResponse> response) {
-    answer("Lookup", response, () -> attached(sharing.lookup(Callers.current(), request.getSessionId(),
+    Caller caller = Callers.current();
+    answerBlocking("Lookup", response, () -> attached(sharing.lookup(caller, request.getSessionId(),
         request.getName(), request.getTag())));
   }
 

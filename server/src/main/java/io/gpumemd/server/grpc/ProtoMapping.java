@@ -10,6 +10,7 @@ import io.gpumemd.proto.v1.SegmentWake;
 import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.MemoryHandle;
 import io.gpumemd.proto.v1.ObjectInfo;
+import io.gpumemd.server.offload.ParkedRange;
 import io.gpumemd.server.sharing.PublishedObject;
 import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.proto.v1.SessionInfo;
@@ -132,6 +133,7 @@ final class ProtoMapping {
   static ObjectInfo objectInfo(PublishedObject object, long ageMillis) {
     SharedBlock shared = object.shared();
     Block block = shared.block();
+    ParkedRange parked = shared.parkedRange();
     return ObjectInfo.newBuilder()
         .setName(object.name()).setTenant(object.tenant()).setDevice(block.device())
         .setSizeBytes(shared.sizeBytes()).setBlockBytes(block.size())
@@ -139,6 +141,7 @@ final class ProtoMapping {
         .setAgeMs(ageMillis).setReadOnly(object.readOnly()).setPublishedBy(object.publishedBy())
         .setSegmentId(block.segmentId()).setOffset(block.offset())
         .setLookups(object.lookups().get())
+        .setParked(parked != null).setHostBytes(parked == null ? 0 : parked.length())
         .build();
   }
 

@@ -176,6 +176,27 @@ final class Eviction {
     });
   }
 
+  /**
+   * See {@link DevicePool#park}: the block is freed, and its segment, when that left it unused
+   * and nobody maps it, is given back to the backend at once rather than cached.
+   */
+  Block park(Block block) {
+    return AfterUnlock.locked(core, after -> {
+      if (block.state != Block.State.LEASED || block.segment.state != Segment.State.LIVE) {
+        throw new IllegalStateException("parking a block that is not leased: " + block);
+      }
+      Block place = block.detached();
+      Segment segment = block.segment;
+      carver.unleased(block);
+      carver.giveBack(block);
+      if (segment.idle() && segment.mappers.isEmpty() && carver.idle.remove(segment)) {
+        evict(segment, after);
+      }
+      core.waiters.memoryCameBack();
+      return place;
+    });
+  }
+
   // ---------------------------------------------------------------------- with the lock held
 
   /** Applies the retention cap; returns the bytes of segments evicted. */

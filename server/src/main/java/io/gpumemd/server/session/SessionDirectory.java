@@ -3,6 +3,7 @@ package io.gpumemd.server.session;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.books.LeaseHolder;
 import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.books.Tenant;
 import io.gpumemd.server.error.ExhaustedException;
@@ -111,6 +112,11 @@ final class SessionDirectory implements HolderDirectory {
       return new SegmentOwner(key, -1, caller.gid());
     }
     return new SegmentOwner(key, -1, -1);
+  }
+
+  @Override
+  public SegmentOwner segmentOwner(LeaseHolder session) {
+    return ((Session) session).segmentOwner();
   }
 
   @Override

@@ -95,9 +95,10 @@ public final class SessionRegistry {
     this.churn = new SessionChurn(log, ticker.nanos());
     this.directory = new SessionDirectory(sessions, ticker);
     this.book = new LeaseBook(pools, backend, ticker);
-    this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker);
+    HostStore store = new HostStore(backend, offloadMaxBytes);
+    this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker, store);
     this.clientCache = new ClientCache(pools, book);
-    this.sleep = new SessionSleep(this, book, new HostStore(backend, offloadMaxBytes));
+    this.sleep = new SessionSleep(this, book, store);
   }
 
   /** Sleep and wake of sessions: the gRPC service calls it directly. */

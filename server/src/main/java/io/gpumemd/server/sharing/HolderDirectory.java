@@ -1,6 +1,7 @@
 package io.gpumemd.server.sharing;
 
 import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.books.LeaseHolder;
 import io.gpumemd.server.books.Tenant;
 
@@ -19,6 +20,9 @@ public interface HolderDirectory {
    *     unknown one
    */
   LeaseHolder session(Caller caller, String sessionId);
+
+  /** Whose segments a session's leases come from (a parked object restored for it too). */
+  SegmentOwner segmentOwner(LeaseHolder session);
 
   /** The holdings of a tenant by key (created on first use). */
   Tenant tenant(String key);

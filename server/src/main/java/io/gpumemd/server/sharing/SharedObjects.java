@@ -15,6 +15,7 @@ import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.NotFoundException;
 import io.gpumemd.server.error.PermissionDeniedException;
+import io.gpumemd.server.offload.HostStore;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import java.util.ArrayList;
@@ -58,6 +59,7 @@ public final class SharedObjects {
   private final DevicePools pools;
   private final SharingSettings settings;
   private final Ticker ticker;
+  private final ObjectParking parking;
   private final ConcurrentHashMap<String, ShareToken> tokens = new ConcurrentHashMap<>();
   /** The same tokens by public id; added after and removed with {@link #tokens}. */
   private final ConcurrentHashMap<String, ShareToken> tokensById = new ConcurrentHashMap<>();
@@ -65,13 +67,15 @@ public final class SharedObjects {
   /** Written by the housekeeping thread only. */
   private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
 
+  /** @param store where parked objects' contents go ({@code --offload-max-bytes}) */
   public SharedObjects(HolderDirectory directory, LeaseBook book, DevicePools pools, SharingSettings settings,
-      Ticker ticker) {
+      Ticker ticker, HostStore store) {
     this.directory = directory;
     this.book = book;
     this.pools = pools;
     this.settings = settings;
     this.ticker = ticker;
+    this.parking = new ObjectParking(pools, store);
   }
 
   public SharingSettings settings() {
@@ -231,12 +235,16 @@ public final class SharedObjects {
       tenant.removeShare();
       throw Refusals.exists(name);
     }
+    shared.used(object.publishedNanos());
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("object", name)
         .log("{} published '{}' of tenant {}: {} bytes on device {}{}", session, name, session.tenant(),
         shared.block().size(), shared.block().device(), object.readOnly() ? ", read-only" : "");
   }
 
-  /** Attaches a session of the caller's tenant to a published object: a hold of its own. */
+  /**
+   * Attaches a session of the caller's tenant to a published object: a hold of its own. A parked
+   * object is restored first, into a new block; a hold refused after that leaves it restored.
+   */
   public LeaseRecord lookup(Caller caller, String sessionId, String name, String tag) {
     Validation.label("tag", tag);
     PublishedObject.checkName(name);
@@ -245,9 +253,61 @@ public final class SharedObjects {
       directory.session(caller, sessionId);
       throw Refusals.objectNotFound(name);
     }
-    LeaseRecord hold = hold(caller, sessionId, object.shared(), object.readOnly(), tag);
+    SharedBlock shared = object.shared();
+    LeaseRecord hold;
+    // Held across the restore and the hold, so that no park comes between them and concurrent
+    // lookups of a parked object restore it once.
+    shared.residency().lock();
+    try {
+      if (shared.parked()) {
+        directory.checkNotDraining();
+        LeaseHolder session = directory.session(caller, sessionId);
+        parking.restoreIfParked(object, session.id(), directory.segmentOwner(session), session.toString());
+      }
+      hold = hold(caller, sessionId, shared, object.readOnly(), tag);
+    } finally {
+      shared.residency().unlock();
+    }
     object.lookups().incrementAndGet();
+    shared.used(ticker.nanos());
     return hold;
+  }
+
+  /** What {@link #park} did: the object's bytes in host memory, and the device bytes freed (0 if parked already). */
+  public record Parked(long hostBytes, long freedBytes) {}
+
+  /**
+   * Parks a published object that only its names hold (Admin.ParkObject): the caller's own
+   * tenant's, or any tenant's for an admin. Its contents go to host memory and its device memory
+   * back to the pool; the next Lookup restores it.
+   *
+   * @param tenant the object's tenant; empty for the caller's own
+   * @throws io.gpumemd.server.error.ConflictException when others hold it (named)
+   * @throws ExhaustedException over {@code --offload-max-bytes}; nothing changed
+   */
+  public Parked park(Caller caller, String tenant, String name) {
+    PublishedObject object = adminTarget(caller, tenant, name, "parking another tenant's object");
+    SharedBlock shared = object.shared();
+    shared.residency().lock();
+    try {
+      long freed = parking.park(object, caller.toString());
+      return new Parked(shared.block().size(), freed);
+    } finally {
+      shared.residency().unlock();
+    }
+  }
+
+  /** Published objects parked now, as refusals name them (take-over). */
+  public List<String> parkedObjects() {
+    List<String> out = new ArrayList<>();
+    objects.values().stream().filter(o -> o.shared().parked()).sorted(OBJECT_ORDER)
+        .forEach(o -> out.add("'" + o.name() + "' of tenant " + o.tenant()));
+    return out;
+  }
+
+  /** The bound and figures of parked contents (shared with sleeping sessions). */
+  public HostStore store() {
+    return parking.store();
   }
 
   /**
@@ -274,18 +334,27 @@ public final class SharedObjects {
    * @param tenant the object's tenant; empty for the caller's own
    */
   public boolean remove(Caller caller, String tenant, String name) {
-    String owner = tenant.isEmpty() ? caller.tenant() : tenant;
-    PublishedObject.checkName(name);
-    if (!caller.owns(owner) && !caller.admin()) {
-      throw Refusals.notAdmin("removing another tenant's object", caller);
-    }
-    PublishedObject object = objects.remove(PublishedObject.key(owner, name));
-    if (object == null) {
+    PublishedObject found = adminTarget(caller, tenant, name, "removing another tenant's object");
+    if (!objects.remove(PublishedObject.key(found.tenant(), name), found)) {
       throw Refusals.objectNotFound(name);
     }
     log.atInfo().addKeyValue("object", name).addKeyValue("admin", caller.principal())
-        .log("Object '{}' of tenant {} removed by {}", name, owner, caller);
-    return retire(object);
+        .log("Object '{}' of tenant {} removed by {}", name, found.tenant(), caller);
+    return retire(found);
+  }
+
+  /** An object an admin verb names: the caller's own tenant's, or any tenant's for an admin. */
+  private PublishedObject adminTarget(Caller caller, String tenant, String name, String what) {
+    String owner = tenant.isEmpty() ? caller.tenant() : tenant;
+    PublishedObject.checkName(name);
+    if (!caller.owns(owner) && !caller.admin()) {
+      throw Refusals.notAdmin(what, caller);
+    }
+    PublishedObject object = objects.get(PublishedObject.key(owner, name));
+    if (object == null) {
+      throw Refusals.objectNotFound(name);
+    }
+    return object;
   }
 
   /** Published objects the caller may see (its tenant's; every one for an admin), a page at a time. */
@@ -475,12 +544,27 @@ public final class SharedObjects {
   private boolean dropName(SharedBlock shared, String name) {
     DevicePool pool = pools.get(shared.block().device());
     SharedBlock.NameDrop drop;
-    // The pool counts the name out before the block can go back (another holder's release may
-    // return it as soon as the name is dropped, and a returned block's size may change as the
-    // pool merges it), and in order with a concurrent first name (see publish).
-    synchronized (shared) {
-      drop = shared.dropName(name);
-      pool.unpublished(shared.block(), drop.lastName());
+    boolean parked;
+    // A parked block's last name drops its contents, in order with a park or restore of it.
+    shared.residency().lock();
+    try {
+      // The pool counts the name out before the block can go back (another holder's release may
+      // return it as soon as the name is dropped, and a returned block's size may change as the
+      // pool merges it), and in order with a concurrent first name (see publish). A parked
+      // block's names were counted out when it was parked.
+      synchronized (shared) {
+        drop = shared.dropName(name);
+        parked = shared.parked();
+        if (!parked) {
+          pool.unpublished(shared.block(), drop.lastName());
+        }
+      }
+      if (parked && drop.lastHold()) {
+        shared.dropParked();
+        return true;
+      }
+    } finally {
+      shared.residency().unlock();
     }
     if (drop.lastHold()) {
       book.giveBack(shared);

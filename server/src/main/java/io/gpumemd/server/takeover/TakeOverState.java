@@ -105,6 +105,9 @@ public final class TakeOverState {
       return "this daemon is shutting down";
     }
     String sleeping = sleepingRefusal(registry);
+    if (sleeping == null) {
+      sleeping = parkedRefusal(registry);
+    }
     return sleeping != null ? sleeping : pools.restoreRefusal(hello.getLimitBytesList());
   }
 
@@ -122,6 +125,16 @@ public final class TakeOverState {
     }
     return sleeping.isEmpty() ? null : sleeping.size() + " session(s) sleep (" + String.join(", ", sleeping)
         + "): wake them (Allocator.Wake, or gpumemctl sleep/wake) before a take-over";
+  }
+
+  /**
+   * Why the state cannot be handed over while published objects are parked, or null: their
+   * contents are in this process's host memory, as a sleeping session's are.
+   */
+  static String parkedRefusal(SessionRegistry registry) {
+    List<String> parked = registry.sharing().parkedObjects();
+    return parked.isEmpty() ? null : parked.size() + " published object(s) parked (" + String.join(", ", parked)
+        + "): look them up (which restores them) or remove them (gpumemctl objects rm) before a take-over";
   }
 
   /**
@@ -161,6 +174,9 @@ public final class TakeOverState {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
     String sleeping = sleepingRefusal(registry);
+    if (sleeping == null) {
+      sleeping = parkedRefusal(registry);
+    }
     if (sleeping != null) {
       throw new TakeOverRefusedException(sleeping);
     }

@@ -1,0 +1,153 @@
+package io.gpumemd.server.sharing;
+
+import io.gpumemd.common.Sizes;
+import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.books.SharedBlock;
+import io.gpumemd.server.error.ConflictException;
+import io.gpumemd.server.offload.HostStore;
+import io.gpumemd.server.offload.ParkedRange;
+import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.DevicePool;
+import io.gpumemd.server.pool.DevicePools;
+import java.util.List;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Parking of published objects (issue 35 item 3; the design is in {@code
+ * offload/package-info.java}): a block that only its names hold goes to the {@link HostStore},
+ * its memory back to the pool; the next Lookup restores it into a new block before it holds it;
+ * dropping the last name of a parked block drops its contents.
+ *
+ * <p>Pool figures: a parked block is no shared block and its names no published bytes (they
+ * hold no device memory); restoring counts them in again, within {@code --max-published-bytes}.
+ * The leasing tenant's quota keeps carrying the block while parked, as a sleeping session's
+ * leases keep theirs, so a restore never fails for quota.
+ *
+ * <p>Thread-safety: every call runs with the block's {@link SharedBlock#residency()} lock held
+ * by the caller ({@link SharedObjects}), which orders parks, restores and drops of one block and
+ * is held across the copies; the block's monitor is taken only for short state changes, and the
+ * pool's lock after it (the lock order of {@link SharedBlock}). Stateless otherwise.
+ */
+final class ObjectParking {
+  private static final Logger log = LoggerFactory.getLogger(ObjectParking.class);
+
+  private final DevicePools pools;
+  private final HostStore store;
+
+  ObjectParking(DevicePools pools, HostStore store) {
+    this.pools = pools;
+    this.store = store;
+  }
+
+  HostStore store() {
+    return store;
+  }
+
+  /**
+   * Parks a block that only its names hold.
+   *
+   * @param who who asked, for the refusal and the log line
+   * @return device bytes freed (0 when it was parked already)
+   * @throws ConflictException when someone else holds it, or GPU work of a former holder is
+   *     still pending on it; nothing changed
+   * @throws io.gpumemd.server.error.ExhaustedException over {@code --offload-max-bytes};
+   *     nothing changed
+   */
+  long park(PublishedObject object, String who) {
+    SharedBlock shared = object.shared();
+    assert shared.residency().isHeldByCurrentThread();
+    if (shared.parked()) {
+      return 0;
+    }
+    String refusal = shared.parkRefusal();
+    if (refusal != null) {
+      throw new ConflictException(describe(object) + " cannot be parked: " + refusal);
+    }
+    for (CompletionEvent event : shared.keptEvents()) {
+      if (!event.isComplete()) {
+        throw new ConflictException(describe(object) + " cannot be parked yet: GPU work of a holder that released "
+            + "it has not completed; try again");
+      }
+    }
+    Block block = shared.block();
+    // Read now: once freed, the pool may merge the block with its free neighbours.
+    long bytes = block.size();
+    int device = block.device();
+    ParkedRange contents;
+    try (HostStore.Claim claim = store.claim(bytes, describe(object))) {
+      contents = claim.park(block.memory(), block.offset(), bytes);
+    }
+    DevicePool pool = pools.get(device);
+    List<String> names;
+    synchronized (shared) {
+      shared.park(contents);
+      names = shared.names();
+      for (int i = 0; i < names.size(); i++) {
+        pool.unpublished(block, i == names.size() - 1);
+      }
+    }
+    pool.sharedBlockReturned();
+    shared.freed(pool.park(block));
+    shared.closeKeptEvents();
+    log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", bytes)
+        .log("{} of tenant {} parked by {}: {} to host memory, device {} freed them ({} held in host memory in all)",
+        describeNames(names), object.tenant(), who, Sizes.format(bytes), device, Sizes.format(store.heldBytes()));
+    return bytes;
+  }
+
+  /**
+   * Restores a parked block into a new one leased for the looking session's owner, before that
+   * session holds it; nothing when not parked.
+   *
+   * @throws io.gpumemd.server.error.ExhaustedException when the memory or the published-bytes
+   *     room cannot be had; the object stays parked
+   */
+  void restoreIfParked(PublishedObject object, String holder, SegmentOwner owner, String who) {
+    SharedBlock shared = object.shared();
+    assert shared.residency().isHeldByCurrentThread();
+    ParkedRange contents = shared.parkedRange();
+    if (contents == null) {
+      return;
+    }
+    Block place = shared.block();
+    DevicePool pool = pools.get(place.device());
+    Block fresh = pool.lease(place.size(), false, holder, owner).block();
+    try {
+      contents.restoreInto(fresh.memory(), fresh.offset());
+      pool.blockShared(fresh);
+    } catch (RuntimeException e) {
+      pool.release(fresh, null);
+      throw e;
+    }
+    boolean refused;
+    synchronized (shared) {
+      refused = !pool.publish(fresh);
+      if (!refused) {
+        for (int i = 1; i < shared.names().size(); i++) {
+          pool.publishedAgain();
+        }
+        shared.restored(fresh);
+      }
+    }
+    if (refused) {
+      long bytes = fresh.size();
+      pool.sharedBlockReturned();
+      pool.release(fresh, null);
+      throw Refusals.overPublishedLimit(pool, bytes);
+    }
+    contents.drop();
+    log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", fresh.size())
+        .log("{} of tenant {} restored for {}: {} from host memory into segment {} of device {}", describe(object),
+        object.tenant(), who, Sizes.format(fresh.size()), fresh.segmentId(), fresh.device());
+  }
+
+  private static String describe(PublishedObject object) {
+    return "object '" + object.name() + "' of tenant " + object.tenant();
+  }
+
+  private static String describeNames(List<String> names) {
+    return names.size() == 1 ? "Object '" + names.get(0) + "'" : "Objects " + names + " (one block)";
+  }
+}
