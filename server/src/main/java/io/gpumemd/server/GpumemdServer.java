@@ -158,8 +158,12 @@ public final class GpumemdServer {
           sessions, DevicePools.segmentIdBase(device.ordinal()), ticker));
     }
     DevicePools pools = new DevicePools(list);
-    return new Rehearsal.Books(pools, new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions,
-        config.pool().offloadMaxBytes()));
+    SessionRegistry registry = new SessionRegistry(pools, backend, SessionSettings.from(config), ticker, sessions,
+        config.pool().offloadMaxBytes());
+    if (config.pool().parkIdleObjects()) {
+      registry.sharing().parkIdleObjectsWhenShort();
+    }
+    return new Rehearsal.Books(pools, registry);
   }
 
   /**

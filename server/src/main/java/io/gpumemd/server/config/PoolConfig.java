@@ -1,6 +1,7 @@
 package io.gpumemd.server.config;
 
 import io.gpumemd.server.offload.HostStore;
+import java.util.List;
 import java.util.Map;
 
 /**
@@ -20,6 +21,8 @@ import java.util.Map;
  *     ({@code --max-published-bytes})
  * @param offloadMaxBytes bytes of sleeping leases' contents kept in host memory, all devices
  *     together ({@code --offload-max-bytes}; default {@link HostStore#defaultMaxBytes})
+ * @param parkIdleObjects before a lease is refused for lack of budget, idle published objects
+ *     are parked in host memory, least recently looked up first ({@code --park-idle-objects})
  */
 public record PoolConfig(
     double deviceLimitFraction,
@@ -28,7 +31,8 @@ public record PoolConfig(
     long maxOversizeBytes,
     long unmapWaitMillis,
     long maxPublishedBytes,
-    long offloadMaxBytes) {
+    long offloadMaxBytes,
+    boolean parkIdleObjects) {
 
   /** Reads and checks the pool options; a problem is recorded in {@code s}. */
   static PoolConfig from(Settings s) {
@@ -39,7 +43,8 @@ public record PoolConfig(
         s.size("max-oversize-bytes"),
         s.integer("unmap-wait-ms", 0, 600_000),
         s.text("max-published-bytes").isEmpty() ? -1 : s.size("max-published-bytes"),
-        s.text("offload-max-bytes").isEmpty() ? HostStore.defaultMaxBytes() : s.size("offload-max-bytes"));
+        s.text("offload-max-bytes").isEmpty() ? HostStore.defaultMaxBytes() : s.size("offload-max-bytes"),
+        s.choice("park-idle-objects", List.of("false", "true")).equals("true"));
   }
 
   /** The device budget for a device of the given capacity. */
@@ -62,5 +67,6 @@ public record PoolConfig(
     values.put("unmap-wait-ms", unmapWaitMillis);
     values.put("max-published-bytes", maxPublishedBytes < 0 ? "(device budget)" : maxPublishedBytes);
     values.put("offload-max-bytes", offloadMaxBytes);
+    values.put("park-idle-objects", parkIdleObjects);
   }
 }

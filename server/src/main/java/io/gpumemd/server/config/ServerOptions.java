@@ -203,6 +203,12 @@ public final class ServerOptions {
           + "beyond it is refused (default: a quarter of the machine's RAM)")
   String offloadMaxBytes;
 
+  @Option(names = "--park-idle-objects", paramLabel = "true|false", arity = "0..1", fallbackValue = "true",
+      defaultValue = "false",
+      description = "before refusing a lease for lack of budget, park idle published objects (held by their names "
+          + "only) in host memory, least recently looked up first; a lookup brings one back")
+  String parkIdleObjects;
+
   @Option(names = "--session-ttl-seconds", paramLabel = "N", defaultValue = "30",
       description = "TTL of sessions without keep-alive, when the client asks for none")
   String sessionTtlSeconds;

@@ -385,6 +385,11 @@ public final class DevicePool implements AutoCloseable {
     return eviction.park(block);
   }
 
+  /** What a miss asks before it refuses a lease for lack of budget ({@link Miss}); null for nothing. */
+  public void budgetRelief(BudgetRelief relief) {
+    core.relief = relief;
+  }
+
   // ----------------------------------------------------------------------- snapshot, restore
 
   /**

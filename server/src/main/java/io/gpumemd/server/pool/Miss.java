@@ -39,7 +39,9 @@ import org.slf4j.LoggerFactory;
  *       the unmap wait ({@code --unmap-wait-ms}). Otherwise every holder on the device is asked
  *       once for blocks it may have cached without the pool knowing yet (clients report their
  *       cache within about a millisecond), and their answers get {@link #NOTICE_GRACE_NANOS}.
- *       Past that: {@link ExhaustedException} stating the pool ({@code ooms}).
+ *       Past that, the pool's {@link BudgetRelief} (when set: {@code --park-idle-objects}) is
+ *       asked, outside the lock, to free memory, and the budget looked at again while it frees
+ *       some; then {@link ExhaustedException} stating the pool ({@code ooms}).
  *   <li><b>Allocate</b>, outside the lock, with the segment counted in flight. When the
  *       backend itself is out of memory (the device is full: other users of the GPU, the host
  *       capacity), everything cached is evicted and the allocation retried once. Memory on its
@@ -73,7 +75,7 @@ final class Miss {
   static final long BACKEND_SETTLE_NANOS = TimeUnit.MILLISECONDS.toNanos(100);
 
   /** What phase 1 decided. */
-  private enum Next { HIT, WAIT, ALLOCATE }
+  private enum Next { HIT, WAIT, ALLOCATE, RELIEVE }
 
   private final PoolCore core;
   private final Eviction eviction;
@@ -90,6 +92,8 @@ final class Miss {
   private long noticeDeadline;
   /** Whether the backend's out-of-memory was already answered by evicting everything cached. */
   private boolean retried;
+  /** Whether the {@link BudgetRelief} was asked and freed nothing: it is not asked again. */
+  private boolean reliefSpent;
   /** {@link MemoryWaiters#epoch} when the last phase looked at the pool. */
   private long epoch;
   /** The block phase 1 found cached. */
@@ -161,6 +165,7 @@ final class Miss {
           return new LeasedBlock(hit, true);
         }
         case WAIT -> core.waiters.await(unmapDeadline, epoch);
+        case RELIEVE -> reliefSpent = core.relief.relieve(core.device.ordinal(), segmentBytes) == 0;
         case ALLOCATE -> {
           SegmentMemory memory = allocate();
           if (memory != null) {
@@ -219,6 +224,10 @@ final class Miss {
       wait = ticker.nanos() < Math.min(noticeDeadline, unmapDeadline);
     }
     if (!wait) {
+      // Before refusing, the layers above may free memory (--park-idle-objects), outside the lock.
+      if (core.relief != null && !reliefSpent) {
+        return Next.RELIEVE;
+      }
       core.counters.increment(PoolMetric.OOMS);
       throw exhausted(core.clientCache.overdueReturns(after) ? "pool limit reached; clients did not give back "
           + "their cached blocks within the unmap wait" : "pool limit reached");

@@ -40,6 +40,8 @@ final class PoolCore {
   final PoolCounters counters = new PoolCounters();
   final MemoryWaiters waiters;
   final SharingCounters sharing;
+  /** Asked by a miss before it refuses for lack of budget; null: nothing to ask ({@link DevicePool#budgetRelief}). */
+  volatile BudgetRelief relief;
   private boolean closed;
 
   /** See {@link DevicePool#DevicePool}. */

@@ -5,12 +5,19 @@ import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.error.ConflictException;
+import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.offload.HostStore;
 import io.gpumemd.server.offload.ParkedRange;
 import io.gpumemd.server.pool.Block;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
+import java.util.ArrayList;
+import java.util.Collection;
+import java.util.Collections;
+import java.util.Comparator;
+import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Set;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -141,6 +148,51 @@ final class ObjectParking {
     log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", fresh.size())
         .log("{} of tenant {} restored for {}: {} from host memory into segment {} of device {}", describe(object),
         object.tenant(), who, Sizes.format(fresh.size()), fresh.segmentId(), fresh.device());
+  }
+
+  /**
+   * Parks idle objects of a device (only their names hold them), least recently looked up first,
+   * until {@code bytes} are freed or none is left: the pools' {@link
+   * io.gpumemd.server.pool.BudgetRelief} under {@code --park-idle-objects}. An object being
+   * parked, restored or dropped by another thread is passed over (never waited for: this runs
+   * inside a lease, which may itself be a restore holding another object's residency lock); a
+   * full host store ends it.
+   *
+   * @return device bytes freed
+   */
+  long parkIdle(Collection<PublishedObject> objects, int device, long bytes) {
+    List<PublishedObject> idle = new ArrayList<>();
+    for (PublishedObject o : objects) {
+      if (!o.shared().parked() && o.shared().block().device() == device && o.shared().parkRefusal() == null) {
+        idle.add(o);
+      }
+    }
+    idle.sort(Comparator.comparingLong(o -> o.shared().lastUsedNanos()));
+    Set<SharedBlock> seen = Collections.newSetFromMap(new IdentityHashMap<>());
+    long freed = 0;
+    for (PublishedObject o : idle) {
+      SharedBlock shared = o.shared();
+      if (freed >= bytes) {
+        break;
+      }
+      if (!seen.add(shared) || !shared.residency().tryLock()) {
+        continue;
+      }
+      try {
+        if (shared.parkRefusal() == null) {
+          freed += park(o, "the daemon (--park-idle-objects: a lease short of " + Sizes.format(bytes)
+              + " on device " + device + ")");
+        }
+      } catch (ConflictException e) {
+        log.debug("Idle {} not parked: {}", describe(o), e.getMessage());
+      } catch (ExhaustedException e) {
+        log.info("Idle objects not parked: {}", e.getMessage());
+        break;
+      } finally {
+        shared.residency().unlock();
+      }
+    }
+    return freed;
   }
 
   private static String describe(PublishedObject object) {

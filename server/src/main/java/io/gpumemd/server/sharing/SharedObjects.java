@@ -297,6 +297,15 @@ public final class SharedObjects {
     }
   }
 
+  /**
+   * From now on a lease refused for lack of budget first parks idle objects of its device, least
+   * recently looked up first ({@code --park-idle-objects}): the pools' {@link
+   * io.gpumemd.server.pool.BudgetRelief}.
+   */
+  public void parkIdleObjectsWhenShort() {
+    pools.all().forEach(p -> p.budgetRelief((device, bytes) -> parking.parkIdle(objects.values(), device, bytes)));
+  }
+
   /** Published objects parked now, as refusals name them (take-over). */
   public List<String> parkedObjects() {
     List<String> out = new ArrayList<>();

@@ -251,4 +251,42 @@ class ObjectParkingTest {
     assertEquals(1, registry.sleep().store().restores());
     assertEquals(weights.length, stat(PoolMetric.LEASED_BYTES), "one block for all four");
   }
+
+  @Test
+  void parkIdleObjects_letsALeaseSucceedThatWouldBeRefused_parkingTheLeastRecentlyLookedUp() throws IOException {
+    start(8 * MIB, 64 * MIB);
+    byte[] old = publishAndLeave("old", 4 * MIB, 1);
+    publishAndLeave("recent", 4 * MIB, 2);
+    Session engine = registry.open(Caller.DAEMON, "engine", 0, -1);
+    LeaseRecord look = sharing().lookup(Caller.DAEMON, engine.id(), "recent", "");
+    registry.release(Caller.DAEMON, engine.id(), look.id(), new byte[0]);
+    assertThrows(ExhaustedException.class, () -> registry.lease(Caller.DAEMON, engine.id(), 0, 4 * MIB, false, "", false),
+        "without --park-idle-objects the pool is full");
+
+    sharing().parkIdleObjectsWhenShort();
+    LeaseRecord kv = registry.lease(Caller.DAEMON, engine.id(), 0, 4 * MIB, false, "kv", false);
+
+    assertTrue(object("old").shared().parked(), "the least recently looked up was parked");
+    assertFalse(object("recent").shared().parked());
+    assertEquals(4 * MIB, registry.sleep().store().heldBytes());
+    assertEquals(8 * MIB, stat(PoolMetric.LEASED_BYTES));
+    registry.release(Caller.DAEMON, engine.id(), kv.id(), new byte[0]);
+    assertArrayEquals(old, read(sharing().lookup(Caller.DAEMON, engine.id(), "old", "").block()),
+        "and comes back with its bytes");
+  }
+
+  @Test
+  void parkIdleObjects_neverParksAHeldObject_andTheLeaseIsRefusedAsBefore() throws IOException {
+    start(8 * MIB, 64 * MIB);
+    publishAndLeave("weights", 4 * MIB, 1);
+    Session engine = registry.open(Caller.DAEMON, "engine", 0, -1);
+    sharing().lookup(Caller.DAEMON, engine.id(), "weights", "");
+    registry.lease(Caller.DAEMON, engine.id(), 0, 4 * MIB, false, "", false);
+    sharing().parkIdleObjectsWhenShort();
+
+    assertThrows(ExhaustedException.class, () -> registry.lease(Caller.DAEMON, engine.id(), 0, 4 * MIB, false, "", false));
+
+    assertFalse(object("weights").shared().parked());
+    assertEquals(0, registry.sleep().store().parks());
+  }
 }
