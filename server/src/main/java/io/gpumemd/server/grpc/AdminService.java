@@ -21,6 +21,7 @@ import io.gpumemd.proto.v1.ListSharesResponse;
 import io.gpumemd.proto.v1.RemoveShareRequest;
 import io.gpumemd.proto.v1.RevokeShareResponse;
 import io.gpumemd.server.sharing.ShareToken;
+import io.gpumemd.server.sharing.ObjectParking;
 import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.server.sharing.ShareCursor;
 import io.gpumemd.proto.v1.UnpublishResponse;
@@ -218,7 +219,7 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     Caller caller = Callers.current();
     try {
       blockingExecutor.execute(() -> answer("ParkObject", response, () -> {
-        SharedObjects.Parked parked = sharing.park(caller, request.getTenant(), request.getName());
+        ObjectParking.Parked parked = sharing.park(caller, request.getTenant(), request.getName());
         return ParkObjectResponse.newBuilder().setHostBytes(parked.hostBytes()).setFreedBytes(parked.freedBytes())
             .build();
       }));

@@ -1,8 +1,12 @@
 package io.gpumemd.server.sharing;
 
 import io.gpumemd.common.Sizes;
+import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentOwner;
+import io.gpumemd.server.books.LeaseBook;
+import io.gpumemd.server.books.LeaseHolder;
+import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
@@ -18,6 +22,7 @@ import java.util.Comparator;
 import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Set;
+import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -32,22 +37,112 @@ import org.slf4j.LoggerFactory;
  * The leasing tenant's quota keeps carrying the block while parked, as a sleeping session's
  * leases keep theirs, so a restore never fails for quota.
  *
- * <p>Thread-safety: every call runs with the block's {@link SharedBlock#residency()} lock held
- * by the caller ({@link SharedObjects}), which orders parks, restores and drops of one block and
- * is held across the copies; the block's monitor is taken only for short state changes, and the
- * pool's lock after it (the lock order of {@link SharedBlock}). Stateless otherwise.
+ * <p>Thread-safety: every park, restore and drop of a parked block's last name runs under the
+ * block's {@link SharedBlock#residency()} lock (taken here, or by the caller where a method says
+ * so), which orders them for one block and is held across the copies; the block's monitor is
+ * taken only for short state changes, and the pool's lock after it (the lock order of {@link
+ * SharedBlock}). {@link #parkIdle} only tries the lock: it runs inside a lease. Stateless
+ * otherwise.
  */
-final class ObjectParking {
+public final class ObjectParking {
   private static final Logger log = LoggerFactory.getLogger(ObjectParking.class);
 
+  private final HolderDirectory directory;
+  private final LeaseBook book;
   private final DevicePools pools;
   private final HostStore store;
 
-  ObjectParking(DevicePools pools, HostStore store) {
+  ObjectParking(HolderDirectory directory, LeaseBook book, DevicePools pools, HostStore store) {
+    this.directory = directory;
+    this.book = book;
     this.pools = pools;
     this.store = store;
   }
 
+  /** What a park did: the object's bytes in host memory, and the device bytes freed (0 if parked already). */
+  public record Parked(long hostBytes, long freedBytes) {}
+
+  /**
+   * Parks an object under its residency lock: see {@link #park(PublishedObject, String)}.
+   *
+   * @param who who asked, for the log line
+   */
+  Parked parkLocked(PublishedObject object, String who) {
+    SharedBlock shared = object.shared();
+    shared.residency().lock();
+    try {
+      long freed = park(object, who);
+      return new Parked(shared.block().size(), freed);
+    } finally {
+      shared.residency().unlock();
+    }
+  }
+
+  /**
+   * A Lookup's hold on an object, taken once a parked object is restored for the looking
+   * session. The residency lock is held across both, so that no park comes between them and
+   * concurrent lookups of a parked object restore it once; a hold refused after a restore leaves
+   * the object restored.
+   */
+  LeaseRecord restoreAndHold(PublishedObject object, Caller caller, String sessionId, Supplier<LeaseRecord> hold) {
+    SharedBlock shared = object.shared();
+    shared.residency().lock();
+    try {
+      if (shared.parked()) {
+        directory.checkNotDraining();
+        LeaseHolder session = directory.session(caller, sessionId);
+        restoreIfParked(object, session.id(), directory.segmentOwner(session), session.toString());
+      }
+      return hold.get();
+    } finally {
+      shared.residency().unlock();
+    }
+  }
+
+  /**
+   * Drops a removed name's hold on its block. The pool counts the name out before the block can
+   * go back (another holder's release may return it as soon as the name is dropped, and a
+   * returned block's size may change as the pool merges it), and in order with a concurrent
+   * first name ({@link SharedObjects#publish}); a parked block's names were counted out when it
+   * was parked, and its last name drops its contents instead of giving a block back.
+   *
+   * @return true when that was the block's last hold
+   */
+  boolean dropName(SharedBlock shared, String name) {
+    DevicePool pool = pools.get(shared.block().device());
+    SharedBlock.NameDrop drop;
+    shared.residency().lock();
+    try {
+      boolean parked;
+      synchronized (shared) {
+        drop = shared.dropName(name);
+        parked = shared.parked();
+        if (!parked) {
+          pool.unpublished(shared.block(), drop.lastName());
+        }
+      }
+      if (parked && drop.lastHold()) {
+        shared.dropParked();
+        return true;
+      }
+    } finally {
+      shared.residency().unlock();
+    }
+    if (drop.lastHold()) {
+      book.giveBack(shared);
+    }
+    return drop.lastHold();
+  }
+
+  /** Objects parked now, as refusals name them. */
+  static List<String> parked(Collection<PublishedObject> objects) {
+    List<String> out = new ArrayList<>();
+    objects.stream().filter(o -> o.shared().parked()).sorted(SharedObjects.OBJECT_ORDER)
+        .forEach(o -> out.add("'" + o.name() + "' of tenant " + o.tenant()));
+    return out;
+  }
+
+  /** The bound and figures of parked contents. */
   HostStore store() {
     return store;
   }

@@ -52,7 +52,6 @@ import org.slf4j.LoggerFactory;
  */
 public final class SharedObjects {
   private static final Logger log = LoggerFactory.getLogger(SharedObjects.class);
-  private static final long EXPIRY_SCAN_NANOS = TimeUnit.SECONDS.toNanos(1);
 
   private final HolderDirectory directory;
   private final LeaseBook book;
@@ -60,12 +59,8 @@ public final class SharedObjects {
   private final SharingSettings settings;
   private final Ticker ticker;
   private final ObjectParking parking;
-  private final ConcurrentHashMap<String, ShareToken> tokens = new ConcurrentHashMap<>();
-  /** The same tokens by public id; added after and removed with {@link #tokens}. */
-  private final ConcurrentHashMap<String, ShareToken> tokensById = new ConcurrentHashMap<>();
+  private final TokenTable tokens;
   private final ConcurrentHashMap<String, PublishedObject> objects = new ConcurrentHashMap<>();
-  /** Written by the housekeeping thread only. */
-  private long lastExpiryScanNanos = Long.MIN_VALUE / 2;
 
   /** @param store where parked objects' contents go ({@code --offload-max-bytes}) */
   public SharedObjects(HolderDirectory directory, LeaseBook book, DevicePools pools, SharingSettings settings,
@@ -75,7 +70,8 @@ public final class SharedObjects {
     this.pools = pools;
     this.settings = settings;
     this.ticker = ticker;
-    this.parking = new ObjectParking(pools, store);
+    this.parking = new ObjectParking(directory, book, pools, store);
+    this.tokens = new TokenTable(directory, book);
   }
 
   public SharingSettings settings() {
@@ -134,8 +130,7 @@ public final class SharedObjects {
     long now = ticker.nanos();
     ShareToken token = new ShareToken(SecureIds.next(), SecureIds.next(), session, lease, shared,
         readOnly || lease.readOnly(), maxAttaches, now, now + TimeUnit.SECONDS.toNanos(seconds));
-    tokens.put(token.token, token);
-    tokensById.put(token.id, token);
+    tokens.add(token);
     pools.get(shared.block().device()).shareMade();
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("lease", lease.id())
         .log("{}: lease {} shared for {} s ({} attaches{})", session, lease.id(), seconds,
@@ -231,7 +226,7 @@ public final class SharedObjects {
         ticker.nanos(), "'" + session.clientName() + "' (session " + session.id().substring(0, 8) + ")",
         new AtomicLong());
     if (objects.putIfAbsent(key, object) != null) {
-      dropName(shared, name);
+      parking.dropName(shared, name);
       tenant.removeShare();
       throw Refusals.exists(name);
     }
@@ -253,48 +248,22 @@ public final class SharedObjects {
       directory.session(caller, sessionId);
       throw Refusals.objectNotFound(name);
     }
-    SharedBlock shared = object.shared();
-    LeaseRecord hold;
-    // Held across the restore and the hold, so that no park comes between them and concurrent
-    // lookups of a parked object restore it once.
-    shared.residency().lock();
-    try {
-      if (shared.parked()) {
-        directory.checkNotDraining();
-        LeaseHolder session = directory.session(caller, sessionId);
-        parking.restoreIfParked(object, session.id(), directory.segmentOwner(session), session.toString());
-      }
-      hold = hold(caller, sessionId, shared, object.readOnly(), tag);
-    } finally {
-      shared.residency().unlock();
-    }
+    LeaseRecord hold = parking.restoreAndHold(object, caller, sessionId,
+        () -> hold(caller, sessionId, object.shared(), object.readOnly(), tag));
     object.lookups().incrementAndGet();
-    shared.used(ticker.nanos());
+    object.shared().used(ticker.nanos());
     return hold;
   }
 
-  /** What {@link #park} did: the object's bytes in host memory, and the device bytes freed (0 if parked already). */
-  public record Parked(long hostBytes, long freedBytes) {}
-
   /**
    * Parks a published object that only its names hold (Admin.ParkObject): the caller's own
-   * tenant's, or any tenant's for an admin. Its contents go to host memory and its device memory
-   * back to the pool; the next Lookup restores it.
+   * tenant's, or any tenant's for an admin. See {@link ObjectParking#park}.
    *
    * @param tenant the object's tenant; empty for the caller's own
-   * @throws io.gpumemd.server.error.ConflictException when others hold it (named)
-   * @throws ExhaustedException over {@code --offload-max-bytes}; nothing changed
    */
-  public Parked park(Caller caller, String tenant, String name) {
-    PublishedObject object = adminTarget(caller, tenant, name, "parking another tenant's object");
-    SharedBlock shared = object.shared();
-    shared.residency().lock();
-    try {
-      long freed = parking.park(object, caller.toString());
-      return new Parked(shared.block().size(), freed);
-    } finally {
-      shared.residency().unlock();
-    }
+  public ObjectParking.Parked park(Caller caller, String tenant, String name) {
+    return parking.parkLocked(adminTarget(caller, tenant, name, "parking another tenant's object"),
+        caller.toString());
   }
 
   /**
@@ -308,15 +277,7 @@ public final class SharedObjects {
 
   /** Published objects parked now, as refusals name them (take-over). */
   public List<String> parkedObjects() {
-    List<String> out = new ArrayList<>();
-    objects.values().stream().filter(o -> o.shared().parked()).sorted(OBJECT_ORDER)
-        .forEach(o -> out.add("'" + o.name() + "' of tenant " + o.tenant()));
-    return out;
-  }
-
-  /** The bound and figures of parked contents (shared with sleeping sessions). */
-  public HostStore store() {
-    return parking.store();
+    return ObjectParking.parked(objects.values());
   }
 
   /**
@@ -394,7 +355,7 @@ public final class SharedObjects {
       throw Refusals.notAdmin("listing another tenant's share tokens", caller);
     }
     long now = ticker.nanos();
-    return Page.select(tokens.values(),
+    return Page.select(tokens.all(),
         t -> (caller.admin() || caller.owns(t.tenant)) && (tenant.isEmpty() || t.tenant.equals(tenant))
             && !t.expired(now),
         t -> after == null || after.isBefore(t), TOKEN_ORDER, size);
@@ -421,7 +382,7 @@ public final class SharedObjects {
     if (!caller.owns(owner) && !caller.admin()) {
       throw Refusals.notAdmin("revoking another tenant's share token", caller);
     }
-    ShareToken found = tokensById.get(shareId);
+    ShareToken found = tokens.byId(shareId);
     if (found == null || !found.tenant.equals(owner) || !found.kill()) {
       // The id is not echoed either: a well-formed one may still be a token pasted by mistake.
       throw new NotFoundException("share token of tenant " + owner + " not found by that share_id (unknown, "
@@ -442,14 +403,14 @@ public final class SharedObjects {
   /** The blocks live tokens and names hold, one entry per token or name (for invariant checks). */
   public List<SharedBlock> heldByTokensAndNames() {
     List<SharedBlock> out = new ArrayList<>();
-    tokens.values().forEach(t -> out.add(t.shared));
+    tokens.all().forEach(t -> out.add(t.shared));
     objects.values().forEach(o -> out.add(o.shared()));
     return out;
   }
 
   /** Every live token, in no order (snapshot). */
   public Collection<ShareToken> allTokens() {
-    return tokens.values();
+    return tokens.all();
   }
 
   /** Every published object, in no order (snapshot). */
@@ -465,15 +426,11 @@ public final class SharedObjects {
    * @throws IllegalStateException when the tables are not empty, or a token or name repeats
    */
   public void restore(List<ShareToken> restoredTokens, List<PublishedObject> restoredObjects) {
-    if (!tokens.isEmpty() || !objects.isEmpty()) {
+    if (tokens.size() > 0 || !objects.isEmpty()) {
       throw new IllegalStateException("sharing tables already in use: " + tokens.size() + " tokens, "
           + objects.size() + " names");
     }
-    for (ShareToken t : restoredTokens) {
-      if (tokens.putIfAbsent(t.token, t) != null || tokensById.putIfAbsent(t.id, t) != null) {
-        throw new IllegalStateException("share token " + t.id + " twice in the take-over state");
-      }
-    }
+    tokens.restore(restoredTokens);
     for (PublishedObject o : restoredObjects) {
       if (objects.putIfAbsent(PublishedObject.key(o.tenant(), o.name()), o) != null) {
         throw new IllegalStateException("object '" + o.name() + "' of tenant " + o.tenant()
@@ -484,26 +441,13 @@ public final class SharedObjects {
 
   /** Ends expired tokens' holds; at most once a second (a scan is O(tokens)). */
   public void expire(long nowNanos) {
-    if (nowNanos - lastExpiryScanNanos < EXPIRY_SCAN_NANOS) {
-      return;
-    }
-    lastExpiryScanNanos = nowNanos;
-    for (ShareToken token : tokens.values()) {
-      if (token.expired(nowNanos) && token.kill()) {
-        log.debug("Share token of tenant {} expired", token.tenant);
-        retire(token);
-      }
-    }
+    tokens.expire(nowNanos);
   }
 
   /** Drops every token and name (shutdown: the daemon frees everything anyway). */
   public void dropAll(String reason) {
     int names = objects.size();
-    for (ShareToken token : tokens.values()) {
-      if (token.kill()) {
-        retire(token);
-      }
-    }
+    tokens.dropAll();
     for (PublishedObject object : objects.values()) {
       if (objects.remove(PublishedObject.key(object.tenant(), object.name()), object)) {
         retire(object);
@@ -532,54 +476,13 @@ public final class SharedObjects {
     }
   }
 
-  /** Drops a dead token's hold (the caller killed it). */
   private boolean retire(ShareToken token) {
-    tokens.remove(token.token, token);
-    tokensById.remove(token.id, token);
-    directory.tenant(token.tenant).removeShare();
-    if (token.shared.dropToken()) {
-      book.giveBack(token.shared);
-      return true;
-    }
-    return false;
+    return tokens.retire(token);
   }
 
   /** Drops a removed name's hold (the caller removed it from the table). */
   private boolean retire(PublishedObject object) {
     directory.tenant(object.tenant()).removeShare();
-    return dropName(object.shared(), object.name());
+    return parking.dropName(object.shared(), object.name());
   }
-
-  private boolean dropName(SharedBlock shared, String name) {
-    DevicePool pool = pools.get(shared.block().device());
-    SharedBlock.NameDrop drop;
-    boolean parked;
-    // A parked block's last name drops its contents, in order with a park or restore of it.
-    shared.residency().lock();
-    try {
-      // The pool counts the name out before the block can go back (another holder's release may
-      // return it as soon as the name is dropped, and a returned block's size may change as the
-      // pool merges it), and in order with a concurrent first name (see publish). A parked
-      // block's names were counted out when it was parked.
-      synchronized (shared) {
-        drop = shared.dropName(name);
-        parked = shared.parked();
-        if (!parked) {
-          pool.unpublished(shared.block(), drop.lastName());
-        }
-      }
-      if (parked && drop.lastHold()) {
-        shared.dropParked();
-        return true;
-      }
-    } finally {
-      shared.residency().unlock();
-    }
-    if (drop.lastHold()) {
-      book.giveBack(shared);
-      return true;
-    }
-    return false;
-  }
-
 }

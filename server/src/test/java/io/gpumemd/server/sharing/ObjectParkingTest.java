@@ -125,7 +125,7 @@ class ObjectParkingTest {
     long oldSegment = object("weights").shared().block().segmentId();
     long size = object("weights").shared().block().size();
 
-    SharedObjects.Parked parked = sharing().park(Caller.DAEMON, "", "weights");
+    ObjectParking.Parked parked = sharing().park(Caller.DAEMON, "", "weights");
 
     assertEquals(size, parked.hostBytes());
     assertEquals(size, parked.freedBytes());
