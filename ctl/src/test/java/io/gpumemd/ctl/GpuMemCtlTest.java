@@ -14,6 +14,7 @@ import io.gpumemd.proto.v1.ListDevicesResponse;
 import io.gpumemd.proto.v1.ListLeasesResponse;
 import io.gpumemd.proto.v1.ListSessionsResponse;
 import io.gpumemd.proto.v1.ListObjectsResponse;
+import io.gpumemd.proto.v1.ParkObjectResponse;
 import io.gpumemd.proto.v1.UnpublishResponse;
 import io.gpumemd.client.Share;
 import io.gpumemd.proto.v1.SetRetentionCapResponse;
@@ -280,10 +281,11 @@ class GpuMemCtlTest {
       assertOk(table);
       List<String> lines = table.out().lines().toList();
       assertEquals(3, lines.size(), table.out());
-      assertTrue(lines.get(0).matches("NAME\\s+TENANT\\s+DEVICE\\s+SIZE\\s+HOLDS\\s+HOLDERS\\s+AGE\\s+RO"), lines.get(0));
+      assertTrue(lines.get(0).matches("NAME\\s+TENANT\\s+DEVICE\\s+SIZE\\s+HOLDS\\s+HOLDERS\\s+AGE\\s+RO\\s+PARKED"),
+          lines.get(0));
       // by name: "alias" first; two names and the worker's hold: three holds, one holder
-      assertTrue(lines.get(1).matches("alias\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+no"), lines.get(1));
-      assertTrue(lines.get(2).matches("llama-3-8b/layer-0\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+yes"),
+      assertTrue(lines.get(1).matches("alias\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+no\\s+no"), lines.get(1));
+      assertTrue(lines.get(2).matches("llama-3-8b/layer-0\\s+uid:0\\s+0\\s+3\\.0 MiB\\s+3\\s+1\\s+\\S+ \\S+\\s+yes\\s+no"),
           lines.get(2));
 
       ListObjectsResponse json = parse(ctl("objects", "--json").out(), ListObjectsResponse.newBuilder()).build();
@@ -307,6 +309,39 @@ class GpuMemCtlTest {
     assertTrue(parse(rmJson.out(), UnpublishResponse.newBuilder()).build().getBlockReturned(), rmJson.out());
     assertEquals("no published objects\n", ctl("objects").out());
     assertEquals(0, stats(0).get(PoolMetric.LEASED_BYTES));
+  }
+
+  @Test
+  void objectsPark_parksAnObjectOnlyItsNameHolds_andALookupBringsItBack() throws IOException {
+    try (GpuMemClient owner = GpuMemClient.builder(daemon.unixTarget()).clientName("loader").connect()) {
+      try (Lease lease = owner.lease(0, 3 << 20)) {
+        owner.publish(lease, "weights", true);
+        try (GpuMemClient worker = GpuMemClient.builder(daemon.unixTarget()).clientName("worker").connect();
+             Lease hold = worker.lookup("weights")) {
+          CtlRun held = ctl("objects", "park", "weights");
+          assertEquals(1, held.code(), held.out());
+          assertTrue(held.err().startsWith("gpumemctl: FAILED_PRECONDITION: "), held.err());
+        }
+      }
+    }
+
+    CtlRun park = ctl("objects", "park", "weights");
+
+    assertOk(park);
+    assertEquals("parked object 'weights': 4.0 MiB in host memory, 4.0 MiB of device memory freed\n", park.out());
+    assertEquals(0, stats(0).get(PoolMetric.LEASED_BYTES));
+    String row = ctl("objects").out().lines().filter(l -> l.startsWith("weights")).findFirst().orElseThrow();
+    assertTrue(row.endsWith("4.0 MiB in host memory"), row);
+    ParkObjectResponse json = parse(ctl("--json", "objects", "park", "weights", "--tenant", "uid:0").out(),
+        ParkObjectResponse.newBuilder()).build();
+    assertEquals(0, json.getFreedBytes(), "parked already");
+    try (GpuMemClient worker = GpuMemClient.builder(daemon.unixTarget()).clientName("worker").connect();
+         Lease hold = worker.lookup("weights")) {
+      assertEquals(4 << 20, stats(0).get(PoolMetric.LEASED_BYTES));
+      assertTrue(ctl("objects").out().lines().filter(l -> l.startsWith("weights")).findFirst().orElseThrow()
+          .endsWith("no"));
+    }
+    assertOk(ctl("objects", "rm", "weights"));
   }
 
   @Test
