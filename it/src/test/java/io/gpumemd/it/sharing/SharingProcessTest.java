@@ -304,8 +304,8 @@ class SharingProcessTest {
     String table = gpumemctl(0, "objects");
     List<String> lines = table.lines().toList();
     assertEquals(3, lines.size(), table);
-    assertTrue(lines.get(1).matches("model/shard-3\\s+uid:0\\s+0\\s+2\\.0 MiB\\s+2\\s+1\\s+.*\\s+yes"), table);
-    assertTrue(lines.get(2).matches("model/shard-4\\s+uid:0\\s+0\\s+1\\.0 MiB\\s+1\\s+0\\s+.*\\s+no"), table);
+    assertTrue(lines.get(1).matches("model/shard-3\\s+uid:0\\s+0\\s+2\\.0 MiB\\s+2\\s+1\\s+.*\\s+yes\\s+no"), table);
+    assertTrue(lines.get(2).matches("model/shard-4\\s+uid:0\\s+0\\s+1\\.0 MiB\\s+1\\s+0\\s+.*\\s+no\\s+no"), table);
     ListObjectsResponse.Builder json = ListObjectsResponse.newBuilder();
     JsonFormat.parser().merge(gpumemctl(0, "--json", "objects"), json);
     ObjectInfo listed = json.getObjects(0);
@@ -329,6 +329,32 @@ class SharingProcessTest {
     worker.ask("release", "RELEASED");
     awaitStat(DeviceStats::getLeasedBytes, 0, 5_000, "the block returns with the worker's hold");
     worker.exit();
+  }
+
+  @Test
+  void parkedObject_freesItsDeviceMemory_andANewProcessLooksItUpWithItsBytes() throws Exception {
+    Map<String, String> weights = HolderProcess.produce("publish", daemon.unixTarget(), Long.toString(2 * MiB), "61",
+        "model/parked", "true");
+    long block = Long.parseLong(weights.get("block"));
+    awaitNoSessions("the publisher's session ended with its process");
+    assertEquals(block, stat(DeviceStats::getLeasedBytes));
+
+    assertEquals("parked object 'model/parked': 2.0 MiB in host memory, 2.0 MiB of device memory freed\n",
+        gpumemctl(0, "objects", "park", "model/parked"));
+    assertEquals(0, stat(DeviceStats::getLeasedBytes), "its device memory went back");
+    assertEquals(block, daemon.server().registry().sleep().store().heldBytes());
+    assertTrue(gpumemctl(0, "objects").lines().anyMatch(l -> l.startsWith("model/parked") && l.endsWith(
+        "2.0 MiB in host memory")));
+
+    HolderProcess engine = holder("lookup", "model/parked", 61);
+    Map<String, String> ready = engine.await("READY");
+
+    assertEquals("true", ready.get("intact"), "the new process reads the published bytes: " + engine.output());
+    assertEquals(block, stat(DeviceStats::getLeasedBytes), "restored into a new block");
+    assertEquals(0, daemon.server().registry().sleep().store().heldBytes(), "its host copy dropped");
+    engine.ask("release", "RELEASED");
+    engine.exit();
+    assertTrue(client("janitor").unpublish("model/parked"), "the name was the last hold");
   }
 
   /** Runs gpumemctl as a real process against the daemon; its output (stderr merged), checked for the exit code. */
