@@ -64,14 +64,21 @@ final class SharingCommands {
     }
   }
 
-  @Command(name = "rm", description = "unpublish an object (its block returns once its last hold is gone)")
-  static final class RemoveObject extends AdminCommand {
+  /** A command on one published object: its name, and its tenant for an admin. */
+  abstract static class ObjectCommand extends AdminCommand {
     @Parameters(index = "0", paramLabel = "NAME", description = "the published name")
     String name;
     @Option(names = "--tenant", paramLabel = "T",
         description = "the object's tenant (default: the caller's own; another's needs an admin identity)")
     String tenant = "";
 
+    ObjectCommand(GpuMemCtl ctl) {
+      super(ctl);
+    }
+  }
+
+  @Command(name = "rm", description = "unpublish an object (its block returns once its last hold is gone)")
+  static final class RemoveObject extends ObjectCommand {
     RemoveObject(GpuMemCtl ctl) {
       super(ctl);
     }
@@ -87,13 +94,7 @@ final class SharingCommands {
 
   @Command(name = "park", description = "park an object nobody but its names holds: its contents to the daemon's "
       + "host memory, its device memory freed; the next lookup brings it back")
-  static final class ParkObject extends AdminCommand {
-    @Parameters(index = "0", paramLabel = "NAME", description = "the published name")
-    String name;
-    @Option(names = "--tenant", paramLabel = "T",
-        description = "the object's tenant (default: the caller's own; another's needs an admin identity)")
-    String tenant = "";
-
+  static final class ParkObject extends ObjectCommand {
     ParkObject(GpuMemCtl ctl) {
       super(ctl);
     }

@@ -19,7 +19,7 @@ import java.util.Map;
  *     ({@code --unmap-wait-ms})
  * @param maxPublishedBytes bytes of published objects per device, or -1 for "the device budget"
  *     ({@code --max-published-bytes})
- * @param offloadMaxBytes bytes of sleeping leases' contents kept in host memory, all devices
+ * @param offloadMaxBytes bytes of sleeping leases' and parked objects' contents kept in host memory, all devices
  *     together ({@code --offload-max-bytes}; default {@link HostStore#defaultMaxBytes})
  * @param parkIdleObjects before a lease is refused for lack of budget, idle published objects
  *     are parked in host memory, least recently looked up first ({@code --park-idle-objects})

@@ -199,8 +199,8 @@ public final class ServerOptions {
   String unmapWaitMs;
 
   @Option(names = "--offload-max-bytes", paramLabel = "BYTES",
-      description = "most bytes of sleeping sessions' memory kept in host memory, all devices together; a sleep "
-          + "beyond it is refused (default: a quarter of the machine's RAM)")
+      description = "most bytes of sleeping sessions' memory and parked objects kept in host memory, all devices "
+          + "together; a sleep or park beyond it is refused (default: a quarter of the machine's RAM)")
   String offloadMaxBytes;
 
   @Option(names = "--park-idle-objects", paramLabel = "true|false", arity = "0..1", fallbackValue = "true",

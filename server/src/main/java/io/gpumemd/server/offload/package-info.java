@@ -45,8 +45,14 @@
  * that re-read gigabytes would stretch the pause the take-over exists to keep short. A daemon
  * restart loses parked contents with the sessions, as today.
  *
- * <p><b>Parking a published object</b> is the same for one block whose only holder is its name:
- * parked to the store, its block freed; the next lookup takes a block, restores it and only then
- * replies.
+ * <p><b>Parking a published object</b> is the same for one block whose only holders are its
+ * names ({@code io.gpumemd.server.sharing.ObjectParking}): parked to the store, its block freed
+ * (its segment to the device when left unused and unmapped); the next lookup leases a block for
+ * the looking session's owner, restores the bytes into it and only then holds it and replies (the
+ * looker maps whatever the reply names: unlike a wake, the address need not be the old one).
+ * The block's residency lock orders parks, restores and the drop of its last name, so concurrent
+ * lookups restore once. With {@code --park-idle-objects}, a lease short of budget first parks
+ * idle objects, least recently looked up first ({@code io.gpumemd.server.pool.BudgetRelief}).
+ * A take-over is refused while an object is parked, as while a session sleeps.
  */
 package io.gpumemd.server.offload;

@@ -91,6 +91,14 @@ class ServerOptionsTest {
   }
 
   @Test
+  void parkIdleObjects_isOffByDefault_andOnByFlagOrEnvironment() {
+    assertFalse(load(Map.of()).pool().parkIdleObjects());
+    assertTrue(load(Map.of(), "--park-idle-objects").pool().parkIdleObjects());
+    assertTrue(load(Map.of("GPUMEMD_PARK_IDLE_OBJECTS", "true")).pool().parkIdleObjects());
+    assertFalse(load(Map.of(), "--park-idle-objects=false").pool().parkIdleObjects());
+  }
+
+  @Test
   void sizes_acceptBinarySuffixes() {
     assertEquals(512L << 20, load(Map.of(), "--retention-cap-bytes", "512MiB").pool().retentionCapBytes());
     assertEquals(8L << 30, load(Map.of(), "--retention-cap-bytes", "8GiB").pool().retentionCapBytes());
