@@ -240,9 +240,9 @@ public final class ObjectParking {
       throw Refusals.overPublishedLimit(pool, bytes);
     }
     contents.drop();
-    log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", fresh.size())
-        .log("{} of tenant {} restored for {}: {} from host memory into segment {} of device {}", describe(object),
-        object.tenant(), who, Sizes.format(fresh.size()), fresh.segmentId(), fresh.device());
+    log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", contents.length())
+        .log("Object '{}' of tenant {} restored for {}: {} from host memory into segment {} of device {}",
+        object.name(), object.tenant(), who, Sizes.format(contents.length()), fresh.segmentId(), fresh.device());
   }
 
   /**

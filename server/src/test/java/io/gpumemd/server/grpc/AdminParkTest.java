@@ -38,7 +38,7 @@ import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
-import io.gpumemd.server.sharing.SharedObjects;
+import io.gpumemd.server.sharing.ObjectParking;
 import io.gpumemd.server.testing.FakeTicker;
 import io.gpumemd.server.testing.LogCapture;
 import io.grpc.ManagedChannel;
@@ -235,8 +235,18 @@ class AdminParkTest {
 
     refused(Status.Code.PERMISSION_DENIED, "admin", () -> park(bob, "uid:1000", "weights"));
     refused(Status.Code.NOT_FOUND, "'weights'", () -> park(bob, "", "weights"));
-    assertTrue(park(root, "uid:1000", "weights").getFreedBytes() > 0);
-    assertTrue(object(alice, "weights").getParked());
+    try (LogCapture audit = new LogCapture(ObjectParking.class)) {
+      assertTrue(park(root, "uid:1000", "weights").getFreedBytes() > 0);
+      String engine = session(alice, "engine");
+      lookup(alice, engine, "weights");
+      List<String> lines = audit.messages("INFO");
+      assertEquals(2, lines.size(), lines.toString());
+      assertTrue(lines.get(0).startsWith("Object 'weights' of tenant uid:1000 parked by uid 0 pid 1 (admin): 1.0 MiB "
+          + "to host memory"), lines.get(0));
+      assertTrue(lines.get(1).startsWith("Object 'weights' of tenant uid:1000 restored for"), lines.get(1));
+      assertTrue(lines.get(1).contains(engine.substring(0, 8)) && lines.get(1).contains("1.0 MiB from host memory"),
+          lines.get(1));
+    }
   }
 
   @Test
