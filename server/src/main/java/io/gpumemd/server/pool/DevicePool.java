@@ -374,22 +374,6 @@ public final class DevicePool implements AutoCloseable {
     return sleep;
   }
 
-  /**
-   * A parked object's block goes back (its contents are in the host store): freed like {@link
-   * #sleep} frees one block, its segment given back to the backend when left unused and unmapped.
-   *
-   * @return where the block was (a detached copy)
-   * @throws IllegalStateException when the block is not leased; nothing changed then
-   */
-  public Block park(Block block) {
-    return eviction.park(block);
-  }
-
-  /** What a miss asks before it refuses a lease for lack of budget ({@link Miss}); null for nothing. */
-  public void budgetRelief(BudgetRelief relief) {
-    core.relief = relief;
-  }
-
   // ----------------------------------------------------------------------- snapshot, restore
 
   /**

@@ -177,7 +177,7 @@ final class Eviction {
   }
 
   /**
-   * See {@link DevicePool#park}: the block is freed, and its segment, when that left it unused
+   * See {@link PoolSleep#park}: the block is freed, and its segment, when that left it unused
    * and nobody maps it, is given back to the backend at once rather than cached.
    */
   Block park(Block block) {

@@ -40,7 +40,7 @@ final class PoolCore {
   final PoolCounters counters = new PoolCounters();
   final MemoryWaiters waiters;
   final SharingCounters sharing;
-  /** Asked by a miss before it refuses for lack of budget; null: nothing to ask ({@link DevicePool#budgetRelief}). */
+  /** Asked by a miss before it refuses for lack of budget; null: nothing to ask ({@link PoolSleep#budgetRelief}). */
   volatile BudgetRelief relief;
   private boolean closed;
 

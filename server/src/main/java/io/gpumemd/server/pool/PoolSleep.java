@@ -8,7 +8,8 @@ import java.util.List;
 /**
  * One pool's part of sleep and wake (Allocator.Sleep and Wake; the design is in {@code
  * offload/package-info.java}): freeing a sleeping holder's blocks and the segments it vacated,
- * and new segments with its blocks at their old offsets. The session layer keeps which leases
+ * and new segments with its blocks at their old offsets; likewise a parked object's block, and
+ * the {@link BudgetRelief} a miss asks ({@code --park-idle-objects}). The session layer keeps which leases
  * sleep and their contents; this class keeps nothing.
  *
  * <p>Thread-safe: each call takes the pool's lock for its bookkeeping and makes its backend
@@ -49,5 +50,21 @@ public final class PoolSleep {
    */
   public List<Block> wake(long segmentBytes, boolean small, long[] ranges, String holder, SegmentOwner owner) {
     return List.of(Miss.wake(core, eviction, segmentBytes, small, ranges, holder, owner));
+  }
+
+  /**
+   * A parked object's block goes back (its contents are in the host store): freed as {@link
+   * #sleep} frees one block, its segment given back to the backend when left unused and unmapped.
+   *
+   * @return where the block was (a copy that no pool book links)
+   * @throws IllegalStateException when the block is not leased; nothing changed then
+   */
+  public Block park(Block block) {
+    return eviction.park(block);
+  }
+
+  /** What a miss asks before it refuses a lease for lack of budget ({@link Miss}); null for nothing. */
+  public void budgetRelief(BudgetRelief relief) {
+    core.relief = relief;
   }
 }

@@ -191,7 +191,7 @@ public final class ObjectParking {
       }
     }
     pool.sharedBlockReturned();
-    shared.freed(pool.park(block));
+    shared.freed(pool.sleep().park(block));
     shared.closeKeptEvents();
     log.atInfo().addKeyValue("object", object.name()).addKeyValue("bytes", bytes)
         .log("{} of tenant {} parked by {}: {} to host memory, device {} freed them ({} held in host memory in all)",

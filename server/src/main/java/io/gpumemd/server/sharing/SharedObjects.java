@@ -272,7 +272,8 @@ public final class SharedObjects {
    * io.gpumemd.server.pool.BudgetRelief}.
    */
   public void parkIdleObjectsWhenShort() {
-    pools.all().forEach(p -> p.budgetRelief((device, bytes) -> parking.parkIdle(objects.values(), device, bytes)));
+    pools.all().forEach(p -> p.sleep().budgetRelief((device, bytes) -> parking.parkIdle(objects.values(), device,
+        bytes)));
   }
 
   /** Published objects parked now, as refusals name them (take-over). */
