@@ -19,12 +19,9 @@ import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
 import java.util.stream.Collectors;
-import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
-import org.junit.jupiter.api.TestInstance;
 
 /**
  * Sleep and wake of a Java client against a real daemon on the host backend (issue 35 items 2
@@ -36,9 +33,12 @@ import org.junit.jupiter.api.TestInstance;
  * its file, or from the descriptor fetched from the fd channel.
  *
  * <p>The daemon's devices are small ({@value #DEVICE_MIB} MiB each), so that what one session
- * holds decides whether another's lease fits. Every test gives back what it leased.
+ * holds decides whether another's lease fits. Every test gets a daemon of its own: with
+ * segments passed as descriptors, a process that keeps a connection to the fd channel keeps
+ * every segment it was sent (the daemon cannot tell whether a descriptor still waits unread in
+ * its socket), so the segments of earlier tests' sessions in this same JVM would fill the small
+ * devices.
  */
-@TestInstance(TestInstance.Lifecycle.PER_CLASS)
 abstract class SleepWakeContract {
   static final int DEVICE_MIB = 32;
   /** A large request: a segment of its own. */
@@ -52,20 +52,9 @@ abstract class SleepWakeContract {
   /** {@code path} or {@code fd}. */
   abstract String hostSegments();
 
-  @BeforeAll
-  void startDaemon() {
-    daemon = DaemonProcess.start("--host-segments", hostSegments(), "--host-device-bytes", DEVICE_MIB + "MiB");
-  }
-
-  @AfterAll
-  void stopDaemon() {
-    if (daemon != null) {
-      daemon.close();
-    }
-  }
-
   @BeforeEach
   void connect() {
+    daemon = DaemonProcess.start("--host-segments", hostSegments(), "--host-device-bytes", DEVICE_MIB + "MiB");
     client = GpuMemClient.builder(daemon.unixTarget()).clientName("sleeper").connect();
     admin = AdminGrpc.newBlockingStub(client.connection().channel());
   }
@@ -73,6 +62,7 @@ abstract class SleepWakeContract {
   @AfterEach
   void disconnect() {
     client.close();
+    daemon.close();
   }
 
   @Test
