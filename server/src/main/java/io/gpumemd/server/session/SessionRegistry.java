@@ -76,16 +76,13 @@ public final class SessionRegistry {
   private final ClientCache clientCache;
   private final SessionSleep sleep;
 
-  /**
-   * @param sessions the live sessions, shared with the pools (which send unmap requests
-   *     through it)
-   */
+  /** @param sessions the live sessions, shared with the pools (which send unmap requests through it) */
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
       LiveSessions sessions) {
     this(pools, backend, settings, ticker, sessions, HostStore.defaultMaxBytes());
   }
 
-  /** @param offloadMaxBytes the bound on sleeping leases' contents in host memory ({@code --offload-max-bytes}) */
+  /** @param offloadMaxBytes the bound on the host store: sleeping and parked contents ({@code --offload-max-bytes}) */
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
       LiveSessions sessions, long offloadMaxBytes) {
     this.pools = pools;
@@ -376,7 +373,8 @@ public final class SessionRegistry {
 
   /**
    * Ends sessions whose stream stayed away past the grace period or whose TTL passed without
-   * keep-alive, and reports leases held past the leak threshold. Called periodically.
+   * keep-alive, reports leases held past the leak threshold, and frees the host store's spare
+   * buffers left unused. Called periodically.
    */
   public void reap() {
     long now = ticker.nanos();
