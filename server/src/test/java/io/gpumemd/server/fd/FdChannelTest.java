@@ -17,6 +17,7 @@ import io.gpumemd.server.testing.FakeTicker;
 import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.TestDaemon;
 import io.grpc.Status;
+import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
@@ -280,8 +281,14 @@ class FdChannelTest {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
     while (true) {
       FdTestClient client = client();
-      client.send(request(0, UNKNOWN_SESSION, 1, false));
-      FdTestClient.Reply reply = client.receive();
+      FdTestClient.Reply reply;
+      try {
+        client.send(request(0, UNKNOWN_SESSION, 1, false));
+        reply = client.receive();
+      } catch (IOException reset) {
+        // Closed at once while the request was unread on the daemon's side: the close was a reset.
+        reply = null;
+      }
       if (reply != null) {
         return client;
       }
