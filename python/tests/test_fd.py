@@ -154,11 +154,15 @@ def test_another_uid_presenting_our_session_and_segment_gets_no_descriptor(fd_da
             assert result.returncode == 0, result.stdout + result.stderr
             seen = json.loads(result.stdout.strip().splitlines()[-1])
             assert bytes(lease.buffer()[:6]) == b"secret"
+            assert not lease.asleep, "another tenant cannot put this session to sleep"
+            gm.lease(0, 4096).close()  # still awake: it leases
     finally:
         shutil.rmtree(package, ignore_errors=True)
     assert seen["uid"] == 65534
     assert seen["foreign_session"] == {
         "code": "NOT_FOUND", "message": "session %s not found (never opened, closed, or expired)" % gm.session_id}
+    not_found = {"code": "NOT_FOUND", "message": "session %s not found (never opened, closed, or expired)" % gm.session_id}
+    assert seen["foreign_sleep"] == {"sleep": not_found, "wake": not_found}
     assert seen["own_session_foreign_segment"]["code"] == "NOT_FOUND"
     assert seen["own_session_foreign_segment"]["message"].endswith("holds no lease or hold in it")
     # its own lease maps through the descriptor it was given: the file is the daemon's, mode 0600
