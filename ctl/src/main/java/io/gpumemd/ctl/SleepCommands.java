@@ -28,7 +28,7 @@ final class SleepCommands {
     @Option(names = "--level", paramLabel = "1|2", defaultValue = "1",
         description = "1: contents kept in the daemon's host memory (default); 2: dropped, the wake gives zeros")
     int level;
-    @Option(names = "--tags", paramLabel = "TAG[,TAG...]", split = ",",
+    @Option(names = "--tags", paramLabel = "TAG", split = ",",
         description = "only the segments holding a lease with one of these tags (default: every lease)")
     List<String> tags = new ArrayList<>();
 
