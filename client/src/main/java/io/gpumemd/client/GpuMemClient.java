@@ -48,8 +48,8 @@ import java.util.function.Consumer;
  * {@code SessionKeeper} (opening, reopening with backoff, the KeepAlive stream and its events,
  * per {@code Session}), {@code LeasePaths} (local, stream and unary leases and releases),
  * {@code Notices} (what the daemon is told without waiting), {@code ClientCache} (the cache
- * tier), {@code SharingCalls}, {@code SleepCalls} (sleep and wake) and {@code ClientClosing} (the
- * ordered close). A {@link Lease} reaches its session only through the narrow
+ * tier), {@code SharingCalls}, {@code SleepCalls} (sleep and wake), {@code AskedSleeps} (an admin's)
+ * and {@code ClientClosing} (the ordered close). A {@link Lease} reaches its session only through the narrow
  * {@code Lease.Owner}.
  *
  * <p>Thread-safe: any thread may lease and close leases concurrently.
