@@ -5,13 +5,10 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.ctl.GpuMemCtl;
-import io.gpumemd.it.tenancy.TenantProbeMain;
 import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.server.testing.DaemonProcess;
-import io.gpumemd.server.testing.OtherUser;
-import io.gpumemd.server.testing.ResultProcess;
 import io.gpumemd.server.testing.TestDaemon;
 import java.io.BufferedReader;
 import java.io.ByteArrayOutputStream;
@@ -32,29 +29,21 @@ import org.junit.jupiter.api.Test;
  * with its bytes, its pause and resume having run once each. A process whose handler refuses
  * makes the admin's sleep fail with its reason, and nothing sleeps.
  *
- * <p>Devices of {@value #DEVICE_MIB} MiB: the sleeper holds {@value #LEASES} x 4 MiB, so the
- * other's {@value #OTHER_MIB} MiB fit only while it sleeps.
+ * <p>The daemon and the other tenant are {@link SleepProcessTest}'s: devices of 32 MiB, the sleeper
+ * holds {@value #LEASES} x 4 MiB, so the other's 16 MiB fit only while it sleeps.
  */
 class AdminSleepProcessTest {
-  private static final int DEVICE_MIB = 32;
   private static final int LEASES = 6;
   private static final long BIG = 4L << 20;
-  private static final int OTHER_MIB = 16;
-
-  private static TestDaemon startDaemon() {
-    TestDaemon daemon = TestDaemon.start("--host-device-bytes", DEVICE_MIB + "MiB", "--socket-mode", "0666");
-    OtherUser.openUp(daemon.server().socketPath().getParent());
-    return daemon;
-  }
 
   @Test
   void anAdminSleepsAProcessWithAHandler_anotherTenantUsesTheMemory_andTheWakeKeepsAddressesAndBytes()
       throws Exception {
-    try (TestDaemon daemon = startDaemon()) {
+    try (TestDaemon daemon = SleepProcessTest.startDaemon()) {
       Asked sleeper = Asked.start(daemon.unixTarget(), "accept");
       try {
         String session = sleeper.await("LEASED")[1];
-        assertEquals("RESOURCE_EXHAUSTED", otherTenantLease(daemon), "before the sleep the other's lease does not fit");
+        assertEquals("RESOURCE_EXHAUSTED", SleepProcessTest.otherTenantLease(daemon), "before the sleep the other's lease does not fit");
 
         Ctl slept = ctl(daemon, "sleep", session, "--level", "1");
         assertEquals(0, slept.code(), slept.out());
@@ -63,7 +52,7 @@ class AdminSleepProcessTest {
         assertEquals("PAUSED 1 []", String.join(" ", sleeper.await("PAUSED")), "the pause ran before the sleep");
         assertEquals(LEASES, session(daemon, session).getSleepingLeases());
         assertEquals(LEASES * BIG, session(daemon, session).getHostBytes());
-        assertEquals("OK", otherTenantLease(daemon), "the freed memory serves another tenant");
+        assertEquals("OK", SleepProcessTest.otherTenantLease(daemon), "the freed memory serves another tenant");
 
         Ctl woken = wake(daemon, session);
         assertEquals(0, woken.code(), woken.out());
@@ -84,7 +73,7 @@ class AdminSleepProcessTest {
 
   @Test
   void aHandlerThatRefuses_failsTheAdminsSleepWithItsReason_andNothingSleeps() throws Exception {
-    try (TestDaemon daemon = startDaemon()) {
+    try (TestDaemon daemon = SleepProcessTest.startDaemon()) {
       Asked sleeper = Asked.start(daemon.unixTarget(), "refuse");
       try {
         String session = sleeper.await("LEASED")[1];
@@ -94,7 +83,7 @@ class AdminSleepProcessTest {
             + "'s client refused the admin's sleep: its sleep handler refused to pause"), refused.err());
         sleeper.await("REFUSING");
         assertEquals(0, session(daemon, session).getSleepingLeases());
-        assertEquals("RESOURCE_EXHAUSTED", otherTenantLease(daemon), "nothing was freed");
+        assertEquals("RESOURCE_EXHAUSTED", SleepProcessTest.otherTenantLease(daemon), "nothing was freed");
         daemon.verifyInvariants();
       } finally {
         sleeper.process.destroyForcibly();
@@ -138,17 +127,6 @@ class AdminSleepProcessTest {
           .getDefaultInstance()).getSessionsList().stream().filter(s -> s.getSessionId().equals(id)).findFirst()
           .orElseThrow();
     }
-  }
-
-  /** Another tenant's process leases {@value #OTHER_MIB} MiB, writes it and gives it back: OK, or its status. */
-  private static String otherTenantLease(TestDaemon daemon) throws Exception {
-    String main = TenantProbeMain.class.getName();
-    List<String> command = OtherUser.available()
-        ? OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(), main)
-        : DaemonProcess.javaCommand(main);
-    command.addAll(List.of(daemon.unixTarget(), "-", "-", Long.toString((long) OTHER_MIB << 20), "own"));
-    String outcome = ResultProcess.parse(new ProcessBuilder(command).redirectErrorStream(true).start()).get("ownLease");
-    return outcome.contains("RESOURCE_EXHAUSTED") ? "RESOURCE_EXHAUSTED" : outcome;
   }
 
   /** An {@link AskedSleeperMain} process. */

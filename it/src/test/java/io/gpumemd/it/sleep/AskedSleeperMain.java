@@ -1,7 +1,5 @@
 package io.gpumemd.it.sleep;
 
-import com.sun.jna.Native;
-import com.sun.jna.Pointer;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.client.SleepHandler;
@@ -38,9 +36,9 @@ public final class AskedSleeperMain {
       Lease lease = client.lease(0, size, false, "weights");
       leases.add(lease);
       buffers.add(lease.buffer());
-      fill(buffers.get(i), i);
+      SleeperMain.fill(buffers.get(i), i);
     }
-    List<Long> addresses = addresses(leases);
+    List<Long> addresses = SleeperMain.addresses(leases);
     AtomicInteger pauses = new AtomicInteger();
     AtomicInteger resumes = new AtomicInteger();
     CountDownLatch resumed = new CountDownLatch(1);
@@ -68,36 +66,11 @@ public final class AskedSleeperMain {
       System.out.println("RESULT never-resumed");
       Runtime.getRuntime().halt(3);
     }
+    boolean kept = SleeperMain.patterned(buffers);
     System.out.println("RESULT pauses=" + pauses.get() + " resumes=" + resumes.get() + " sameAddresses="
-        + addresses.equals(addresses(leases)) + " contents=" + (patterned(buffers) ? "kept" : "differ")
-        + " asleep=" + client.sleepingSegments());
+        + addresses.equals(SleeperMain.addresses(leases)) + " contents=" + (kept ? "kept" : "differ") + " asleep="
+        + client.sleepingSegments());
     leases.forEach(Lease::close);
     client.close();
-  }
-
-  private static List<Long> addresses(List<Lease> leases) {
-    return leases.stream().map(l -> Pointer.nativeValue(Native.getDirectBufferPointer(l.buffer()))).toList();
-  }
-
-  private static byte pattern(int buffer, int i) {
-    return (byte) (buffer * 17 + i * 13 + 5);
-  }
-
-  private static void fill(ByteBuffer buffer, int n) {
-    for (int i = 0; i < buffer.capacity(); i++) {
-      buffer.put(i, pattern(n, i));
-    }
-  }
-
-  private static boolean patterned(List<ByteBuffer> buffers) {
-    for (int n = 0; n < buffers.size(); n++) {
-      ByteBuffer b = buffers.get(n);
-      for (int i = 0; i < b.capacity(); i++) {
-        if (b.get(i) != pattern(n, i)) {
-          return false;
-        }
-      }
-    }
-    return true;
   }
 }
