@@ -35,7 +35,7 @@ def keepalive_message(first, take, pending=None):
     has pending (``pending``: a :class:`gpumemd._cache.ClientCache`); ``(message, end, more)``,
     where ``end`` says that :data:`END` was taken (the request stream ends after this message)
     and ``more`` that the tier has more to send at once. A notice is a StreamRelease, a
-    StreamLease, ``("unmapped", segment_id)``, :data:`FLUSH` or :data:`FLUSH_NOW`. The message
+    StreamLease, ``("unmapped", segment_id)``, ``("sleep_handler", bool)``, :data:`FLUSH` or :data:`FLUSH_NOW`. The message
     may be empty (a flush with nothing left to send): don't send it."""
     message = pb.KeepAliveRequest()
     item = first
@@ -49,6 +49,8 @@ def keepalive_message(first, take, pending=None):
             message.releases.append(item)
         elif isinstance(item, pb.StreamLease):
             message.leases.append(item)
+        elif isinstance(item, tuple) and item[0] == "sleep_handler":
+            message.sleep_handler = item[1]
         elif isinstance(item, tuple):
             message.unmapped_segment_ids.append(item[1])
         n += 1
@@ -64,7 +66,7 @@ def keepalive_message(first, take, pending=None):
 def is_empty(message):
     """True for a KeepAliveRequest that carries nothing (not worth sending)."""
     return not (message.leases or message.releases or message.unmapped_segment_ids or message.cache_notices
-                or message.client_counters or message.session_id)
+                or message.client_counters or message.session_id or message.HasField("sleep_handler"))
 
 
 def reattach_delay(s):

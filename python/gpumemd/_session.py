@@ -35,6 +35,7 @@ from ._keepalive import END, FLUSH, FLUSH_NOW, MessageLog
 from ._mapping import MappingCache
 from ._replies import check_lease
 from ._sharing import closed_client
+from ._sleep import SleepAsks
 from ._stubs import pb
 
 log = logging.getLogger("gpumemd")
@@ -148,7 +149,7 @@ class SessionState:
         return "" if info is None else info.uuid
 
 
-class ClientCore:
+class ClientCore(SleepAsks):
     """What :class:`gpumemd.Client` and :class:`gpumemd.aio.AsyncClient` share: their state,
     properties and counters, and the session decisions that need no I/O. A subclass sets
     ``_session_class``, ``_channel``, ``_stub``, ``_open_request``, ``_shutdown_event``,
@@ -469,6 +470,9 @@ class ClientCore:
                 s.turn.go(again)
             s.attached.set()
             s.cache.attached()  # a flush of what queued up while the stream was away
+            self._sleep_handler_attached(s)
+        elif kind == "sleep_asked":
+            self._sleep_asked(s, event.sleep_asked)
         elif kind == "moving":
             # The daemon hands the session to its successor and ends the stream next: reattach at once.
             log.info("gpumemd is moving to its successor; session %s reattaches", s.id)

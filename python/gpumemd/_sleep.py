@@ -59,6 +59,13 @@ Call = collections.namedtuple("Call", ["method", "request"])
 #: Effect: local work that may block (mmap, a CUDA synchronize, the fd channel): ``fn(*args)``.
 Blocking = collections.namedtuple("Blocking", ["fn", "args"])
 
+#: Effect: an application's sleep handler callback ``fn(*args)``, run as :data:`Blocking` by the
+#: sync client (on the thread answering the admin) and awaited when it returns an awaitable by
+#: the asyncio client (on its loop).
+class Hook(Blocking):
+    __slots__ = ()
+
+
 #: The stream barrier's request: a lease the daemon refuses (size 0). Messages on a KeepAlive
 #: stream are applied in order and a lease is answered after its message's releases, so its
 #: reply says that everything sent before it was applied.
@@ -132,9 +139,9 @@ def _checked(level, tags):
     return tags
 
 
-def sleep_steps(client, s, level, tags):
+def sleep_steps(client, s, level, tags, admin_request_id=0):
     """The steps of ``client.sleep(level, tags)`` on its session ``s`` (see the module notes);
-    their result is a :data:`Slept`."""
+    their result is a :data:`Slept`. ``admin_request_id``: the admin's request it answers."""
     tags = _checked(level, tags)
     # A lease closed with after= is still the session's until its event completes (its poller
     # alone sends it): it sleeps with the rest, the vacate waits for the device's work first,
@@ -146,7 +153,8 @@ def sleep_steps(client, s, level, tags):
     except BaseException:
         _resume_if_awake(s)
         raise
-    request = pb.SleepRequest(session_id=s.id, level=level, tags=tags, vacated_segment_ids=segment_ids)
+    request = pb.SleepRequest(session_id=s.id, level=level, tags=tags, vacated_segment_ids=segment_ids,
+                              admin_request_id=admin_request_id)
     try:
         response = yield Call("Sleep", request)
     except Exception:
@@ -162,9 +170,9 @@ def sleep_steps(client, s, level, tags):
     return Slept(list(response.lease_ids), list(response.segment_ids), response.host_bytes, response.freed_bytes)
 
 
-def wake_steps(client, s):
+def wake_steps(client, s, admin_request_id=0):
     """The steps of ``client.wake()`` on its session ``s``; their result is a :data:`Woken`."""
-    response = yield Call("Wake", pb.WakeRequest(session_id=s.id))
+    response = yield Call("Wake", pb.WakeRequest(session_id=s.id, admin_request_id=admin_request_id))
     try:
         return (yield Blocking(refill_woken, (s.mappings, response)))
     finally:
@@ -267,3 +275,90 @@ def _refill(mappings, mapping, handle):
 
 def _address(mapping):
     return getattr(mapping, "address", None) or getattr(mapping, "base", 0)
+
+
+# ---------------------------------------------------------------------- an admin's sleep and wake
+
+class SleepAsks:
+    """An admin's sleep and wake of the client's session (``gpumemctl sleep SESSION``;
+    SessionEvent.sleep_asked), mixed into :class:`gpumemd._session.ClientCore`: the consent (the
+    application's ``pause`` and ``resume`` callbacks, told to the daemon on every stream's attach
+    and when they change) and, for each ask, the steps of :func:`asked_steps`, which each client
+    runs off its stream's reader through ``_answer_asked(s, steps)`` (a thread; a task)."""
+
+    _sleep_hooks = None
+
+    def on_sleep_asked(self, pause, resume=None):
+        """Lets an admin put this session to sleep and wake it (``gpumemctl sleep SESSION``,
+        ``gpumemctl wake SESSION``); the daemon refuses an admin's sleep of a session whose client
+        did not opt in, since touching a sleeping lease's memory faults. ``pause(level, tags)``
+        runs before the sleep and returns once no work touches the session's memory (raise to
+        refuse: the admin gets FAILED_PRECONDITION with the message, nothing sleeps);
+        ``resume()`` runs after the wake, or after a sleep the daemon refused. Neither runs on the
+        stream's reader: the sync client calls them on a thread of its own, the asyncio client on
+        its loop (a coroutine function is awaited). ``pause`` None withdraws the consent."""
+        self._sleep_hooks = None if pause is None else (pause, resume)
+        s = self._s
+        if s is not None and not s.lost:
+            s.queue.put_nowait(("sleep_handler", pause is not None))
+
+    def _sleep_handler_attached(self, s):
+        """A stream of ``s`` attached: the daemon hears of the handler again (nothing if none)."""
+        if self._sleep_hooks is not None:
+            s.queue.put_nowait(("sleep_handler", True))
+
+    def _sleep_asked(self, s, ask):
+        log.info("gpumemd: an admin asks to %s session %s (request %d)", "wake" if ask.wake else "sleep", s.id,
+                 ask.request_id)
+        self._answer_asked(s, asked_steps(self, s, ask, self._sleep_hooks))
+
+
+def asked_steps(client, s, ask, hooks):
+    """The answer to an admin's ask (a SleepAsked) on session ``s``: sleep is ``pause``, then the
+    client's sleep naming the request, and ``resume`` when that failed; wake is the client's wake,
+    then ``resume``. Whatever fails before the daemon heard of it is sent as the request's refusal,
+    so the admin always gets an answer (a refusal of one it already has is refused in turn)."""
+    if hooks is None:
+        yield from _refuse(s, ask, grpc.StatusCode.FAILED_PRECONDITION, "this process withdrew its sleep handler")
+        return
+    pause, resume = hooks
+    if ask.wake:
+        try:
+            yield from wake_steps(client, s, ask.request_id)
+        except Exception as e:  # noqa: BLE001 (the session stays asleep: no resume)
+            log.warning("gpumemd: an admin's wake of session %s failed; it stays asleep: %s", s.id, e)
+            return
+        yield from _resume(resume)
+        return
+    try:
+        yield Hook(pause, (ask.level, list(ask.tags)))
+    except Exception as e:  # noqa: BLE001 (the application refuses)
+        yield from _refuse(s, ask, grpc.StatusCode.FAILED_PRECONDITION, "its sleep handler refused to pause: %s" % e)
+        return
+    try:
+        yield from sleep_steps(client, s, ask.level, list(ask.tags), ask.request_id)
+    except Exception as e:  # noqa: BLE001 (nothing slept)
+        code = e.code if isinstance(e, GpumemdError) else grpc.StatusCode.INTERNAL
+        yield from _refuse(s, ask, code, "its sleep failed: %s" % e)
+        log.warning("gpumemd: an admin's sleep of session %s failed, resuming: %s", s.id, e)
+        yield from _resume(resume)
+
+
+def _refuse(s, ask, code, why):
+    log.warning("gpumemd: refusing an admin's %s of session %s: %s", "wake" if ask.wake else "sleep", s.id, why)
+    refused = pb.StreamError(code=code.value[0], message=why)
+    request = (pb.WakeRequest(session_id=s.id, admin_request_id=ask.request_id, refused=refused) if ask.wake
+               else pb.SleepRequest(session_id=s.id, admin_request_id=ask.request_id, refused=refused))
+    try:
+        yield Call("Wake" if ask.wake else "Sleep", request)
+    except Exception as e:  # noqa: BLE001 (the admin had its answer, or its call timed out)
+        log.debug("gpumemd: refusal not taken: %s", e)
+
+
+def _resume(resume):
+    if resume is None:
+        return
+    try:
+        yield Hook(resume, ())
+    except Exception:  # noqa: BLE001 (the application's)
+        log.exception("gpumemd: the sleep handler's resume failed")

@@ -15,6 +15,7 @@ reopening mean is decided in :mod:`gpumemd._session`, and what is sent on the st
 :mod:`gpumemd._keepalive`, both shared with the sync client.
 """
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -31,7 +32,8 @@ from ._keepalive import END, FLUSH, FLUSH_NOW, Turn, reattach_delay, stream_erro
 from ._session import ClientCore, Reopening, SessionState, no_answer, open_request, stream_down
 from ._sharing import (AsyncPublished, AsyncShare, closed_client, is_not_found, make_hold, publish_request,
                        share_request)
-from ._sleep import BARRIER_SIZE, FLUSH as SLEEP_FLUSH, Call, check_barrier, run_async, sleep_steps, wake_steps
+from ._sleep import (BARRIER_SIZE, FLUSH as SLEEP_FLUSH, Call, Hook, check_barrier, run_async, sleep_steps,
+                     wake_steps)
 from ._stubs import pb, pb_grpc
 from . import client as _sync
 
@@ -105,6 +107,7 @@ class AsyncClient(ClientCore):
         self._channel = open_channel(target, credentials, aio=True)
         self._stub = pb_grpc.AllocatorStub(self._channel)
         self._tasks = set()
+        self._asked_tasks = set()  # answers to an admin's sleep or wake, running
         self._poll_task = None  # polls the deferred releases while any is pending
         self._s = None
         self._reopen_lock = None
@@ -203,6 +206,13 @@ class AsyncClient(ClientCore):
         s = await self._live_session()
         return await run_async(wake_steps(self, s), lambda effect: self._perform(s, effect))
 
+    def _answer_asked(self, s, steps):
+        """Answers an admin's sleep or wake (see gpumemd._sleep.SleepAsks) in a task on this loop,
+        off the stream's reader; the task is kept until it ends."""
+        task = asyncio.get_running_loop().create_task(run_async(steps, lambda effect: self._perform(s, effect)))
+        self._asked_tasks.add(task)
+        task.add_done_callback(self._asked_tasks.discard)
+
     async def _perform(self, s, effect):
         """One effect of a sleep's or wake's steps (see gpumemd._sleep): calls awaited, the
         blocking work (mmap, CUDA, the fd channel) on an executor thread."""
@@ -210,6 +220,9 @@ class AsyncClient(ClientCore):
             return await self._flush(s)
         if isinstance(effect, Call):
             return await self._call(effect.method, effect.request)
+        if isinstance(effect, Hook):  # the application's callback, on the loop; a coroutine is awaited
+            result = effect.fn(*effect.args)
+            return (await result) if inspect.isawaitable(result) else result
         return await asyncio.get_running_loop().run_in_executor(None, effect.fn, *effect.args)
 
     async def _flush(self, s):

@@ -224,6 +224,12 @@ class Client(ClientCore):
         s = self._live_session()
         return run(wake_steps(self, s), lambda effect: self._perform(s, effect))
 
+    def _answer_asked(self, s, steps):
+        """Answers an admin's sleep or wake (see gpumemd._sleep.SleepAsks) on a thread of its own:
+        the application's pause may block, and the stream's reader must not."""
+        threading.Thread(target=run, args=(steps, lambda effect: self._perform(s, effect)),
+                         name="gpumemd-sleep-asked", daemon=True).start()
+
     def _perform(self, s, effect):
         """One effect of a sleep's or wake's steps (see gpumemd._sleep), blocking."""
         if effect is SLEEP_FLUSH:

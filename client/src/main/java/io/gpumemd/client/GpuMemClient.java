@@ -48,8 +48,8 @@ import java.util.function.Consumer;
  * {@code SessionKeeper} (opening, reopening with backoff, the KeepAlive stream and its events,
  * per {@code Session}), {@code LeasePaths} (local, stream and unary leases and releases),
  * {@code Notices} (what the daemon is told without waiting), {@code ClientCache} (the cache
- * tier), {@code SharingCalls}, {@code SleepCalls} (sleep and wake) and {@code ClientClosing} (the
- * ordered close). A {@link Lease} reaches its session only through the narrow
+ * tier), {@code SharingCalls}, {@code SleepCalls} (sleep and wake), {@code AskedSleeps} (an admin's)
+ * and {@code ClientClosing} (the ordered close). A {@link Lease} reaches its session only through the narrow
  * {@code Lease.Owner}.
  *
  * <p>Thread-safe: any thread may lease and close leases concurrently.
@@ -62,6 +62,7 @@ public final class GpuMemClient implements AutoCloseable {
   private final LeasePaths leases;
   private final SharingCalls sharing;
   private final SleepCalls sleeps;
+  private final AskedSleeps asked;
   private final PendingReleases pendingReleases = new PendingReleases();
   private final ClientClosing closing;
 
@@ -217,6 +218,8 @@ public final class GpuMemClient implements AutoCloseable {
     this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters, pendingReleases);
     this.sharing = new SharingCalls(sessions, leases, connection.channel(), streamCalls, b.ticker, b.sleeper);
     this.sleeps = new SleepCalls(sessions, connection.channel());
+    this.asked = new AskedSleeps(sessions, sleeps);
+    sessions.onSleepAsked(asked);
     try {
       sessions.start(session -> new LeaseOwner(session, leases, sharing));
     } catch (GpuMemException e) {
@@ -422,7 +425,7 @@ public final class GpuMemClient implements AutoCloseable {
    *     vmm}); RESOURCE_EXHAUSTED past the daemon's {@code --offload-max-bytes}
    */
   public SleepResult sleep(int level, String... tags) {
-    return sleeps.sleep(level, List.of(tags));
+    return sleeps.sleep(level, List.of(tags), 0);
   }
 
   /**
@@ -434,7 +437,12 @@ public final class GpuMemClient implements AutoCloseable {
    *     session stays asleep; try again)
    */
   public WakeResult wake() {
-    return sleeps.wake();
+    return sleeps.wake(0);
+  }
+
+  /** Lets an admin sleep and wake this session ({@code gpumemctl sleep}): see {@link SleepHandler}; null withdraws. */
+  public void onSleepAsked(SleepHandler handler) {
+    asked.register(handler);
   }
 
   /** Segments of the current session that sleep (0 when it is awake). */
@@ -481,6 +489,7 @@ public final class GpuMemClient implements AutoCloseable {
    */
   @Override
   public void close() {
+    asked.close();
     closing.close();
   }
 

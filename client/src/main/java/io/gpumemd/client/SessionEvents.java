@@ -27,17 +27,22 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
   private final CountDownLatch done;
   private final Consumer<Long> onShutdownNotice;
   private final Consumer<Status> ended;
+  /** An admin's sleep and wake asks; null before the client is built (no ask comes before the consent). */
+  private final AskedSleeps asked;
 
   /**
    * @param done counted down when the stream ends
    * @param onShutdownNotice told the drain timeout when the daemon announces its shutdown
    * @param ended told how the stream ended (OK when the daemon completed it)
+   * @param asked answers an admin's sleep and wake, and says on each attach whether it may
    */
-  SessionEvents(Session session, CountDownLatch done, Consumer<Long> onShutdownNotice, Consumer<Status> ended) {
+  SessionEvents(Session session, CountDownLatch done, Consumer<Long> onShutdownNotice, Consumer<Status> ended,
+      AskedSleeps asked) {
     this.s = session;
     this.done = done;
     this.onShutdownNotice = onShutdownNotice;
     this.ended = ended;
+    this.asked = asked;
   }
 
   @Override
@@ -56,6 +61,14 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
         s.stream.attached(event.getAttached().getAppliedMessages());
         s.firstAttach.countDown();
         s.notices.flush(); // what queued up while the stream was away
+        if (asked != null) {
+          asked.attached(s); // the consent belongs to the stream's session: told on every attach
+        }
+      }
+      case SLEEP_ASKED -> {
+        if (asked != null) {
+          asked.asked(s, event.getSleepAsked());
+        }
       }
       case UNMAP -> s.mappings.unmapRequested(event.getUnmap().getSegmentId());
       case LEASE_REPLY -> {

@@ -67,6 +67,8 @@ final class SessionKeeper {
   private final ScheduledExecutorService scheduler;
   /** Makes each new session's {@link Lease.Owner}; set by {@link #start}. */
   private Function<Session, Lease.Owner> owners;
+  /** An admin's sleep and wake asks go there; set once before {@link #start}. */
+  private AskedSleeps asked;
   private volatile Session session;
   private volatile boolean closing;
   private final Object reopenLock = new Object();
@@ -114,6 +116,11 @@ final class SessionKeeper {
     }
     session = new Session(opened, 1, streamCalls, scheduler, counters, owners, fdChannel);
     attach(session);
+  }
+
+  /** Where an admin's sleep and wake asks go; called once, before {@link #start}. */
+  void onSleepAsked(AskedSleeps asked) {
+    this.asked = asked;
   }
 
   /** The current session, lost or not. */
@@ -270,7 +277,7 @@ final class SessionKeeper {
       return;
     }
     CountDownLatch done = new CountDownLatch(1);
-    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status));
+    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status), asked);
     s.stream.open(async::keepAlive, events, done, KeepAliveRequest.newBuilder().setSessionId(s.id).build());
   }
 

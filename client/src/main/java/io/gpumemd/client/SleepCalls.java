@@ -4,6 +4,7 @@ import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.SegmentWake;
 import io.gpumemd.proto.v1.SleepRequest;
 import io.gpumemd.proto.v1.SleepResponse;
+import io.gpumemd.proto.v1.StreamError;
 import io.gpumemd.proto.v1.WakeRequest;
 import io.gpumemd.proto.v1.WakeResponse;
 import io.grpc.Channel;
@@ -45,8 +46,12 @@ final class SleepCalls {
     this.blocking = AllocatorGrpc.newBlockingStub(channel);
   }
 
-  /** GpuMemClient#sleep. */
-  SleepResult sleep(int level, List<String> tags) {
+  /**
+   * GpuMemClient#sleep.
+   *
+   * @param adminRequestId not 0: the admin's request this sleep answers ({@link AskedSleeps})
+   */
+  SleepResult sleep(int level, List<String> tags, long adminRequestId) {
     if (level != 1 && level != 2) {
       throw new IllegalArgumentException("level: " + level + " (expected: 1 or 2)");
     }
@@ -67,7 +72,7 @@ final class SleepCalls {
       SleepResponse reply;
       try {
         reply = blocking.sleep(SleepRequest.newBuilder().setSessionId(s.id).setLevel(level).addAllTags(tags)
-            .addAllVacatedSegmentIds(vacated.ids()).build());
+            .addAllVacatedSegmentIds(vacated.ids()).setAdminRequestId(adminRequestId).build());
       } catch (StatusRuntimeException e) {
         GpuMemException refusal = sessions.failed(s, e);
         s.mappings.sleepRefused(vacated, level, refusal);
@@ -86,12 +91,12 @@ final class SleepCalls {
    * woken: its leases are awake at the daemon but not mapped here (they stay {@link
    * Lease#isAsleep()}; closing them releases them).
    */
-  WakeResult wake() {
+  WakeResult wake(long adminRequestId) {
     synchronized (lock) {
       Session s = sessions.live();
       WakeResponse reply;
       try {
-        reply = blocking.wake(WakeRequest.newBuilder().setSessionId(s.id).build());
+        reply = blocking.wake(WakeRequest.newBuilder().setSessionId(s.id).setAdminRequestId(adminRequestId).build());
       } catch (StatusRuntimeException e) {
         throw sessions.failed(s, e);
       }
@@ -119,6 +124,22 @@ final class SleepCalls {
         throw failed;
       }
       return new WakeResult(woken, reply.getSegmentsCount());
+    }
+  }
+
+  /** Refuses the admin's request {@code adminRequestId} of session {@code s}, telling the daemon why. */
+  void refuse(Session s, long adminRequestId, boolean wake, Status.Code code, String why) {
+    StreamError refused = StreamError.newBuilder().setCode(code.value()).setMessage(why).build();
+    try {
+      if (wake) {
+        blocking.wake(WakeRequest.newBuilder().setSessionId(s.id).setAdminRequestId(adminRequestId)
+            .setRefused(refused).build());
+      } else {
+        blocking.sleep(SleepRequest.newBuilder().setSessionId(s.id).setAdminRequestId(adminRequestId)
+            .setRefused(refused).build());
+      }
+    } catch (StatusRuntimeException e) {
+      throw GpuMemException.from(e);
     }
   }
 

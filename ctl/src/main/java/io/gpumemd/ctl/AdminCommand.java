@@ -9,7 +9,7 @@ import picocli.CommandLine.Option;
  * {@link AdminConnection}, has the command {@link #run} its call and print the answer, and closes
  * the connection. The commands are grouped by job: {@link ListingCommands} (devices, stats,
  * leases, sessions), {@link SharingCommands} (objects, objects rm, shares, revoke-share),
- * {@link PoolCommands} (trim, set-cap) and {@link HealthCommand}.
+ * {@link PoolCommands} (trim, set-cap), {@link SleepCommands} (sleep, wake) and {@link HealthCommand}.
  *
  * <p>Each subclass is a picocli {@code @Command} that owns its options. Not thread-safe (one
  * command per instance).

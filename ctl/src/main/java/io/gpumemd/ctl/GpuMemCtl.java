@@ -29,7 +29,8 @@ import picocli.CommandLine.Spec;
 
 /**
  * {@code gpumemctl}, the operator's command line for gpumemd: inspects devices, pools, leases,
- * sessions, published objects and share tokens (and removes objects, revokes tokens), trims the cache, sets the retention cap, checks health, and runs an example
+ * sessions, published objects and share tokens (and removes objects, revokes tokens), trims the cache, sets the retention cap,
+ * sleeps and wakes a session through its client, checks health, and runs an example
  * worker and the load generator. Admin commands open no session.
  *
  * <p>The command line is declared with picocli: this class is the top command and owns the
@@ -48,7 +49,8 @@ import picocli.CommandLine.Spec;
 @Command(name = "gpumemctl",
     synopsisSubcommandLabel = "<command>",
     description = "The operator's command line for gpumemd: devices, pools, leases, sessions, published objects, "
-        + "share tokens, cache control, health; an example worker and a load generator.",
+        + "share tokens, cache control, an admin's sleep and wake of a session, health; an example worker and a "
+        + "load generator.",
     footerHeading = "%n",
     footer = {
         "Sizes: 4096, 512KiB, 64MiB, 1GiB (binary suffixes).",
@@ -188,6 +190,8 @@ public final class GpuMemCtl implements Callable<Integer> {
         .addSubcommand(new SharingCommands.RevokeShare(top))
         .addSubcommand(new PoolCommands.Trim(top))
         .addSubcommand(new PoolCommands.SetCap(top))
+        .addSubcommand(new SleepCommands.Sleep(top))
+        .addSubcommand(new SleepCommands.Wake(top))
         .addSubcommand(new HealthCommand(top))
         .addSubcommand(new Worker(top))
         .addSubcommand(new LoadGen(top))

@@ -530,7 +530,7 @@ class GpuMemCtlTest {
     CtlRun r = ctlRaw("completion");
     assertOk(r);
     List<String> commands = List.of("devices", "stats", "leases", "sessions", "objects", "shares", "revoke-share",
-        "trim", "set-cap", "health", "worker", "loadgen", "completion");
+        "trim", "set-cap", "sleep", "wake", "health", "worker", "loadgen", "completion");
     String commandList = r.out().lines().map(String::trim).filter(l -> l.startsWith("local commands=\"devices"))
         .findFirst().orElseThrow(() -> new AssertionError("no top-level command list:\n" + r.out()));
     assertEquals("local commands=\"" + String.join(" ", commands) + "\"", commandList);

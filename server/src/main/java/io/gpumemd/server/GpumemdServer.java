@@ -124,7 +124,8 @@ public final class GpumemdServer {
     this.pushes = backend.passesDescriptors() ? new DescriptorPushes() : null;
     List<ServerServiceDefinition> services = List.of(
         DocumentedSchema.bind(new AllocatorService(registry, blockingExecutor, metrics, streams, gate, pushes)),
-        DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor)),
+        DocumentedSchema.bind(new AdminService(pools, registry, blockingExecutor,
+            config.pool().unmapWaitMillis())),
         health.getHealthService().bindService(),
         ProtoReflectionServiceV1.newInstance().bindService(),
         ProtoReflectionService.newInstance().bindService());

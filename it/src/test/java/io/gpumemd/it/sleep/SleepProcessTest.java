@@ -46,7 +46,7 @@ class SleepProcessTest {
   private static final long BIG = 4L << 20;
   private static final int OTHER_MIB = 16;
 
-  private static TestDaemon startDaemon() {
+  static TestDaemon startDaemon() {
     TestDaemon daemon = TestDaemon.start("--host-device-bytes", DEVICE_MIB + "MiB", "--socket-mode", "0666");
     OtherUser.openUp(daemon.server().socketPath().getParent());
     return daemon;
@@ -122,7 +122,7 @@ class SleepProcessTest {
   }
 
   /** Another tenant's process leases {@value #OTHER_MIB} MiB, writes it and gives it back: OK, or its status. */
-  private static String otherTenantLease(TestDaemon daemon) throws Exception {
+  static String otherTenantLease(TestDaemon daemon) throws Exception {
     String main = TenantProbeMain.class.getName();
     List<String> command = OtherUser.available()
         ? OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(), main)

@@ -89,7 +89,7 @@ public final class SleeperMain {
     Runtime.getRuntime().halt(3);
   }
 
-  private static List<Long> addresses(List<Lease> leases) {
+  static List<Long> addresses(List<Lease> leases) {
     return leases.stream().map(l -> Pointer.nativeValue(Native.getDirectBufferPointer(l.buffer()))).toList();
   }
 
@@ -97,13 +97,13 @@ public final class SleeperMain {
     return (byte) (buffer * 31 + i * 7 + 1);
   }
 
-  private static void fill(ByteBuffer buffer, int n) {
+  static void fill(ByteBuffer buffer, int n) {
     for (int i = 0; i < buffer.capacity(); i++) {
       buffer.put(i, pattern(n, i));
     }
   }
 
-  private static boolean patterned(List<ByteBuffer> buffers) {
+  static boolean patterned(List<ByteBuffer> buffers) {
     for (int n = 0; n < buffers.size(); n++) {
       ByteBuffer b = buffers.get(n);
       for (int i = 0; i < b.capacity(); i++) {

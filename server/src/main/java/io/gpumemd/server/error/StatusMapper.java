@@ -32,6 +32,8 @@ public final class StatusMapper {
       status = Status.ALREADY_EXISTS;
     } else if (error instanceof ConflictException) {
       status = Status.FAILED_PRECONDITION;
+    } else if (error instanceof TimedOutException) {
+      status = Status.DEADLINE_EXCEEDED;
     } else if (error instanceof DrainingException) {
       status = Status.UNAVAILABLE;
     } else if (error instanceof StatusRuntimeException sre) {

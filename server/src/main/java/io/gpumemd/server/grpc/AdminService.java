@@ -41,6 +41,14 @@ import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.books.Page;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
+import io.gpumemd.server.session.SessionSleep;
+import io.gpumemd.server.session.SleepAsks;
+import io.gpumemd.proto.v1.SleepResponse;
+import io.gpumemd.proto.v1.SleepSessionRequest;
+import io.gpumemd.proto.v1.WakeResponse;
+import io.gpumemd.proto.v1.WakeSessionRequest;
+import java.util.function.Function;
+import java.util.function.Supplier;
 import io.gpumemd.server.books.Validation;
 import io.grpc.Status;
 import io.grpc.stub.StreamObserver;
@@ -60,7 +68,9 @@ import org.slf4j.LoggerFactory;
  * everyone: admins only (PERMISSION_DENIED otherwise), and each is logged at INFO with who
  * asked. ListObjects and ListShares, RemoveObject and RemoveShare reach the caller's own
  * tenant, and any tenant for an admin ({@link io.gpumemd.server.sharing.SharedObjects} decides
- * and logs); a share token is listed by its public id, never by the token.
+ * and logs); a share token is listed by its public id, never by the token. SleepSession and
+ * WakeSession reach the caller's own tenant's sessions, and any for an admin, and ask the
+ * session's client ({@link SleepAsks} decides and logs).
  */
 public final class AdminService extends AdminGrpc.AdminImplBase {
   private static final Logger log = LoggerFactory.getLogger(AdminService.class);
@@ -70,16 +80,26 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   /** Listing and removing share tokens and published names. */
   private final SharedObjects sharing;
   private final Executor blockingExecutor;
+  /** How long a client asked to sleep or wake by an admin has to answer ({@code --unmap-wait-ms}). */
+  private final long askWaitMillis;
+
+  /** With the default unmap wait (2 s) as the bound on a client's answer to an admin's sleep. */
+  public AdminService(DevicePools pools, SessionRegistry registry, Executor blockingExecutor) {
+    this(pools, registry, blockingExecutor, 2000);
+  }
 
   /**
    * @param blockingExecutor runs Trim, which may wait (up to the unmap wait) for clients to
    *     give back their cached blocks, off the transport thread
+   * @param askWaitMillis how long a client asked to sleep or wake (SleepSession, WakeSession)
+   *     has to answer ({@code --unmap-wait-ms})
    */
-  public AdminService(DevicePools pools, SessionRegistry registry, Executor blockingExecutor) {
+  public AdminService(DevicePools pools, SessionRegistry registry, Executor blockingExecutor, long askWaitMillis) {
     this.pools = pools;
     this.registry = registry;
     this.sharing = registry.sharing();
     this.blockingExecutor = blockingExecutor;
+    this.askWaitMillis = askWaitMillis;
   }
 
   private List<DevicePool> selected(boolean hasDevice, int device) {
@@ -226,6 +246,44 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
     } catch (RejectedExecutionException e) {
       response.onError(Status.UNAVAILABLE.withDescription("gpumemd is shutting down").asRuntimeException());
     }
+  }
+
+  /**
+   * Asks the session's client to sleep; the reply comes when its Sleep did (or was refused), or
+   * after the wait. Nothing blocks meanwhile: the ask's answer completes the call.
+   */
+  @Override
+  public void sleepSession(SleepSessionRequest request, StreamObserver<SleepResponse> response) {
+    asked("SleepSession", response, () -> registry.sleepAsks().ask(Callers.current(), request.getSessionId(),
+        request.getLevel(), request.getTagsList(), false, askWaitMillis),
+        done -> AllocatorService.sleepResponse((SessionSleep.Slept) done));
+  }
+
+  /** As {@link #sleepSession}, for a wake. */
+  @Override
+  @SuppressWarnings("unchecked")
+  public void wakeSession(WakeSessionRequest request, StreamObserver<WakeResponse> response) {
+    asked("WakeSession", response, () -> registry.sleepAsks().ask(Callers.current(), request.getSessionId(), 0,
+        List.of(), true, askWaitMillis), done -> AllocatorService.wakeResponse((List<SessionSleep.Woken>) done));
+  }
+
+  private static <T> void asked(String rpc, StreamObserver<T> response, Supplier<SleepAsks.Ask> ask,
+      Function<Object, T> reply) {
+    SleepAsks.Ask asked;
+    try {
+      asked = ask.get();
+    } catch (RuntimeException e) {
+      response.onError(StatusMapper.toStatus(rpc, e));
+      return;
+    }
+    asked.answer().whenComplete((done, error) -> {
+      if (error != null) {
+        response.onError(StatusMapper.toStatus(rpc, error));
+      } else {
+        response.onNext(reply.apply(done));
+        response.onCompleted();
+      }
+    });
   }
 
   @Override

@@ -32,6 +32,7 @@ import io.gpumemd.proto.v1.WakeRequest;
 import io.gpumemd.proto.v1.WakeResponse;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.error.GpumemdException;
 import io.gpumemd.server.error.StatusMapper;
 import io.gpumemd.server.fd.DescriptorPushes;
 import io.gpumemd.server.metrics.ServerMetrics;
@@ -40,6 +41,8 @@ import io.gpumemd.server.session.PendingLease;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSleep;
+import io.gpumemd.server.session.SleepAsks;
+import io.gpumemd.proto.v1.StreamError;
 import io.gpumemd.server.takeover.HandOverGate;
 import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.server.books.Validation;
@@ -232,30 +235,75 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
 
   // ------------------------------------------------------------------------------ sleep and wake
 
+  /** With admin_request_id, it answers an admin's SleepSession ({@link SleepAsks}): the admin gets the outcome. */
   @Override
   public void sleep(SleepRequest request, StreamObserver<SleepResponse> response) {
     Caller caller = Callers.current();
-    answerBlocking("Sleep", response, () -> {
-      long start = System.nanoTime();
-      SessionSleep.Slept slept = registry.sleep().sleep(caller, request.getSessionId(), request.getLevel(),
-          request.getTagsList(), request.getVacatedSegmentIdsList());
-      metrics.recordSleep(System.nanoTime() - start);
-      return SleepResponse.newBuilder().addAllLeaseIds(slept.leaseIds()).addAllSegmentIds(slept.segmentIds())
-          .setHostBytes(slept.hostBytes()).setFreedBytes(slept.freedBytes()).build();
-    });
+    answerBlocking("Sleep", response, () -> answering(caller, request.getSessionId(), request.getAdminRequestId(),
+        false, request.hasRefused() ? request.getRefused() : null, SleepResponse.getDefaultInstance(), () -> {
+          long start = System.nanoTime();
+          SessionSleep.Slept slept = registry.sleep().sleep(caller, request.getSessionId(), request.getLevel(),
+              request.getTagsList(), request.getVacatedSegmentIdsList());
+          metrics.recordSleep(System.nanoTime() - start);
+          return slept;
+        }, AllocatorService::sleepResponse));
   }
 
+  /** As {@link #sleep}, for an admin's WakeSession. */
   @Override
   public void wake(WakeRequest request, StreamObserver<WakeResponse> response) {
     Caller caller = Callers.current();
-    answerBlocking("Wake", response, () -> {
-      long start = System.nanoTime();
-      List<SessionSleep.Woken> woken = registry.sleep().wake(caller, request.getSessionId());
-      metrics.recordWake(System.nanoTime() - start);
-      WakeResponse.Builder out = WakeResponse.newBuilder();
-      woken.forEach(w -> out.addSegments(ProtoMapping.segmentWake(w)));
-      return out.build();
-    });
+    answerBlocking("Wake", response, () -> answering(caller, request.getSessionId(), request.getAdminRequestId(),
+        true, request.hasRefused() ? request.getRefused() : null, WakeResponse.getDefaultInstance(), () -> {
+          long start = System.nanoTime();
+          List<SessionSleep.Woken> woken = registry.sleep().wake(caller, request.getSessionId());
+          metrics.recordWake(System.nanoTime() - start);
+          return woken;
+        }, AllocatorService::wakeResponse));
+  }
+
+  /**
+   * Runs a Sleep or Wake, and when it answers admin request {@code adminRequestId} (not 0) gives
+   * the admin its outcome: its result, the daemon's refusal of it, or the client's {@code
+   * refused} (then nothing runs and the client gets {@code none}). A request no longer awaited is
+   * refused before anything runs.
+   */
+  private <D, R> R answering(Caller caller, String sessionId, long adminRequestId, boolean wake, StreamError refused,
+      R none, Supplier<D> body, java.util.function.Function<D, R> reply) {
+    if (adminRequestId == 0) {
+      return reply.apply(body.get());
+    }
+    SleepAsks.Ask ask = registry.sleepAsks().claim(caller, sessionId, adminRequestId, wake);
+    if (refused != null) {
+      Status.Code code = Status.fromCodeValue(refused.getCode()).getCode();
+      ask.failed((code == Status.Code.OK ? Status.UNKNOWN : Status.fromCode(code)).withDescription("session "
+          + sessionId + "'s client refused the admin's " + (wake ? "wake" : "sleep") + ": " + refused.getMessage())
+          .asRuntimeException());
+      return none;
+    }
+    try {
+      D done = body.get();
+      ask.answered(done);
+      return reply.apply(done);
+    } catch (RuntimeException e) {
+      // A domain refusal reads as the client's; anything else is logged once, by the client's answer.
+      Status status = e instanceof GpumemdException ? StatusMapper.toStatus("Sleep", e).getStatus()
+          : Status.INTERNAL.withDescription("internal error in gpumemd; the server log has the cause");
+      ask.failed(status.withDescription("session " + sessionId + "'s " + (wake ? "Wake" : "Sleep")
+          + " was refused: " + status.getDescription()).asRuntimeException());
+      throw e;
+    }
+  }
+
+  static SleepResponse sleepResponse(SessionSleep.Slept slept) {
+    return SleepResponse.newBuilder().addAllLeaseIds(slept.leaseIds()).addAllSegmentIds(slept.segmentIds())
+        .setHostBytes(slept.hostBytes()).setFreedBytes(slept.freedBytes()).build();
+  }
+
+  static WakeResponse wakeResponse(List<SessionSleep.Woken> woken) {
+    WakeResponse.Builder out = WakeResponse.newBuilder();
+    woken.forEach(w -> out.addSegments(ProtoMapping.segmentWake(w)));
+    return out.build();
   }
 
   /** {@link UnaryCalls#answer} on the blocking executor: for calls that copy memory or wait for it. */

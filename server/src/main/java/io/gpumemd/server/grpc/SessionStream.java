@@ -131,6 +131,9 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
       return;
     }
     try {
+      if (message.hasSleepHandler()) {
+        session.sleepHandler(message.getSleepHandler());
+      }
       if (message.getUnmappedSegmentIdsCount() > 0) {
         registry.unmapped(session, message.getUnmappedSegmentIdsList());
       }

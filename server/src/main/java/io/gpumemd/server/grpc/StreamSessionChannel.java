@@ -62,6 +62,12 @@ final class StreamSessionChannel implements SessionChannel {
     send(SessionEvent.newBuilder().setCacheAllowance(CacheAllowance.newBuilder().setBytes(bytes)).build());
   }
 
+  @Override
+  public synchronized void sleepAsked(long requestId, boolean wake, int level, java.util.List<String> tags) {
+    send(SessionEvent.newBuilder().setSleepAsked(io.gpumemd.proto.v1.SleepAsked.newBuilder().setRequestId(requestId)
+        .setWake(wake).setLevel(level).addAllTags(tags)).build());
+  }
+
   /** Answers a StreamLease with its lease. */
   synchronized void leaseReply(long requestId, LeaseResponse lease) {
     send(SessionEvent.newBuilder().setLeaseReply(LeaseReply.newBuilder().setRequestId(requestId).setLease(lease)).build());

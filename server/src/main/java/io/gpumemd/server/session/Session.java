@@ -33,6 +33,8 @@ public final class Session extends LeaseHolder {
   private final int ttlSeconds;
   private final long openedNanos;
   private volatile long lastSeenNanos;
+  /** The client accepts an admin's sleep (KeepAliveRequest.sleep_handler): its application can pause. */
+  private volatile boolean sleepHandler;
 
   // guarded by this
   private SessionChannel channel;
@@ -122,6 +124,16 @@ public final class Session extends LeaseHolder {
     this.detachedNanos = detachedNanos;
     restoreBooks(cacheAllowance, cacheReturnOverdue, counters);
     this.appliedMessages = appliedMessages;
+  }
+
+  /** Whether the client said its application registered a sleep handler ({@link SleepAsks}). */
+  public boolean sleepHandler() {
+    return sleepHandler;
+  }
+
+  /** The client said whether its application has a sleep handler (the latest word counts). */
+  public void sleepHandler(boolean registered) {
+    sleepHandler = registered;
   }
 
   public synchronized boolean streamAttached() {

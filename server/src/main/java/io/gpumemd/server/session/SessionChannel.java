@@ -16,6 +16,12 @@ public interface SessionChannel {
   /** Tells the client its cache allowance is now {@code bytes}. */
   void cacheAllowance(long bytes);
 
+  /**
+   * Asks the client to sleep ({@code wake} false, at {@code level}, with {@code tags}) or wake its
+   * session for an admin; it answers with a Sleep or Wake naming {@code requestId} ({@link SleepAsks}).
+   */
+  void sleepAsked(long requestId, boolean wake, int level, java.util.List<String> tags);
+
   /** Tells the client the server is draining and frees everything in {@code drainMillis}. */
   void shutdownNotice(long drainMillis);
 

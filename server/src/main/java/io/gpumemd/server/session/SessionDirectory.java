@@ -88,6 +88,18 @@ final class SessionDirectory implements HolderDirectory {
     return sessions.get(sessionId);
   }
 
+  /**
+   * A live session of the caller's tenant, or of any tenant for an admin; another tenant's
+   * session answers like one that never existed (NOT_FOUND).
+   */
+  Session ofTenantOrAdmin(Caller caller, String sessionId) {
+    Session session = get(sessionId);
+    if (session == null || !(caller.owns(session.tenant()) || caller.admin())) {
+      throw notFound(sessionId);
+    }
+    return session;
+  }
+
   static NotFoundException notFound(String sessionId) {
     return new NotFoundException("session " + sessionId + " not found (never opened, closed, or expired)");
   }

@@ -25,9 +25,7 @@ import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.LeasedBlock;
 import io.gpumemd.server.sharing.SharedObjects;
-import java.util.ArrayList;
 import java.util.Collection;
-import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
@@ -75,6 +73,7 @@ public final class SessionRegistry {
   private final SharedObjects sharing;
   private final ClientCache clientCache;
   private final SessionSleep sleep;
+  private final SleepAsks sleepAsks;
 
   /** @param sessions the live sessions, shared with the pools (which send unmap requests through it) */
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
@@ -96,11 +95,17 @@ public final class SessionRegistry {
     this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker, store);
     this.clientCache = new ClientCache(pools, book);
     this.sleep = new SessionSleep(this, book, store);
+    this.sleepAsks = new SleepAsks(directory);
   }
 
   /** Sleep and wake of sessions: the gRPC service calls it directly. */
   public SessionSleep sleep() {
     return sleep;
+  }
+
+  /** An admin's sleep and wake of sessions, through their clients. */
+  public SleepAsks sleepAsks() {
+    return sleepAsks;
   }
 
   /** Share tokens and published objects: the gRPC services take it once and call it directly. */
@@ -151,8 +156,7 @@ public final class SessionRegistry {
     sessions.add(session);
     churn.opened();
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
-        .addKeyValue("tenant", caller.tenant())
-        .log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
+        .addKeyValue("tenant", caller.tenant()).log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
     return session;
   }
 
@@ -169,10 +173,7 @@ public final class SessionRegistry {
    * who asked).
    */
   public long[] close(Caller caller, String sessionId) {
-    Session session = directory.get(sessionId);
-    if (session == null || !(caller.owns(session.tenant()) || caller.admin())) {
-      throw SessionDirectory.notFound(sessionId);
-    }
+    Session session = directory.ofTenantOrAdmin(caller, sessionId);
     if (caller.owns(session.tenant())) {
       return end(session, "closed by the client");
     }

@@ -27,6 +27,14 @@ public final class RecordingChannel implements SessionChannel {
     allowances.add(bytes);
   }
 
+  /** Admin sleep requests: {request id, 1 for a wake, level}. */
+  public final List<long[]> sleepAsks = new ArrayList<>();
+
+  @Override
+  public synchronized void sleepAsked(long requestId, boolean wake, int level, List<String> tags) {
+    sleepAsks.add(new long[] {requestId, wake ? 1 : 0, level});
+  }
+
   @Override
   public synchronized void shutdownNotice(long drainMillis) {
     shutdownDrainMillis = drainMillis;
