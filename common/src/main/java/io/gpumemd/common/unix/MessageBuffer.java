@@ -23,7 +23,9 @@ import java.util.function.IntConsumer;
  * msghdr}, its one {@code iovec}, room for the control message of up to {@code maxFds}
  * descriptors, and {@code capacity} bytes of data, in one allocation (a separate block that only
  * the native side still refers to could be freed by the GC during the call). Made once and used
- * for every message of a connection, so that a round trip allocates no native memory.
+ * for every message of a connection, so that a round trip allocates no native memory. {@link
+ * #sendWithDescriptorAfter} (a frame, then a descriptor on a byte of its own, in one {@code
+ * sendmmsg}) adds a second small block at its first use, freed with the first.
  *
  * <p>Where descriptors travel on a Unix stream socket: the kernel attaches them to the bytes of
  * the {@code sendmsg} that carried them and hands them over with the first {@code recvmsg} that
@@ -32,7 +34,7 @@ import java.util.function.IntConsumer;
  * bytes that came with descriptors (the kernel stops there).
  *
  * <p>Not thread-safe: one message at a time, by the connection's owner. {@link #close()} frees
- * the block; idempotent.
+ * the blocks; idempotent.
  */
 public final class MessageBuffer implements AutoCloseable {
   private final int capacity;
