@@ -7,9 +7,10 @@ the daemon's fd channel, a Unix socket of its own next to the gRPC socket, for t
 descriptor once per segment and process, maps it and closes it (the mapping stays valid, also
 after the daemon is gone). The protocol is documented with its messages in ``gpumemd.proto``
 (FdRequest): frames of a 4-byte big-endian length and a message; after a reply that grants a
-descriptor, one byte carries it (``SCM_RIGHTS``), received with ``recvmsg`` and room for one
-descriptor (:func:`socket.recv_fds`). Frames are read with reads of exactly their length, so
-that no plain read takes that byte (the kernel would close its descriptor).
+descriptor, one byte carries it (``SCM_RIGHTS``). Every read is a ``recvmsg`` with room for one
+descriptor (a plain read of that byte would make the kernel close it), and the kernel ends a
+receive with the byte that carried descriptors: most often one call brings a reply, its byte
+and its descriptor, and what came after a reply waits in the connection's buffer.
 
 The framing and the meaning of replies are functions without I/O (:func:`request_frame`,
 :func:`granted`), shared by the sync and asyncio clients; :class:`FdChannel` is the blocking
@@ -53,6 +54,7 @@ def socket_path(target, fd_socket):
     return os.path.join(os.path.dirname(own), os.path.basename(fd_socket))
 
 
+_ONE_FD = socket.CMSG_SPACE(4)  # room for one descriptor in a receive
 MAX_PUSHED_KEPT = 16  # pushed descriptors not taken (a segment mapped already): the oldest is closed
 
 
@@ -119,40 +121,59 @@ class FdChannel:
         self._bound = {}  # this connection's bound sessions: bind request id -> session id
         self._bind_refused = False  # this connection's daemon pushes nothing
         self._kept = collections.OrderedDict()  # (session id, segment id) -> pushed Descriptor
+        self._received = b""  # bytes received and not read yet
+        self._fd = None  # the descriptor that came with the last byte of _received, not handed out
 
     def fetch(self, session_id, segment_id, read_only):
         """A :class:`Descriptor` of the segment, the caller's to close. Raises
         :class:`GpumemdError`: the daemon's refusal, or UNAVAILABLE when the channel cannot be
         reached."""
         with self._lock:
-            for attempt in (1, 2):
-                try:
-                    descriptor = self._take_pushed(session_id, segment_id, read_only)
-                    if descriptor is not None:
-                        self.fetched += 1
-                        self.pushed += 1
-                        return descriptor
-                    if self._sock is None:
-                        self._sock = self._connect()
-                    frames = b""
-                    bind_id = 0
-                    if self._bind and not self._bind_refused and session_id not in self._bound.values():
-                        bind_id = next(self._ids)  # bound in the same send as the request
-                        frames = request_frame(bind_id, session_id, 0, False, bind=True)
-                    request_id = next(self._ids)
-                    self._sock.sendall(frames + request_frame(request_id, session_id, segment_id, read_only))
-                    if bind_id:
-                        self._receive_bound(bind_id, session_id)
-                    reply, fds = self._receive_reply()
-                except OSError as e:
-                    self._drop()
-                    if attempt == 2:
-                        raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "cannot fetch segment %d from the fd channel "
-                                           "%s: %s" % (segment_id, self.path, e)) from None
-                    continue  # a connection the daemon closed (restart, idle): once more on a new one
-                grant = granted(reply, request_id, segment_id, fds)
+            return self._fetch(session_id, segment_id, read_only)
+
+    def take_pushed(self, session_id, segment_id, read_only):
+        """The descriptor pushed for the segment and session if it is here or waits on the
+        connection (without waiting for more), else None."""
+        with self._lock:
+            try:
+                descriptor = self._take_pushed(session_id, segment_id, read_only)
+            except OSError:
+                self._drop()  # the fetch that follows connects again
+                return None
+            if descriptor is not None:
                 self.fetched += 1
-                return Descriptor(fds[0], grant)
+                self.pushed += 1
+            return descriptor
+
+    def _fetch(self, session_id, segment_id, read_only):
+        for attempt in (1, 2):
+            try:
+                descriptor = self._take_pushed(session_id, segment_id, read_only)
+                if descriptor is not None:
+                    self.fetched += 1
+                    self.pushed += 1
+                    return descriptor
+                if self._sock is None:
+                    self._sock = self._connect()
+                frames = b""
+                bind_id = 0
+                if self._bind and not self._bind_refused and session_id not in self._bound.values():
+                    bind_id = next(self._ids)  # bound in the same send as the request
+                    frames = request_frame(bind_id, session_id, 0, False, bind=True)
+                request_id = next(self._ids)
+                self._sock.sendall(frames + request_frame(request_id, session_id, segment_id, read_only))
+                if bind_id:
+                    self._receive_bound(bind_id, session_id)
+                reply, fds = self._receive_reply()
+            except OSError as e:
+                self._drop()
+                if attempt == 2:
+                    raise GpumemdError(grpc.StatusCode.UNAVAILABLE, "cannot fetch segment %d from the fd channel "
+                                       "%s: %s" % (segment_id, self.path, e)) from None
+                continue  # a connection the daemon closed (restart, idle): once more on a new one
+            grant = granted(reply, request_id, segment_id, fds)
+            self.fetched += 1
+            return Descriptor(fds[0], grant)
 
     def _connect(self):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -190,17 +211,19 @@ class FdChannel:
         """Reads the pushed replies waiting on the connection, without waiting for more, and takes
         the one for the segment and session (a read-only one serves any mapping, a writable one a
         writable mapping), or None."""
-        while self._sock is not None and self._bound and select.select([self._sock], [], [], 0)[0]:
+        key = (session_id, segment_id)
+        while key not in self._kept and self._sock is not None and self._bound and (
+                self._received or select.select([self._sock], [], [], 0)[0]):
             reply, fds = self._receive()
             if not reply.pushed:
                 for fd in fds:
                     os.close(fd)
                 raise ConnectionResetError("a reply to request %d, which was not asked" % reply.request_id)
-            self._keep(reply, fds)
-        descriptor = self._kept.get((session_id, segment_id))
+            self._keep(reply, fds)  # pushes after the one for this segment wait for the next fetch
+        descriptor = self._kept.get(key)
         if descriptor is None or (read_only and not descriptor.grant.read_only):
             return None
-        del self._kept[(session_id, segment_id)]
+        del self._kept[key]
         return descriptor
 
     def _keep(self, reply, fds):
@@ -219,38 +242,58 @@ class FdChannel:
             self._kept.popitem(last=False)[1].close()
 
     def _receive(self):
-        """One reply, and the descriptors that came with it: its frame (read exactly: the byte
-        after a granted one carries the descriptor), then that byte."""
-        (length,) = _LENGTH.unpack(self._exactly(4))
+        """One reply, and the descriptors that came with it: its frame, then for a grant the
+        byte that carries its descriptor."""
+        self._fill(4)
+        (length,) = _LENGTH.unpack_from(self._received)
         if length > MAX_REPLY_BYTES:
             raise OSError("a reply frame of %d bytes" % length)
+        self._fill(4 + length)
         try:
-            reply = pb.FdReply.FromString(self._exactly(length))
+            reply = pb.FdReply.FromString(self._received[4:4 + length])
         except DecodeError as e:
             raise OSError("a reply that is not an FdReply: %s" % e) from None
+        self._received = self._received[4 + length:]
         if reply.WhichOneof("result") != "granted":
+            if self._fd is not None and not self._received:
+                raise ConnectionResetError("a descriptor came where the protocol has none")
             return reply, []
-        data, fds, flags, _ = socket.recv_fds(self._sock, 1, 1)
-        if not data or flags & socket.MSG_CTRUNC:
-            for fd in fds:
-                os.close(fd)
+        self._fill(1)
+        if self._fd is None or len(self._received) != 1:
             raise ConnectionResetError("the daemon's granted reply came without its descriptor")
-        return reply, fds
+        fd, self._fd, self._received = self._fd, None, b""
+        return reply, [fd]
 
-    def _exactly(self, n):
-        chunks = []
-        while n > 0:
-            chunk = self._sock.recv(n)
-            if not chunk:
+    def _fill(self, n):
+        """Receives until ``n`` bytes wait in ``_received``. A descriptor always came with the
+        last byte received (the kernel ends a receive there): one that would have to be read past
+        is out of the protocol, as is any beyond the first."""
+        while len(self._received) < n:
+            if self._fd is not None:
+                raise ConnectionResetError("a descriptor came where the protocol has none")
+            data, ancillary, flags, _ = self._sock.recvmsg(4096, _ONE_FD)
+            fds = []
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.extend(struct.unpack("%di" % (len(payload) // 4), payload[:len(payload) // 4 * 4]))
+            if fds:
+                self._fd = fds[0]
+            for fd in fds[1:]:
+                os.close(fd)
+            if len(fds) > 1 or flags & socket.MSG_CTRUNC:
+                raise ConnectionResetError("a descriptor came where the protocol has none")
+            if not data:
                 raise ConnectionResetError("the daemon closed the fd channel in the middle of a reply")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            self._received += data
 
     def _drop(self):
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._received = b""
         self._bound.clear()  # a new connection binds again, and asks its daemon again
         self._bind_refused = False
 
@@ -275,6 +318,13 @@ class FdChannels:
 
     def fetch(self, session_id, handle, read_only):
         """A :class:`Descriptor` of the handle's segment for ``session_id`` (blocking)."""
+        channel = self._channel
+        if channel is not None:
+            # A descriptor pushed before the Lease reply is taken before the socket's path is
+            # looked at (a stat): it is of the segment and session, whichever socket is named.
+            descriptor = channel.take_pushed(session_id, handle.segment_id, read_only)
+            if descriptor is not None:
+                return descriptor
         segment = getattr(handle, handle.WhichOneof("kind"))  # fd_segment or cuda_vmm: an FdSegment
         path = socket_path(self._target, segment.fd_socket)
         with self._lock:

@@ -47,9 +47,10 @@ import org.slf4j.LoggerFactory;
  * #PUSH_PROPERTY}{@code =false} turns binding off.
  *
  * <p>Every wait is bounded by the timeout: connecting, sending, each read of a reply, and the
- * wait for another thread's fetch. Each reply is read exactly (its length, its message, then for
- * a grant its descriptor's byte with {@code recvmsg} and room for a descriptor, {@link
- * MessageBuffer}), never past it: the next reply (a push) carries a descriptor of its own. The
+ * wait for another thread's fetch. Replies are received with {@code recvmsg} and room for a
+ * descriptor ({@link FdFrames}, {@link MessageBuffer}): the kernel ends a receive with the byte
+ * that carries a grant's descriptor, so most often one call brings a reply, its byte and its
+ * descriptor, and what came after a reply waits in {@link FdFrames} for the next read. The
  * connection's native buffer is made when it opens and freed when it closes: a fetch allocates
  * no native memory.
  *
@@ -140,6 +141,19 @@ public final class FdChannelClient implements AutoCloseable {
   private ReceivedDescriptor fetchAt(String fdSocket, String sessionId, long segmentId, boolean readOnly) {
     acquireLock(segmentId);
     try {
+      if (socket >= 0 && !closed) {
+        // A descriptor pushed before the Lease reply is taken before anything else is looked at
+        // (the socket file's stat below): it is of the segment and session, whichever socket
+        // the handle names. A connection that broke is dropped, and the fetch goes on below.
+        try {
+          ReceivedDescriptor ready = takePushed(sessionId, segmentId, readOnly);
+          if (ready != null) {
+            return ready;
+          }
+        } catch (IOException e) {
+          drop();
+        }
+      }
       Object file = null; // the socket file at defaultPath, once looked up (one stat a fetch)
       if (fdSocket != null && !fdSocket.isEmpty()) {
         Object named = inode(fdSocket);
@@ -314,19 +328,24 @@ public final class FdChannelClient implements AutoCloseable {
   }
 
   /**
-   * Reads the pushed replies waiting on the connection without waiting for more, and takes the
-   * one for the segment and session, if any (else null).
+   * The descriptor pushed for the segment and session, if any (else null): one kept already, or
+   * one among the pushed replies waiting on the connection, read up to it without waiting for
+   * more (those after it stay for the next fetch).
    */
   private ReceivedDescriptor takePushed(String sessionId, long segmentId, boolean readOnly) throws IOException {
-    while (socket >= 0 && !boundSessions.isEmpty() && UnixSockets.readable(socket) > 0) {
+    ReceivedDescriptor descriptor = pushed.take(sessionId, segmentId, readOnly);
+    while (descriptor == null && socket >= 0 && !boundSessions.isEmpty()
+        && (frames.buffered() || UnixSockets.readable(socket) > 0)) {
       FdFrames.Frame frame = frames.read(socket, buffer);
       if (!frame.reply().getPushed()) {
         Descriptors.closeQuietly(frame.fd());
         throw new IOException("a reply to request " + frame.reply().getRequestId() + ", which was not asked");
       }
-      keepPushed(frame);
+      // Pushes read up to the one for this segment: the rest wait in the socket for the next fetch.
+      if (keepPushed(frame) && frame.reply().getGranted().getSegmentId() == segmentId) {
+        descriptor = pushed.take(sessionId, segmentId, readOnly);
+      }
     }
-    ReceivedDescriptor descriptor = pushed.take(sessionId, segmentId, readOnly);
     if (descriptor != null) {
       fetched++;
       pushedTaken++;
@@ -334,8 +353,11 @@ public final class FdChannelClient implements AutoCloseable {
     return descriptor;
   }
 
-  /** Keeps a pushed descriptor under the session whose bind its reply names; closes any other. */
-  private void keepPushed(FdFrames.Frame frame) {
+  /**
+   * Keeps a pushed descriptor under the session whose bind its reply names, and returns true;
+   * closes any other.
+   */
+  private boolean keepPushed(FdFrames.Frame frame) {
     FdReply reply = frame.reply();
     String session = null;
     for (Map.Entry<String, Long> bound : boundSessions.entrySet()) {
@@ -345,11 +367,12 @@ public final class FdChannelClient implements AutoCloseable {
     }
     if (session == null || frame.fd() < 0 || reply.getResultCase() != FdReply.ResultCase.GRANTED) {
       Descriptors.closeQuietly(frame.fd()); // a session bound on a connection since dropped
-      return;
+      return false;
     }
     FdGrant grant = reply.getGranted();
     pushed.keep(session, new ReceivedDescriptor(frame.fd(), grant.getSegmentId(), grant.getSegmentBytes(),
         grant.getReadOnly()));
+    return true;
   }
 
   private void check(FdReply reply, long requestId, long segmentId) {
@@ -412,6 +435,7 @@ public final class FdChannelClient implements AutoCloseable {
         path = null;
       }
     }
+    frames.reset(); // what was received of this connection and not read
     boundSessions.clear(); // a new connection binds again, and asks its daemon again
     bindRefused = false;
     if (buffer != null) {

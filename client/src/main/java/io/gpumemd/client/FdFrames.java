@@ -12,8 +12,9 @@ import java.util.Arrays;
 
 /**
  * The fd channel's framing on the client's side (see {@code gpumemd.proto} above {@code
- * FdRequest}): request frames encoded into one reused array, reply frames read exactly into
- * another, with the descriptor of a granted reply.
+ * FdRequest}): request frames encoded into one reused array, reply frames received into
+ * another, with the descriptor of a granted reply: most often a whole reply, its descriptor's
+ * byte and the descriptor in one {@code recvmsg}.
  *
  * <p>Not thread-safe: the {@link FdChannelClient}'s lock guards it.
  */
@@ -21,7 +22,12 @@ final class FdFrames {
   /** An FdReply is under 300 bytes; a longer frame is not the daemon. */
   static final int MAX_REPLY_BYTES = 1 << 16;
 
-  private byte[] received = new byte[512];
+  /** Bytes received, of which [{@link #head}, {@link #tail}) are not read yet. */
+  private byte[] received = new byte[1024];
+  private int head;
+  private int tail;
+  /** The descriptor that came with the byte at {@code tail - 1}, not handed out yet; -1 for none. */
+  private int fd = -1;
   private byte[] request = new byte[256]; // the frames being sent
 
   /** The frames {@link #encode} wrote, from 0. */
@@ -76,65 +82,89 @@ final class FdFrames {
   record Frame(FdReply reply, int fd) {}
 
   /**
-   * One reply from the connection: its frame read exactly (length, then message), then for a
-   * grant the byte that carries its descriptor, read with room for it; never a byte past it, so
-   * that the next reply's descriptor stays in the socket with its own byte.
+   * One reply from the connection: its frame (length, then message), then for a grant the byte
+   * that carries its descriptor. Bytes are read with as few {@code recvmsg} calls as the kernel
+   * allows, each with room for a descriptor, into {@link #received}, where what follows the
+   * reply waits for the next read ({@link #buffered()}).
    */
   Frame read(int socket, MessageBuffer buffer) throws IOException {
-    readExactly(socket, buffer, 4, false);
-    int length = ByteBuffer.wrap(received, 0, 4).getInt();
+    fill(socket, buffer, 4);
+    int length = ByteBuffer.wrap(received, head, 4).getInt();
     if (length < 0 || length > MAX_REPLY_BYTES) {
       throw new IOException("a reply frame of " + Integer.toUnsignedString(length) + " bytes");
     }
-    if (received.length < length) {
-      received = Arrays.copyOf(received, length);
-    }
-    readExactly(socket, buffer, length, false);
+    fill(socket, buffer, 4 + length);
     FdReply reply;
     try {
-      reply = FdReply.parseFrom(ByteBuffer.wrap(received, 0, length));
+      reply = FdReply.parseFrom(ByteBuffer.wrap(received, head + 4, length));
     } catch (InvalidProtocolBufferException e) {
       throw new IOException("a reply that is not an FdReply: " + e.getMessage());
     }
+    head += 4 + length;
     if (reply.getResultCase() != FdReply.ResultCase.GRANTED) {
+      if (fd >= 0 && head >= tail) {
+        throw new IOException("a descriptor came where the protocol has none");
+      }
       return new Frame(reply, -1);
     }
-    int fd = readExactly(socket, buffer, 1, true);
-    if (fd < 0) {
+    fill(socket, buffer, 1);
+    if (fd < 0 || head != tail - 1) {
       throw new IOException("the daemon's granted reply came without its descriptor");
     }
-    return new Frame(reply, fd);
+    head = 0; // the descriptor's byte was the last one received
+    tail = 0;
+    int granted = fd;
+    fd = -1;
+    return new Frame(reply, granted);
+  }
+
+  /** Whether bytes of a reply that was not read yet wait here. */
+  boolean buffered() {
+    return tail > head;
+  }
+
+  /** Forgets what waits here (a connection dropped), closing a descriptor that came with it. */
+  void reset() {
+    Descriptors.closeQuietly(fd);
+    fd = -1;
+    head = 0;
+    tail = 0;
   }
 
   /**
-   * Reads exactly {@code n} bytes into {@link #received}. Returns the
-   * descriptor that came with them when {@code descriptor} (-1 for none); any other descriptor is
-   * closed and fails the read, the daemon being out of step.
+   * Receives until {@code n} bytes from {@link #head} are here. The kernel ends a receive with
+   * the byte that carried descriptors, so a descriptor always came with the last byte received:
+   * one that would have to be read past is out of the protocol. Any descriptor beyond the first
+   * is closed and fails the read, the daemon being out of step.
    */
-  private int readExactly(int socket, MessageBuffer buffer, int n, boolean descriptor) throws IOException {
-    int[] fds = {-1, 0}; // the descriptor, and how many came
-    int have = 0;
-    try {
-      while (have < n) {
-        int got = buffer.receive(socket, received, have, n - have, fd -> {
-          if (fds[1]++ == 0 && descriptor) {
-            fds[0] = fd;
-          } else {
-            Descriptors.closeQuietly(fd);
-          }
-        });
-        if (got == 0) {
-          throw new IOException("the daemon closed the fd channel in the middle of a reply");
-        }
-        have += got;
-      }
-      if (fds[1] > (descriptor ? 1 : 0)) {
+  private void fill(int socket, MessageBuffer buffer, int n) throws IOException {
+    while (tail - head < n) {
+      if (fd >= 0) {
         throw new IOException("a descriptor came where the protocol has none");
       }
-      return fds[0];
-    } catch (IOException | RuntimeException e) {
-      Descriptors.closeQuietly(fds[0]);
-      throw e;
+      if (received.length - head < n || head == tail) {
+        byte[] into = received.length < n ? new byte[Math.max(n, 2 * received.length)] : received;
+        System.arraycopy(received, head, into, 0, tail - head);
+        received = into;
+        tail -= head;
+        head = 0;
+      }
+      int[] extra = {0};
+      int got = buffer.receive(socket, received, tail, Math.min(received.length - tail, buffer.capacity()), d -> {
+        if (fd < 0) {
+          fd = d;
+        } else {
+          Descriptors.closeQuietly(d);
+          extra[0]++;
+        }
+      });
+      if (got == 0) {
+        throw new IOException("the daemon closed the fd channel in the middle of a reply");
+      }
+      tail += got;
+      if (extra[0] > 0) {
+        throw new IOException("a descriptor came where the protocol has none");
+      }
     }
   }
 }

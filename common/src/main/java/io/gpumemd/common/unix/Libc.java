@@ -49,6 +49,8 @@ final class Libc {
   static final int SUN_PATH_MAX = 108;
   /** sizeof(struct msghdr) and sizeof(struct iovec). */
   static final int MSGHDR = 56;
+  /** sizeof(struct mmsghdr): a msghdr, then msg_len (unsigned int), padded to 8. */
+  static final int MMSGHDR = 64;
   static final int IOVEC = 16;
   /** Offsets in struct msghdr. */
   static final int MSG_IOV = 16;
@@ -81,11 +83,15 @@ final class Libc {
 
   static native long recvmsg(int fd, Pointer message, int flags) throws LastErrorException;
 
+  static native int sendmmsg(int fd, Pointer messages, int count, int flags) throws LastErrorException;
+
   static native int shutdown(int fd, int how) throws LastErrorException;
 
   static native int ioctl(int fd, long request, int[] out) throws LastErrorException;
 
   static native int open(String path, int flags) throws LastErrorException;
+
+  static native int openat(int directory, String path, int flags) throws LastErrorException;
 
   static native long lseek(int fd, long offset, int whence) throws LastErrorException;
 

@@ -23,7 +23,9 @@ import java.util.function.IntConsumer;
  * msghdr}, its one {@code iovec}, room for the control message of up to {@code maxFds}
  * descriptors, and {@code capacity} bytes of data, in one allocation (a separate block that only
  * the native side still refers to could be freed by the GC during the call). Made once and used
- * for every message of a connection, so that a round trip allocates no native memory.
+ * for every message of a connection, so that a round trip allocates no native memory. {@link
+ * #sendWithDescriptorAfter} (a frame, then a descriptor on a byte of its own, in one {@code
+ * sendmmsg}) adds a second small block at its first use, freed with the first.
  *
  * <p>Where descriptors travel on a Unix stream socket: the kernel attaches them to the bytes of
  * the {@code sendmsg} that carried them and hands them over with the first {@code recvmsg} that
@@ -32,7 +34,7 @@ import java.util.function.IntConsumer;
  * bytes that came with descriptors (the kernel stops there).
  *
  * <p>Not thread-safe: one message at a time, by the connection's owner. {@link #close()} frees
- * the block; idempotent.
+ * the blocks; idempotent.
  */
 public final class MessageBuffer implements AutoCloseable {
   private final int capacity;
@@ -44,6 +46,16 @@ public final class MessageBuffer implements AutoCloseable {
   private final long control;
   private final long data;
   private boolean closed;
+  /**
+   * Two mmsghdrs, their iovecs, the second's control message (one descriptor) and its one byte
+   * (0): the second block of {@link #sendWithDescriptorAfter}, whose first message's bytes are
+   * in {@link #block}. Made at first use.
+   */
+  private Memory pair;
+  private static final long PAIR_IOVECS = 2L * Libc.MMSGHDR;
+  private static final long PAIR_CONTROL = PAIR_IOVECS + 2L * IOVEC;
+  private static final long PAIR_BYTE = PAIR_CONTROL + ((CMSG_HEADER + 4 + 7) & ~7);
+  private static final long PAIR_BYTES = PAIR_BYTE + 8;
 
   /**
    * @param capacity the most bytes one message sends or receives
@@ -122,6 +134,69 @@ public final class MessageBuffer implements AutoCloseable {
   }
 
   /**
+   * Sends all of {@code bytes[offset, offset + length)} (at most {@link #capacity()}) as one
+   * message, then one byte carrying {@code descriptor} as a second: on a stream socket the same
+   * bytes, and the descriptor on the same byte, as two {@link #sendAll} calls, in one {@code
+   * sendmmsg}. Meant for a socket with room for both (the kernel goes on to the second message
+   * after a short first one).
+   *
+   * @throws IOException when the kernel did not take all of both messages: what it did take has
+   *     left, so the caller closes the stream
+   */
+  public void sendWithDescriptorAfter(int fd, byte[] bytes, int offset, int length, int descriptor)
+      throws IOException {
+    if (length < 1 || length > capacity) {
+      throw new IllegalArgumentException("message of " + length + " bytes (expected: 1 to " + capacity + ")");
+    }
+    Memory two = pair();
+    long base = Pointer.nativeValue(two);
+    block.write(data, bytes, offset, length);
+    two.clear(PAIR_BYTES);
+    message(two, 0, base + PAIR_IOVECS, address + data, length, 0, 0);
+    int controlLength = CMSG_HEADER + 4;
+    two.setLong(PAIR_CONTROL, controlLength); // cmsg_len
+    two.setInt(PAIR_CONTROL + 8, SOL_SOCKET);
+    two.setInt(PAIR_CONTROL + 12, SCM_RIGHTS);
+    two.setInt(PAIR_CONTROL + CMSG_HEADER, descriptor);
+    message(two, Libc.MMSGHDR, base + PAIR_IOVECS + IOVEC, base + PAIR_BYTE, 1, base + PAIR_CONTROL,
+        (controlLength + 7) & ~7);
+    long sent;
+    try {
+      sent = retryOnInterrupt(() -> Libc.sendmmsg(fd, two, 2, Libc.MSG_NOSIGNAL));
+    } finally {
+      java.lang.ref.Reference.reachabilityFence(two);
+      java.lang.ref.Reference.reachabilityFence(block);
+    }
+    long first = two.getInt(MSGHDR) & 0xffffffffL;
+    long second = two.getInt(Libc.MMSGHDR + MSGHDR) & 0xffffffffL;
+    if (sent != 2 || first != length || second != 1) {
+      throw new IOException("the socket took " + sent + " of 2 messages (" + first + " of " + length + " bytes, then "
+          + second + " of 1)");
+    }
+  }
+
+  /** Writes one mmsghdr at {@code at} of {@code two}: one iovec (written at {@code iovec}), an optional control. */
+  private static void message(Memory two, long at, long iovec, long bytes, long length, long control, long controlLength) {
+    long iovecOffset = iovec - Pointer.nativeValue(two);
+    two.setLong(iovecOffset, bytes); // iov_base
+    two.setLong(iovecOffset + 8, length); // iov_len
+    two.setLong(at + MSG_IOV, iovec);
+    two.setLong(at + MSG_IOVLEN, 1);
+    if (control != 0) {
+      two.setLong(at + MSG_CONTROL, control);
+      two.setLong(at + MSG_CONTROLLEN, controlLength);
+    }
+  }
+
+  /** The block of {@link #sendWithDescriptorAfter}, made at its first use. */
+  private Memory pair() {
+    if (pair == null) {
+      pair = new Memory(PAIR_BYTES);
+    }
+    return pair;
+  }
+
+  /**
    * One {@code recvmsg} of at most {@code max} bytes (at most {@link #capacity()}) into {@code
    * out} from {@code offset}; descriptors that came with them go to {@code fds} (received
    * close-on-exec), in order.
@@ -169,6 +244,9 @@ public final class MessageBuffer implements AutoCloseable {
     if (!closed) {
       closed = true;
       block.close();
+      if (pair != null) {
+        pair.close();
+      }
     }
   }
 

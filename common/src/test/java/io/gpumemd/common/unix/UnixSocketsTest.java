@@ -98,6 +98,62 @@ class UnixSocketsTest {
   }
 
   @Test
+  void sendWithDescriptorAfter_sendsTheBytes_thenTheDescriptorOnAByteOfItsOwn() throws Exception {
+    int a = file("a", 7);
+    try (MessageBuffer send = new MessageBuffer(64, 1); MessageBuffer receive = new MessageBuffer(64, 1)) {
+      send.sendWithDescriptorAfter(near, new byte[] {5, 1, 2, 3}, 1, 3, a);
+      send.sendWithDescriptorAfter(near, new byte[] {4}, 0, 1, a);
+      assertEquals(6, UnixSockets.readable(far), "both messages and their bytes of 0");
+      byte[] out = new byte[64];
+      List<Integer> fds = new ArrayList<>();
+      assertEquals(3, receive.receive(far, out, 0, 3, fds::add), "the bytes alone");
+      assertEquals(List.of(), fds, "the descriptor is not on them");
+      int got = receive.receive(far, out, 3, 61, fds::add);
+      fds.forEach(opened::add);
+      assertEquals(1, got, "the kernel ends a receive with the byte that carried a descriptor");
+      assertArrayEquals(new byte[] {1, 2, 3, 0}, java.util.Arrays.copyOf(out, 4));
+      assertEquals(1, fds.size());
+      assertEquals(target(a), target(fds.get(0)));
+      assertEquals(2, receive.receive(far, out, 0, 64, fds::add), "the second message and its byte");
+      fds.forEach(opened::add);
+      assertEquals(2, fds.size());
+    }
+  }
+
+  @Test
+  void reopen_isANewDescriptionOfTheSameFile_withAModeOfItsOwn() throws Exception {
+    Path p = dir.resolve("r");
+    Files.write(p, new byte[3]);
+    int readWrite = Descriptors.open(p.toString(), false);
+    opened.add(readWrite);
+    int readOnly = Descriptors.reopen(readWrite, true);
+    opened.add(readOnly);
+    int again = Descriptors.reopen(readWrite, false);
+    opened.add(again);
+    assertEquals(target(readWrite), target(readOnly));
+    assertEquals(target(readWrite), target(again));
+    assertEquals(0, accessMode(readOnly), "O_RDONLY");
+    assertEquals(2, accessMode(again), "O_RDWR");
+    Descriptors.size(readOnly); // moves its offset to the end: not the other descriptions'
+    assertEquals("0", flag(readWrite, "pos:"));
+    assertEquals(ErrnoCalls.ErrnoException.class, assertThrows(java.io.IOException.class,
+        () -> Descriptors.reopen(Integer.MAX_VALUE, true)).getClass(), "no such descriptor");
+  }
+
+  private static int accessMode(int fd) throws Exception {
+    return Integer.parseInt(flag(fd, "flags:"), 8) & 3;
+  }
+
+  private static String flag(int fd, String name) throws Exception {
+    for (String line : Files.readAllLines(Path.of("/proc/self/fdinfo/" + fd))) {
+      if (line.startsWith(name)) {
+        return line.substring(name.length()).trim();
+      }
+    }
+    throw new AssertionError(name + " not in fdinfo of " + fd);
+  }
+
+  @Test
   void peerCredentials_areThisProcess() throws Exception {
     int[] credentials = UnixSockets.peerCredentials(far);
     assertEquals(ProcessHandle.current().pid(), credentials[0]);

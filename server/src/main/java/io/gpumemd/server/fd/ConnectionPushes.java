@@ -12,7 +12,6 @@ import io.grpc.netty.shaded.io.netty.channel.ChannelHandlerContext;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.util.List;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.RejectedExecutionException;
@@ -28,14 +27,14 @@ import org.slf4j.LoggerFactory;
  * ConnectionBindings}), pushes the segment's descriptor before its Lease reply. The push runs on
  * the Allocator service's thread, so that it is in the peer's socket when the reply leaves
  * without a hop to the event loop and back: the grant as a fetch gets it ({@link FdGrants}: in
- * flight while sent, the process made a holder of the segment), then two sends on a descriptor
- * of the socket of its own ({@link #pushSocket}, made at the first bind). Nothing is pushed, and
- * the client asks, when the connection closed, the peer has more than {@link
- * FdChannel#MAX_UNREAD_FOR_PUSH} bytes of sends unread (a client that never reads its pushes
- * holds a few), or a bound of the channel refuses.
+ * flight while sent, the process made a holder of the segment), then its frame and its
+ * descriptor's byte in one {@code sendmmsg} on a descriptor of the socket of its own ({@link
+ * #pushSocket}, made at the first bind). Nothing is pushed, and the client asks, when the
+ * connection closed, the peer has more than {@link FdChannel#MAX_UNREAD_FOR_PUSH} bytes of sends
+ * unread (a client that never reads its pushes holds a few), or a bound of the channel refuses.
  *
  * <p>The event loop and a push never write at once: {@link #writer} is the loop's from its first
- * write not done to the last one done, a push's for its two sends. A push that finds the loop
+ * write not done to the last one done, a push's for its one send. A push that finds the loop
  * writing waits {@link #PUSH_SPIN_NANOS}, then hands itself to the loop (most often the loop has
  * written, and only the listener of a reply the client has already read has not run yet: a loop
  * thread preempted as its send woke the client) and waits for it up to {@link
@@ -60,7 +59,6 @@ final class ConnectionPushes {
   private static final int IDLE = 0;
   private static final int LOOP = 1;
   private static final int PUSHING = 2;
-  private static final byte[] ONE_BYTE = {0};
   private static final long PUSH_SPIN_NANOS = TimeUnit.MICROSECONDS.toNanos(50);
   /**
    * A descriptor of the connection's socket of its own, made at the first bind, so that a push
@@ -135,11 +133,12 @@ final class ConnectionPushes {
     boolean broken = false;
     try {
       if (!pushClosed && unreadByPeer(pushSocket) <= FdChannel.MAX_UNREAD_FOR_PUSH) {
-        broken = true; // until both sends are done: half a push leaves the stream out of step
+        broken = true; // until both messages are sent: half a push leaves the stream out of step
         byte[] reply = answer.reply().toByteArray();
         byte[] frame = ByteBuffer.allocate(4 + reply.length).putInt(reply.length).put(reply).array();
-        pushBuffer.sendAll(pushSocket, frame, 0, frame.length, List.of(), null);
-        pushBuffer.sendAll(pushSocket, ONE_BYTE, 0, 1, List.of(answer.descriptor().number()), null);
+        // The frame, then the descriptor on a byte of its own, as the event loop writes them,
+        // in one call: the peer has at most MAX_UNREAD_FOR_PUSH bytes unread, so room for both.
+        pushBuffer.sendWithDescriptorAfter(pushSocket, frame, 0, frame.length, answer.descriptor().number());
         broken = false;
         pushed = true;
       }

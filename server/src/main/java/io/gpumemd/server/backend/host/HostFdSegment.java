@@ -50,8 +50,8 @@ final class HostFdSegment extends AbstractFdPassedSegment {
    */
   @Override
   protected SegmentFd openLive(boolean readOnly) throws IOException {
-    // open(2) itself, not a Java file: no JVM object, no reflection to read the number back
-    return own(Descriptors.open("/proc/self/fd/" + number, readOnly), readOnly, SegmentFd::ofNative);
+    // openat(2) itself, not a Java file: no JVM object, no reflection to read the number back
+    return own(Descriptors.reopen(number, readOnly), readOnly, SegmentFd::ofNative);
   }
 
   /**
