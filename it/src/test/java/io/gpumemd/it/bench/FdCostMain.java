@@ -52,6 +52,7 @@ public final class FdCostMain {
   private FdCostMain() {}
 
   public static void main(String[] args) throws Exception {
+    System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     int rounds = args.length > 0 ? Integer.parseInt(args[0]) : 10;
     Map<String, DaemonProcess> daemons = new LinkedHashMap<>();
     Map<String, Map<String, List<Long>>> samples = new LinkedHashMap<>();

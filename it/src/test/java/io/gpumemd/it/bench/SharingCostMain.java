@@ -37,6 +37,7 @@ public final class SharingCostMain {
   private SharingCostMain() {}
 
   public static void main(String[] args) throws Exception {
+    System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     DaemonProcess daemon = DaemonProcess.start("--host-device-bytes", "2GiB");
     try (GpuMemClient producer = GpuMemClient.builder(daemon.unixTarget()).clientName("producer").connect();
          GpuMemClient consumer = GpuMemClient.builder(daemon.unixTarget()).clientName("consumer").connect()) {

@@ -46,6 +46,7 @@ public final class SleepWakeCostMain {
   private SleepWakeCostMain() {}
 
   public static void main(String[] args) throws Exception {
+    System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     long bytes = (args.length > 0 ? Long.parseLong(args[0]) : 1) * GIB;
     int rounds = args.length > 1 ? Integer.parseInt(args[1]) : 5;
     Pointer a = AnonymousMemory.map(bytes);
