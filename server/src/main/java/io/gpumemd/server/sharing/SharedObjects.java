@@ -11,6 +11,7 @@ import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.books.Tenant;
 import io.gpumemd.server.books.Validation;
+import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.NotFoundException;
@@ -248,6 +249,11 @@ public final class SharedObjects {
       directory.session(caller, sessionId);
       throw Refusals.objectNotFound(name);
     }
+    String asleep = object.shared().sleepRefusal("object '" + name + "'");
+    if (asleep != null) {
+      directory.session(caller, sessionId); // an unknown session says so first
+      throw new ConflictException(asleep);
+    }
     LeaseRecord hold = parking.restoreAndHold(object, caller, sessionId,
         () -> hold(caller, sessionId, object.shared(), object.readOnly(), tag));
     object.lookups().incrementAndGet();
@@ -276,9 +282,15 @@ public final class SharedObjects {
         bytes)));
   }
 
-  /** Published objects parked now, as refusals name them (take-over). */
+  /**
+   * Published objects parked now, and tokens and names left holding nothing by a lease released
+   * asleep, as refusals name them (take-over: none of them has a block to hand over).
+   */
   public List<String> parkedObjects() {
-    return ObjectParking.parked(objects.values());
+    List<String> out = new ArrayList<>(ObjectParking.parked(objects.values()));
+    tokens.all().stream().filter(t -> t.shared.orphaned()).sorted(TOKEN_ORDER).forEach(t -> out.add("share token "
+        + t.id + " of tenant " + t.tenant + " (its lease was released while asleep: revoke it)"));
+    return out;
   }
 
   /**

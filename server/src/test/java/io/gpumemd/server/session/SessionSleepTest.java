@@ -79,7 +79,7 @@ class SessionSleepTest {
   }
 
   /** The lease's bytes as a client maps them: its segment's file, at its offset. */
-  private static byte[] read(LeaseRecord lease) throws IOException {
+  static byte[] read(LeaseRecord lease) throws IOException {
     Block b = lease.block();
     try (FileChannel f = FileChannel.open(Path.of(((IpcHandle.HostShm) b.memory().handle()).path()),
         StandardOpenOption.READ)) {
@@ -89,7 +89,7 @@ class SessionSleepTest {
     }
   }
 
-  private static byte[] write(LeaseRecord lease, long seed) throws IOException {
+  static byte[] write(LeaseRecord lease, long seed) throws IOException {
     Block b = lease.block();
     byte[] bytes = new byte[(int) b.size()];
     new Random(seed).nextBytes(bytes);
@@ -100,7 +100,7 @@ class SessionSleepTest {
     return bytes;
   }
 
-  private static List<Long> segments(LeaseRecord... leases) {
+  static List<Long> segments(LeaseRecord... leases) {
     return java.util.Arrays.stream(leases).map(l -> l.block().segmentId()).distinct().toList();
   }
 
@@ -190,9 +190,12 @@ class SessionSleepTest {
         () -> registry.sleep().sleep(Caller.DAEMON, s.id(), 1, List.of(), segments(small, big)));
     assertTrue(overBound.getMessage().contains("--offload-max-bytes"), overBound.getMessage());
     registry.sharing().publish(Caller.DAEMON, s.id(), small.id(), "weights", true);
+    Session holder = registry.open(Caller.DAEMON, "holder", 0, -1);
+    registry.sharing().lookup(Caller.DAEMON, holder.id(), "weights", "");
     ConflictException shared = assertThrows(ConflictException.class,
         () -> registry.sleep().sleep(Caller.DAEMON, s.id(), 2, List.of(), segments(small, big)));
-    assertTrue(shared.getMessage().contains("'weights'"), shared.getMessage());
+    assertTrue(shared.getMessage().contains("'weights'") && shared.getMessage().contains(holder.toString()),
+        shared.getMessage());
 
     assertNull(small.asleep());
     assertNull(big.asleep());
