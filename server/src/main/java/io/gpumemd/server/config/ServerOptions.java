@@ -195,7 +195,8 @@ public final class ServerOptions {
   String maxOversizeBytes;
 
   @Option(names = "--unmap-wait-ms", paramLabel = "MS", defaultValue = "2000",
-      description = "how long a lease may wait for clients to unmap evicted segments before RESOURCE_EXHAUSTED")
+      description = "how long a lease may wait for clients to unmap evicted segments before RESOURCE_EXHAUSTED, "
+          + "and a sleep for other sessions to release their holds on its shared blocks")
   String unmapWaitMs;
 
   @Option(names = "--offload-max-bytes", paramLabel = "BYTES",

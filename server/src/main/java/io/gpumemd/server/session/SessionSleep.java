@@ -146,12 +146,14 @@ public final class SessionSleep {
     long freed;
     List<String> ids = new ArrayList<>(sleepers.size());
     long parkedAt;
+    long copyStart;
     try {
       // Nothing of the session is client-cached in a segment it vacated: the client gave its
       // tier back before it called (notices cross calls), and what is left goes back now.
       for (LeaseRecord r : cached) {
         releaseQuietly(session, r);
       }
+      copyStart = System.nanoTime();
       List<ParkedRange> parked = park(session, sleepers, level, tags);
       parkedAt = System.nanoTime();
       freed = free(session, sleepers, parked, shared, ids);
@@ -161,10 +163,10 @@ public final class SessionSleep {
     }
     long hostBytes = session.sleepFigures()[1];
     log.atInfo().addKeyValue("session", session.id()).addKeyValue("leases", ids.size())
-        .log("{} sleeps at level {}: {} leases in {} segments{}; {} of device memory freed, {} kept in host memory "
-            + "in all; {} ms (copies {} ms)", session, level, ids.size(), segments.size(),
-            tags.isEmpty() ? "" : " (tags " + tags + ")", Sizes.format(freed), Sizes.format(hostBytes),
-            (System.nanoTime() - start) / 1_000_000, (parkedAt - start) / 1_000_000);
+        .log("{} sleeps at level {}: {} leases in {} segments{}{}; {} of device memory freed, {} kept in host "
+            + "memory in all; {} ms (copies {} ms)", session, level, ids.size(), segments.size(),
+            tags.isEmpty() ? "" : " (tags " + tags + ")", shared.waited(), Sizes.format(freed),
+            Sizes.format(hostBytes), (System.nanoTime() - start) / 1_000_000, (parkedAt - copyStart) / 1_000_000);
     return new Slept(ids, List.copyOf(segments), hostBytes, freed);
   }
 

@@ -35,6 +35,8 @@ import java.util.concurrent.TimeUnit;
 final class SharedSleep {
   /** The sleepers whose blocks this sleep closed, in order. */
   private final List<LeaseRecord> closed = new ArrayList<>();
+  /** How long the holders were waited for, for the sleep's log line. */
+  private long waitedNanos;
 
   private SharedSleep() {}
 
@@ -57,7 +59,8 @@ final class SharedSleep {
     if (sleep.closed.isEmpty()) {
       return sleep;
     }
-    long deadline = System.nanoTime() + waitNanos;
+    long start = System.nanoTime();
+    long deadline = start + waitNanos;
     List<String> refusals = new ArrayList<>();
     try {
       for (LeaseRecord r : sleep.closed) {
@@ -72,6 +75,7 @@ final class SharedSleep {
       throw new ConflictException(session + ": its sleep was interrupted while it waited for the holders of its "
           + "shared blocks; nothing changed");
     }
+    sleep.waitedNanos = System.nanoTime() - start;
     if (!refusals.isEmpty()) {
       sleep.reopen();
       throw new ConflictException(String.join("; ", refusals) + " after " + TimeUnit.NANOSECONDS.toMillis(waitNanos)
@@ -79,6 +83,12 @@ final class SharedSleep {
           + "nothing changed: release those holds first, or sleep with tags that leave its segment awake");
     }
     return sleep;
+  }
+
+  /** For the sleep's log line: "" when no block was shared, else what the wait took. */
+  String waited() {
+    return closed.isEmpty() ? "" : ", " + closed.size() + " shared blocks (holders waited for "
+        + TimeUnit.NANOSECONDS.toMillis(waitedNanos) + " ms)";
   }
 
   private static String describe(LeaseRecord r) {
