@@ -46,27 +46,42 @@ class SessionSleepTest {
   @TempDir
   Path dir;
 
-  private HostShmBackend backend;
+  private Pool pool;
   private DevicePools pools;
   private SessionRegistry registry;
 
+  /** A host-backend pool of one 64 MiB device and a registry over it. */
+  record Pool(HostShmBackend backend, DevicePools pools, SessionRegistry registry) {
+    static Pool start(Path dir, long poolBytes, long unmapWaitMillis, long offloadMaxBytes) {
+      HostShmBackend backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+      LiveSessions sessions = new LiveSessions();
+      DevicePool pool = new DevicePool(backend.devices().get(0), backend,
+          new PoolSettings(poolBytes, poolBytes, 20 * MIB, unmapWaitMillis), sessions, DevicePools.segmentIdBase(0),
+          Ticker.system());
+      DevicePools pools = new DevicePools(List.of(pool));
+      return new Pool(backend, pools, new SessionRegistry(pools, backend,
+          new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of()), Ticker.system(), sessions,
+          offloadMaxBytes));
+    }
+
+    /** Checks the pool's invariants, then closes it. */
+    void close() {
+      pools.get(0).verifyInvariants();
+      pools.close();
+      backend.close();
+    }
+  }
+
   private void start(long poolBytes, long offloadMaxBytes) {
-    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    LiveSessions sessions = new LiveSessions();
-    DevicePool pool = new DevicePool(backend.devices().get(0), backend,
-        new PoolSettings(poolBytes, poolBytes, 20 * MIB, 50), sessions, DevicePools.segmentIdBase(0),
-        Ticker.system());
-    pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of()),
-        Ticker.system(), sessions, offloadMaxBytes);
+    pool = Pool.start(dir, poolBytes, 50, offloadMaxBytes);
+    pools = pool.pools();
+    registry = pool.registry();
   }
 
   @AfterEach
   void verifyAndClose() {
-    if (pools != null) {
-      pools.get(0).verifyInvariants();
-      pools.close();
-      backend.close();
+    if (pool != null) {
+      pool.close();
     }
   }
 

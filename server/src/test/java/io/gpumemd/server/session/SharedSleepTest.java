@@ -12,23 +12,17 @@ import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.books.LeaseRecord;
-import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.NotFoundException;
-import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.PoolMetric;
-import io.gpumemd.server.pool.PoolSettings;
 import io.gpumemd.server.sharing.SharedObjects;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
@@ -46,27 +40,20 @@ class SharedSleepTest {
   @TempDir
   Path dir;
 
-  private HostShmBackend backend;
+  private SessionSleepTest.Pool pool;
   private DevicePools pools;
   private SessionRegistry registry;
 
   private void start(long poolBytes, long unmapWaitMillis) {
-    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    LiveSessions sessions = new LiveSessions();
-    DevicePool pool = new DevicePool(backend.devices().get(0), backend,
-        new PoolSettings(poolBytes, poolBytes, 20 * MIB, unmapWaitMillis), sessions, DevicePools.segmentIdBase(0),
-        Ticker.system());
-    pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of()),
-        Ticker.system(), sessions, 64 * MIB);
+    pool = SessionSleepTest.Pool.start(dir, poolBytes, unmapWaitMillis, 64 * MIB);
+    pools = pool.pools();
+    registry = pool.registry();
   }
 
   @AfterEach
   void verifyAndClose() {
-    if (pools != null) {
-      pools.get(0).verifyInvariants();
-      pools.close();
-      backend.close();
+    if (pool != null) {
+      pool.close();
     }
   }
 
