@@ -86,6 +86,13 @@ public final class ObjectParking {
    */
   LeaseRecord restoreAndHold(PublishedObject object, Caller caller, String sessionId, Supplier<LeaseRecord> hold) {
     SharedBlock shared = object.shared();
+    // A block that sleeps with its lease refuses, naming the very name looked up (the hold
+    // would refuse too, naming the block's first name).
+    String asleep = shared.sleepRefusal("object '" + object.name() + "'");
+    if (asleep != null) {
+      directory.session(caller, sessionId); // an unknown session says so first
+      throw new ConflictException(asleep);
+    }
     shared.residency().lock();
     try {
       if (shared.parked()) {

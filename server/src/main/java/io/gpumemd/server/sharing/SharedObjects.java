@@ -11,7 +11,6 @@ import io.gpumemd.server.books.SecureIds;
 import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.books.Tenant;
 import io.gpumemd.server.books.Validation;
-import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.ExhaustedException;
 import io.gpumemd.server.error.InvalidRequestException;
 import io.gpumemd.server.error.NotFoundException;
@@ -248,11 +247,6 @@ public final class SharedObjects {
     if (object == null) {
       directory.session(caller, sessionId);
       throw Refusals.objectNotFound(name);
-    }
-    String asleep = object.shared().sleepRefusal("object '" + name + "'");
-    if (asleep != null) {
-      directory.session(caller, sessionId); // an unknown session says so first
-      throw new ConflictException(asleep);
     }
     LeaseRecord hold = parking.restoreAndHold(object, caller, sessionId,
         () -> hold(caller, sessionId, object.shared(), object.readOnly(), tag));
