@@ -209,8 +209,9 @@ class Client(ClientCore):
 
         Returns a :data:`gpumemd.Slept` (lease ids, segment ids, host bytes, freed bytes).
         Raises :class:`GpumemdError` with the daemon's refusal, which changes nothing: every
-        lease stays usable with its bytes (``FAILED_PRECONDITION`` for a shared, published or
-        attached lease, or legacy CUDA IPC handles; ``RESOURCE_EXHAUSTED`` past the daemon's
+        lease stays usable with its bytes (``FAILED_PRECONDITION`` for an attached lease, for a
+        shared or published one that other sessions still hold after the daemon's
+        ``--unmap-wait-ms``, or legacy CUDA IPC handles; ``RESOURCE_EXHAUSTED`` past the daemon's
         ``--offload-max-bytes``; ``INVALID_ARGUMENT`` for a level other than 1 or 2)."""
         s = self._live_session()
         return run(sleep_steps(self, s, level, tags), lambda effect: self._perform(s, effect))

@@ -134,28 +134,57 @@ def _other_session(d, size):
     return out.split()[0]
 
 
-def test_a_refused_sleep_leaves_every_lease_usable_with_its_bytes(daemon):
-    with gpumemd.connect(daemon.target) as gm:
+def test_a_refused_sleep_leaves_every_lease_usable_with_its_bytes(start_daemon):
+    d = start_daemon("--unmap-wait-ms", "100")
+    with gpumemd.connect(d.target) as gm, gpumemd.connect(d.target) as holder:
         shared, other = gm.lease(0, SIZE), gm.lease(0, SIZE)
         shared.buffer()[:4] = b"abcd"
         array = numpy.asarray(other)
         array[:] = _pattern(SIZE, 5)
         address = _data_address(array)
-        token = shared.share()  # a block another session may map cannot be freed
+        token = shared.share()
+        hold = holder.attach(token.token)  # a block another session still maps cannot be freed
         with pytest.raises(GpumemdError) as refused:
             gm.sleep(1)
         assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert holder.session_id[:8] in refused.value.message and "100 ms" in refused.value.message
         assert not shared.asleep and not other.asleep
         assert bytes(shared.buffer()[:4]) == b"abcd"
         assert _data_address(array) == address and numpy.array_equal(array, _pattern(SIZE, 5))
         array[0] = 1  # mapped and writable
-        assert set(_sleep_levels(daemon, gm.session_id).values()) == {0}
+        assert set(_sleep_levels(d, gm.session_id).values()) == {0}
         with gm.lease(0, 4096) as more:  # the session is awake
             more.buffer()[0] = 1
+        hold.close()
         token.revoke()
         del array
         shared.close()
         other.close()
+
+
+def test_a_published_lease_sleeps_and_its_name_finds_the_woken_bytes(daemon):
+    """Nobody else holds it: the published block sleeps with its lease; a lookup meanwhile is
+    refused naming the sleep, and after the wake the name maps the new block."""
+    with gpumemd.connect(daemon.target) as gm, gpumemd.connect(daemon.target) as reader:
+        weights = gm.lease(0, SIZE, tag="weights")
+        array = numpy.asarray(weights)
+        array[:] = _pattern(SIZE, 9)
+        gm.publish(weights, "model/sleepy", read_only=True)
+
+        slept = gm.sleep(1)
+        assert slept.lease_ids == [weights.id]
+        with pytest.raises(GpumemdError) as refused:
+            reader.lookup("model/sleepy")
+        assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "object 'model/sleepy' sleeps with session " + gm.session_id[:8] in refused.value.message
+
+        gm.wake()
+        with reader.lookup("model/sleepy") as hold:
+            assert hold.segment_id == weights.segment_id and hold.offset == weights.offset
+            assert numpy.array_equal(numpy.frombuffer(hold.buffer(), dtype=numpy.uint8), _pattern(SIZE, 9))
+        assert not gm.unpublish("model/sleepy")  # the lease still holds the block
+        del array
+        weights.close()
 
 
 def test_a_sleep_past_the_host_bound_is_refused_and_changes_nothing(start_daemon):
@@ -279,10 +308,10 @@ def test_a_sleeping_client_killed_is_freed_after_the_grace_period(start_daemon):
 
 @pytest.mark.parametrize("segments", ["path", "fd"])
 def test_asyncio_sleep_and_wake(start_daemon, segments):
-    d = start_daemon("--host-segments", segments)
+    d = start_daemon("--host-segments", segments, "--unmap-wait-ms", "100")
 
     async def run():
-        async with await gpumemd.aio.connect(d.target) as gm:
+        async with await gpumemd.aio.connect(d.target) as gm, await gpumemd.aio.connect(d.target) as holder:
             lease = await gm.lease(0, SIZE)
             array = numpy.asarray(lease)
             array[:] = _pattern(SIZE, 8)
@@ -295,11 +324,12 @@ def test_asyncio_sleep_and_wake(start_daemon, segments):
             await gm.wake()
             assert _data_address(array) == address and numpy.array_equal(array, _pattern(SIZE, 8))
             shared = await gm.lease(0, SIZE)
-            await shared.share()
+            hold = await holder.attach((await shared.share()).token)  # another session holds it
             with pytest.raises(GpumemdError) as refused:
                 await gm.sleep(2)
             assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION
             assert not lease.asleep and numpy.array_equal(array, _pattern(SIZE, 8))
+            await hold.aclose()
             del array
             await lease.aclose()
             await shared.aclose()

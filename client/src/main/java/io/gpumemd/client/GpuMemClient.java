@@ -420,9 +420,10 @@ public final class GpuMemClient implements AutoCloseable {
    *
    * @param level 1: the daemon keeps the contents in its host memory; 2: they are dropped (the
    *     wake gives zeros)
-   * @throws GpuMemException nothing changed: FAILED_PRECONDITION for a shared, published or
-   *     attached lease, or for legacy CUDA IPC handles (the daemon needs {@code --cuda-handles
-   *     vmm}); RESOURCE_EXHAUSTED past the daemon's {@code --offload-max-bytes}
+   * @throws GpuMemException nothing changed: FAILED_PRECONDITION for an attached lease, for a
+   *     shared or published one that other sessions still hold after the daemon's {@code
+   *     --unmap-wait-ms} (they are named), or for legacy CUDA IPC handles (the daemon needs {@code
+   *     --cuda-handles vmm}); RESOURCE_EXHAUSTED past the daemon's {@code --offload-max-bytes}
    */
   public SleepResult sleep(int level, String... tags) {
     return sleeps.sleep(level, List.of(tags), 0);

@@ -149,10 +149,16 @@ abstract class SleepWakeContract {
     List<ByteBuffer> buffers = buffers(leases);
     fill(buffers);
     Share share = leases.get(1).share();
+    // Another session holds the shared block past the daemon's wait (--unmap-wait-ms, 2 s here).
+    GpuMemClient holder = GpuMemClient.builder(daemon.unixTarget()).clientName("holder").connect();
+    Lease hold = holder.attach(share.token());
 
     GpuMemException refused = assertThrows(GpuMemException.class, () -> client.sleep(1));
 
     assertEquals(Status.Code.FAILED_PRECONDITION, refused.code(), refused.getMessage());
+    assertTrue(refused.getMessage().contains("hold " + hold.id()), refused.getMessage());
+    hold.close();
+    holder.close();
     assertFalse(leases.stream().anyMatch(Lease::isAsleep));
     assertEquals(0, client.sleepingSegments());
     assertFilled(buffers, "after the refusal");

@@ -196,7 +196,11 @@ public final class LeaseBook {
       lease.session().tenantUsage().unreserveHold();
     }
     if (asleep != null) {
-      // Its block is the pool's already (a sleeping lease is never shared): drop its contents.
+      // Its block is the pool's already (or its sleep frees it next): drop its contents. A shared
+      // one's tokens and names, if any are left, hold nothing from now on (orphaned).
+      if (shared != null && !shared.dropRecord(lease, null)) {
+        shared.orphan();
+      }
       asleep.drop();
       if (event != null) {
         event.close();
@@ -218,6 +222,12 @@ public final class LeaseBook {
   /** The last hold on a shared block is gone: the block goes back, the tenant's quota too. */
   public void giveBack(SharedBlock shared) {
     Block block = shared.block();
+    if (shared.orphaned()) {
+      // Its lease was released asleep: the block went to the pool and the quota came back then.
+      log.atDebug().log("Shared block of segment {} offset {} returned: its last hold is gone (its lease was "
+          + "released while asleep)", block.segmentId(), block.offset());
+      return;
+    }
     DevicePool pool = pools.get(block.device());
     pool.sharedBlockReturned();
     pool.release(block, shared.takeEvents());

@@ -356,6 +356,12 @@ public abstract class LeaseHolder {
       throw new ConflictException("lease " + lease.id() + " is asleep (Allocator.Sleep); wake the session before "
           + "sharing or publishing it");
     }
+    if (sleepChanging) {
+      // A sleep closes the shared blocks it frees before it waits for their holders; a block
+      // shared meanwhile would escape it.
+      throw new ConflictException(this + ": a Sleep or Wake of it is under way; share or publish lease "
+          + lease.id() + " once it has returned");
+    }
     return lease.shareable(onFirstShare);
   }
 

@@ -2,13 +2,16 @@ package io.gpumemd.server.books;
 
 import io.gpumemd.common.SizeClasses;
 import io.gpumemd.server.backend.CompletionEvent;
+import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.offload.ParkedRange;
 import io.gpumemd.server.pool.Block;
+import io.gpumemd.server.pool.DevicePool;
 import java.util.ArrayList;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Set;
 import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 
 /**
@@ -26,8 +29,15 @@ import java.util.concurrent.locks.ReentrantLock;
  * block becomes the place it was (a detached copy, for its device and size) until the next
  * Lookup restores it into a new block ({@link #restored}). While parked it takes no record.
  *
+ * <p>A block can also sleep with its lease (Allocator.Sleep, issue 35 item 4): the sleep closes
+ * it to new holds ({@link #closeForSleep}), waits for the other sessions' holds to go ({@link
+ * #awaitAlone}), and frees it ({@link #fallAsleep}); its tokens and names stay, and refuse to
+ * attach or look up until the wake ({@link #wake}) puts it in the lease's new block. Its lease
+ * released while asleep leaves it <i>orphaned</i>: its tokens and names hold nothing any more.
+ *
  * <p>Thread-safety: all state is guarded by this object's monitor; every method is short and
- * calls nothing outside. Parking, restoring and dropping a parked block's last name also take
+ * calls nothing outside but the pool's counters (lock order below). {@link #awaitAlone} waits
+ * on the monitor, which the wait gives up, so the releases it waits for are not held up. Parking, restoring and dropping a parked block's last name also take
  * {@link #residency()} first, and hold it across their copies, which the monitor never is. Lock
  * order: residency, then this monitor, then the pool's lock.
  */
@@ -48,6 +58,15 @@ public final class SharedBlock {
   private final List<CompletionEvent> events = new ArrayList<>(0);
   private int tokens;
   private boolean returned;
+  /**
+   * The session its lease sleeps with (as refusals name it), from the moment that sleep closes
+   * the block to new holds until it wakes; else null.
+   */
+  private String sleeper;
+  /** True while the block sleeps with its lease: its memory went back to the pool. */
+  private boolean asleep;
+  /** True once the lease was released while asleep: its contents went with it. */
+  private boolean orphaned;
 
   SharedBlock(LeaseRecord lease) {
     this(lease.block(), lease.sizeBytes(), lease.session().tenantUsage(), lease.session().id());
@@ -96,6 +115,9 @@ public final class SharedBlock {
   public synchronized String parkRefusal() {
     if (returned) {
       return "it was unpublished meanwhile";
+    }
+    if (sleeper != null) {
+      return sleepRefusal("it");
     }
     if (records.isEmpty() && tokens == 0) {
       return null;
@@ -204,10 +226,17 @@ public final class SharedBlock {
     return List.copyOf(events);
   }
 
-  /** @return false when the block already went back (nothing to hold) */
+  /**
+   * @return false when the block already went back (nothing to hold)
+   * @throws ConflictException while it sleeps with its lease (or a sleep has closed it)
+   */
   public synchronized boolean addRecord(LeaseRecord hold) {
     if (returned) {
       return false;
+    }
+    String refusal = sleepRefusal(name().isEmpty() ? "the shared block" : "object '" + name() + "'");
+    if (refusal != null) {
+      throw new ConflictException(refusal);
     }
     if (parked != null) {
       // Lookups restore a parked block before they hold it, under the residency lock.
@@ -244,7 +273,11 @@ public final class SharedBlock {
     if (event != null) {
       events.add(event);
     }
-    return records.remove(record) && lastGone();
+    boolean removed = records.remove(record);
+    if (removed && sleeper != null) {
+      notifyAll(); // a sleep may be waiting for this hold to go (awaitAlone)
+    }
+    return removed && lastGone();
   }
 
   /** @return true when it was the last hold */
@@ -303,6 +336,109 @@ public final class SharedBlock {
   /** True once the last hold is gone. */
   public synchronized boolean returned() {
     return returned;
+  }
+
+  // ------------------------------------------------------------------------------ sleep
+
+  /**
+   * Why a new hold is refused while the block sleeps with its lease, or null when it does not.
+   *
+   * @param what the block as the caller names it ("object 'w'", "the shared block")
+   */
+  public synchronized String sleepRefusal(String what) {
+    if (orphaned) {
+      return what + " slept with " + sleeper + ", which released it while asleep: its contents are gone; "
+          + "unpublish it (or revoke its share tokens)";
+    }
+    if (sleeper != null) {
+      return what + " sleeps with " + sleeper + " (Allocator.Sleep); it comes back when that session wakes";
+    }
+    return null;
+  }
+
+  /**
+   * A sleep of the block's lease by {@code sleeper} (a session, as refusals name it) starts: from
+   * now on no hold is added, until {@link #reopen} or the wake.
+   */
+  public synchronized void closeForSleep(String sleeper) {
+    this.sleeper = sleeper;
+  }
+
+  /** The sleep that closed the block did not happen (refused, or the lease was released meanwhile). */
+  public synchronized void reopen() {
+    if (!asleep) {
+      sleeper = null;
+    }
+  }
+
+  /**
+   * Waits until no session but {@code lease}'s holds the block, or until {@code deadlineNanos}
+   * ({@link System#nanoTime}); each release of a hold wakes it ({@link #dropRecord}).
+   *
+   * @return the other holds left, as refusals name them ("session … (hold …)"); empty when none
+   * @throws InterruptedException when interrupted (the call was cancelled)
+   */
+  public synchronized List<String> awaitAlone(LeaseRecord lease, long deadlineNanos) throws InterruptedException {
+    while (true) {
+      List<String> others = new ArrayList<>();
+      for (LeaseRecord r : records) {
+        if (r != lease) {
+          others.add(r.session() + " (hold " + r.id() + ")");
+        }
+      }
+      long left = deadlineNanos - System.nanoTime();
+      if (others.isEmpty() || left <= 0) {
+        return others;
+      }
+      TimeUnit.NANOSECONDS.timedWait(this, left);
+    }
+  }
+
+  /**
+   * The block goes to sleep with its lease (the pool frees it next, and {@link #freed} says
+   * where it was): its names stop counting as published, keeping their room for the wake.
+   */
+  public synchronized void fallAsleep(DevicePool pool) {
+    asleep = true;
+    if (!names.isEmpty()) {
+      pool.sleep().publishedAsleep(block, names.size());
+    }
+    pool.sharedBlockReturned();
+  }
+
+  /**
+   * The sleeping lease wakes into {@code fresh}, and the block with it, under this monitor so
+   * that a release of the lease comes wholly before (orphaned: the lease does not wake) or after.
+   *
+   * @return what {@link LeaseRecord#wake} returns
+   */
+  public synchronized LeaseRecord.Asleep wake(LeaseRecord lease, Block fresh, DevicePool pool) {
+    LeaseRecord.Asleep was = lease.wake(fresh);
+    if (was != null && asleep) {
+      pool.blockShared(fresh);
+      if (!names.isEmpty()) {
+        pool.sleep().publishedAwake(fresh, names.size());
+      }
+      block = fresh;
+      asleep = false;
+      sleeper = null;
+    }
+    return was;
+  }
+
+  /** The sleeping lease was released: the tokens and names left hold nothing any more. */
+  synchronized void orphan() {
+    orphaned = true;
+  }
+
+  /** True while the block sleeps with its lease, or after its lease was released asleep. */
+  public synchronized boolean asleep() {
+    return asleep;
+  }
+
+  /** True once its lease was released while asleep: its last hold gives nothing back. */
+  public synchronized boolean orphaned() {
+    return orphaned;
   }
 
   /** Completes when all of several events have; closes them all. Polled from one thread. */

@@ -15,7 +15,8 @@ import java.util.Map;
  *     ({@code --retention-cap-bytes})
  * @param maxOversizeBytes most a cached block may exceed a large request and still serve it
  *     ({@code --max-oversize-bytes})
- * @param unmapWaitMillis how long a lease may wait for clients to unmap evicted segments
+ * @param unmapWaitMillis how long a lease may wait for clients to unmap evicted segments, and a
+ *     sleep for the other holders of its shared blocks
  *     ({@code --unmap-wait-ms})
  * @param maxPublishedBytes bytes of published objects per device, or -1 for "the device budget"
  *     ({@code --max-published-bytes})

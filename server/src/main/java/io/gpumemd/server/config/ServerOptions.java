@@ -196,7 +196,8 @@ public final class ServerOptions {
 
   @Option(names = "--unmap-wait-ms", paramLabel = "MS", defaultValue = "2000",
       description = "how long a lease may wait for clients to unmap evicted segments before RESOURCE_EXHAUSTED; "
-          + "also how long a client asked by an admin's sleep or wake has to answer before DEADLINE_EXCEEDED")
+          + "also how long a sleep waits for other sessions to release their holds on its shared blocks, and a "
+          + "client asked by an admin's sleep or wake has to answer before DEADLINE_EXCEEDED")
   String unmapWaitMs;
 
   @Option(names = "--offload-max-bytes", paramLabel = "BYTES",

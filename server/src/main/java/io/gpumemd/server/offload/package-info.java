@@ -20,9 +20,11 @@
  * <p><b>Sleep, in order.</b> The caller has paused its work. The client gives back its
  * client-cached blocks, vacates its mappings of the segments (reservation kept, memory
  * inaccessible: a touch faults) and sends {@code Sleep(level, tags, vacated segments)}, which is
- * also its unmap confirmation for them. The daemon refuses, changing nothing, when a lease is
- * shared with another holder that has not unmapped within {@code --unmap-wait-ms} (holders
- * named) or when level 1 would exceed {@code --offload-max-bytes}: it {@link
+ * also its unmap confirmation for them. A shared lease's block is closed to new holds, and the
+ * sleep waits up to {@code --unmap-wait-ms} for the other sessions' holds on it to be released
+ * ({@code io.gpumemd.server.session.SharedSleep}). The daemon refuses, changing nothing, when a
+ * hold is left at that deadline (holders named) or when level 1 would exceed {@code
+ * --offload-max-bytes}: it {@link
  * io.gpumemd.server.offload.HostStore#claim claims} the bytes of every lease first, then parks
  * each (level 1) or parks nothing (level 2), marks the leases asleep and frees their blocks to
  * the pool; a segment left with no block in use and no mapper is freed to the device at once,
@@ -38,7 +40,9 @@
  * memory is refused with {@code RESOURCE_EXHAUSTED} and the session stays asleep.
  *
  * <p><b>Everything else keeps its word.</b> While asleep, the session keeps its leases, quotas,
- * shares and names; a lease on it is {@code FAILED_PRECONDITION} naming the sleep. A sleeping
+ * shares and names; a lease on it is {@code FAILED_PRECONDITION} naming the sleep, and so is an
+ * Attach or Lookup of a block that sleeps, whose tokens and names follow it to its new block at
+ * the wake. A sleeping
  * session that ends (or whose process dies) drops its parked ranges with its leases after the
  * grace period, as it frees leases today. A take-over while a session sleeps is refused, naming
  * the sleeping sessions: pinned host memory cannot pass to another process, and a successor

@@ -151,6 +151,10 @@ final class PoolInvariants {
         + sharing.publishedLimitBytes() + ")");
     check((publishedObjects == 0) == (publishedBytes == 0),
         "published objects " + publishedObjects + " with " + publishedBytes + " published bytes");
+    long sleeping = sharing.sleepingPublishedBytes();
+    check(sleeping >= 0 && publishedBytes + sleeping <= sharing.publishedLimitBytes(),
+        "sleeping published bytes " + sleeping + " outside 0..limit " + sharing.publishedLimitBytes()
+        + " - published " + publishedBytes);
   }
 
   private static void check(boolean condition, String message) {

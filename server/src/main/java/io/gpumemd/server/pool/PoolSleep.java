@@ -63,6 +63,32 @@ public final class PoolSleep {
     return eviction.park(block);
   }
 
+  /**
+   * A published block goes to sleep with its lease ({@code names} > 0 names): see {@link
+   * SharingCounters#publishedAsleep}. Before {@link #sleep} frees it.
+   */
+  public void publishedAsleep(Block block, int names) {
+    core.sharing.publishedAsleep(block, names);
+  }
+
+  /** A name of a sleeping published block of {@code bytes} went away ({@code lastName}: its last). */
+  public void unpublishedAsleep(long bytes, boolean lastName) {
+    core.sharing.unpublishedAsleep(bytes, lastName);
+  }
+
+  /** A sleeping published block with {@code names} names woke into {@code fresh} (leased). */
+  public void publishedAwake(Block fresh, int names) {
+    core.sharing.publishedAwake(fresh, names);
+  }
+
+  /**
+   * How long a sleep waits for the other holders of its shared blocks to release them ({@code
+   * --unmap-wait-ms}, the bound on every wait for other clients' mappings).
+   */
+  public long unmapWaitNanos() {
+    return core.unmapWaitNanos;
+  }
+
   /** What a miss asks before it refuses a lease for lack of budget ({@link Miss}); null for nothing. */
   public void budgetRelief(BudgetRelief relief) {
     core.relief = relief;

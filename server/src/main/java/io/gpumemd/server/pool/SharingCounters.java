@@ -38,6 +38,12 @@ final class SharingCounters {
   private final AtomicLong publishedObjects = new AtomicLong();
   /** Guarded by the pool lock. */
   private long publishedBytes;
+  /**
+   * Bytes of published blocks that sleep with their lease (issue 35): no device memory, but
+   * their room under the limit is kept for their wake, which cannot be refused for it. Guarded by
+   * the pool lock.
+   */
+  private long sleepingPublishedBytes;
 
   /**
    * @param lock the owning pool's lock ({@link PoolCore#lock}), which guards {@code holders} and {@code
@@ -101,7 +107,7 @@ final class SharingCounters {
     lock.lock();
     try {
       checkLeased(block);
-      if (publishedBytes + block.size > publishedLimitBytes) {
+      if (publishedBytes + sleepingPublishedBytes + block.size > publishedLimitBytes) {
         return false;
       }
       publishedBytes += block.size;
@@ -133,6 +139,53 @@ final class SharingCounters {
     } finally {
       lock.unlock();
     }
+  }
+
+  /**
+   * A published block goes to sleep with its lease, its {@code names} names with it: they stop
+   * counting as published objects and bytes (the block is freed next), and its bytes keep their
+   * room under the limit; takes the pool lock.
+   */
+  void publishedAsleep(Block block, int names) {
+    lock.lock();
+    try {
+      checkLeased(block);
+      publishedObjects.addAndGet(-names);
+      publishedBytes -= block.size;
+      sleepingPublishedBytes += block.size;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A name of a sleeping block went away; with its last, its room is given up. Takes the pool lock. */
+  void unpublishedAsleep(long bytes, boolean lastName) {
+    if (!lastName) {
+      return;
+    }
+    lock.lock();
+    try {
+      sleepingPublishedBytes -= bytes;
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  /** A sleeping published block woke into {@code fresh}: its names count again, in its kept room. */
+  void publishedAwake(Block fresh, int names) {
+    lock.lock();
+    try {
+      checkLeased(fresh);
+      sleepingPublishedBytes -= fresh.size;
+      publishedBytes += fresh.size;
+      publishedObjects.addAndGet(names);
+    } finally {
+      lock.unlock();
+    }
+  }
+
+  long sleepingPublishedBytes() {
+    return sleepingPublishedBytes;
   }
 
   /** Sharing, holding or publishing applies to leased blocks only; with the pool lock held. */

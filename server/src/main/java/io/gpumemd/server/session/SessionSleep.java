@@ -6,7 +6,6 @@ import io.gpumemd.server.backend.IpcHandle;
 import io.gpumemd.server.books.LeaseBook;
 import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.books.Reservation;
-import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.books.Validation;
 import io.gpumemd.server.error.ConflictException;
 import io.gpumemd.server.error.InvalidRequestException;
@@ -38,9 +37,17 @@ import org.slf4j.LoggerFactory;
  * (its contents) and a detached block (where it was); the session says whether it sleeps ({@link
  * io.gpumemd.server.books.LeaseHolder#beginSleepChange}).
  *
+ * <p>A lease whose block is shared (share tokens, published names, other sessions' holds)
+ * sleeps once the other sessions have released their holds: the sleep waits for them up to
+ * {@code --unmap-wait-ms}, and is refused naming those left ({@link SharedSleep}). Its tokens and
+ * names stay while it sleeps, refusing Attach and Lookup with FAILED_PRECONDITION naming the
+ * sleep, and refer to its new block once it wakes ({@link
+ * io.gpumemd.server.books.SharedBlock#wake}).
+ *
  * <p>Thread-safe: one Sleep or Wake per session at a time (a second is refused), any number of
  * sessions at once. A Release of a lease racing its sleep or wake is ordered by the record
- * ({@link LeaseRecord#fallAsleep}, {@link LeaseRecord#wake}).
+ * ({@link LeaseRecord#fallAsleep}, {@link LeaseRecord#wake}), and for a shared block by the
+ * block's monitor too.
  */
 public final class SessionSleep {
   private static final Logger log = LoggerFactory.getLogger(SessionSleep.class);
@@ -133,23 +140,57 @@ public final class SessionSleep {
       throw new InvalidRequestException("vacated_segment_ids: segments " + missing + " hold leases that would sleep "
           + "and were not vacated (the client unmaps them, keeping their address ranges, before it calls Sleep)");
     }
-    // Nothing of the session is client-cached in a segment it vacated: the client gave its
-    // tier back before it called (notices cross calls), and what is left goes back now.
-    for (LeaseRecord r : cached) {
-      releaseQuietly(session, r);
-    }
-    List<ParkedRange> parked = park(session, sleepers, level, tags);
-    long parkedAt = System.nanoTime();
-    Map<DevicePool, List<LeaseRecord>> byPool = new LinkedHashMap<>();
+    // Shared blocks wait for their other holders; until the sleep has freed them, a refusal
+    // opens them again.
+    SharedSleep shared = SharedSleep.closeAndAwait(session, sleepers, pools);
+    long freed;
     List<String> ids = new ArrayList<>(sleepers.size());
+    long parkedAt;
+    long copyStart;
+    try {
+      // Nothing of the session is client-cached in a segment it vacated: the client gave its
+      // tier back before it called (notices cross calls), and what is left goes back now.
+      for (LeaseRecord r : cached) {
+        releaseQuietly(session, r);
+      }
+      copyStart = System.nanoTime();
+      List<ParkedRange> parked = park(session, sleepers, level, tags);
+      parkedAt = System.nanoTime();
+      freed = free(session, sleepers, parked, shared, ids);
+    } catch (RuntimeException e) {
+      shared.reopen();
+      throw e;
+    }
+    long hostBytes = session.sleepFigures()[1];
+    log.atInfo().addKeyValue("session", session.id()).addKeyValue("leases", ids.size())
+        .log("{} sleeps at level {}: {} leases in {} segments{}{}; {} of device memory freed, {} kept in host "
+            + "memory in all; {} ms (copies {} ms)", session, level, ids.size(), segments.size(),
+            tags.isEmpty() ? "" : " (tags " + tags + ")", shared.waited(), Sizes.format(freed),
+            Sizes.format(hostBytes), (System.nanoTime() - start) / 1_000_000, (parkedAt - copyStart) / 1_000_000);
+    return new Slept(ids, List.copyOf(segments), hostBytes, freed);
+  }
+
+  /**
+   * Puts each sleeper to sleep with its parked contents and frees its block.
+   *
+   * @param ids filled with the leases that went to sleep
+   * @return device bytes freed
+   */
+  private long free(Session session, List<LeaseRecord> sleepers, List<ParkedRange> parked, SharedSleep shared,
+      List<String> ids) {
+    Map<DevicePool, List<LeaseRecord>> byPool = new LinkedHashMap<>();
     for (int i = 0; i < sleepers.size(); i++) {
       LeaseRecord r = sleepers.get(i);
       int leaseLevel = parked.get(i) == null ? 2 : 1;
       if (r.fallAsleep(new LeaseRecord.Asleep(leaseLevel, parked.get(i)))) {
+        shared.fellAsleep(r, pools);
         byPool.computeIfAbsent(pools.get(r.block().device()), p -> new ArrayList<>()).add(r);
         ids.add(r.id());
-      } else if (parked.get(i) != null) {
-        parked.get(i).drop(); // released meanwhile: its release gave the block back
+      } else {
+        shared.notAsleep(r);
+        if (parked.get(i) != null) {
+          parked.get(i).drop(); // released meanwhile: its release gave the block back
+        }
       }
     }
     long freed = 0;
@@ -161,16 +202,11 @@ public final class SessionSleep {
       List<Block> places = e.getKey().sleep().sleep(blocks, session.id(), ofPool);
       for (int i = 0; i < places.size(); i++) {
         e.getValue().get(i).moved(places.get(i));
+        shared.freed(e.getValue().get(i), places.get(i));
         freed += places.get(i).size();
       }
     }
-    long hostBytes = session.sleepFigures()[1];
-    log.atInfo().addKeyValue("session", session.id()).addKeyValue("leases", ids.size())
-        .log("{} sleeps at level {}: {} leases in {} segments{}; {} of device memory freed, {} kept in host memory "
-            + "in all; {} ms (copies {} ms)", session, level, ids.size(), segments.size(),
-            tags.isEmpty() ? "" : " (tags " + tags + ")", Sizes.format(freed), Sizes.format(hostBytes),
-            (System.nanoTime() - start) / 1_000_000, (parkedAt - start) / 1_000_000);
-    return new Slept(ids, List.copyOf(segments), hostBytes, freed);
+    return freed;
   }
 
   /** Refuses a lease that cannot sleep, naming why; changes nothing. */
@@ -179,14 +215,6 @@ public final class SessionSleep {
       throw new ConflictException("lease " + r.id() + " of " + session + " is a hold on another lease's block "
           + "(Attach or Lookup) in a segment that would sleep: a block others use cannot be freed; release the hold "
           + "first, or sleep with tags that leave its segment awake");
-    }
-    SharedBlock shared = r.shared();
-    if (shared != null && !shared.returned()) {
-      String name = shared.name();
-      throw new ConflictException("lease " + r.id() + " of " + session + " is shared (" + shared.holds() + " holds"
-          + (name.isEmpty() ? "" : ", published as '" + name + "'") + ", holder sessions "
-          + shared.holderSessionIds() + "): a block others may map cannot be freed; revoke, unpublish or release "
-          + "it first, or sleep with tags that leave its segment awake");
     }
     if (r.block().memory().handle() instanceof IpcHandle.CudaIpc) {
       throw new ConflictException(session + " maps its leases through CUDA IPC handles, which a client cannot "
@@ -299,7 +327,10 @@ public final class SessionSleep {
     }
     long restored = 0;
     for (Map.Entry<LeaseRecord, Block> e : fresh.entrySet()) {
-      LeaseRecord.Asleep was = e.getKey().wake(e.getValue());
+      LeaseRecord r = e.getKey();
+      // A shared block wakes with its lease: its tokens and names refer to the new block.
+      LeaseRecord.Asleep was = r.shared() == null ? r.wake(e.getValue())
+          : r.shared().wake(r, e.getValue(), pools.get(e.getValue().device()));
       if (was == null) {
         pools.get(e.getValue().device()).release(e.getValue(), null); // released while waking
       } else {

@@ -86,6 +86,13 @@ public final class ObjectParking {
    */
   LeaseRecord restoreAndHold(PublishedObject object, Caller caller, String sessionId, Supplier<LeaseRecord> hold) {
     SharedBlock shared = object.shared();
+    // A block that sleeps with its lease refuses, naming the very name looked up (the hold
+    // would refuse too, naming the block's first name).
+    String asleep = shared.sleepRefusal("object '" + object.name() + "'");
+    if (asleep != null) {
+      directory.session(caller, sessionId); // an unknown session says so first
+      throw new ConflictException(asleep);
+    }
     shared.residency().lock();
     try {
       if (shared.parked()) {
@@ -117,7 +124,11 @@ public final class ObjectParking {
       synchronized (shared) {
         drop = shared.dropName(name);
         parked = shared.parked();
-        if (!parked) {
+        if (shared.asleep()) {
+          // It sleeps with its lease (or its lease was released asleep): its names were counted
+          // out at the sleep, their room kept for the wake.
+          pool.sleep().unpublishedAsleep(shared.block().size(), drop.lastName());
+        } else if (!parked) {
           pool.unpublished(shared.block(), drop.lastName());
         }
       }
@@ -137,8 +148,9 @@ public final class ObjectParking {
   /** Objects parked now, as refusals name them. */
   static List<String> parked(Collection<PublishedObject> objects) {
     List<String> out = new ArrayList<>();
-    objects.stream().filter(o -> o.shared().parked()).sorted(SharedObjects.OBJECT_ORDER)
-        .forEach(o -> out.add("'" + o.name() + "' of tenant " + o.tenant()));
+    objects.stream().filter(o -> o.shared().parked() || o.shared().orphaned()).sorted(SharedObjects.OBJECT_ORDER)
+        .forEach(o -> out.add("'" + o.name() + "' of tenant " + o.tenant()
+            + (o.shared().orphaned() ? " (its lease was released while asleep: unpublish it)" : "")));
     return out;
   }
 

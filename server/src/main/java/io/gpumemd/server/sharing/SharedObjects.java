@@ -276,9 +276,15 @@ public final class SharedObjects {
         bytes)));
   }
 
-  /** Published objects parked now, as refusals name them (take-over). */
+  /**
+   * Published objects parked now, and tokens and names left holding nothing by a lease released
+   * asleep, as refusals name them (take-over: none of them has a block to hand over).
+   */
   public List<String> parkedObjects() {
-    return ObjectParking.parked(objects.values());
+    List<String> out = new ArrayList<>(ObjectParking.parked(objects.values()));
+    tokens.all().stream().filter(t -> t.shared.orphaned()).sorted(TOKEN_ORDER).forEach(t -> out.add("share token "
+        + t.id + " of tenant " + t.tenant + " (its lease was released while asleep: revoke it)"));
+    return out;
   }
 
   /**

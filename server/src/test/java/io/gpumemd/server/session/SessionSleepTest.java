@@ -46,27 +46,42 @@ class SessionSleepTest {
   @TempDir
   Path dir;
 
-  private HostShmBackend backend;
+  private Pool pool;
   private DevicePools pools;
   private SessionRegistry registry;
 
+  /** A host-backend pool of one 64 MiB device and a registry over it. */
+  record Pool(HostShmBackend backend, DevicePools pools, SessionRegistry registry) {
+    static Pool start(Path dir, long poolBytes, long unmapWaitMillis, long offloadMaxBytes) {
+      HostShmBackend backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
+      LiveSessions sessions = new LiveSessions();
+      DevicePool pool = new DevicePool(backend.devices().get(0), backend,
+          new PoolSettings(poolBytes, poolBytes, 20 * MIB, unmapWaitMillis), sessions, DevicePools.segmentIdBase(0),
+          Ticker.system());
+      DevicePools pools = new DevicePools(List.of(pool));
+      return new Pool(backend, pools, new SessionRegistry(pools, backend,
+          new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of()), Ticker.system(), sessions,
+          offloadMaxBytes));
+    }
+
+    /** Checks the pool's invariants, then closes it. */
+    void close() {
+      pools.get(0).verifyInvariants();
+      pools.close();
+      backend.close();
+    }
+  }
+
   private void start(long poolBytes, long offloadMaxBytes) {
-    backend = new HostShmBackend(dir.resolve("shm"), 1, 64 * MIB, null);
-    LiveSessions sessions = new LiveSessions();
-    DevicePool pool = new DevicePool(backend.devices().get(0), backend,
-        new PoolSettings(poolBytes, poolBytes, 20 * MIB, 50), sessions, DevicePools.segmentIdBase(0),
-        Ticker.system());
-    pools = new DevicePools(List.of(pool));
-    registry = new SessionRegistry(pools, backend, new SessionSettings(30, 3600, 2000, 0, Quota.UNLIMITED, Map.of()),
-        Ticker.system(), sessions, offloadMaxBytes);
+    pool = Pool.start(dir, poolBytes, 50, offloadMaxBytes);
+    pools = pool.pools();
+    registry = pool.registry();
   }
 
   @AfterEach
   void verifyAndClose() {
-    if (pools != null) {
-      pools.get(0).verifyInvariants();
-      pools.close();
-      backend.close();
+    if (pool != null) {
+      pool.close();
     }
   }
 
@@ -79,7 +94,7 @@ class SessionSleepTest {
   }
 
   /** The lease's bytes as a client maps them: its segment's file, at its offset. */
-  private static byte[] read(LeaseRecord lease) throws IOException {
+  static byte[] read(LeaseRecord lease) throws IOException {
     Block b = lease.block();
     try (FileChannel f = FileChannel.open(Path.of(((IpcHandle.HostShm) b.memory().handle()).path()),
         StandardOpenOption.READ)) {
@@ -89,7 +104,7 @@ class SessionSleepTest {
     }
   }
 
-  private static byte[] write(LeaseRecord lease, long seed) throws IOException {
+  static byte[] write(LeaseRecord lease, long seed) throws IOException {
     Block b = lease.block();
     byte[] bytes = new byte[(int) b.size()];
     new Random(seed).nextBytes(bytes);
@@ -100,7 +115,7 @@ class SessionSleepTest {
     return bytes;
   }
 
-  private static List<Long> segments(LeaseRecord... leases) {
+  static List<Long> segments(LeaseRecord... leases) {
     return java.util.Arrays.stream(leases).map(l -> l.block().segmentId()).distinct().toList();
   }
 
@@ -190,9 +205,12 @@ class SessionSleepTest {
         () -> registry.sleep().sleep(Caller.DAEMON, s.id(), 1, List.of(), segments(small, big)));
     assertTrue(overBound.getMessage().contains("--offload-max-bytes"), overBound.getMessage());
     registry.sharing().publish(Caller.DAEMON, s.id(), small.id(), "weights", true);
+    Session holder = registry.open(Caller.DAEMON, "holder", 0, -1);
+    registry.sharing().lookup(Caller.DAEMON, holder.id(), "weights", "");
     ConflictException shared = assertThrows(ConflictException.class,
         () -> registry.sleep().sleep(Caller.DAEMON, s.id(), 2, List.of(), segments(small, big)));
-    assertTrue(shared.getMessage().contains("'weights'"), shared.getMessage());
+    assertTrue(shared.getMessage().contains("'weights'") && shared.getMessage().contains(holder.toString()),
+        shared.getMessage());
 
     assertNull(small.asleep());
     assertNull(big.asleep());
