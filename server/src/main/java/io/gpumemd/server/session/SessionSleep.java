@@ -148,14 +148,15 @@ public final class SessionSleep {
     long parkedAt;
     long copyStart;
     try {
+      copyStart = System.nanoTime();
+      List<ParkedRange> parked = park(session, sleepers, level, tags); // the last refusal: nothing changed before
+      parkedAt = System.nanoTime();
       // Nothing of the session is client-cached in a segment it vacated: the client gave its
-      // tier back before it called (notices cross calls), and what is left goes back now.
+      // tier back before it called (notices cross calls), and what is left goes back now, before
+      // the blocks are freed, so that the segments it was in are left unused.
       for (LeaseRecord r : cached) {
         releaseQuietly(session, r);
       }
-      copyStart = System.nanoTime();
-      List<ParkedRange> parked = park(session, sleepers, level, tags);
-      parkedAt = System.nanoTime();
       freed = free(session, sleepers, parked, shared, ids);
     } catch (RuntimeException e) {
       shared.reopen();

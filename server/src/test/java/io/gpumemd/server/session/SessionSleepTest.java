@@ -260,6 +260,24 @@ class SessionSleepTest {
   }
 
   @Test
+  void sleepRefusedForTheHostBound_leavesClientCachedLeasesCached() {
+    start(64 * MIB, 2 * MIB);
+    Session s = registry.open(Caller.DAEMON, "engine", 0, -1);
+    LeaseRecord inUse = lease(s, 4 * MIB, "");
+    LeaseRecord cachedBeside = lease(s, 256 * 1024, "");
+    LeaseRecord smallInUse = lease(s, 256 * 1024, "");
+    assertEquals(List.of(), registry.clientCache().cached(s, List.of(cachedBeside.id())));
+    int live = registry.liveLeases();
+
+    ExhaustedException overBound = assertThrows(ExhaustedException.class,
+        () -> registry.sleep().sleep(Caller.DAEMON, s.id(), 1, List.of(), segments(inUse, smallInUse)));
+
+    assertTrue(overBound.getMessage().contains("--offload-max-bytes"), overBound.getMessage());
+    assertEquals(live, registry.liveLeases(), "a refused sleep gave no cached lease back");
+    assertTrue(s.keepsCached(cachedBeside), "still in the client's tier, as before the call");
+  }
+
+  @Test
   void releaseOrEnd_whileAsleep_dropsTheContents() {
     start(64 * MIB, 64 * MIB);
     Session s = registry.open(Caller.DAEMON, "engine", 0, -1);
