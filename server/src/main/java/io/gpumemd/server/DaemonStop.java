@@ -127,6 +127,11 @@ final class DaemonStop {
         // learn it from their streams' MovingNotice and from the GOAWAY of their connections.
         p.listeners().stopAccepting();
         p.registry().moved();
+        HandOver h = handOver;
+        if (h != null) {
+          // Requests that waited for the hand-over: their clients call again now, there.
+          h.moved();
+        }
       }
       stopThreads(why);
       if (why.keepsMemory) {

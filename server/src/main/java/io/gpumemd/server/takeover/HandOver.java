@@ -176,6 +176,14 @@ public final class HandOver implements AutoCloseable {
   }
 
   /**
+   * The successor serves and this daemon's listeners sent their connections away: the requests
+   * that waited for the hand-over's end are told to go there ({@link HandOverGate#moved}).
+   */
+  public void moved() {
+    gate.moved();
+  }
+
+  /**
    * Stops listening, and waits for a hand-over in progress to end (a shutdown must not drain
    * sessions a successor is taking); removes the socket file if it is still this daemon's.
    * Idempotent, from any thread (the hand-over's own included: then it does not wait).

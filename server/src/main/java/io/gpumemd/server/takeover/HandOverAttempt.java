@@ -109,7 +109,7 @@ final class HandOverAttempt {
     started = System.nanoTime();
     int left;
     try {
-      left = gate.close(HandOver.QUIESCE_MILLIS);
+      left = gate.closeForHandOver(HandOver.QUIESCE_MILLIS);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       gate.open();
