@@ -68,6 +68,12 @@ public final class HandOver implements AutoCloseable {
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);
+
+    /**
+     * Runs what the state's way out runs, on scratch books, while this daemon still serves: a
+     * successor's Hello was accepted and the gate closes next, so the pause meets warm code.
+     */
+    default void rehearse() {}
   }
 
   private final Path path;

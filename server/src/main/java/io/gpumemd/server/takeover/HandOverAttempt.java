@@ -56,7 +56,11 @@ final class HandOverAttempt {
    */
   void run() {
     Hello hello = greet();
-    if (hello == null || !quiesce(hello) || !sendState() || awaitAnswer() == null) {
+    if (hello == null) {
+      return;
+    }
+    daemon.rehearse();
+    if (!quiesce(hello) || !sendState() || awaitAnswer() == null) {
       return;
     }
     taken.run();
