@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamLease;
@@ -40,6 +41,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
@@ -133,52 +135,54 @@ class MovingRefusalTest {
   void handOver_holdsRefusalsUntilItEnds_movedTellsStreamsToGo() throws Exception {
     AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(channel);
     String session = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
-    LeaseRequest lease = LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(MIB).build();
-    KeepAliveRequest message = KeepAliveRequest.newBuilder().setSessionId(session)
-        .addLeases(StreamLease.newBuilder().setRequestId(1).setDevice(0).setSizeBytes(MIB)).build();
-
-    assertEquals(0, gate.closeForHandOver(1000));
-    // In-process with direct executors: each request has reached the gate when the call returns.
-    var unary = AllocatorGrpc.newFutureStub(channel).lease(lease);
     LinkedBlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
-    CompletableFuture<Throwable> stream = keepAlive(message, events);
-    assertFalse(unary.isDone(), "a call was answered during the hand-over");
-    assertFalse(stream.isDone(), "a stream was answered during the hand-over");
+    Held held = sendDuringHandOver(session, events);
 
     gate.moved();
-    ExecutionException refused = assertThrows(ExecutionException.class, () -> unary.get(10, TimeUnit.SECONDS));
+    ExecutionException refused = assertThrows(ExecutionException.class, () -> held.unary().get(10, TimeUnit.SECONDS));
     StatusRuntimeException status = (StatusRuntimeException) refused.getCause();
     assertEquals(Status.Code.UNAVAILABLE, status.getStatus().getCode());
     assertEquals("1", trailer(status));
-    assertTrue(stream.get(10, TimeUnit.SECONDS) instanceof Completed, "the stream ended otherwise");
+    assertTrue(held.stream().get(10, TimeUnit.SECONDS) instanceof Completed, "the stream ended otherwise");
     assertEquals(List.of(SessionEvent.EventCase.MOVING), events.stream().map(SessionEvent::getEventCase).toList());
     assertEquals(0, registry.liveLeases(), "a held request made a lease");
     assertEquals(0, registry.session(Caller.DAEMON, session).appliedMessages(), "a held message was counted");
     // The hand-over is over: what comes now is refused at once.
-    assertThrows(StatusRuntimeException.class, () -> allocator.lease(lease));
+    assertThrows(StatusRuntimeException.class, () -> allocator.lease(leaseOf(session)));
   }
 
   @Test
   void handOverGivenUp_answersHeldRequestsMoving_thenServes() throws Exception {
     AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(channel);
     String session = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
-    LeaseRequest lease = LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(MIB).build();
-    KeepAliveRequest message = KeepAliveRequest.newBuilder().setSessionId(session)
-        .addLeases(StreamLease.newBuilder().setRequestId(1).setDevice(0).setSizeBytes(MIB)).build();
-
-    assertEquals(0, gate.closeForHandOver(1000));
-    var unary = AllocatorGrpc.newFutureStub(channel).lease(lease);
-    CompletableFuture<Throwable> stream = keepAlive(message, new LinkedBlockingQueue<>());
-    assertFalse(unary.isDone(), "a call was answered during the hand-over");
-    assertFalse(stream.isDone(), "a stream was answered during the hand-over");
+    Held held = sendDuringHandOver(session, new LinkedBlockingQueue<>());
 
     gate.open();
-    ExecutionException refused = assertThrows(ExecutionException.class, () -> unary.get(10, TimeUnit.SECONDS));
+    ExecutionException refused = assertThrows(ExecutionException.class, () -> held.unary().get(10, TimeUnit.SECONDS));
     assertEquals("1", trailer((StatusRuntimeException) refused.getCause()));
-    assertEquals("1", trailer((StatusRuntimeException) stream.get(10, TimeUnit.SECONDS)));
+    assertEquals("1", trailer((StatusRuntimeException) held.stream().get(10, TimeUnit.SECONDS)));
     assertEquals(0, registry.liveLeases(), "a held request made a lease");
-    allocator.lease(lease);
+    allocator.lease(leaseOf(session));
     assertEquals(1, registry.liveLeases());
+  }
+
+  /** A unary Lease and a KeepAlive stream's first message, both held by a gate closed for a hand-over. */
+  private record Held(Future<LeaseResponse> unary, CompletableFuture<Throwable> stream) {}
+
+  /** Closes the gate for a hand-over, then sends a Lease and a KeepAlive message of {@code session}. */
+  private Held sendDuringHandOver(String session, LinkedBlockingQueue<SessionEvent> events) throws Exception {
+    assertEquals(0, gate.closeForHandOver(1000));
+    // In-process with direct executors: each request has reached the gate when the call returns.
+    Future<LeaseResponse> unary = AllocatorGrpc.newFutureStub(channel).lease(leaseOf(session));
+    CompletableFuture<Throwable> stream = keepAlive(KeepAliveRequest.newBuilder().setSessionId(session)
+        .addLeases(StreamLease.newBuilder().setRequestId(1).setDevice(0).setSizeBytes(MIB)).build(), events);
+    assertFalse(unary.isDone(), "a call was answered during the hand-over");
+    assertFalse(stream.isDone(), "a stream was answered during the hand-over");
+    return new Held(unary, stream);
+  }
+
+  private static LeaseRequest leaseOf(String session) {
+    return LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(MIB).build();
   }
 
   private static String trailer(StatusRuntimeException e) {
