@@ -125,8 +125,16 @@ final class DaemonStop {
       } else if (why == Reason.HANDED_OVER) {
         // New connections go to the successor (it owns the socket paths); this daemon's clients
         // learn it from their streams' MovingNotice and from the GOAWAY of their connections.
-        p.listeners().stopAccepting();
+        // The clients are told before the fd channel closes (its event loop takes milliseconds
+        // to stop): their connections have GOAWAY by then, so they call again on new ones.
+        p.listeners().sendAway();
         p.registry().moved();
+        HandOver h = handOver;
+        if (h != null) {
+          // Requests that waited for the hand-over: their clients call again now, there.
+          h.moved();
+        }
+        p.listeners().stopAccepting();
       }
       stopThreads(why);
       if (why.keepsMemory) {

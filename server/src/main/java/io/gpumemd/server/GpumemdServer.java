@@ -232,10 +232,8 @@ public final class GpumemdServer {
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
         server.bindHandOver(true);
-        Path socket = config.takeOver().socket().toAbsolutePath();
         Rehearsal.run(() -> books(config, backend, ticker, false), server.stage(),
-            socket.resolveSibling(socket.getFileName() + ".rehearsal-" + ProcessHandle.current().pid()),
-            server.listeners.unixBoundAt());
+            Rehearsal.channelPath(config.takeOver().socket()), server.listeners.unixBoundAt());
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
           TakeOverState.restorePools(takeOver, server.pools);
@@ -322,8 +320,12 @@ public final class GpumemdServer {
       HandOver.clearStale(socket);
     }
     handOverAt = beside ? SocketFiles.temporaryPath(socket.toAbsolutePath()) : socket;
+    // A successor ran the state's way out in its rehearsal; a daemon that started fresh runs it
+    // when its first successor asks, before the gate closes.
+    Runnable rehearsal = beside ? () -> { }
+        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
-        new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver), VERSION);
+        new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);
   }
 

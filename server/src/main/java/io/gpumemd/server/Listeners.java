@@ -383,13 +383,21 @@ final class Listeners implements AutoCloseable {
   }
 
   /**
+   * The gRPC listeners stop taking connections and new calls and tell their connections so
+   * (GOAWAY): the clients' next calls open connections to the successor. Idempotent.
+   */
+  void sendAway() {
+    for (Server server : servers) {
+      server.shutdown();
+    }
+  }
+
+  /**
    * Stops taking connections and new calls (calls running go on): what a daemon that handed over
    * does first, so that its clients' next calls open connections to the successor.
    */
   void stopAccepting() {
-    for (Server server : servers) {
-      server.shutdown();
-    }
+    sendAway();
     if (fdChannel != null) {
       fdChannel.close();
     }

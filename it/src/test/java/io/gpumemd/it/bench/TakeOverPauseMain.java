@@ -30,7 +30,10 @@ import java.util.regex.Pattern;
  * old daemon closed its gate, the steps both daemons log (the old one's {@code state sent}, the
  * successor's {@code state received}, {@code restored}, the old one's {@code Taken}, the successor
  * serving on the socket path, the old one stopped), and when the longest wait began and ended;
- * the last line gives their medians.
+ * the last line gives their medians. Apart from the longest wait of the whole window it gives the
+ * longest lease call that overlapped the hand-over itself (from the old daemon's gate closing to
+ * its stop): on a loaded machine the successor's own start (its JVM, its rehearsal) can stall the
+ * worker for longer than the hand-over, seconds before or after it.
  * Run:
  *
  * <pre>
@@ -66,6 +69,7 @@ public final class TakeOverPauseMain {
     Worker worker = null;
     long[] pauses = new long[takeOvers];
     long[] handOver = new long[takeOvers];
+    long[] inHandOver = new long[takeOvers];
     long[][] steps = new long[STEPS.length + 2][takeOvers];
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
       List<Lease> held = hold(client, liveLeases);
@@ -86,8 +90,11 @@ public final class TakeOverPauseMain {
         for (int s = 0; s < at.length; s++) {
           steps[s][i] = at[s];
         }
-        System.out.printf("take-over %2d: longest lease wait %,8d us; hand-over %d ms (gate closed to Taken); %s%n",
-            i + 1, pauses[i], handOver[i], describe(at));
+        // From the gate closing to the old daemon's stop ("stopped", the last of STEPS).
+        inHandOver[i] = worker.longestWithin(logged(daemon.output(), GATE_CLOSED),
+            logged(daemon.output(), STEPS[STEPS.length - 1][2]));
+        System.out.printf("take-over %2d: longest lease wait %,8d us (%,8d us overlapping the hand-over); hand-over %d "
+            + "ms (gate closed to Taken); %s%n", i + 1, pauses[i], inHandOver[i], handOver[i], describe(at));
         daemon.close();
         daemon = next;
       }
@@ -110,9 +117,9 @@ public final class TakeOverPauseMain {
       medians[s] = p50(steps[s]);
     }
     System.out.printf("%d take-overs with %,d live leases, %,d leases, %d failed: longest lease wait p50 %,d us, "
-        + "max %,d us; hand-over p50 %d ms, max %d ms%nmedian steps: %s%n", takeOvers, liveLeases,
-        worker.leases.get(), worker.failures.size(), p50(pauses), max(pauses), p50(handOver), max(handOver),
-        describe(medians));
+        + "max %,d us; overlapping the hand-over p50 %,d us, max %,d us; hand-over p50 %d ms, max %d ms%n"
+        + "median steps: %s%n", takeOvers, liveLeases, worker.leases.get(), worker.failures.size(), p50(pauses),
+        max(pauses), p50(inHandOver), max(inHandOver), p50(handOver), max(handOver), describe(medians));
     if (!worker.failures.isEmpty()) {
       System.out.println("failures: " + worker.failures.subList(0, Math.min(10, worker.failures.size())));
       System.exit(1);
@@ -141,6 +148,9 @@ public final class TakeOverPauseMain {
     final AtomicLong longestNanos = new AtomicLong();
     /** Wall-clock milliseconds when the longest call began (written by the worker only). */
     volatile long longestBeganMillis;
+    /** Calls of {@value #SLOW_MICROS} us or more since the last reset: {began millis, took us}. */
+    private final List<long[]> slow = new ArrayList<>();
+    private static final long SLOW_MICROS = 1000;
     final List<String> failures = new ArrayList<>();
 
     Worker(GpuMemClient client) {
@@ -155,6 +165,22 @@ public final class TakeOverPauseMain {
 
     void reset() {
       longestNanos.set(0);
+      synchronized (slow) {
+        slow.clear();
+      }
+    }
+
+    /** The longest call (us) since the last reset that ran at some moment from {@code from} to {@code to} (ms). */
+    long longestWithin(long from, long to) {
+      long longest = 0;
+      synchronized (slow) {
+        for (long[] call : slow) {
+          if (call[0] <= to && call[0] + call[1] / 1000 >= from) {
+            longest = Math.max(longest, call[1]);
+          }
+        }
+      }
+      return longest;
     }
 
     private void run() {
@@ -169,6 +195,11 @@ public final class TakeOverPauseMain {
           }
         }
         long took = System.nanoTime() - t0;
+        if (took >= SLOW_MICROS * 1000) {
+          synchronized (slow) {
+            slow.add(new long[] {began, took / 1000});
+          }
+        }
         if (took > longestNanos.get()) {
           longestNanos.set(took);
           longestBeganMillis = began;

@@ -113,8 +113,11 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
   @Override
   public void onNext(KeepAliveRequest message) {
     if (!gate.enter()) {
-      // The daemon hands over: not applied, not counted; the client sends it again to the successor.
-      end(HandOverInterceptor.movingStatus().asRuntimeException(HandOverInterceptor.movingTrailers()));
+      // The daemon hands over: not applied, not counted; the client sends it again to the
+      // successor, as soon as the hand-over ends when the gate holds it.
+      if (!gate.hold(this::handOverEnded)) {
+        endMoving();
+      }
       return;
     }
     synchronized (this) {
@@ -343,6 +346,29 @@ final class SessionStream implements StreamObserver<KeepAliveRequest> {
     }
     end(Status.RESOURCE_EXHAUSTED.withDescription("KeepAlive: the client read none of its replies for " + millis
         + " ms (--stream-stall-timeout-ms); the stream is closed").asRuntimeException());
+  }
+
+  /**
+   * The hand-over that held this stream's message ended: the client is told that its session
+   * moved (a MovingNotice, then the end: it reattaches at once, to the successor), or, when the
+   * gate opened again, "moving" (it sends the message again, here). Either way unapplied.
+   */
+  private void handOverEnded(boolean moved) {
+    synchronized (this) {
+      if (ended) {
+        return;
+      }
+    }
+    if (moved) {
+      over();
+      channel.moving();
+    } else {
+      endMoving();
+    }
+  }
+
+  private void endMoving() {
+    end(HandOverInterceptor.movingStatus().asRuntimeException(HandOverInterceptor.movingTrailers()));
   }
 
   /** Ends the stream with an error; the session, if bound, waits out its grace period. */

@@ -457,7 +457,8 @@ public final class SessionRegistry {
    *     the pools or itself (the message names the lease); the caller discards the registry
    */
   public SessionsSnapshot.Restored restore(SessionsSnapshot snapshot) {
-    return new SessionsRestorer(pools, settings, ticker, sessions, directory, book, sharing, churn).restore(snapshot);
+    return new SessionsRestorer(new RegistryRooms(pools, settings, ticker, sessions, directory, book, sharing, churn))
+        .restore(snapshot);
   }
 
   // ------------------------------------------------------------------------------ listing

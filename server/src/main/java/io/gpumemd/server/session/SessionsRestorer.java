@@ -10,11 +10,9 @@ import io.gpumemd.server.sharing.PublishedObject;
 import io.gpumemd.server.sharing.ShareToken;
 import io.gpumemd.server.sharing.SharedObjects;
 import io.gpumemd.common.SizeClasses;
-import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.pool.Block;
-import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionsSnapshot.ClientCounters;
 import io.gpumemd.server.session.SessionsSnapshot.LeaseSnapshot;
 import io.gpumemd.server.session.SessionsSnapshot.ObjectSnapshot;
@@ -58,14 +56,8 @@ final class SessionsRestorer {
   /** Over-quota sessions or tenants named in {@link SessionsSnapshot.Restored}; the rest are counted. */
   private static final int NAMED_IN_WARNING = 5;
 
-  private final DevicePools pools;
-  private final SessionSettings settings;
-  private final Ticker ticker;
-  private final LiveSessions sessions;
-  private final SessionDirectory directory;
-  private final LeaseBook book;
-  private final SharedObjects sharing;
-  private final SessionChurn churn;
+  /** The registry's rooms, which this restore fills. */
+  private final RegistryRooms rooms;
 
   // What build() makes, register() enters.
   private long now;
@@ -82,16 +74,8 @@ final class SessionsRestorer {
   private int cappedTtls;
   private int cappedAllowances;
 
-  SessionsRestorer(DevicePools pools, SessionSettings settings, Ticker ticker, LiveSessions sessions,
-      SessionDirectory directory, LeaseBook book, SharedObjects sharing, SessionChurn churn) {
-    this.pools = pools;
-    this.settings = settings;
-    this.ticker = ticker;
-    this.sessions = sessions;
-    this.directory = directory;
-    this.book = book;
-    this.sharing = sharing;
-    this.churn = churn;
+  SessionsRestorer(RegistryRooms rooms) {
+    this.rooms = rooms;
   }
 
   /**
@@ -102,11 +86,14 @@ final class SessionsRestorer {
    *     the pools or itself (naming the lease, block, token or name)
    */
   SessionsSnapshot.Restored restore(SessionsSnapshot state) {
+    LiveSessions sessions = rooms.sessions();
+    LeaseBook book = rooms.book();
+    SharedObjects sharing = rooms.sharing();
     if (sessions.size() != 0 || book.size() != 0 || sharing.tokenCount() != 0 || !sharing.allObjects().isEmpty()) {
       throw new IllegalStateException("take-over restore needs a fresh registry: this one has " + sessions.size()
           + " sessions, " + book.size() + " leases, " + sharing.tokenCount() + " share tokens");
     }
-    now = ticker.nanos();
+    now = rooms.ticker().nanos();
     build(state);
     register(state.churn());
     List<String> over = new ArrayList<>();
@@ -130,7 +117,7 @@ final class SessionsRestorer {
       String what = "shared block " + i + " (leased by session " + b.leasedBySessionId() + ")";
       Block block = findBlock(what, b.device(), b.segmentId(), b.blockOffset(), b.blockSize(), null);
       claim(places, what, block);
-      blocks.add(new SharedBlock(block, b.requestedBytes(), directory.tenant(b.leasedByTenant()),
+      blocks.add(new SharedBlock(block, b.requestedBytes(), rooms.directory().tenant(b.leasedByTenant()),
           b.leasedBySessionId()));
     }
     lastSequence = state.leaseSequence();
@@ -218,20 +205,20 @@ final class SessionsRestorer {
     if (caller.equals(Caller.DAEMON)) {
       caller = Caller.DAEMON; // Caller#owns knows the daemon by identity
     }
-    int ttl = s.ttlSeconds() <= 0 ? settings.defaultTtlSeconds() : Math.min(s.ttlSeconds(),
-        settings.maxTtlSeconds());
+    int ttl = s.ttlSeconds() <= 0 ? rooms.settings().defaultTtlSeconds() : Math.min(s.ttlSeconds(),
+        rooms.settings().maxTtlSeconds());
     if (ttl != s.ttlSeconds()) {
       cappedTtls++;
     }
-    long cap = settings.clientCacheBytes();
+    long cap = rooms.settings().clientCacheBytes();
     long granted = Math.min(s.grantedCacheBytes(), cap);
     long allowance = Math.min(s.cacheAllowance(), cap);
     if (granted != s.grantedCacheBytes()) {
       cappedAllowances++;
     }
-    Session session = new Session(s.id(), caller, directory.tenant(caller.tenant()),
+    Session session = new Session(s.id(), caller, rooms.directory().tenant(caller.tenant()),
         new SegmentOwner(s.segmentOwnerKey(), s.segmentOwnerUid(), s.segmentOwnerGid()), s.clientName(), ttl,
-        settings.quotaFor(s.clientName()), granted, now - s.openedAgeNanos());
+        rooms.settings().quotaFor(s.clientName()), granted, now - s.openedAgeNanos());
     Map<Integer, long[]> counters = new HashMap<>();
     for (ClientCounters rc : s.reportedCounters()) {
       counters.put(rc.device(), new long[] {Math.max(0, rc.hits()), Math.max(0, rc.returns())});
@@ -275,7 +262,7 @@ final class SessionsRestorer {
   /** Enters what {@link #build} made; nothing here can fail on a state that passed its checks. */
   private void register(SessionsSnapshot.Churn c) {
     for (Session s : byId.values()) {
-      sessions.restore(s);
+      rooms.sessions().restore(s);
       s.tenantUsage().addSession(0);
     }
     for (LeaseRecord r : records.values()) {
@@ -290,11 +277,11 @@ final class SessionsRestorer {
       // A shared block's bytes stay its leasing tenant's until its last hold goes (LeaseBook#giveBack).
       b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), 0, Quota.UNLIMITED, "");
     }
-    tokens.forEach(t -> directory.tenant(t.tenant()).addShare(0));
-    objects.forEach(o -> directory.tenant(o.tenant()).addShare(0));
-    book.restore(records.values(), lastSequence);
-    sharing.restore(tokens, objects);
-    churn.restore(new long[] {now - c.windowAgeNanos(), c.opened(), c.ended(), c.endedHolding(),
+    tokens.forEach(t -> rooms.directory().tenant(t.tenant()).addShare(0));
+    objects.forEach(o -> rooms.directory().tenant(o.tenant()).addShare(0));
+    rooms.book().restore(records.values(), lastSequence);
+    rooms.sharing().restore(tokens, objects);
+    rooms.churn().restore(new long[] {now - c.windowAgeNanos(), c.opened(), c.ended(), c.endedHolding(),
         c.releasedLeases(), c.releasedBytes(), c.refusedTotal(), c.refusedPerTenant(), c.refusedRate(),
         c.holdingToldSingly()});
   }
@@ -305,10 +292,10 @@ final class SessionsRestorer {
    * @param expected the state it must be in, or null for either leased state
    */
   private Block findBlock(String what, int device, long segmentId, long offset, long size, String expected) {
-    if (device < 0 || device >= pools.all().size()) {
+    if (device < 0 || device >= rooms.pools().all().size()) {
       throw new IllegalStateException(what + " is on device " + device + ", which this daemon does not have");
     }
-    Block block = pools.get(device).blockAt(segmentId, offset);
+    Block block = rooms.pools().get(device).blockAt(segmentId, offset);
     String where = "device " + device + ", segment " + segmentId + ", offset " + offset;
     if (block == null) {
       throw new IllegalStateException(what + ": the restored pool has no block at " + where);
@@ -392,7 +379,7 @@ final class SessionsRestorer {
     }
     for (Tenant t : tenants) {
       long[] usage = t.holdings();
-      if (exceeds(settings.tenantQuota(), usage)) {
+      if (exceeds(rooms.settings().tenantQuota(), usage)) {
         if (count++ < NAMED_IN_WARNING) {
           named.add("tenant " + t.key() + ": " + usage[0] + " leases, " + usage[1] + " bytes");
         }

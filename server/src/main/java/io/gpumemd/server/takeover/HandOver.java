@@ -68,6 +68,12 @@ public final class HandOver implements AutoCloseable {
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);
+
+    /**
+     * Runs what the state's way out runs, on scratch books, while this daemon still serves: a
+     * successor's Hello was accepted and the gate closes next, so the pause meets warm code.
+     */
+    default void rehearse() {}
   }
 
   private final Path path;
@@ -173,6 +179,14 @@ public final class HandOver implements AutoCloseable {
         }
       }
     }
+  }
+
+  /**
+   * The successor serves and this daemon's listeners sent their connections away: the requests
+   * that waited for the hand-over's end are told to go there ({@link HandOverGate#moved}).
+   */
+  public void moved() {
+    gate.moved();
   }
 
   /**

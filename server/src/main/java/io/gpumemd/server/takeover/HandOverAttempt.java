@@ -56,7 +56,11 @@ final class HandOverAttempt {
    */
   void run() {
     Hello hello = greet();
-    if (hello == null || !quiesce(hello) || !sendState() || awaitAnswer() == null) {
+    if (hello == null) {
+      return;
+    }
+    daemon.rehearse();
+    if (!quiesce(hello) || !sendState() || awaitAnswer() == null) {
       return;
     }
     taken.run();
@@ -109,7 +113,7 @@ final class HandOverAttempt {
     started = System.nanoTime();
     int left;
     try {
-      left = gate.close(HandOver.QUIESCE_MILLIS);
+      left = gate.closeForHandOver(HandOver.QUIESCE_MILLIS);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       gate.open();

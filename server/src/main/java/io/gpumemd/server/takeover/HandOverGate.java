@@ -1,5 +1,7 @@
 package io.gpumemd.server.takeover;
 
+import java.util.Queue;
+import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.LongAdder;
 import java.util.concurrent.locks.LockSupport;
@@ -16,6 +18,16 @@ import java.util.concurrent.locks.LockSupport;
  * volatile flag and a {@link LongAdder}. Entering counts first and then reads the flag; closing
  * sets the flag and then reads the count: whichever comes second sees the other, so no work
  * starts unseen after a close. A hand-over is rare, so {@link #close} polls the count.
+ *
+ * <p>While a hand-over has it closed ({@link #closeForHandOver}), a refused request may wait for the outcome instead of
+ * being answered at once ({@link #hold}): the client would only call again every few
+ * milliseconds and be refused again until the successor serves, and its next try after that
+ * comes up to a retry interval late. A held request is answered when the hand-over ends, still
+ * unapplied: "moving" at once if the gate opens again ({@link #open}; the client calls again
+ * and is served here), or told that the session moved once the successor serves and this
+ * daemon's connections are sent away ({@link #moved}; the client calls again there, at once).
+ * Held requests are not counted in flight: they never ran. A successor's gate, closed until it
+ * holds the state, holds nothing (its rehearsal expects the "moving" answer).
  */
 public final class HandOverGate {
   /** A gate that is never closed: daemons without a take-over socket, tests. */
@@ -23,6 +35,18 @@ public final class HandOverGate {
 
   private final LongAdder inFlight = new LongAdder();
   private volatile boolean closed;
+  /** Requests refused while handing over wait here ({@link #hold}); true: while a hand-over has the gate closed. */
+  private volatile boolean holding;
+  private final Queue<Outcome> held = new ConcurrentLinkedQueue<>();
+
+  /** What a request refused while handing over does when the hand-over ends ({@link #hold}). */
+  public interface Outcome {
+    /**
+     * @param moved true: the successor serves and this daemon's connections were sent away (tell
+     *     the client its session moved); false: the gate opened again (answer "moving")
+     */
+    void ended(boolean moved);
+  }
 
   /** @param closed start closed: a successor serves nothing until it holds the running daemon's state */
   public HandOverGate(boolean closed) {
@@ -83,8 +107,55 @@ public final class HandOverGate {
     return (int) Math.min(Integer.MAX_VALUE, inFlight.sum());
   }
 
+  /**
+   * {@link #close} for a hand-over: requests refused from now on may wait for its end ({@link
+   * #hold}) until the gate opens again or {@link #moved}.
+   */
+  int closeForHandOver(long waitMillis) throws InterruptedException {
+    holding = true;
+    return close(waitMillis);
+  }
+
   /** Opens the gate: the hand-over did not happen, or (a successor) the running daemon's state is here. */
   public void open() {
     closed = false;
+    release(false);
+  }
+
+  /**
+   * Lets a request that {@link #enter} refused wait for the hand-over's outcome, which {@code
+   * outcome} is given once, on the thread that ends the hand-over.
+   *
+   * @return false when nothing is held (no hand-over has the gate closed, or it ended): answer the
+   *     request now
+   */
+  public boolean hold(Outcome outcome) {
+    if (!holding) {
+      return false;
+    }
+    held.add(outcome);
+    // A release that began meanwhile may have drained the queue before the add: take it back and
+    // answer now, unless the release got it.
+    return holding || !held.remove(outcome);
+  }
+
+  /**
+   * The successor serves and this daemon's listeners sent their connections away (GOAWAY): the
+   * held requests are told their session moved, and the clients call again at once, there. The
+   * gate stays closed.
+   */
+  public void moved() {
+    release(true);
+  }
+
+  private void release(boolean moved) {
+    holding = false;
+    for (Outcome o; (o = held.poll()) != null; ) {
+      try {
+        o.ended(moved);
+      } catch (RuntimeException e) {
+        // a call cancelled under the answer: its client calls again anyway
+      }
+    }
   }
 }

@@ -14,8 +14,10 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * Runs every unary call of the gpumemd services through the {@link HandOverGate}: while a
  * hand-over has the gate closed, a call is answered UNAVAILABLE with the trailer {@code
  * gpumemd-moving: 1} before its handler runs, so the client knows it was not served and calls
- * again (it reaches the successor). A call let in counts as in flight until its handler closes
- * it, also after the client cancelled it: a miss may still be recording its lease then. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
+ * again (it reaches the successor); while a hand-over is under way that answer waits for its end
+ * ({@link HandOverGate#hold}), so that the call made again finds the successor serving. A call
+ * let in counts as in flight until its handler closes it, also after the client cancelled it: a
+ * miss may still be recording its lease then. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
  * go through the gate one by one in {@link io.gpumemd.server.grpc.SessionStream}).
  *
  * <p>Thread-safe; stateless beyond the gate.
@@ -56,7 +58,10 @@ public final class HandOverInterceptor implements ServerInterceptor {
       public void onHalfClose() {
         // A unary handler runs here, once the request has arrived.
         if (!gate.enter()) {
-          gated.refuse();
+          // Answered "moving" at once, or when the hand-over ends (the client calls again then).
+          if (!gate.hold(moved -> gated.refuse())) {
+            gated.refuse();
+          }
           return;
         }
         gated.entered.set(true);

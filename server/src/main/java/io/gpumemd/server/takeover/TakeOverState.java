@@ -39,9 +39,10 @@ public final class TakeOverState {
    * rules and the export below, over its backend, pools and registry.
    *
    * @param handedOver stops the daemon for good once a successor took its state (the pid)
+   * @param rehearsal what {@link #rehearse} runs
    */
   public record RunningDaemon(MemoryBackend backend, DevicePools pools, SessionRegistry registry,
-      IntConsumer handedOver) implements HandOver.Daemon {
+      IntConsumer handedOver, Runnable rehearsal) implements HandOver.Daemon {
     @Override
     public String refusal(Hello hello) {
       return TakeOverState.refusal(hello, backend, pools, registry);
@@ -55,6 +56,11 @@ public final class TakeOverState {
     @Override
     public void handedOver(int successorPid) {
       handedOver.accept(successorPid);
+    }
+
+    @Override
+    public void rehearse() {
+      rehearsal.run();
     }
   }
 

@@ -1,6 +1,7 @@
 package io.gpumemd.server.takeover;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
@@ -8,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.LeaseRequest;
+import io.gpumemd.proto.v1.LeaseResponse;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamLease;
@@ -38,6 +40,8 @@ import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.Future;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
@@ -49,7 +53,10 @@ import org.junit.jupiter.api.io.TempDir;
  * While a hand-over has the gate closed, the real services serve nothing and say so: a unary
  * call and a KeepAlive message are answered UNAVAILABLE with the trailer {@code gpumemd-moving:
  * 1}, unapplied (no lease made, the session's applied count unchanged); with the gate open again
- * they are served as before.
+ * they are served as before. While a hand-over is under way ({@link HandOverGate#closeForHandOver})
+ * those answers wait for its end: "moving" when the gate opens again, and for a KeepAlive stream a
+ * MovingNotice and the stream's end once the successor serves ({@link HandOverGate#moved}), still
+ * unapplied.
  */
 class MovingRefusalTest {
   private static final long MIB = 1 << 20;
@@ -124,16 +131,80 @@ class MovingRefusalTest {
     assertEquals(2, registry.liveLeases());
   }
 
+  @Test
+  void handOver_holdsRefusalsUntilItEnds_movedTellsStreamsToGo() throws Exception {
+    AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(channel);
+    String session = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
+    LinkedBlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
+    Held held = sendDuringHandOver(session, events);
+
+    gate.moved();
+    ExecutionException refused = assertThrows(ExecutionException.class, () -> held.unary().get(10, TimeUnit.SECONDS));
+    StatusRuntimeException status = (StatusRuntimeException) refused.getCause();
+    assertEquals(Status.Code.UNAVAILABLE, status.getStatus().getCode());
+    assertEquals("1", trailer(status));
+    assertTrue(held.stream().get(10, TimeUnit.SECONDS) instanceof Completed, "the stream ended otherwise");
+    assertEquals(List.of(SessionEvent.EventCase.MOVING), events.stream().map(SessionEvent::getEventCase).toList());
+    assertEquals(0, registry.liveLeases(), "a held request made a lease");
+    assertEquals(0, registry.session(Caller.DAEMON, session).appliedMessages(), "a held message was counted");
+    // The hand-over is over: what comes now is refused at once.
+    assertThrows(StatusRuntimeException.class, () -> allocator.lease(leaseOf(session)));
+  }
+
+  @Test
+  void handOverGivenUp_answersHeldRequestsMoving_thenServes() throws Exception {
+    AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(channel);
+    String session = allocator.openSession(OpenSessionRequest.newBuilder().setClientName("t").build()).getSessionId();
+    Held held = sendDuringHandOver(session, new LinkedBlockingQueue<>());
+
+    gate.open();
+    ExecutionException refused = assertThrows(ExecutionException.class, () -> held.unary().get(10, TimeUnit.SECONDS));
+    assertEquals("1", trailer((StatusRuntimeException) refused.getCause()));
+    assertEquals("1", trailer((StatusRuntimeException) held.stream().get(10, TimeUnit.SECONDS)));
+    assertEquals(0, registry.liveLeases(), "a held request made a lease");
+    allocator.lease(leaseOf(session));
+    assertEquals(1, registry.liveLeases());
+  }
+
+  /** A unary Lease and a KeepAlive stream's first message, both held by a gate closed for a hand-over. */
+  private record Held(Future<LeaseResponse> unary, CompletableFuture<Throwable> stream) {}
+
+  /** Closes the gate for a hand-over, then sends a Lease and a KeepAlive message of {@code session}. */
+  private Held sendDuringHandOver(String session, LinkedBlockingQueue<SessionEvent> events) throws Exception {
+    assertEquals(0, gate.closeForHandOver(1000));
+    // In-process with direct executors: each request has reached the gate when the call returns.
+    Future<LeaseResponse> unary = AllocatorGrpc.newFutureStub(channel).lease(leaseOf(session));
+    CompletableFuture<Throwable> stream = keepAlive(KeepAliveRequest.newBuilder().setSessionId(session)
+        .addLeases(StreamLease.newBuilder().setRequestId(1).setDevice(0).setSizeBytes(MIB)).build(), events);
+    assertFalse(unary.isDone(), "a call was answered during the hand-over");
+    assertFalse(stream.isDone(), "a stream was answered during the hand-over");
+    return new Held(unary, stream);
+  }
+
+  private static LeaseRequest leaseOf(String session) {
+    return LeaseRequest.newBuilder().setSessionId(session).setDevice(0).setSizeBytes(MIB).build();
+  }
+
   private static String trailer(StatusRuntimeException e) {
     Metadata trailers = e.getTrailers();
     assertNotNull(trailers, "no trailers");
     return trailers.get(HandOverInterceptor.MOVING);
   }
 
+  /** How a stream that completed ends, in {@link #keepAlive}'s future. */
+  private static final class Completed extends Throwable {
+    Completed(String events) {
+      super("the stream completed; events: " + events);
+    }
+  }
+
   /** Sends one message on a new KeepAlive stream; completes with how the stream ended. */
   private CompletableFuture<Throwable> keepAlive(KeepAliveRequest message) {
+    return keepAlive(message, new LinkedBlockingQueue<>());
+  }
+
+  private CompletableFuture<Throwable> keepAlive(KeepAliveRequest message, LinkedBlockingQueue<SessionEvent> events) {
     CompletableFuture<Throwable> ended = new CompletableFuture<>();
-    LinkedBlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
     StreamObserver<KeepAliveRequest> requests = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
       @Override
       public void onNext(SessionEvent event) {
@@ -147,7 +218,7 @@ class MovingRefusalTest {
 
       @Override
       public void onCompleted() {
-        ended.complete(new AssertionError("the stream completed; events: " + events));
+        ended.complete(new Completed(String.valueOf(events)));
       }
     });
     requests.onNext(message);
