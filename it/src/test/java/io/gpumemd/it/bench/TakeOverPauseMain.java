@@ -61,6 +61,7 @@ public final class TakeOverPauseMain {
   private TakeOverPauseMain() {}
 
   public static void main(String[] args) throws Exception {
+    System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     int takeOvers = args.length > 0 ? Integer.parseInt(args[0]) : DEFAULT_TAKE_OVERS;
     int liveLeases = args.length > 1 ? Integer.parseInt(args[1]) : DEFAULT_LIVE_LEASES;
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-takeover-bench-");
