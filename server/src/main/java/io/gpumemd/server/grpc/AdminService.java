@@ -254,8 +254,8 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
    */
   @Override
   public void sleepSession(SleepSessionRequest request, StreamObserver<SleepResponse> response) {
-    asked("SleepSession", response, () -> registry.sleepAsks().ask(Callers.current(), request.getSessionId(),
-        request.getLevel(), request.getTagsList(), false, askWaitMillis),
+    asked("SleepSession", response, () -> registry.sleep().asks().ask(Callers.current(),
+        request.getSessionId(), request.getLevel(), request.getTagsList(), false, askWaitMillis),
         done -> AllocatorService.sleepResponse((SessionSleep.Slept) done));
   }
 
@@ -263,8 +263,9 @@ public final class AdminService extends AdminGrpc.AdminImplBase {
   @Override
   @SuppressWarnings("unchecked")
   public void wakeSession(WakeSessionRequest request, StreamObserver<WakeResponse> response) {
-    asked("WakeSession", response, () -> registry.sleepAsks().ask(Callers.current(), request.getSessionId(), 0,
-        List.of(), true, askWaitMillis), done -> AllocatorService.wakeResponse((List<SessionSleep.Woken>) done));
+    asked("WakeSession", response, () -> registry.sleep().asks().ask(Callers.current(),
+        request.getSessionId(), 0, List.of(), true, askWaitMillis),
+        done -> AllocatorService.wakeResponse((List<SessionSleep.Woken>) done));
   }
 
   private static <T> void asked(String rpc, StreamObserver<T> response, Supplier<SleepAsks.Ask> ask,

@@ -273,7 +273,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
     if (adminRequestId == 0) {
       return reply.apply(body.get());
     }
-    SleepAsks.Ask ask = registry.sleepAsks().claim(caller, sessionId, adminRequestId, wake);
+    SleepAsks.Ask ask = registry.sleep().asks().claim(caller, sessionId, adminRequestId, wake);
     if (refused != null) {
       Status.Code code = Status.fromCodeValue(refused.getCode()).getCode();
       ask.failed((code == Status.Code.OK ? Status.UNKNOWN : Status.fromCode(code)).withDescription("session "

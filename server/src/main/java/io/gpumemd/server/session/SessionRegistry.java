@@ -73,7 +73,6 @@ public final class SessionRegistry {
   private final SharedObjects sharing;
   private final ClientCache clientCache;
   private final SessionSleep sleep;
-  private final SleepAsks sleepAsks;
 
   /** @param sessions the live sessions, shared with the pools (which send unmap requests through it) */
   public SessionRegistry(DevicePools pools, MemoryBackend backend, SessionSettings settings, Ticker ticker,
@@ -94,18 +93,12 @@ public final class SessionRegistry {
     HostStore store = new HostStore(backend, offloadMaxBytes);
     this.sharing = new SharedObjects(directory, book, pools, settings.sharing(), ticker, store);
     this.clientCache = new ClientCache(pools, book);
-    this.sleep = new SessionSleep(this, book, store);
-    this.sleepAsks = new SleepAsks(directory);
+    this.sleep = new SessionSleep(this, book, store, new SleepAsks(directory));
   }
 
-  /** Sleep and wake of sessions: the gRPC service calls it directly. */
+  /** Sleep and wake of sessions, an admin's too: the gRPC services call it directly. */
   public SessionSleep sleep() {
     return sleep;
-  }
-
-  /** An admin's sleep and wake of sessions, through their clients. */
-  public SleepAsks sleepAsks() {
-    return sleepAsks;
   }
 
   /** Share tokens and published objects: the gRPC services take it once and call it directly. */
@@ -156,7 +149,8 @@ public final class SessionRegistry {
     sessions.add(session);
     churn.opened();
     log.atDebug().addKeyValue("session", session.id()).addKeyValue("client", clientName)
-        .addKeyValue("tenant", caller.tenant()).log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
+        .addKeyValue("tenant", caller.tenant())
+        .log("Session {} opened by '{}' ({}, ttl {} s)", session.id(), clientName, caller, ttl);
     return session;
   }
 

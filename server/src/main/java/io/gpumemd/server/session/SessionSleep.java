@@ -56,6 +56,7 @@ public final class SessionSleep {
   private final LeaseBook book;
   private final DevicePools pools;
   private final HostStore store;
+  private final SleepAsks asks;
 
   /**
    * What a sleep did.
@@ -75,11 +76,17 @@ public final class SessionSleep {
    */
   public record Woken(long oldSegmentId, List<LeaseRecord> leases) {}
 
-  SessionSleep(SessionRegistry registry, LeaseBook book, HostStore store) {
+  SessionSleep(SessionRegistry registry, LeaseBook book, HostStore store, SleepAsks asks) {
     this.registry = registry;
     this.book = book;
     this.pools = registry.pools();
     this.store = store;
+    this.asks = asks;
+  }
+
+  /** An admin's sleep and wake of sessions, asked of their clients. */
+  public SleepAsks asks() {
+    return asks;
   }
 
   /** The bound and figures of parked contents. */

@@ -126,7 +126,7 @@ class AdminSleepTest {
       server.shutdownNow();
       assertTrue(server.awaitTermination(5, TimeUnit.SECONDS), "server left running");
     }
-    assertEquals(0, registry.sleepAsks().awaiting(), "an admin's ask left awaiting");
+    assertEquals(0, registry.sleep().asks().awaiting(), "an admin's ask left awaiting");
     pools.get(0).verifyInvariants();
     pools.close();
     backend.close();
