@@ -111,6 +111,8 @@ final class AskedSleeps {
     try {
       sleeps.wake(ask.getRequestId());
     } catch (RuntimeException | LinkageError e) {
+      // As for a sleep: a failure before the call reaches the admin only by this refusal.
+      refuse(s, ask, e instanceof GpuMemException g ? g.code() : Status.Code.INTERNAL, "its wake failed: " + e);
       log.warn("gpumemd: an admin's wake of session {} failed; the session stays asleep: {}", s.id, e.toString());
       return;
     }

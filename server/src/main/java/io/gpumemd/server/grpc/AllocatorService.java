@@ -53,6 +53,7 @@ import io.grpc.stub.StreamObserver;
 import java.util.List;
 import java.util.concurrent.Executor;
 import java.util.function.Consumer;
+import java.util.function.Function;
 import java.util.function.Supplier;
 import java.util.concurrent.RejectedExecutionException;
 
@@ -269,7 +270,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
    * refused before anything runs.
    */
   private <D, R> R answering(Caller caller, String sessionId, long adminRequestId, boolean wake, StreamError refused,
-      R none, Supplier<D> body, java.util.function.Function<D, R> reply) {
+      R none, Supplier<D> body, Function<D, R> reply) {
     if (adminRequestId == 0) {
       return reply.apply(body.get());
     }
@@ -287,7 +288,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
       return reply.apply(done);
     } catch (RuntimeException e) {
       // A domain refusal reads as the client's; anything else is logged once, by the client's answer.
-      Status status = e instanceof GpumemdException ? StatusMapper.toStatus("Sleep", e).getStatus()
+      Status status = e instanceof GpumemdException ? StatusMapper.toStatus(wake ? "Wake" : "Sleep", e).getStatus()
           : Status.INTERNAL.withDescription("internal error in gpumemd; the server log has the cause");
       ask.failed(status.withDescription("session " + sessionId + "'s " + (wake ? "Wake" : "Sleep")
           + " was refused: " + status.getDescription()).asRuntimeException());
