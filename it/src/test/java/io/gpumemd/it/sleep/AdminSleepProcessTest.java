@@ -2,6 +2,7 @@ package io.gpumemd.it.sleep;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.ctl.GpuMemCtl;
@@ -9,6 +10,7 @@ import io.gpumemd.proto.v1.AdminGrpc;
 import io.gpumemd.proto.v1.ListSessionsRequest;
 import io.gpumemd.proto.v1.SessionInfo;
 import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.TestDaemon;
 import java.io.BufferedReader;
 import java.io.ByteArrayOutputStream;
@@ -83,6 +85,31 @@ class AdminSleepProcessTest {
             + "'s client refused the admin's sleep: its sleep handler refused to pause"), refused.err());
         sleeper.await("REFUSING");
         assertEquals(0, session(daemon, session).getSleepingLeases());
+        assertEquals("RESOURCE_EXHAUSTED", SleepProcessTest.otherTenantLease(daemon), "nothing was freed");
+        daemon.verifyInvariants();
+      } finally {
+        sleeper.process.destroyForcibly();
+      }
+    }
+  }
+
+  @Test
+  void anotherUidsGpumemctl_cannotSleepTheSession_itIsNotFoundThere_andNothingSleeps() throws Exception {
+    assumeTrue(OtherUser.available(), "needs root to run gpumemctl under uid 65534 (setpriv)");
+    try (TestDaemon daemon = SleepProcessTest.startDaemon()) {
+      Asked sleeper = Asked.start(daemon.unixTarget(), "accept");
+      try {
+        String session = sleeper.await("LEASED")[1];
+        // The real gpumemctl, as uid 65534 (another tenant, not an admin), on the same socket.
+        List<String> command = OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
+            GpuMemCtl.class.getName());
+        command.addAll(List.of("--target", daemon.unixTarget(), "sleep", session));
+        Process intruder = new ProcessBuilder(command).redirectErrorStream(true).start();
+        String said = new String(intruder.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+        assertTrue(intruder.waitFor(60, TimeUnit.SECONDS));
+        assertEquals(1, intruder.exitValue(), said);
+        assertTrue(said.contains("NOT_FOUND") && said.contains("session " + session + " not found"), said);
+        assertEquals(0, session(daemon, session).getSleepingLeases(), "nothing slept");
         assertEquals("RESOURCE_EXHAUSTED", SleepProcessTest.otherTenantLease(daemon), "nothing was freed");
         daemon.verifyInvariants();
       } finally {
