@@ -17,9 +17,10 @@ import org.slf4j.LoggerFactory;
  * order, each reason entering those that concern it.
  *
  * <ol>
- *   <li>Probes and health say so (/readyz 503, NOT_SERVING).
- *   <li>The sessions go: drained and ended ({@link Reason#SHUTDOWN}), or told they moved once
- *       the listeners take no new connection ({@link Reason#HANDED_OVER}); a failed start has none.
+ *   <li>Probes and health say so (/readyz 503, NOT_SERVING), and the sessions go: drained and
+ *       ended ({@link Reason#SHUTDOWN}), or told they moved once the listeners take no new
+ *       connection ({@link Reason#HANDED_OVER}: told first, since their leases wait until they
+ *       reach the successor); a failed start has none.
  *   <li>Housekeeping, the listeners and the backend threads stop.
  *   <li>The memory is freed, or kept where it is another daemon's ({@link Reason#keepsMemory}).
  *   <li>The backend and the take-over socket close.
@@ -114,19 +115,12 @@ final class DaemonStop {
   void run(Reason why, int successorPid) {
     Parts p = parts;
     try {
-      if (why == Reason.SHUTDOWN) {
-        p.readiness().draining();
-      } else if (why == Reason.HANDED_OVER) {
-        p.readiness().handedOver(successorPid);
-      }
-      p.health().enterTerminalState();
-      if (why == Reason.SHUTDOWN) {
-        drain();
-      } else if (why == Reason.HANDED_OVER) {
+      if (why == Reason.HANDED_OVER) {
         // New connections go to the successor (it owns the socket paths); this daemon's clients
         // learn it from their streams' MovingNotice and from the GOAWAY of their connections.
-        // The clients are told before the fd channel closes (its event loop takes milliseconds
-        // to stop): their connections have GOAWAY by then, so they call again on new ones.
+        // They are told first, since their leases wait until they reach the successor; the fd
+        // channel closes after (its event loop takes milliseconds to stop), by when their
+        // connections have GOAWAY, so they call again on new ones.
         p.listeners().sendAway();
         p.registry().moved();
         HandOver h = handOver;
@@ -134,7 +128,17 @@ final class DaemonStop {
           // Requests that waited for the hand-over: their clients call again now, there.
           h.moved();
         }
+        p.readiness().handedOver(successorPid);
+        p.health().enterTerminalState();
         p.listeners().stopAccepting();
+      } else {
+        if (why == Reason.SHUTDOWN) {
+          p.readiness().draining();
+        }
+        p.health().enterTerminalState();
+        if (why == Reason.SHUTDOWN) {
+          drain();
+        }
       }
       stopThreads(why);
       if (why.keepsMemory) {

@@ -96,6 +96,8 @@ public final class GpumemdServer {
   private final DaemonStop stop;
   /** Set once this daemon, taking over, told the running daemon it took the state. */
   private boolean takenOver;
+  /** Says what a take-over restored; run once this daemon serves (see TakeOverState#restoreSessions). */
+  private Runnable restoredLog = () -> { };
 
   private static String versionOf(Class<?> c) {
     String v = c.getPackage() == null ? null : c.getPackage().getImplementationVersion();
@@ -237,7 +239,7 @@ public final class GpumemdServer {
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
           TakeOverState.restorePools(takeOver, server.pools);
-          TakeOverState.restoreSessions(takeOver, server.registry);
+          server.restoredLog = TakeOverState.restoreSessions(takeOver, server.registry);
         }
       }
       server.startServices(takeOver);
@@ -323,7 +325,8 @@ public final class GpumemdServer {
     // A successor ran the state's way out in its rehearsal; a daemon that started fresh runs it
     // when its first successor asks, before the gate closes.
     Runnable rehearsal = beside ? () -> { }
-        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), Rehearsal.channelPath(socket));
+        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), stage(),
+            Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
         new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);
@@ -353,12 +356,15 @@ public final class GpumemdServer {
     }
     gate.open();
     listeners.publish();
+    if (takeOver != null) {
+      takeOver.live(); // first: the running daemon's clients move once it hears this
+    }
     if (handOver != null && !handOverAt.equals(handOverSocket)) {
       HandOver.publishAt(handOverAt, handOverSocket);
     }
     if (takeOver != null) {
-      takeOver.live();
       takeOver.close();
+      restoredLog.run();
       log.info("Took over from pid {}: {} session(s) and {} lease(s) resumed here", takeOver.runningDaemonPid(),
           registry.sessionCount(), registry.liveLeases());
     }

@@ -221,16 +221,15 @@ final class BlockCarver {
     live.remove(segment.id);
   }
 
-  /** The block that starts at {@code offset} in a live segment, or null. */
-  Block blockAt(long segmentId, long offset) {
+  /** The blocks of a live segment by offset; empty when it is not live. */
+  Map<Long, Block> blocksOf(long segmentId) {
     assert lock.isHeldByCurrentThread();
     Segment segment = live.get(segmentId);
+    Map<Long, Block> byOffset = new HashMap<>();
     for (Block b = segment == null ? null : segment.head; b != null; b = b.next) {
-      if (b.offset == offset) {
-        return b;
-      }
+      byOffset.put(b.offset, b);
     }
-    return null;
+    return byOffset;
   }
 
   // ------------------------------------------------------------------ restore (PoolRestorer)

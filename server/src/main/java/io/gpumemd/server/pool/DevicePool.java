@@ -376,12 +376,9 @@ public final class DevicePool implements AutoCloseable {
 
   // ----------------------------------------------------------------------- snapshot, restore
 
-  /**
-   * The block that starts at {@code offset} in a live segment, or null: how the session layer
-   * finds its leases' blocks again in a pool restored from a snapshot.
-   */
-  public Block blockAt(long segmentId, long offset) {
-    return core.locked(() -> core.carver.blockAt(segmentId, offset));
+  /** The blocks of a live segment by offset (none when not live): how a restore finds its leases' blocks. */
+  public Map<Long, Block> blocksOf(long segmentId) {
+    return core.locked(() -> core.carver.blocksOf(segmentId));
   }
 
   /**

@@ -35,7 +35,7 @@ import java.util.concurrent.atomic.AtomicLong;
  * Rebuilds the registry's rooms from a {@link SessionsSnapshot} written in another process
  * ({@link SessionsSnapshotWriter}), over pools already restored from their own snapshots: every
  * block a lease names is there, LEASED or CLIENT_CACHED, and the pool's own books about it are
- * the pool's (nothing here calls the pool but {@link io.gpumemd.server.pool.DevicePool#blockAt}).
+ * the pool's (nothing here calls the pool but {@link io.gpumemd.server.pool.DevicePool#blocksOf}).
  *
  * <p>What is carried and what is derived: sessions, records, shared blocks, tokens, names, the
  * lease sequence and the churn window are carried; each session's and tenant's quota usage,
@@ -63,7 +63,11 @@ final class SessionsRestorer {
   private long now;
   private final Map<String, Session> byId = new LinkedHashMap<>();
   /** Each block is held by one lease or one shared block, never two. */
-  private final Set<String> places = new HashSet<>();
+  private final Set<Block> places = Collections.newSetFromMap(new IdentityHashMap<>());
+  /** The restored pools' blocks by offset, per segment, as far as looked up. */
+  private final Map<SegmentKey, Map<Long, Block>> segmentBlocks = new HashMap<>();
+
+  private record SegmentKey(int device, long segmentId) {}
   private final List<SharedBlock> blocks = new ArrayList<>();
   private final Map<String, LeaseRecord> records = new LinkedHashMap<>();
   private long lastSequence;
@@ -231,7 +235,7 @@ final class SessionsRestorer {
     return session;
   }
 
-  private LeaseRecord record(LeaseSnapshot l, Map<String, Session> byId, List<SharedBlock> blocks, Set<String> places,
+  private LeaseRecord record(LeaseSnapshot l, Map<String, Session> byId, List<SharedBlock> blocks, Set<Block> places,
       long now) {
     String what = "lease " + l.id();
     if (!SecureIds.isWellFormed(l.id())) {
@@ -295,7 +299,10 @@ final class SessionsRestorer {
     if (device < 0 || device >= rooms.pools().all().size()) {
       throw new IllegalStateException(what + " is on device " + device + ", which this daemon does not have");
     }
-    Block block = rooms.pools().get(device).blockAt(segmentId, offset);
+    // One walk per segment, not one per lease: 10,000 leases in a few segments made a walk per
+    // lease the largest part of the restore, inside the take-over's pause.
+    Block block = segmentBlocks.computeIfAbsent(new SegmentKey(device, segmentId),
+        k -> rooms.pools().get(device).blocksOf(segmentId)).get(offset);
     String where = "device " + device + ", segment " + segmentId + ", offset " + offset;
     if (block == null) {
       throw new IllegalStateException(what + ": the restored pool has no block at " + where);
@@ -319,8 +326,8 @@ final class SessionsRestorer {
   }
 
   /** Each block is held by one lease or one shared block, never two. */
-  private static void claim(Set<String> places, String what, Block block) {
-    if (!places.add(block.device() + "/" + block.segmentId() + "/" + block.offset())) {
+  private static void claim(Set<Block> places, String what, Block block) {
+    if (!places.add(block)) {
       throw new IllegalStateException(what + ": block " + block + " is named twice in the take-over state");
     }
   }

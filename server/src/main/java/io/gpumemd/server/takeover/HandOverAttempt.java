@@ -154,10 +154,12 @@ final class HandOverAttempt {
       channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
       List<Integer> fds = descriptors.stream().map(SegmentFd::number).toList();
       channel.sendFds(fds);
-      channel.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
-          .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
+      TakeOverFrame frame = TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
+          .setVersion(version).setPid((int) ProcessHandle.current().pid())).build();
+      channel.send(frame);
+      // The size sending computed (and kept): the state's own would be computed again, inside the pause.
       log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", pid,
-          fds.size(), state.getSerializedSize(), (System.nanoTime() - started) / 1_000_000);
+          fds.size(), frame.getState().getSerializedSize(), (System.nanoTime() - started) / 1_000_000);
       return true;
     } catch (IOException e) {
       gate.open();

@@ -123,7 +123,7 @@ public final class TakeOver implements AutoCloseable {
       }
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} bytes of books",
           state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
-          fds.size(), state.getSerializedSize());
+          fds.size(), channel.lastFrameBytes());
       return new TakeOver(channel, state, fds);
     } catch (IOException | RuntimeException e) {
       channel.close();

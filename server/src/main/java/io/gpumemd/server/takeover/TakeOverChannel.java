@@ -39,6 +39,8 @@ final class TakeOverChannel implements AutoCloseable {
 
   private final int fd;
   private final ArrayDeque<Integer> received = new ArrayDeque<>();
+  /** The length of the last frame received (a parsed message would compute its size again). */
+  private int lastFrameBytes;
   /** When set ({@code System.nanoTime()}), every send and receive must end by then; 0: none. */
   private long deadlineNanos;
   private boolean closed;
@@ -167,6 +169,7 @@ final class TakeOverChannel implements AutoCloseable {
     byte[] header = new byte[4];
     UnixSockets.receive(fd, header, 0, 4, received, deadlineNanos);
     int length = ByteBuffer.wrap(header).getInt();
+    lastFrameBytes = length;
     if (length < 0 || length > maxBytes) {
       throw new IOException("take-over frame of " + Integer.toUnsignedString(length) + " bytes (expected: at most "
           + maxBytes + ")");
@@ -182,6 +185,11 @@ final class TakeOverChannel implements AutoCloseable {
       read += n;
     }
     return TakeOverFrame.parseFrom(body);
+  }
+
+  /** The length in bytes of the last frame received. */
+  int lastFrameBytes() {
+    return lastFrameBytes;
   }
 
   /** Takes the descriptors received so far; the caller owns (and closes) them from now on. */

@@ -234,17 +234,24 @@ public final class TakeOverState {
 
   /**
    * Rebuilds the running daemon's sessions in the successor's fresh registry, over pools already
-   * restored ({@link #restorePools}), and says what came back: one INFO line, and one WARN when
-   * restored usage is over this daemon's quotas (it stays; new leases are refused).
+   * restored ({@link #restorePools}).
    *
+   * @return what says what came back (one INFO line, and one WARN when restored usage is over
+   *     this daemon's quotas: it stays, new leases are refused), for the caller to run once it
+   *     serves: a log line written inside the pause delays every waiting client
    * @throws IllegalStateException when the state does not fit (see {@link SessionRegistry#restore})
    */
-  public static void restoreSessions(TakeOver takeOver, SessionRegistry registry) {
-    restoreSessions(takeOver.state().getSessions(), registry);
+  public static Runnable restoreSessions(TakeOver takeOver, SessionRegistry registry) {
+    SessionsSnapshot.Restored r = registry.restore(SessionsStates.fromProto(takeOver.state().getSessions()));
+    return () -> logRestored(r);
   }
 
+  /** As {@link #restoreSessions(TakeOver, SessionRegistry)}, saying what came back at once. */
   public static void restoreSessions(SessionsState state, SessionRegistry registry) {
-    SessionsSnapshot.Restored r = registry.restore(SessionsStates.fromProto(state));
+    logRestored(registry.restore(SessionsStates.fromProto(state)));
+  }
+
+  private static void logRestored(SessionsSnapshot.Restored r) {
     if (r.overQuota() > 0) {
       log.warn("Take-over: restored usage is over this daemon's quotas for {} sessions or tenants ({}{}); their "
           + "leases stay, and new leases are refused until they fall below (flags --quota-max-*, --tenant-max-*)",

@@ -274,8 +274,8 @@ class DevicePoolTakeOverTest {
     assertNull(((FdPassedSegment) busy.a().memory()).open(false), "the old segment is no longer the old daemon's");
     assertThrows(IllegalStateException.class, () -> lease(oldPool, 4 * KiB, "s1"));
 
-    Block a = newPool.blockAt(busy.a().segmentId(), busy.a().offset());
-    Block d = newPool.blockAt(busy.d().segmentId(), busy.d().offset());
+    Block a = newPool.blocksOf(busy.a().segmentId()).get(busy.a().offset());
+    Block d = newPool.blocksOf(busy.d().segmentId()).get(busy.d().offset());
     assertNotNull(a);
     assertEquals(busy.a().size(), a.size());
     assertArrayEquals(inA, read(a, inA.length), "bytes written through the old pool read back through the new");
@@ -288,13 +288,13 @@ class DevicePoolTakeOverTest {
     assertEquals(busy.b().offset(), again.block().offset());
     // A release coalesces with a restored free neighbour: release b's lease again, then c.
     newPool.release(again.block(), null);
-    Block c = newPool.blockAt(busy.c().segmentId(), busy.c().offset());
+    Block c = newPool.blocksOf(busy.c().segmentId()).get(busy.c().offset());
     newPool.release(c, null);
-    Block merged = newPool.blockAt(busy.b().segmentId(), busy.b().offset());
+    Block merged = newPool.blocksOf(busy.b().segmentId()).get(busy.b().offset());
     assertEquals(busy.b().size() + busy.c().size(), merged.size(), "b's free block and c coalesced");
-    assertNull(newPool.blockAt(busy.c().segmentId(), busy.c().offset()), "c's block is part of b's now");
+    assertNull(newPool.blocksOf(busy.c().segmentId()).get(busy.c().offset()), "c's block is part of b's now");
     // The client-cached block is still its holder's.
-    newPool.clientReused(newPool.blockAt(busy.g().segmentId(), busy.g().offset()));
+    newPool.clientReused(newPool.blocksOf(busy.g().segmentId()).get(busy.g().offset()));
     newPool.verifyInvariants();
 
     // The awaiting-unmap segment waits for s3 and is freed through the new backend on its unmap.
@@ -390,8 +390,8 @@ class DevicePoolTakeOverTest {
       assertSameStats(olds.get(d).stats(), news.get(d).stats());
     }
     olds.relinquish();
-    assertArrayEquals(pattern(4096, 3), read(news.get(1).blockAt(one.segmentId(), one.offset()), 4096));
-    assertEquals(zero.size(), news.ofSegment(zero.segmentId()).blockAt(zero.segmentId(), zero.offset()).size());
+    assertArrayEquals(pattern(4096, 3), read(news.get(1).blocksOf(one.segmentId()).get(one.offset()), 4096));
+    assertEquals(zero.size(), news.ofSegment(zero.segmentId()).blocksOf(zero.segmentId()).get(zero.offset()).size());
   }
 
   @Test
