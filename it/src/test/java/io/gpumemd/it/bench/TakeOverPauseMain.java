@@ -28,8 +28,9 @@ import java.util.regex.Pattern;
  *
  * <p>Where the time goes: each take-over's line also gives, in milliseconds from the moment the
  * old daemon closed its gate, the steps both daemons log (the old one's {@code state sent}, the
- * successor's {@code state received}, {@code restored}, the old one's {@code Taken}, the successor
- * serving on the socket path, the old one stopped), and when the longest wait began and ended;
+ * successor's {@code state received}, the old one's {@code Taken}, the successor serving on the
+ * socket path, the old one stopped; the successor says what it restored once it serves, outside
+ * the pause), and when the longest wait began and ended;
  * the last line gives their medians. Apart from the longest wait of the whole window it gives the
  * longest lease call that overlapped the hand-over itself (from the old daemon's gate closing to
  * its stop): on a loaded machine the successor's own start (its JVM, its rehearsal) can stall the
@@ -51,7 +52,6 @@ public final class TakeOverPauseMain {
   private static final String[][] STEPS = {
       {"sent", "old", "State sent to pid"},
       {"received", "new", "--take-over: state of pid"},
-      {"restored", "new", "Take-over: restored"},
       {"taken", "old", "Handed over to pid"},
       {"serving", "new", "Took over from pid"},
       {"stopped", "old", "gpumemd handed over to pid"},
