@@ -40,6 +40,8 @@ import java.util.concurrent.TimeUnit;
 final class RehearsalClient implements AutoCloseable {
   /** What a worker leases most: a block that shares a segment with others. */
   static final long LEASE_BYTES = 64 << 10;
+  /** What the rehearsal keeps: many small leases, so that a thousand cost a few MiB of scratch memory. */
+  static final long HELD_BYTES = 4 << 10;
   /** Marks the end of the KeepAlive stream in {@link #events}. */
   private static final SessionEvent ENDED = SessionEvent.getDefaultInstance();
 
@@ -132,7 +134,7 @@ final class RehearsalClient implements AutoCloseable {
 
   /**
    * Leases on the stream, as a worker's client does: {@code rounds} leases on {@code device},
-   * each released once answered, then {@code held} more that are kept.
+   * each released once answered, then {@code held} more of {@value #HELD_BYTES} bytes that are kept.
    *
    * @return the held leases' ids, or null when the stream ended or the time ran out
    */
@@ -141,7 +143,7 @@ final class RehearsalClient implements AutoCloseable {
     for (int i = 0; i < rounds + held; i++) {
       long id = ++nextRequest;
       stream.onNext(KeepAliveRequest.newBuilder().addLeases(StreamLease.newBuilder().setRequestId(id)
-          .setDevice(device).setSizeBytes(LEASE_BYTES)).build());
+          .setDevice(device).setSizeBytes(i < rounds ? LEASE_BYTES : HELD_BYTES)).build());
       SessionEvent reply;
       do {
         reply = next();
