@@ -114,10 +114,25 @@ def test_the_memory_a_sleep_frees_serves_another_session_until_the_wake(start_da
             other.kill()
             other.wait()
 
-        gm.wake()
+        # The other process mapped its segment by descriptor: the daemon frees it once its
+        # descriptor pins see that process gone (DescriptorPins' sweep, on its housekeeping
+        # thread), which may be just after the exit. Until then a wake is refused, changing
+        # nothing, so it is asked again.
+        wait_until(lambda: _woken(gm), what="a wake once the other process's memory is back")
         assert _data_address(array) == address and numpy.array_equal(array, _pattern(BIG, 1))
         del array
         lease.close()
+
+
+def _woken(gm):
+    """Wakes the session; False when the daemon refused for memory (a refused wake changes nothing)."""
+    try:
+        gm.wake()
+        return True
+    except GpumemdError as e:
+        if e.code != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return False
 
 
 def _start_worker(mode, target, size):

@@ -325,8 +325,7 @@ public final class GpumemdServer {
     // A successor ran the state's way out in its rehearsal; a daemon that started fresh runs it
     // when its first successor asks, before the gate closes.
     Runnable rehearsal = beside ? () -> { }
-        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), stage(),
-            Rehearsal.channelPath(socket));
+        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
         new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);

@@ -87,15 +87,14 @@ public final class Rehearsal {
 
   /**
    * What a daemon that started fresh runs once, when its first successor's Hello is accepted and
-   * before its gate closes: the state's way out, which a successor's rehearsal ran before it
-   * asked. Where scratch books can be served ({@code stage}) that is the whole {@link #served}
-   * rehearsal, so that the export of leases, the moving notices and the GOAWAY of a hand-over's
-   * end have run here too; elsewhere an empty state's way ({@link #codec}). Measured with {@code
-   * TakeOverPauseMain}: a fresh daemon's first export and send took over 100 ms cold against under
-   * 10 ms warm, inside the pause, and after an empty state's rehearsal still 25 ms for 64 leases.
+   * before its gate closes: the state's way out ({@link #codec}), which a successor's rehearsal
+   * ran before it asked. Measured with {@code TakeOverPauseMain}, a fresh daemon's first export
+   * and send took over 100 ms cold against under 10 ms warm, inside the pause. It is an empty
+   * state's way, not the {@link #served} rehearsal with leases a successor runs: scratch segments
+   * would take room on the backend from this daemon's own pools, which serve clients meanwhile.
    * Later calls do nothing; a failure is logged at DEBUG and ignored.
    */
-  public static Runnable beforeFirstHandOver(Supplier<Books> scratch, Stage stage, Path channelAt) {
+  public static Runnable beforeFirstHandOver(Supplier<Books> scratch, Path channelAt) {
     AtomicBoolean ran = new AtomicBoolean();
     return () -> {
       if (ran.getAndSet(true)) {
@@ -103,15 +102,8 @@ public final class Rehearsal {
       }
       long started = System.nanoTime();
       try {
-        if (stage != null) {
-          served(scratch, stage, channelAt, started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS));
-        } else {
-          codec(scratch, channelAt);
-        }
-      } catch (IOException | RuntimeException | InterruptedException e) {
-        if (e instanceof InterruptedException) {
-          Thread.currentThread().interrupt();
-        }
+        codec(scratch, channelAt);
+      } catch (IOException | RuntimeException e) {
         log.debug("Take-over rehearsal of the state's way out failed (the pause may be longer): {}", e.toString());
       }
       log.debug("Take-over rehearsal before the first hand-over: {} ms", (System.nanoTime() - started) / 1_000_000);
