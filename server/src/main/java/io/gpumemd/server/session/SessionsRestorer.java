@@ -56,6 +56,9 @@ final class SessionsRestorer {
   /** Over-quota sessions or tenants named in {@link SessionsSnapshot.Restored}; the rest are counted. */
   private static final int NAMED_IN_WARNING = 5;
 
+  /** A segment of a device: where a restore looks a block up. */
+  private record SegmentKey(int device, long segmentId) {}
+
   /** The registry's rooms, which this restore fills. */
   private final RegistryRooms rooms;
 
@@ -66,8 +69,6 @@ final class SessionsRestorer {
   private final Set<Block> places = Collections.newSetFromMap(new IdentityHashMap<>());
   /** The restored pools' blocks by offset, per segment, as far as looked up. */
   private final Map<SegmentKey, Map<Long, Block>> segmentBlocks = new HashMap<>();
-
-  private record SegmentKey(int device, long segmentId) {}
   private final List<SharedBlock> blocks = new ArrayList<>();
   private final Map<String, LeaseRecord> records = new LinkedHashMap<>();
   private long lastSequence;

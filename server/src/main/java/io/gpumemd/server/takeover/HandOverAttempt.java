@@ -157,7 +157,8 @@ final class HandOverAttempt {
       TakeOverFrame frame = TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build();
       channel.send(frame);
-      // The size sending computed (and kept): the state's own would be computed again, inside the pause.
+      // Sending sized the frame's state and kept the figure; the exported state would be sized
+      // again (a 1 MB state takes milliseconds), inside the pause.
       log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", pid,
           fds.size(), frame.getState().getSerializedSize(), (System.nanoTime() - started) / 1_000_000);
       return true;
