@@ -234,7 +234,7 @@ public final class GpumemdServer {
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
         server.bindHandOver(true);
-        Rehearsal.run(() -> books(config, backend, ticker, false), server.stage(),
+        Rehearsal.run(b -> books(config, b, ticker, false), backend, server.stage(),
             Rehearsal.channelPath(config.takeOver().socket()), server.listeners.unixBoundAt());
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
@@ -325,7 +325,7 @@ public final class GpumemdServer {
     // A successor ran the state's way out in its rehearsal; a daemon that started fresh runs it
     // when its first successor asks, before the gate closes.
     Runnable rehearsal = beside ? () -> { }
-        : Rehearsal.beforeFirstHandOver(() -> books(config, backend, ticker, false), Rehearsal.channelPath(socket));
+        : Rehearsal.beforeFirstHandOver(b -> books(config, b, ticker, false), Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
         new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);

@@ -13,14 +13,20 @@ import java.util.stream.Stream;
 final class KernelWaits {
   private KernelWaits() {}
 
-  /** Waits until a thread of {@code pid} blocks reading a Unix stream socket (the kernel's wait channel). */
+  /**
+   * Waits until the main thread of the JVM {@code pid} blocks reading a Unix stream socket (the
+   * kernel's wait channel): a successor's, waiting for the running daemon's state. Only the
+   * launcher's threads keep the kernel name "java"; every thread a daemon names is called by its
+   * name (its rehearsal reads a take-over channel of its own on one).
+   */
   static void awaitBlockedOnUnixRead(long pid) throws Exception {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
     while (System.nanoTime() < deadline) {
       try (Stream<Path> tasks = Files.list(Path.of("/proc/" + pid + "/task"))) {
         for (Path task : tasks.toList()) {
           try {
-            if (Files.readString(task.resolve("wchan")).startsWith("unix_stream")) {
+            if (Files.readString(task.resolve("comm")).strip().equals("java")
+                && Files.readString(task.resolve("wchan")).startsWith("unix_stream")) {
               return;
             }
           } catch (IOException e) {

@@ -1,11 +1,16 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.common.SizeClasses;
 import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.Taken;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import io.gpumemd.server.auth.Caller;
+import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
@@ -15,6 +20,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.Function;
 import java.util.function.Supplier;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -33,13 +39,15 @@ import org.slf4j.LoggerFactory;
  *       services on a scratch socket, and a {@link RehearsalClient} makes a worker's calls on it
  *       (a session, its KeepAlive stream, leases and releases on it and unary ones, a share
  *       token; nothing that logs, as publishing or closing a session would) and keeps {@value
- *       #HELD} leases; that state is exported with its segments' descriptors, sent over a
+ *       #KEPT_ON_STREAM} leases, and the session {@value #HELD} in all with those leased in this
+ *       process; that state is exported with its segments' descriptors, sent over a
  *       take-over channel to this process and restored into
  *       another scratch set, {@value #CODEC_ROUNDS} times (the JIT compiles what runs per lease);
  *       the last restored set is served in turn, the restored session reattached and leased on,
  *       then told it moved and its connection sent away: the running daemon's hand-over, a
  *       client's reattach and a handed-over daemon's last words, done here to oneself on data
- *       shaped like a real node's. Elsewhere {@link #codec} sends an empty state that way.
+ *       shaped like a real node's. Elsewhere the state's way alone is rehearsed, with as many
+ *       leases, on a scratch backend ({@link #apart}).
  *   <li>{@link #calls}: a health check, a unary Lease and a KeepAlive stream on this daemon's own
  *       Unix socket, still at its temporary path where no client finds it. The gate is closed, so
  *       the gpumemd calls are answered "moving" unapplied: what runs is the real listener's
@@ -47,21 +55,31 @@ import org.slf4j.LoggerFactory;
  * </ol>
  *
  * <p>A rehearsal that fails is logged at DEBUG and ignored: it only makes the pause shorter.
- * Stateless; run by the starting thread.
+ * Stateless; run by the starting thread, which reads each rehearsed state on a thread of its own.
  */
 public final class Rehearsal {
   private static final Logger log = LoggerFactory.getLogger(Rehearsal.class);
   /** How long the rehearsal's calls may take in all; past it the successor asks for the state anyway. */
   private static final long CALLS_MILLIS = 5_000;
   /**
-   * Leases the scratch session keeps, and so exports and restores: enough for the JIT to compile
-   * the per-lease loops a node's thousands of leases run through. Measured with {@code
-   * TakeOverPauseMain} and 10,000 live leases, 1,024 instead of 64 took the pause's p50 from
-   * 243 to 211 ms and its max from 375 to 260 ms (the export alone from 96 to 67 ms).
+   * Leases the scratch session keeps, and so exports and restores: with {@link #CODEC_ROUNDS},
+   * enough for the optimising compiler to take the per-lease code a node's thousands of leases
+   * run through. With 1,024 (each such method run about 8,000 times), {@code TakeOverPauseMain}
+   * with 10,000 live leases showed both daemons compiling that code inside the pause (the JIT's
+   * own log), and the hand-over (gate closed to Taken) took 141 to 192 ms at p50; with 4,096,
+   * 100 to 110 ms. (1,024 leases through 32 rounds gave 120 ms: the loops need the length too.)
    */
-  static final int HELD = 1024;
+  static final int HELD = 4096;
+  /**
+   * Of the {@link #HELD} leases, those the rehearsal's client keeps on its stream; the rest are
+   * leased in this process, straight from the scratch registry: the per-lease code of the
+   * state's way is what needs them, and leasing them through the client took seconds.
+   */
+  static final int KEPT_ON_STREAM = 64;
   /** Leases leased and released on the stream per rehearsed client. */
   private static final int ROUNDS = 200;
+  /** The one device of a scratch backend ({@link #apart}): room for the rehearsal's segments twice over, and more. */
+  private static final long SCRATCH_BYTES = 64L << 20;
   /** How often the scratch state makes its way: enough for the per-lease code to be compiled. */
   static final int CODEC_ROUNDS = 8;
 
@@ -87,14 +105,16 @@ public final class Rehearsal {
 
   /**
    * What a daemon that started fresh runs once, when its first successor's Hello is accepted and
-   * before its gate closes: the state's way out ({@link #codec}), which a successor's rehearsal
-   * ran before it asked. Measured with {@code TakeOverPauseMain}, a fresh daemon's first export
-   * and send took over 100 ms cold against under 10 ms warm, inside the pause. It is an empty
-   * state's way, not the {@link #served} rehearsal with leases a successor runs: scratch segments
-   * would take room on the backend from this daemon's own pools, which serve clients meanwhile.
-   * Later calls do nothing; a failure is logged at DEBUG and ignored.
+   * before its gate closes: the state's way out and in with {@value #HELD} leases ({@link
+   * #codec}), which a successor's rehearsal ran before it asked, on scratch books of a scratch
+   * backend ({@link #apart}): segments of this daemon's own backend would take room from its
+   * pools, which serve clients meanwhile. Measured with {@code TakeOverPauseMain} and 10,000 live
+   * leases, a fresh daemon's first export and send took 169 ms cold, inside the pause, and 42 ms
+   * after this. Later calls do nothing; a failure is logged at DEBUG and ignored.
+   *
+   * @param books makes a new, empty set of pools and sessions like this daemon's on a backend
    */
-  public static Runnable beforeFirstHandOver(Supplier<Books> scratch, Path channelAt) {
+  public static Runnable beforeFirstHandOver(Function<MemoryBackend, Books> books, Path channelAt) {
     AtomicBoolean ran = new AtomicBoolean();
     return () -> {
       if (ran.getAndSet(true)) {
@@ -102,9 +122,12 @@ public final class Rehearsal {
       }
       long started = System.nanoTime();
       try {
-        codec(scratch, channelAt);
-      } catch (IOException | RuntimeException e) {
-        log.debug("Take-over rehearsal of the state's way out failed (the pause may be longer): {}", e.toString());
+        apart(books, channelAt, scratch -> codec(scratch, channelAt));
+      } catch (IOException | RuntimeException | InterruptedException e) {
+        if (e instanceof InterruptedException) {
+          Thread.currentThread().interrupt();
+        }
+        log.debug("Take-over rehearsal of the state's way failed (the pause may be longer): {}", e.toString());
       }
       log.debug("Take-over rehearsal before the first hand-over: {} ms", (System.nanoTime() - started) / 1_000_000);
     };
@@ -113,22 +136,26 @@ public final class Rehearsal {
   /**
    * Runs both parts.
    *
-   * @param scratch makes a new, empty set of pools and sessions like this daemon's
+   * @param books makes a new, empty set of pools and sessions like this daemon's on a backend
+   * @param backend this daemon's backend, whose scratch books {@code stage} serves
    * @param stage serves scratch books, or null where this daemon's segments cannot be rehearsed
-   *     with (memory of its own, or segments on paths its predecessor's files are on)
+   *     with (memory of its own, or segments on paths its predecessor's files are on): then the
+   *     state's way is rehearsed on a scratch backend ({@link #apart})
    * @param channelAt where the channel pair and the scratch sockets may bind for a moment (beside
    *     the take-over socket)
    * @param socket this daemon's Unix socket as bound (its temporary path), or null without one
    */
-  public static void run(Supplier<Books> scratch, Stage stage, Path channelAt, Path socket) {
+  public static void run(Function<MemoryBackend, Books> books, MemoryBackend backend, Stage stage, Path channelAt,
+      Path socket) {
     long started = System.nanoTime();
     try {
       if (stage != null) {
-        if (served(scratch, stage, channelAt, started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS)) == 0) {
+        if (served(() -> books.apply(backend), stage, channelAt,
+            started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS)) == 0) {
           log.debug("Take-over rehearsal: the restored scratch session was not served after its reattach");
         }
       } else {
-        codec(scratch, channelAt);
+        apart(books, channelAt, scratch -> codec(scratch, channelAt));
       }
     } catch (IOException | RuntimeException | InterruptedException e) {
       if (e instanceof InterruptedException) {
@@ -175,12 +202,8 @@ public final class Rehearsal {
           RehearsalClient client = new RehearsalClient(socket, deadlineNanos)) {
         session = exercise(client, from.pools().size());
       }
-      Books to = from;
-      for (int i = 0; i < CODEC_ROUNDS; i++) {
-        to = scratch.get();
-        made.add(to);
-        handOver(from, to, at);
-      }
+      holdMore(from, session, HELD - KEPT_ON_STREAM);
+      Books to = handOverRounds(from, scratch, at, made);
       // The client is closed last: the server goes away with it connected, as a daemon that handed over does.
       try (RehearsalClient client = new RehearsalClient(socket, deadlineNanos);
           AutoCloseable server = stage.serve(to, socket)) {
@@ -217,7 +240,7 @@ public final class Rehearsal {
     }
     List<String> held = new ArrayList<>();
     for (int d = 0; d < devices; d++) {
-      List<String> kept = client.leaseOnStream(d, ROUNDS / devices, HELD / devices);
+      List<String> kept = client.leaseOnStream(d, ROUNDS / devices, KEPT_ON_STREAM / devices);
       if (kept == null) {
         throw new IOException("the scratch daemon did not answer the rehearsal's leases");
       }
@@ -236,16 +259,90 @@ public final class Rehearsal {
     return session;
   }
 
-  /** The hand-over of an empty state from one scratch set of books to another, over a real channel. */
-  static void codec(Supplier<Books> scratch, Path channelAt) throws IOException {
-    Books from = scratch.get();
-    Books to = scratch.get();
-    try {
-      handOver(from, to, channelAt);
-    } finally {
-      from.pools().close();
-      to.pools().close();
+  /**
+   * Leases {@code count} more blocks of the smallest size for the session, across the devices
+   * (4,096 of them fill one small segment: the per-lease code needs their number, not their bytes).
+   */
+  private static void holdMore(Books books, String sessionId, int count) {
+    Session session = null;
+    for (Session s : books.registry().sessions(Caller.DAEMON)) {
+      if (s.id().equals(sessionId)) {
+        session = s;
+      }
     }
+    if (session == null) {
+      throw new IllegalStateException("the rehearsal's session " + sessionId + " is gone from its scratch books");
+    }
+    int devices = books.pools().size();
+    for (int d = 0; d < devices; d++) {
+      // Scratch books may be on this daemon's own backend (a successor's, before it serves), and
+      // each restore adopts their segments again: a small device keeps most of its room.
+      long fit = books.pools().get(d).limitBytes() / 8 / SizeClasses.ALIGNMENT;
+      for (long i = Math.min(count / devices, fit); i > 0; i--) {
+        books.registry().lease(session.owner(), sessionId, d, SizeClasses.ALIGNMENT, false, "", false);
+      }
+    }
+  }
+
+  /** A rehearsal on scratch books that {@link #apart} makes. */
+  @FunctionalInterface
+  interface OnScratch {
+    void run(Supplier<Books> scratch) throws IOException, InterruptedException;
+  }
+
+  /**
+   * Runs {@code rehearsal} on scratch books of a scratch backend ({@link HostShmBackend#scratch}):
+   * memfds of this process, in a directory beside {@code channelAt}, apart from every device this
+   * daemon serves; the backend is closed after. The per-lease code rehearsed is the same whatever
+   * backend the daemon's own segments are on.
+   */
+  static void apart(Function<MemoryBackend, Books> books, Path channelAt, OnScratch rehearsal)
+      throws IOException, InterruptedException {
+    Path at = channelAt.toAbsolutePath();
+    HostShmBackend scratch = HostShmBackend.scratch(at.resolveSibling(at.getFileName() + ".shm"), SCRATCH_BYTES);
+    try {
+      rehearsal.run(() -> books.apply(scratch));
+    } finally {
+      scratch.close();
+    }
+  }
+
+  /**
+   * A scratch session holding {@value #HELD} leases, its state handed over from one scratch set of
+   * books to another {@value #CODEC_ROUNDS} times over a real channel (the JIT compiles what runs
+   * per lease); every set is closed at the end, its memory freed.
+   */
+  static void codec(Supplier<Books> scratch, Path channelAt) throws IOException {
+    List<Books> made = new ArrayList<>();
+    try {
+      Books from = scratch.get();
+      made.add(from);
+      holdMore(from, from.registry().open(Caller.DAEMON, "rehearsal", 0, 0).id(), HELD);
+      handOverRounds(from, scratch, channelAt, made);
+    } finally {
+      made.forEach(b -> b.pools().close());
+    }
+  }
+
+  /**
+   * {@code from}'s state handed over to a new scratch set {@value #CODEC_ROUNDS} times, each set
+   * added to {@code made}; every set but the last is closed once its round is done (it holds
+   * copies of the scratch segments).
+   *
+   * @return the last set
+   */
+  private static Books handOverRounds(Books from, Supplier<Books> scratch, Path channelAt, List<Books> made)
+      throws IOException {
+    Books to = from;
+    for (int i = 0; i < CODEC_ROUNDS; i++) {
+      if (to != from) {
+        to.pools().close();
+      }
+      to = scratch.get();
+      made.add(to);
+      handOver(from, to, channelAt);
+    }
+    return to;
   }
 
   /**
@@ -294,19 +391,50 @@ public final class Rehearsal {
     }
     try (TakeOverChannel holder = new TakeOverChannel(server); TakeOverChannel taker = new TakeOverChannel(client)) {
       holder.timeout(HandOver.ANSWER_MILLIS);
+      taker.timeout(HandOver.ANSWER_MILLIS);
       List<Integer> sent = fds.isEmpty() ? List.of(server) : fds; // a descriptor rides along, as each segment's does
-      holder.sendFds(sent);
-      holder.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(sent.size())
-          .setPid((int) ProcessHandle.current().pid())).build());
-      TakeOverFrame frame = taker.receiveFromHolder();
-      List<Integer> came = taker.takeFds();
-      if (fds.isEmpty()) {
-        came.forEach(UnixSockets::closeQuietly);
-        came = List.of();
+      // The state is larger than a socket's buffer: the taker reads it on a thread of its own
+      // while this one sends, as two daemons do. (This thread never waits reading a Unix socket
+      // but for the Taken it knows is there: a successor's main thread that does is waiting for
+      // the running daemon's state, which tests watch for.)
+      Received[] received = new Received[1];
+      IOException[] failed = new IOException[1];
+      Thread reading = new Thread(() -> {
+        try {
+          TakeOverFrame frame = taker.receiveFromHolder();
+          List<Integer> came = taker.takeFds();
+          if (fds.isEmpty()) {
+            came.forEach(UnixSockets::closeQuietly);
+            came = List.of();
+          }
+          received[0] = new Received(frame.getState(), came.stream().mapToInt(Integer::intValue).toArray());
+          taker.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
+        } catch (IOException e) {
+          failed[0] = e;
+        }
+      }, "gpumemd-rehearsal-taker");
+      reading.start();
+      try {
+        holder.sendFds(sent);
+        holder.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(sent.size())
+            .setPid((int) ProcessHandle.current().pid())).build());
+      } finally {
+        join(reading);
       }
-      taker.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
+      if (failed[0] != null) {
+        throw failed[0];
+      }
       holder.receiveFromTaker();
-      return new Received(frame.getState(), came.stream().mapToInt(Integer::intValue).toArray());
+      return received[0];
+    }
+  }
+
+  private static void join(Thread thread) throws IOException {
+    try {
+      thread.join();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IOException("interrupted while the rehearsal's state was read", e);
     }
   }
 

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.Callers;
+import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
 import io.gpumemd.server.backend.host.HostShmBackend;
@@ -50,6 +51,10 @@ class RehearsalTest {
       // Descriptor segments: the only host segments a take-over (and so a rehearsal) can carry.
       backend = new HostShmBackend(dir.resolve("shm"), 2, 64L << 20, null, dir.resolve("gpumemd.sock.fd").toString());
     }
+    return books(backend);
+  }
+
+  private Rehearsal.Books books(MemoryBackend backend) {
     LiveSessions sessions = new LiveSessions();
     List<DevicePool> list = new ArrayList<>();
     for (var device : backend.devices()) {
@@ -91,18 +96,48 @@ class RehearsalTest {
   }
 
   @Test
-  void codec_restoresAScratchStateIntoOtherScratchBooks_andRemovesItsSocket() throws Exception {
+  void codec_handsAScratchSessionsLeasesOverRoundAfterRound_andLeavesNoMemoryNorSocket() throws Exception {
     Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
 
     Rehearsal.codec(this::books, at);
 
-    assertEquals(2, made.size(), "one set of books exported, another restored");
+    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size(), "one set of books exported, one restored per round");
     assertFalse(Files.exists(at), "the channel's socket file is removed once connected");
-    Rehearsal.Books restored = made.get(1);
-    assertEquals(0, restored.registry().sessionCount());
-    assertEquals(0, restored.registry().liveLeases());
-    for (DevicePool pool : restored.pools().all()) {
-      pool.verifyInvariants();
+    for (Rehearsal.Books restored : made.subList(1, made.size())) {
+      assertEquals(1, restored.registry().sessionCount());
+      // (each restore checked its pools whole, PoolInvariants; they are closed now)
+      assertEquals(Rehearsal.HELD, restored.registry().liveLeases(), "every lease of the scratch session came back");
+    }
+    assertWholeDevicesFree();
+  }
+
+  @Test
+  void apart_rehearsesOnABackendOfItsOwn_andRemovesItsDirectory() throws Exception {
+    Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
+    books(); // this daemon's backend, which the rehearsal must not use
+    made.clear();
+    List<MemoryBackend> used = new ArrayList<>();
+
+    Rehearsal.apart(b -> {
+      used.add(b);
+      return books(b);
+    }, at, scratch -> Rehearsal.codec(scratch, at));
+
+    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size());
+    assertTrue(used.stream().allMatch(b -> b == used.get(0)) && used.get(0) != backend,
+        "every scratch set on one backend, not this daemon's: " + used);
+    assertEquals(Rehearsal.HELD, made.get(made.size() - 1).registry().liveLeases());
+    try (var files = Files.list(dir)) {
+      assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket nor scratch directory left: " + dir);
+    }
+    assertWholeDevicesFree();
+  }
+
+  /** Every scratch segment was freed: each whole device of this daemon's backend fits again. */
+  private void assertWholeDevicesFree() {
+    for (var device : backend.devices()) {
+      SegmentMemory all = backend.allocate(device.ordinal(), 64L << 20, SegmentOwner.DAEMON);
+      backend.free(all);
     }
   }
 
@@ -122,10 +157,6 @@ class RehearsalTest {
     try (var files = Files.list(dir)) {
       assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket left: " + dir);
     }
-    for (var device : backend.devices()) {
-      // Every scratch segment was freed: the whole device fits again.
-      SegmentMemory all = backend.allocate(device.ordinal(), 64L << 20, SegmentOwner.DAEMON);
-      backend.free(all);
-    }
+    assertWholeDevicesFree();
   }
 }

@@ -118,7 +118,23 @@ public final class HostShmBackend extends AbstractMemoryBackend {
     this(shmDir, openFiles(shmDir, deviceCount, groupName, fdSocket), deviceCount, capacityBytes, fdSocket);
   }
 
+  /**
+   * Scratch memory for a take-over rehearsal: one device of {@code capacityBytes} whose segments
+   * are sealed memfds of this process, in a directory of its own ({@code dir}, removed at close
+   * when this made it), apart from every device this daemon serves and from their budgets.
+   * Quiet: a rehearsal logs nothing an operator would read.
+   */
+  public static HostShmBackend scratch(Path dir, long capacityBytes) {
+    String fdSocket = "rehearsal";
+    return new HostShmBackend(dir, openFiles(dir, 1, null, fdSocket), 1, capacityBytes, fdSocket, true);
+  }
+
   private HostShmBackend(Path shmDir, SegmentFiles files, int deviceCount, long capacityBytes, String fdSocket) {
+    this(shmDir, files, deviceCount, capacityBytes, fdSocket, false);
+  }
+
+  private HostShmBackend(Path shmDir, SegmentFiles files, int deviceCount, long capacityBytes, String fdSocket,
+      boolean quiet) {
     super("host", simulatedDevices(files.root(), deviceCount, capacityBytes));
     this.files = files;
     this.fdSocket = fdSocket;
@@ -131,7 +147,7 @@ public final class HostShmBackend extends AbstractMemoryBackend {
       } catch (IOException e) {
         throw cannotUse(shmDir, e);
       }
-    } else {
+    } else if (!quiet) {
       log.info("Host segments are sealed memfds passed as file descriptors over {}; none is on a path (in {} "
           + "or elsewhere){}", fdSocket, files.root(), files.group() == null ? "" : " (--shm-group plays no "
           + "part: a descriptor is the only way to a segment)");
