@@ -109,8 +109,8 @@ public final class Rehearsal {
    * #codec}), which a successor's rehearsal ran before it asked, on scratch books of a scratch
    * backend ({@link #apart}): segments of this daemon's own backend would take room from its
    * pools, which serve clients meanwhile. Measured with {@code TakeOverPauseMain} and 10,000 live
-   * leases, a fresh daemon's first export and send took 169 ms cold, inside the pause, and 42 ms
-   * after this. Later calls do nothing; a failure is logged at DEBUG and ignored.
+   * leases, a fresh daemon's first export and send took 169 ms cold, inside the pause, and 42–55
+   * ms after this (two runs). Later calls do nothing; a failure is logged at DEBUG and ignored.
    *
    * @param books makes a new, empty set of pools and sessions like this daemon's on a backend
    */

@@ -125,7 +125,7 @@ public final class HostShmBackend extends AbstractMemoryBackend {
    * Quiet: a rehearsal logs nothing an operator would read.
    */
   public static HostShmBackend scratch(Path dir, long capacityBytes) {
-    String fdSocket = "rehearsal";
+    String fdSocket = "rehearsal"; // descriptor mode; its segments go to no client, so the socket is a name only
     return new HostShmBackend(dir, openFiles(dir, 1, null, fdSocket), 1, capacityBytes, fdSocket, true);
   }
 
