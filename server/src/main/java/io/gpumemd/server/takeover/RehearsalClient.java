@@ -40,7 +40,7 @@ import java.util.concurrent.TimeUnit;
 final class RehearsalClient implements AutoCloseable {
   /** What a worker leases most: a block that shares a segment with others. */
   static final long LEASE_BYTES = 64 << 10;
-  /** What the rehearsal keeps: many small leases, so that a thousand cost a few MiB of scratch memory. */
+  /** The size of the leases the rehearsal's client keeps: small, since they cost scratch memory. */
   static final long HELD_BYTES = 4 << 10;
   /** Marks the end of the KeepAlive stream in {@link #events}. */
   private static final SessionEvent ENDED = SessionEvent.getDefaultInstance();

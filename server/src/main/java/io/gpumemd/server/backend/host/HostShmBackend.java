@@ -115,7 +115,7 @@ public final class HostShmBackend extends AbstractMemoryBackend {
    *     (descriptors) when this JVM does not show descriptor numbers
    */
   public HostShmBackend(Path shmDir, int deviceCount, long capacityBytes, String groupName, String fdSocket) {
-    this(shmDir, openFiles(shmDir, deviceCount, groupName, fdSocket), deviceCount, capacityBytes, fdSocket);
+    this(shmDir, openFiles(shmDir, deviceCount, groupName, fdSocket), deviceCount, capacityBytes, fdSocket, false);
   }
 
   /**
@@ -127,10 +127,6 @@ public final class HostShmBackend extends AbstractMemoryBackend {
   public static HostShmBackend scratch(Path dir, long capacityBytes) {
     String fdSocket = "rehearsal"; // descriptor mode; its segments go to no client, so the socket is a name only
     return new HostShmBackend(dir, openFiles(dir, 1, null, fdSocket), 1, capacityBytes, fdSocket, true);
-  }
-
-  private HostShmBackend(Path shmDir, SegmentFiles files, int deviceCount, long capacityBytes, String fdSocket) {
-    this(shmDir, files, deviceCount, capacityBytes, fdSocket, false);
   }
 
   private HostShmBackend(Path shmDir, SegmentFiles files, int deviceCount, long capacityBytes, String fdSocket,
