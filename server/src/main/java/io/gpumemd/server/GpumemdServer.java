@@ -234,7 +234,8 @@ public final class GpumemdServer {
       server.bindListeners(selection.reason(), takingOver);
       if (takingOver) {
         server.bindHandOver(true);
-        Rehearsal.run(b -> books(config, b, ticker, false), backend, server.stage(),
+        Rehearsal.run(b -> books(config, b, ticker, false), server.scratchOnOwnBackend() ? backend : null,
+            server.stage(),
             Rehearsal.channelPath(config.takeOver().socket()), server.listeners.unixBoundAt());
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
@@ -261,12 +262,10 @@ public final class GpumemdServer {
   /**
    * What serves a rehearsal's scratch books: this daemon's Allocator service and health over them,
    * with metrics of their own, on the Unix listener's event loops ({@link Listeners#scratchUnix}).
-   * Null where scratch books cannot be leased on: without a Unix listener, or on a backend whose
-   * scratch segments would be device memory or files beside the running daemon's (only host
-   * segments passed as descriptors are neither).
+   * Null without a Unix listener.
    */
   private Rehearsal.Stage stage() {
-    if (!(backend instanceof HostShmBackend) || !backend.passesDescriptors() || listeners.unixBoundAt() == null) {
+    if (listeners.unixBoundAt() == null) {
       return null;
     }
     return (books, at) -> {
@@ -277,6 +276,15 @@ public final class GpumemdServer {
               new StreamWatchdog(config.transport().streamStallMillis(), ticker))),
           new HealthStatusManager().getHealthService().bindService()), at);
     };
+  }
+
+  /**
+   * Whether scratch books on this daemon's own backend can be leased on and served: only host
+   * segments passed as descriptors are neither device memory nor files beside the running
+   * daemon's.
+   */
+  private boolean scratchOnOwnBackend() {
+    return backend instanceof HostShmBackend && backend.passesDescriptors();
   }
 
   /** Logs what this daemon serves and binds its listeners, where no client finds them yet ({@link Listeners#publish}). */
@@ -325,7 +333,7 @@ public final class GpumemdServer {
     // A successor ran the state's way out in its rehearsal; a daemon that started fresh runs it
     // when its first successor asks, before the gate closes.
     Runnable rehearsal = beside ? () -> { }
-        : Rehearsal.beforeFirstHandOver(b -> books(config, b, ticker, false), Rehearsal.channelPath(socket));
+        : Rehearsal.beforeFirstHandOver(b -> books(config, b, ticker, false), stage(), Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
         new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);

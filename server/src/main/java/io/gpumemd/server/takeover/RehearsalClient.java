@@ -164,6 +164,16 @@ final class RehearsalClient implements AutoCloseable {
     return kept;
   }
 
+  /** Reads the stream until the daemon says the session moved (true), or the stream ends or the time runs out. */
+  boolean awaitMoving() throws InterruptedException {
+    for (SessionEvent e = next(); e != null; e = next()) {
+      if (e.hasMoving()) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   /** Ends the KeepAlive stream (the session stays until its TTL, as a client's that went away). */
   void detach() throws InterruptedException {
     if (stream != null) {

@@ -159,4 +159,19 @@ class RehearsalTest {
     }
     assertWholeDevicesFree();
   }
+
+  @Test
+  void lastWords_tellAScratchClientItMoved_andLeaveNoMemoryNorSocket() throws Exception {
+    Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
+
+    boolean told = Rehearsal.lastWords(this::books, this::serve, at, System.nanoTime() + TimeUnit.SECONDS.toNanos(30));
+
+    assertTrue(told, "the scratch client's stream was told that its session moved");
+    assertEquals(1, made.size(), "one set of scratch books");
+    assertEquals(1, made.get(0).registry().sessionCount(), "the scratch session stays until its books close");
+    try (var files = Files.list(dir)) {
+      assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket left: " + dir);
+    }
+    assertWholeDevicesFree();
+  }
 }
