@@ -166,7 +166,7 @@ public final class GpumemdServer {
     if (config.pool().parkIdleObjects()) {
       registry.sharing().parkIdleObjectsWhenShort();
     }
-    return new Rehearsal.Books(pools, registry);
+    return new Rehearsal.Books(pools, registry, backend);
   }
 
   /**

@@ -6,7 +6,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
+import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import io.gpumemd.server.takeover.TakeOverState;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.TestDaemon;
@@ -73,6 +75,16 @@ class TakeOverAttackTest {
     command.addAll(List.of(TestDaemon.defaultFlags(dir)));
     command.addAll(List.of(FLAGS));
     command.addAll(List.of(extra));
+    return command;
+  }
+
+  /**
+   * A successor that asks as one of an earlier version does, taking no segments ahead: its Hello
+   * is followed by the state, so a test that stops it once it waits decides what it reads next.
+   */
+  private List<String> takerWithoutSegmentsAhead() {
+    List<String> command = daemonCommand("--take-over");
+    command.add(1, "-D" + TakeOverState.SEGMENTS_AHEAD_PROPERTY + "=false");
     return command;
   }
 
@@ -184,7 +196,7 @@ class TakeOverAttackTest {
       String session = client.sessionId();
 
       signal("STOP", holder);
-      Process taker = launch(daemonCommand("--take-over"));
+      Process taker = launch(takerWithoutSegmentsAhead());
       ProcessOutput takerOut = ProcessOutput.of(taker);
       KernelWaits.awaitBlockedOnUnixRead(taker.pid()); // its Hello is sent; it waits for the state
       signal("STOP", taker.pid());
@@ -226,7 +238,7 @@ class TakeOverAttackTest {
       long holder = daemon.process().pid();
 
       signal("STOP", holder);
-      Process taker = launch(daemonCommand("--take-over"));
+      Process taker = launch(takerWithoutSegmentsAhead());
       ProcessOutput takerOut = ProcessOutput.of(taker);
       KernelWaits.awaitBlockedOnUnixRead(taker.pid());
       signal("STOP", taker.pid());
@@ -296,6 +308,40 @@ class TakeOverAttackTest {
     assertTrue(daemon.awaitLine("given up: no answer within 10000 ms of the state; the gate is open again", 10_000),
         daemon.output());
     assertServing(daemon);
+  }
+
+  /**
+   * Issue 34, item 6: a successor that takes the segments ahead of the state is sent them while
+   * the daemon serves on (a lease is answered while it holds them unanswered), and one that then
+   * cannot adopt them (Abort) leaves the daemon serving, its gate never closed, the bytes intact.
+   */
+  @Test
+  void successorAbortingOnTheSegmentsSentAhead_leavesTheDaemonServing_whichServedMeanwhile() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget());
+        TakeOverPeer peer = TakeOverPeer.connect(takeOverSocket())) {
+      Lease lease = client.lease(0, 1 << 20);
+      lease.buffer().put(0, (byte) 0x5a);
+      peer.send(TakeOverFrame.newBuilder().setHello(TakeOverPeer.hostHello().toBuilder().setTakesSegmentsAhead(true))
+          .build());
+      TakeOverFrame frame = peer.receive();
+      while (frame != null && frame.hasDescriptors()) {
+        frame = peer.receive();
+      }
+      assertTrue(frame != null && frame.hasSegmentsAhead() && frame.getSegmentsAhead().getSegmentsCount() >= 1,
+          String.valueOf(frame));
+
+      client.lease(0, 4096).close(); // served: the gate is open while the segments are out
+
+      peer.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason("the test cannot adopt them"))
+          .build());
+      assertTrue(daemon.awaitLine("could not adopt the segments sent ahead (the test cannot adopt them); serving on",
+          30_000), daemon.output());
+      assertFalse(daemon.output().contains("no longer applying requests"), daemon.output());
+      assertServing(daemon);
+      assertEquals((byte) 0x5a, lease.buffer().get(0));
+      lease.close();
+    }
   }
 
   /**

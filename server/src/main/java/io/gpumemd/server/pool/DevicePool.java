@@ -407,14 +407,24 @@ public final class DevicePool implements AutoCloseable {
     return PoolSnapshotWriter.take(core, eviction, sink);
   }
 
-  /** A new pool, restored from {@code snapshot} ({@link #restore(PoolSnapshot, int[])}). */
+  /** A new pool, restored from {@code snapshot} ({@link #restore(PoolSnapshot, IncomingSegments)}). */
   public static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, int[] descriptors)
+      HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, IncomingSegments segments)
       throws SnapshotRefusedException {
     DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
         SegmentIds.base(device.ordinal()), ticker);
-    pool.restore(snapshot, descriptors);
+    pool.restore(snapshot, segments);
     return pool;
+  }
+
+  /**
+   * A new descriptor of each segment, with what the export will know it by, for a take-over to
+   * send ahead of the state while the pool serves on: the successor adopts them meanwhile, and
+   * the pause holds only the segments made since. Segments that cannot be passed are left out
+   * (the export refuses them); the caller sends and closes the descriptors.
+   */
+  public List<SegmentAhead> segmentsAhead() {
+    return PoolSnapshotWriter.ahead(core);
   }
 
   /**
@@ -423,13 +433,13 @@ public final class DevicePool implements AutoCloseable {
    * MemoryBackend#adopt}), with the same ids, blocks, idle order, holders, client-cached blocks,
    * counters and sharing figures, under this daemon's settings, never shrunk to fit.
    *
-   * @param descriptors received descriptor numbers, by the index the snapshot names; every one
-   *     it names is this call's from now on (adopted, or closed on failure), the others the caller's
+   * @param segments what the snapshot names by index; every one it names is this call's from now
+   *     on (taken, or given up on failure), the others stay {@code segments}'s
    * @throws SnapshotRefusedException when the snapshot does not fit this daemon or does not make
    *     a pool; the pool is then closed, every segment adopted so far relinquished (never freed)
    */
-  public void restore(PoolSnapshot snapshot, int[] descriptors) throws SnapshotRefusedException {
-    PoolRestorer.restoreInto(core, eviction, snapshot, descriptors);
+  public void restore(PoolSnapshot snapshot, IncomingSegments segments) throws SnapshotRefusedException {
+    PoolRestorer.restoreInto(core, eviction, snapshot, segments);
   }
 
   /**

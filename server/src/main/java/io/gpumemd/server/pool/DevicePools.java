@@ -119,11 +119,12 @@ public final class DevicePools implements AutoCloseable {
 
   /**
    * Rebuilds pools written down in another process in these, which must be new: snapshot {@code
-   * d} in pool {@code d}. Takes every descriptor the snapshots name, whatever happens: on a
+   * d} in pool {@code d}. Takes every segment the snapshots name, whatever happens: on a
    * refusal the pools restored so far are handed back (their segments relinquished, not freed)
-   * and the descriptors of the devices not reached are closed.
+   * and the segments of the devices not reached are given up.
    */
-  public void restore(List<PoolSnapshot> snapshots, int[] descriptors) throws SnapshotRefusedException {
+  public void restore(List<PoolSnapshot> snapshots, IncomingSegments segments) throws SnapshotRefusedException {
+    segments.keepOnlyNamed(snapshots);
     int done = 0;
     try {
       if (snapshots.size() != pools.size()) {
@@ -131,26 +132,29 @@ public final class DevicePools implements AutoCloseable {
             + pools.size() + " (expected: the same devices)");
       }
       for (; done < pools.size(); done++) {
-        pools.get(done).restore(snapshots.get(done), descriptors);
+        pools.get(done).restore(snapshots.get(done), segments);
       }
     } catch (SnapshotRefusedException | RuntimeException e) {
       for (int d = 0; d < done; d++) {
         pools.get(d).relinquish();
       }
-      // The failed device closed its own; those after it were never taken.
+      // The failed device gave up its own; those after it were never taken.
       for (int d = done + 1; d < snapshots.size(); d++) {
         for (var s : snapshots.get(d).segments()) {
-          if (s.descriptorIndex() >= 0 && s.descriptorIndex() < descriptors.length) {
-            try {
-              io.gpumemd.server.backend.SegmentFd.ofNative(descriptors[s.descriptorIndex()], false).close();
-            } catch (java.io.IOException | RuntimeException ignored) {
-              // not a descriptor at all: nothing to close
-            }
-          }
+          segments.discard(s.descriptorIndex());
         }
       }
       throw e;
     }
+  }
+
+  /** Every pool's {@link DevicePool#segmentsAhead}, by device ordinal. */
+  public List<SegmentAhead> segmentsAhead() {
+    List<SegmentAhead> ahead = new java.util.ArrayList<>();
+    for (DevicePool pool : pools) {
+      ahead.addAll(pool.segmentsAhead());
+    }
+    return ahead;
   }
 
   /** Ends every pool once another process serves it ({@link DevicePool#relinquish}). Idempotent. */

@@ -2,16 +2,13 @@ package io.gpumemd.server.pool;
 
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.PoolSnapshot.BlockKind;
 import io.gpumemd.server.pool.PoolSnapshot.BlockSnapshot;
 import io.gpumemd.server.pool.PoolSnapshot.Lifecycle;
 import io.gpumemd.server.pool.PoolSnapshot.SegmentSnapshot;
-import java.io.IOException;
 import java.util.ArrayList;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -40,7 +37,7 @@ final class PoolRestorer {
    * that only this is left for the pause. On failure the pool is closed and every descriptor the
    * state names is closed or relinquished.
    */
-  static void restoreInto(PoolCore core, Eviction eviction, PoolSnapshot state, int[] descriptors)
+  static void restoreInto(PoolCore core, Eviction eviction, PoolSnapshot state, IncomingSegments incoming)
       throws SnapshotRefusedException {
     DeviceInfo device = core.device;
     MemoryBackend backend = core.backend;
@@ -48,16 +45,16 @@ final class PoolRestorer {
     Map<Integer, SegmentSnapshot> byDescriptor = new HashMap<>();
     for (SegmentSnapshot s : segments) {
       int index = s.descriptorIndex();
-      if (index < 0 || index >= descriptors.length || byDescriptor.put(index, s) != null) {
-        closeAll(descriptors, byDescriptor.keySet());
+      if (!incoming.available(index) || byDescriptor.put(index, s) != null) {
+        discardAll(incoming, byDescriptor.keySet());
         throw new SnapshotRefusedException("device " + device.ordinal() + ": segment " + s.id()
             + " names descriptor " + s.descriptorIndex() + " (expected: one of its own among "
-            + descriptors.length + ")");
+            + incoming.size() + ")");
       }
     }
     String why = check(device, backend, core.budget.limitBytes(), core.sharing.publishedLimitBytes(), state);
     if (why != null) {
-      closeAll(descriptors, byDescriptor.keySet());
+      discardAll(incoming, byDescriptor.keySet());
       throw new SnapshotRefusedException("device " + device.ordinal() + ": " + why);
     }
     boolean fresh;
@@ -71,16 +68,15 @@ final class PoolRestorer {
       core.lock.unlock();
     }
     if (!fresh) {
-      closeAll(descriptors, byDescriptor.keySet());
+      discardAll(incoming, byDescriptor.keySet());
       throw new SnapshotRefusedException("device " + device.ordinal() + ": the pool already has segments of its own");
     }
     List<SegmentMemory> adopted = new ArrayList<>(segments.size());
     try {
       for (SegmentSnapshot s : segments) {
-        int fd = descriptors[s.descriptorIndex()];
-        byDescriptor.remove(s.descriptorIndex()); // adopt owns it from here, success or not
+        byDescriptor.remove(s.descriptorIndex()); // taken from here, success or not
         try {
-          adopted.add(backend.adopt(device.ordinal(), fd, s.bytes()));
+          adopted.add(incoming.take(s.descriptorIndex(), device.ordinal(), s.bytes()));
         } catch (RuntimeException e) {
           throw new SnapshotRefusedException("device " + device.ordinal() + ": cannot adopt segment " + s.id()
               + " (" + s.bytes() + " bytes): " + e.getMessage(), e);
@@ -104,7 +100,7 @@ final class PoolRestorer {
       }
       after.run();
     } catch (SnapshotRefusedException e) {
-      closeAll(descriptors, byDescriptor.keySet());
+      discardAll(incoming, byDescriptor.keySet());
       core.markClosed();
       for (SegmentMemory memory : adopted) {
         relinquishQuietly(backend, memory);
@@ -248,13 +244,9 @@ final class PoolRestorer {
     return segment;
   }
 
-  private static void closeAll(int[] descriptors, Set<Integer> indexes) {
-    for (int index : new HashSet<>(indexes)) {
-      try {
-        SegmentFd.ofNative(descriptors[index], false).close();
-      } catch (IOException | RuntimeException e) {
-        log.error("Cannot close received descriptor {}: {}", descriptors[index], e.toString());
-      }
+  private static void discardAll(IncomingSegments incoming, Set<Integer> indexes) {
+    for (int index : indexes) {
+      incoming.discard(index);
     }
     indexes.clear();
   }

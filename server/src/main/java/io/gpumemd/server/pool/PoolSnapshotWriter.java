@@ -76,6 +76,11 @@ final class PoolSnapshotWriter {
     List<SegmentSnapshot> written = new ArrayList<>(segments.size());
     for (int i = 0; i < segments.size(); i++) {
       Segment s = segments.get(i);
+      int ahead = sink.sentAhead(s.memory);
+      if (ahead >= 0) {
+        written.add(taken.segment(i, ahead));
+        continue;
+      }
       SegmentFd descriptor;
       try {
         descriptor = ((FdPassedSegment) s.memory).open(false);
@@ -89,6 +94,41 @@ final class PoolSnapshotWriter {
       written.add(taken.segment(i, sink.add(descriptor)));
     }
     return taken.snapshot(written);
+  }
+
+  /** See {@link DevicePool#segmentsAhead}. */
+  static List<SegmentAhead> ahead(PoolCore core) {
+    if (core.backend.takeOverRefusal() != null) {
+      return List.of();
+    }
+    List<Segment> segments = new ArrayList<>();
+    core.lock.lock();
+    try {
+      if (core.closed()) {
+        return List.of();
+      }
+      segments.addAll(core.carver.live.values());
+      segments.addAll(core.holders.awaitingUnmap());
+    } finally {
+      core.lock.unlock();
+    }
+    // Outside the lock, like every backend call. The pool serves on meanwhile: a segment freed
+    // since is skipped, and any that cannot be opened now go with the state (or refuse it there).
+    List<SegmentAhead> ahead = new ArrayList<>(segments.size());
+    for (Segment s : segments) {
+      if (!(s.memory instanceof FdPassedSegment passed)) {
+        continue;
+      }
+      try {
+        SegmentFd descriptor = passed.open(false);
+        if (descriptor != null) {
+          ahead.add(new SegmentAhead(core.device.ordinal(), s.id, s.bytes, s.memory, descriptor));
+        }
+      } catch (IOException e) {
+        // sent with the state, or refused there
+      }
+    }
+    return ahead;
   }
 
   /** Refuses a pool whose state cannot be written down now; with the lock held. */

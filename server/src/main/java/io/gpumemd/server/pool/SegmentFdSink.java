@@ -1,6 +1,7 @@
 package io.gpumemd.server.pool;
 
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
 
 /**
  * Where {@link DevicePool#snapshot} puts the descriptor of each segment it writes down: the
@@ -19,4 +20,14 @@ public interface SegmentFdSink {
    * @return its index among every descriptor this sink took (0, 1, 2, ...)
    */
   int add(SegmentFd descriptor);
+
+  /**
+   * The index of {@code memory}'s descriptor when it was sent ahead of the state ({@link
+   * DevicePools#segmentsAhead}): no descriptor is opened for it then.
+   *
+   * @return its index, or -1 when it was not sent ahead
+   */
+  default int sentAhead(SegmentMemory memory) {
+    return -1;
+  }
 }

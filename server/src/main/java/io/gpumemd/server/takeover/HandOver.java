@@ -4,12 +4,15 @@ import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.pool.SegmentAhead;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.List;
+import java.util.Map;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -61,10 +64,20 @@ public final class HandOver implements AutoCloseable {
     String refusal(Hello hello);
 
     /**
-     * The state, with the gate closed; adds one descriptor per segment to {@code descriptors}
-     * (copies the caller closes once sent, or refused).
+     * Every segment's descriptor, to send ahead of the state while this daemon still serves
+     * (copies the caller closes once sent). Empty where there are none to send.
      */
-    State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException;
+    default List<SegmentAhead> segmentsAhead() {
+      return List.of();
+    }
+
+    /**
+     * The state, with the gate closed; adds one descriptor to {@code descriptors} (copies the
+     * caller closes once sent, or refused) per segment not in {@code sentAhead} (the memory of each
+     * segment sent ahead, by its index; the state names the others from {@code sentAhead.size()} on).
+     */
+    State exportState(List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead)
+        throws TakeOverRefusedException;
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);

@@ -3,13 +3,18 @@ package io.gpumemd.server.takeover;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
+import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.pool.SegmentAhead;
 import java.io.EOFException;
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 import org.slf4j.Logger;
@@ -18,8 +23,10 @@ import org.slf4j.LoggerFactory;
 /**
  * One successor's attempt to take over, on the running daemon's side: the protocol of {@link
  * HandOver}, one method per step, in order: {@link #greet} (its uid and Hello, and whether this
- * daemon's state fits it), {@link #quiesce} (the gate closes, requests in progress finish),
- * {@link #sendState} (descriptors and books), {@link #awaitAnswer} (Taken, Abort, or {@link
+ * daemon's state fits it), {@link #sendAhead} (where the successor takes them: the segments'
+ * descriptors, adopted while this daemon serves on), {@link #quiesce} (the gate closes,
+ * requests in progress finish), {@link #sendState} (the descriptors of segments made since, and
+ * the books), {@link #awaitAnswer} (Taken, Abort, or {@link
  * #giveUp}), {@link #awaitLive} (the successor serves). Every step that ends the attempt before
  * Taken leaves the gate open and the daemon serving, and tells the successor why ({@link
  * #refuse}) once it may hold the state.
@@ -38,6 +45,8 @@ final class HandOverAttempt {
   private final Runnable taken;
   private int pid;
   private long started;
+  /** The memory of each segment sent ahead of the state, by its index; empty when none was. */
+  private Map<SegmentMemory, Integer> sentAhead = Map.of();
 
   HandOverAttempt(TakeOverChannel channel, HandOverGate gate, HandOver.Daemon daemon, String version, int uid,
       BooleanSupplier closing, Runnable taken) {
@@ -60,6 +69,9 @@ final class HandOverAttempt {
       return;
     }
     daemon.rehearse();
+    if (hello.getTakesSegmentsAhead() && !sendAhead()) {
+      return;
+    }
     if (!quiesce(hello) || !sendState() || awaitAnswer() == null) {
       return;
     }
@@ -107,6 +119,53 @@ final class HandOverAttempt {
     return hello;
   }
 
+  /**
+   * Sends every segment's descriptor ahead of the state while this daemon serves on, and waits
+   * until the successor has adopted them (its Ready): the pause then carries only the segments
+   * made since, and the successor adopts only those inside it. False when the successor aborted,
+   * went away or did not answer in time: this daemon serves on (its gate never closed).
+   */
+  private boolean sendAhead() {
+    long began = System.nanoTime();
+    List<SegmentAhead> ahead = daemon.segmentsAhead();
+    try {
+      channel.deadline(began + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
+      channel.sendFds(ahead.stream().map(a -> a.descriptor().number()).toList());
+      SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
+      for (SegmentAhead a : ahead) {
+        frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
+      }
+      channel.send(TakeOverFrame.newBuilder().setSegmentsAhead(frame).build());
+      TakeOverFrame answer = channel.receiveFromTaker();
+      if (!answer.hasReady()) {
+        log.warn("Take-over by pid {} ended before the gate closed: {}; serving on", pid, answer.hasAbort()
+            ? "it could not adopt the segments sent ahead (" + answer.getAbort().getReason() + ")"
+            : "it answered " + answer.getFrameCase() + " to the segments sent ahead");
+        return false;
+      }
+    } catch (IOException e) {
+      log.warn("Take-over by pid {} ended before the gate closed, while its segments were sent ahead ({}); "
+          + "serving on", pid, e.getMessage());
+      return false;
+    } finally {
+      for (SegmentAhead a : ahead) {
+        try {
+          a.descriptor().close();
+        } catch (IOException e) {
+          log.warn("Cannot close a segment descriptor sent ahead: {}", e.toString());
+        }
+      }
+    }
+    Map<SegmentMemory, Integer> index = new IdentityHashMap<>();
+    for (int i = 0; i < ahead.size(); i++) {
+      index.put(ahead.get(i).memory(), i);
+    }
+    sentAhead = index;
+    log.info("Take-over by pid {}: {} segment descriptor(s) sent ahead, adopted after {} ms", pid, ahead.size(),
+        (System.nanoTime() - began) / 1_000_000);
+    return true;
+  }
+
   /** Closes the gate and waits for the requests in progress; false (gate open again) when they do not end. */
   private boolean quiesce(Hello hello) {
     log.info("Take-over asked by pid {} (gpumemd {}): no longer applying requests", pid, hello.getVersion());
@@ -138,7 +197,7 @@ final class HandOverAttempt {
     try {
       State state;
       try {
-        state = daemon.exportState(descriptors);
+        state = daemon.exportState(descriptors, sentAhead);
       } catch (TakeOverRefusedException | RuntimeException e) {
         gate.open();
         String reason = e instanceof TakeOverRefusedException ? e.getMessage()

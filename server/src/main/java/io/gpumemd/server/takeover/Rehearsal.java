@@ -1,15 +1,20 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.SizeClasses;
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.common.unix.UnixSockets;
+import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.Taken;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.IncomingSegments;
+import io.gpumemd.server.pool.SegmentAhead;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.StatusRuntimeException;
@@ -17,7 +22,9 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Function;
@@ -84,8 +91,8 @@ public final class Rehearsal {
   /** How often the scratch state makes its way: enough for the per-lease code to be compiled. */
   static final int CODEC_ROUNDS = 8;
 
-  /** A scratch set of pools and sessions, new and never served. */
-  public record Books(DevicePools pools, SessionRegistry registry) {}
+  /** A scratch set of pools and sessions on {@code backend}, new and never served. */
+  public record Books(DevicePools pools, SessionRegistry registry, MemoryBackend backend) {}
 
   /** Serves a scratch set of books as this daemon serves its own (the same services and transport). */
   public interface Stage {
@@ -400,28 +407,52 @@ public final class Rehearsal {
   }
 
   /**
-   * The state of {@code from}, with its segments' descriptors, exported, sent to this process and
-   * restored into {@code to}, as {@link HandOverAttempt} and a successor do.
+   * The state of {@code from} handed over to {@code to}, as {@link HandOverAttempt} and a successor
+   * do: its segments sent ahead and adopted (in this one process, from copies of their
+   * descriptors), then the state exported, sent to this process with the descriptors of any
+   * segments made since, and restored.
    */
   private static void handOver(Books from, Books to, Path channelAt) throws IOException {
+    List<SegmentAhead> ahead = from.pools().segmentsAhead();
     List<SegmentFd> descriptors = new ArrayList<>();
+    List<SegmentMemory> adopted = new ArrayList<>();
     try {
+      Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
+      SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
+      List<Integer> copies = new ArrayList<>();
+      for (SegmentAhead a : ahead) {
+        sentAhead.put(a.memory(), sentAhead.size());
+        frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
+        copies.add(Descriptors.dup(a.descriptor().number()));
+      }
+      TakeOver.adopt(to.backend(), frame.build(), copies, adopted);
       State state;
       try {
-        state = TakeOverState.export(from.pools(), from.registry(), descriptors);
+        state = TakeOverState.export(from.pools(), from.registry(), descriptors, sentAhead);
       } catch (TakeOverRefusedException e) {
         throw new IOException(e.getMessage(), e);
       }
       Received received = sendToSelf(state, descriptors.stream().map(SegmentFd::number).toList(), channelAt);
-      TakeOverState.restore(received.state(), received.fds(), to.pools(), to.registry());
-    } finally {
-      for (SegmentFd d : descriptors) {
-        try {
-          d.close();
-        } catch (IOException e) {
-          // a copy: the segment stays the scratch pool's
-        }
+      try (IncomingSegments segments = new IncomingSegments(to.backend(), adopted, received.fds())) {
+        adopted.clear(); // the segments' now
+        TakeOverState.restore(received.state(), segments, to.pools(), to.registry());
       }
+    } finally {
+      TakeOver.relinquish(to.backend(), adopted);
+      for (SegmentFd d : descriptors) {
+        closeCopy(d);
+      }
+      for (SegmentAhead a : ahead) {
+        closeCopy(a.descriptor());
+      }
+    }
+  }
+
+  private static void closeCopy(SegmentFd descriptor) {
+    try {
+      descriptor.close();
+    } catch (IOException e) {
+      // a copy: the segment stays the scratch pool's
     }
   }
 

@@ -5,14 +5,20 @@ import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Live;
+import io.gpumemd.proto.takeover.v1.Ready;
+import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.Taken;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import io.gpumemd.server.backend.MemoryBackend;
+import io.gpumemd.server.backend.SegmentMemory;
+import io.gpumemd.server.pool.IncomingSegments;
 import java.io.EOFException;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
+import java.util.ArrayList;
 import java.util.List;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -53,25 +59,24 @@ public final class TakeOver implements AutoCloseable {
 
   private final TakeOverChannel channel;
   private final State state;
-  private List<Integer> fds;
-  /** Indexes of {@link #fds} a restored pool took. */
-  private final java.util.Set<Integer> consumed = new java.util.HashSet<>();
+  private final IncomingSegments segments;
   private final int runningDaemonPid;
 
-  private TakeOver(TakeOverChannel channel, State state, List<Integer> fds) {
+  private TakeOver(TakeOverChannel channel, State state, IncomingSegments segments) {
     this.channel = channel;
     this.state = state;
-    this.fds = fds;
+    this.segments = segments;
     this.runningDaemonPid = state.getPid();
   }
 
   /**
-   * Asks the daemon behind {@code socket} for its state.
+   * Asks the daemon behind {@code socket} for its state; segments it sends ahead of the state
+   * (where {@code hello} takes them) are adopted by {@code backend} while it still serves.
    *
    * @return the state, or null to start fresh (nobody there, or the daemon died mid-way)
    * @throws IOException when the running daemon refused, or cannot be asked (the message says why)
    */
-  public static TakeOver request(Path socket, Hello hello) throws IOException {
+  public static TakeOver request(Path socket, Hello hello, MemoryBackend backend) throws IOException {
     String path = socket.toAbsolutePath().toString();
     TakeOverChannel channel;
     try {
@@ -96,9 +101,21 @@ public final class TakeOver implements AutoCloseable {
       channel.send(TakeOverFrame.newBuilder().setHello(hello).build());
       long started = System.nanoTime();
       TakeOverFrame frame;
+      List<SegmentMemory> ahead = new ArrayList<>();
       try {
         frame = channel.receiveFromHolder();
+        if (frame.hasSegmentsAhead()) {
+          adoptAhead(backend, frame.getSegmentsAhead(), channel.takeFds(), ahead, channel);
+          log.info("--take-over: {} segment(s) sent ahead adopted after {} ms", ahead.size(),
+              (System.nanoTime() - started) / 1_000_000);
+          channel.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
+          frame = channel.receiveFromHolder();
+        }
       } catch (IOException e) {
+        relinquish(backend, ahead);
+        if (e instanceof AheadRefused) {
+          throw e;
+        }
         if (!gone(e)) {
           throw new IOException("take-over: the running daemon did not answer: " + e.getMessage());
         }
@@ -107,24 +124,25 @@ public final class TakeOver implements AutoCloseable {
         channel.close();
         return null;
       }
-      if (frame.hasRefusal()) {
-        throw new IOException("take-over refused by the running daemon (it serves on, untouched): "
-            + frame.getRefusal().getReason());
-      }
-      if (!frame.hasState()) {
-        throw new IOException("take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
+      if (frame.hasRefusal() || !frame.hasState()) {
+        relinquish(backend, ahead);
+        throw new IOException(frame.hasRefusal()
+            ? "take-over refused by the running daemon (it serves on, untouched): " + frame.getRefusal().getReason()
+            : "take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
       }
       State state = frame.getState();
       List<Integer> fds = channel.takeFds();
       if (fds.size() != state.getDescriptorCount()) {
         fds.forEach(UnixSockets::closeQuietly);
+        relinquish(backend, ahead);
         throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
             + state.getDescriptorCount());
       }
-      log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} bytes of books",
-          state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
-          fds.size(), channel.lastFrameBytes());
-      return new TakeOver(channel, state, fds);
+      log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
+          + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
+          ahead.size() + fds.size(), ahead.size(), channel.lastFrameBytes());
+      return new TakeOver(channel, state,
+          new IncomingSegments(backend, ahead, fds.stream().mapToInt(Integer::intValue).toArray()));
     } catch (IOException | RuntimeException e) {
       channel.close();
       throw e;
@@ -163,6 +181,72 @@ public final class TakeOver implements AutoCloseable {
     return null;
   }
 
+  /** Segments sent ahead that cannot be adopted: the running daemon was told (Abort), and serves on. */
+  static final class AheadRefused extends IOException {
+    AheadRefused(String message, Throwable cause) {
+      super(message, cause);
+    }
+  }
+
+  /**
+   * Adopts the segments the running daemon sent ahead of its state, in the order sent, into
+   * {@code adopted}; on a failure the running daemon is told (Abort). See {@link #adopt}.
+   */
+  private static void adoptAhead(MemoryBackend backend, SegmentsAhead ahead, List<Integer> fds,
+      List<SegmentMemory> adopted, TakeOverChannel channel) throws IOException {
+    try {
+      adopt(backend, ahead, fds, adopted);
+    } catch (AheadRefused e) {
+      try {
+        channel.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason(e.getMessage())).build());
+      } catch (IOException notTold) {
+        // it serves on either way once it reads no Ready
+      }
+      throw new AheadRefused("take-over: " + e.getMessage() + "; the running daemon serves on, and this daemon "
+          + "does not start", e.getCause());
+    }
+  }
+
+  /**
+   * Adopts segments sent ahead of a state, in the order sent, into {@code adopted} ({@link
+   * MemoryBackend#adopt} checks each and owns its descriptor from then on). On a failure the
+   * descriptors not reached are closed; the caller relinquishes what was adopted.
+   *
+   * @throws AheadRefused saying which segment, and why
+   */
+  static void adopt(MemoryBackend backend, SegmentsAhead ahead, List<Integer> fds, List<SegmentMemory> adopted)
+      throws AheadRefused {
+    if (fds.size() != ahead.getSegmentsCount()) {
+      fds.forEach(UnixSockets::closeQuietly);
+      throw new AheadRefused(fds.size() + " descriptor(s) came with " + ahead.getSegmentsCount()
+          + " segment(s) sent ahead", null);
+    }
+    for (int i = 0; i < fds.size(); i++) {
+      SegmentsAhead.Entry e = ahead.getSegments(i);
+      try {
+        adopted.add(backend.adopt(e.getDevice(), fds.get(i), e.getBytes()));
+      } catch (RuntimeException failed) {
+        for (int rest = i + 1; rest < fds.size(); rest++) {
+          UnixSockets.closeQuietly(fds.get(rest));
+        }
+        throw new AheadRefused("segment " + e.getId() + " sent ahead cannot be adopted (" + failed.getMessage() + ")",
+            failed);
+      }
+    }
+  }
+
+  /** Drops this process's references to segments adopted ahead (never frees them: they are the running daemon's). */
+  static void relinquish(MemoryBackend backend, List<SegmentMemory> adopted) {
+    for (SegmentMemory memory : adopted) {
+      try {
+        backend.relinquish(memory);
+      } catch (RuntimeException e) {
+        log.error("Cannot drop this daemon's references to {}: {}", memory, e.toString());
+      }
+    }
+    adopted.clear();
+  }
+
   /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
   private static boolean gone(IOException e) {
     return e instanceof EOFException
@@ -173,18 +257,9 @@ public final class TakeOver implements AutoCloseable {
     return state;
   }
 
-  /** The segments' descriptors, by the state's descriptor indexes; the restored pools take them. */
-  public List<Integer> fds() {
-    return java.util.Collections.unmodifiableList(fds);
-  }
-
-  /** A restored pool took these descriptors (by index), whatever became of it: close them no more. */
-  public void consumed(int[] indexes) {
-    for (int i : indexes) {
-      if (i >= 0 && i < fds.size()) {
-        consumed.add(i);
-      }
-    }
+  /** The segments, by the state's descriptor indexes; the restored pools take those it names. */
+  public IncomingSegments segments() {
+    return segments;
   }
 
   public int runningDaemonPid() {
@@ -250,12 +325,7 @@ public final class TakeOver implements AutoCloseable {
 
   @Override
   public void close() {
-    for (int i = 0; i < fds.size(); i++) {
-      if (!consumed.contains(i)) {
-        UnixSockets.closeQuietly(fds.get(i));
-      }
-    }
-    fds = List.of();
+    segments.close();
     channel.close();
   }
 }

@@ -2,15 +2,18 @@ package io.gpumemd.server.takeover;
 
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.PoolState;
-import io.gpumemd.proto.takeover.v1.SegmentState;
 import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.pool.DevicePools;
+import io.gpumemd.server.pool.IncomingSegments;
+import io.gpumemd.server.pool.SegmentAhead;
+import io.gpumemd.server.pool.SegmentFdSink;
 import io.gpumemd.server.pool.SnapshotRefusedException;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
@@ -18,6 +21,7 @@ import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Map;
 import java.util.function.IntConsumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -31,6 +35,13 @@ import org.slf4j.LoggerFactory;
  */
 public final class TakeOverState {
   private static final Logger log = LoggerFactory.getLogger(TakeOverState.class);
+
+  /**
+   * Set to "false", a successor asks as one of an earlier version does, without taking segments
+   * ahead of the state ({@code Hello.takes_segments_ahead}): what tests use that stop a successor
+   * between its Hello and the state, where segments ahead would put an exchange.
+   */
+  public static final String SEGMENTS_AHEAD_PROPERTY = "gpumemd.takeOver.segmentsAhead";
 
   private TakeOverState() {}
 
@@ -49,8 +60,14 @@ public final class TakeOverState {
     }
 
     @Override
-    public State exportState(List<SegmentFd> descriptors) throws TakeOverRefusedException {
-      return TakeOverState.export(pools, registry, descriptors);
+    public List<SegmentAhead> segmentsAhead() {
+      return pools.segmentsAhead();
+    }
+
+    @Override
+    public State exportState(List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead)
+        throws TakeOverRefusedException {
+      return TakeOverState.export(pools, registry, descriptors, sentAhead);
     }
 
     @Override
@@ -81,7 +98,8 @@ public final class TakeOverState {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
       hello.addDeviceUuids(device.uuid());
     }
-    return TakeOver.request(config.takeOver().socket(), hello.build());
+    hello.setTakesSegmentsAhead(!"false".equals(System.getProperty(SEGMENTS_AHEAD_PROPERTY)));
+    return TakeOver.request(config.takeOver().socket(), hello.build(), backend);
   }
 
   /** Null when a successor that says {@code hello} can hold this daemon's state; else why not. */
@@ -173,9 +191,13 @@ public final class TakeOverState {
     return null;
   }
 
-  /** The state of every pool and of the registry; the gate is closed and housekeeping paused. */
-  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentFd> descriptors)
-      throws TakeOverRefusedException {
+  /**
+   * The state of every pool and of the registry; the gate is closed and housekeeping paused. A
+   * segment in {@code sentAhead} is named by its index there; the others' descriptors are added
+   * to {@code descriptors} and named from {@code sentAhead.size()} on.
+   */
+  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentFd> descriptors,
+      Map<SegmentMemory, Integer> sentAhead) throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
@@ -188,9 +210,17 @@ public final class TakeOverState {
     }
     State.Builder state = State.newBuilder();
     try {
-      pools.snapshots(d -> {
-        descriptors.add(d);
-        return descriptors.size() - 1;
+      pools.snapshots(new SegmentFdSink() {
+        @Override
+        public int add(SegmentFd descriptor) {
+          descriptors.add(descriptor);
+          return sentAhead.size() + descriptors.size() - 1;
+        }
+
+        @Override
+        public int sentAhead(SegmentMemory memory) {
+          return sentAhead.getOrDefault(memory, -1);
+        }
       }).forEach(p -> state.addPools(PoolStates.toProto(p)));
     } catch (SnapshotRefusedException e) {
       throw new TakeOverRefusedException(e.getMessage(), e);
@@ -204,16 +234,13 @@ public final class TakeOverState {
   }
 
   /**
-   * Rebuilds the running daemon's pools in the successor's new ones; they take every descriptor the
-   * state names (whether they succeed or not), which the take-over then no longer closes.
+   * Rebuilds the running daemon's pools in the successor's new ones; they take every segment the
+   * state names (whether they succeed or not), and the take-over gives up the others at its close.
    */
   public static void restorePools(TakeOver takeOver, DevicePools pools) {
     List<PoolState> states = takeOver.state().getPoolsList();
-    int[] fds = takeOver.fds().stream().mapToInt(Integer::intValue).toArray();
-    takeOver.consumed(states.stream().flatMap(p -> p.getSegmentsList().stream())
-        .mapToInt(SegmentState::getDescriptorIndex).toArray());
     try {
-      pools.restore(states.stream().map(PoolStates::fromProto).toList(), fds);
+      pools.restore(states.stream().map(PoolStates::fromProto).toList(), takeOver.segments());
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }
@@ -221,11 +248,12 @@ public final class TakeOverState {
 
   /**
    * Rebuilds a state in new pools and registry, saying nothing: a {@link Rehearsal}'s, whose books
-   * are scratch. The pools take {@code fds}, the descriptors the state names, whatever happens.
+   * are scratch. The pools take the segments the state names, whatever happens; the caller closes
+   * {@code segments}, giving up the others.
    */
-  static void restore(State state, int[] fds, DevicePools pools, SessionRegistry registry) {
+  static void restore(State state, IncomingSegments segments, DevicePools pools, SessionRegistry registry) {
     try {
-      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), fds);
+      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), segments);
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }

@@ -28,7 +28,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.util.ArrayList;
+import java.util.IdentityHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -95,9 +97,15 @@ class DevicePoolTakeOverTest {
       int[] fds) throws SnapshotRefusedException {
     DeviceInfo device = backend.devices().get(0);
     DevicePool pool = DevicePool.restore(device, backend, settings, holders, Ticker.system(), PoolStates.fromProto(state),
-        fds);
+        IncomingSegments.of(backend, fds));
     cleanup.add(pool);
     return pool;
+  }
+
+  private DevicePool restore(MemoryBackend backend, PoolSettings settings, HolderRequests holders, PoolState state,
+      IncomingSegments segments) throws SnapshotRefusedException {
+    return DevicePool.restore(backend.devices().get(0), backend, settings, holders, Ticker.system(),
+        PoolStates.fromProto(state), segments);
   }
 
   /** A pool written down and put on the wire, as the take-over sends it. */
@@ -384,7 +392,7 @@ class DevicePoolTakeOverTest {
     cleanup.add(twoNew);
     DevicePools news = newPools(twoNew, settings(CAPACITY), settings(CAPACITY));
     cleanup.add(news);
-    news.restore(snapshots(states), passing.received());
+    news.restore(snapshots(states), IncomingSegments.of(twoNew, passing.received()));
     for (int d = 0; d < 2; d++) {
       news.get(d).verifyInvariants();
       assertSameStats(olds.get(d).stats(), news.get(d).stats());
@@ -415,7 +423,7 @@ class DevicePoolTakeOverTest {
 
     DevicePools news = newPools(twoNew, settings(CAPACITY), settings(4 * MiB));
     SnapshotRefusedException e = assertThrows(SnapshotRefusedException.class,
-        () -> news.restore(snapshots(states), passing.received()));
+        () -> news.restore(snapshots(states), IncomingSegments.of(twoNew, passing.received())));
     assertTrue(e.getMessage().startsWith("device 1: "), e.getMessage());
     assertEquals(beforeRestore - 2, openDescriptors(), "device 0's adopted segment handed back, device 1's closed");
     for (DevicePool p : olds.all()) {
@@ -678,5 +686,100 @@ class DevicePoolTakeOverTest {
 
     @Override
     public void close() {}
+  }
+
+  // ---------------------------------------------------------------------------- segments sent ahead
+
+  /** The successor's side of segments sent ahead: each passed descriptor adopted, by index. */
+  private static List<SegmentMemory> adoptAhead(MemoryBackend backend, List<SegmentAhead> ahead,
+      DescriptorPassing passing, Map<SegmentMemory, Integer> sentAhead) {
+    List<SegmentMemory> adopted = new ArrayList<>();
+    for (SegmentAhead a : ahead) {
+      int index = passing.add(a.descriptor()); // sent, and closed here
+      sentAhead.put(a.memory(), index);
+      adopted.add(backend.adopt(a.device(), passing.received()[index], a.bytes()));
+    }
+    return adopted;
+  }
+
+  /** A sink that names segments sent ahead by their index, and passes the others' descriptors after them. */
+  private static SegmentFdSink after(Map<SegmentMemory, Integer> sentAhead, DescriptorPassing later) {
+    return new SegmentFdSink() {
+      @Override
+      public int add(SegmentFd descriptor) {
+        return sentAhead.size() + later.add(descriptor);
+      }
+
+      @Override
+      public int sentAhead(SegmentMemory memory) {
+        return sentAhead.getOrDefault(memory, -1);
+      }
+    };
+  }
+
+  @Test
+  void segmentsSentAhead_areTakenByTheRestore_onlyThoseMadeSincePassWithTheState_thoseFreedMeanwhileGivenUp()
+      throws Exception {
+    Block kept = lease(oldPool, 3 * MiB, "s1");
+    Block gone = lease(oldPool, 5 * MiB, "s2");
+    write(kept, pattern(4096, 7));
+    HostShmBackend newBackend = hostFdBackend("new");
+    long beforeAhead = openDescriptors();
+    List<SegmentAhead> ahead = oldPool.segmentsAhead();
+    assertEquals(2, ahead.size(), "both segments");
+    Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
+    List<SegmentMemory> adopted = adoptAhead(newBackend, ahead, passing("ahead"), sentAhead);
+    assertEquals(beforeAhead + 2, openDescriptors(), "each segment sent ahead is the new backend's too");
+
+    // The old pool serves on meanwhile: one segment freed, one made.
+    oldPool.release(gone, null);
+    assertTrue(oldPool.trim(0) >= 5 * MiB, "the segment sent ahead is evicted");
+    oldPool.unmapped("s2", gone.segmentId()); // its holder let go: freed
+    Block made = lease(oldPool, 6 * MiB, "s3");
+    DescriptorPassing later = passing("later");
+    PoolState state = PoolState.parseFrom(export(oldPool, after(sentAhead, later)).toByteArray());
+    assertEquals(1, later.received().length, "only the segment made since passes with the state");
+    Map<Long, Integer> named = new java.util.HashMap<>();
+    state.getSegmentsList().forEach(seg -> named.put(seg.getId(), seg.getDescriptorIndex()));
+    assertEquals(Map.of(kept.segmentId(), sentAhead.get(kept.memory()), made.segmentId(), 2), named);
+
+    long beforeRestore = openDescriptors();
+    DevicePool newPool;
+    try (IncomingSegments segments = new IncomingSegments(newBackend, adopted, later.received())) {
+      newPool = restore(newBackend, settings(CAPACITY), new RecordingHolders(), state, segments);
+      cleanup.add(newPool);
+    }
+    assertEquals(beforeRestore - 1, openDescriptors(), "the segment freed meanwhile was given up, nothing else");
+    newPool.verifyInvariants();
+    assertSameStats(oldPool.stats(), newPool.stats());
+    oldPool.relinquish();
+    assertArrayEquals(pattern(4096, 7), read(newPool.blocksOf(kept.segmentId()).get(kept.offset()), 4096));
+    assertEquals(made.size(), newPool.blocksOf(made.segmentId()).get(made.offset()).size());
+  }
+
+  @Test
+  void aSegmentSentAheadThatIsNotTheOneTheStateNames_isRefused_andEverySegmentGivenUp() throws Exception {
+    lease(oldPool, 3 * MiB, "s1");
+    HostShmBackend newBackend = hostFdBackend("new");
+    long beforeAhead = openDescriptors();
+    Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
+    List<SegmentMemory> adopted = adoptAhead(newBackend, oldPool.segmentsAhead(), passing("ahead"), sentAhead);
+    PoolState state = export(oldPool, after(sentAhead, passing("later")));
+    // A state that names the segment sent ahead with another size.
+    PoolState.Builder forged = state.toBuilder();
+    SegmentState segment = forged.getSegments(0);
+    forged.setSegments(0, segment.toBuilder().setBytes(segment.getBytes() * 2)
+        .setBlocks(segment.getBlocksCount() - 1, segment.getBlocks(segment.getBlocksCount() - 1).toBuilder()
+            .setSize(segment.getBlocks(segment.getBlocksCount() - 1).getSize() + segment.getBytes())));
+
+    SnapshotRefusedException e;
+    try (IncomingSegments segments = new IncomingSegments(newBackend, adopted, new int[0])) {
+      e = assertThrows(SnapshotRefusedException.class,
+          () -> restore(newBackend, settings(CAPACITY), new RecordingHolders(), forged.build(), segments));
+    }
+    assertTrue(e.getMessage().contains("sent ahead as descriptor 0") && e.getMessage().contains("expected: device 0's, "
+        + segment.getBytes() * 2 + " bytes"), e.getMessage());
+    assertEquals(beforeAhead, openDescriptors(), "the segment adopted ahead was given up");
+    oldPool.verifyInvariants();
   }
 }

@@ -64,7 +64,7 @@ class RehearsalTest {
     DevicePools pools = new DevicePools(list);
     Rehearsal.Books books = new Rehearsal.Books(pools, new SessionRegistry(pools, backend, new SessionSettings(30,
         3600, 2000, 0, Quota.UNLIMITED, Map.of(), 0, Quota.UNLIMITED, false, SessionLimits.UNLIMITED,
-        SharingSettings.DEFAULTS), Ticker.system(), sessions));
+        SharingSettings.DEFAULTS), Ticker.system(), sessions), backend);
     made.add(books);
     return books;
   }
