@@ -124,7 +124,7 @@ final class PoolSnapshotWriter {
         if (descriptor != null) {
           ahead.add(new SegmentAhead(core.device.ordinal(), s.id, s.bytes, s.memory, descriptor));
         }
-      } catch (IOException e) {
+      } catch (IOException | RuntimeException e) {
         // sent with the state, or refused there
       }
     }

@@ -420,10 +420,15 @@ public final class Rehearsal {
       Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
       SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
       List<Integer> copies = new ArrayList<>();
-      for (SegmentAhead a : ahead) {
-        sentAhead.put(a.memory(), sentAhead.size());
-        frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
-        copies.add(Descriptors.dup(a.descriptor().number()));
+      try {
+        for (SegmentAhead a : ahead) {
+          sentAhead.put(a.memory(), sentAhead.size());
+          frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
+          copies.add(Descriptors.dup(a.descriptor().number()));
+        }
+      } catch (IOException e) {
+        copies.forEach(UnixSockets::closeQuietly);
+        throw e;
       }
       TakeOver.adopt(to.backend(), frame.build(), copies, adopted);
       State state;

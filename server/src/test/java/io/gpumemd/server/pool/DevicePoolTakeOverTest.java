@@ -432,6 +432,35 @@ class DevicePoolTakeOverTest {
   }
 
   /** New pools of a successor, one per device of {@code backend}, with these settings. */
+  @Test
+  void aStateNamingOneDescriptorOnTwoDevices_isRefused_andNoSegmentIsAdoptedTwice() throws Exception {
+    HostShmBackend twoOld = new HostShmBackend(tmp.resolve("two-old"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoOld);
+    DevicePools olds = newPools(twoOld, settings(CAPACITY), settings(CAPACITY));
+    cleanup.add(olds);
+    lease(olds.get(0), 3 * MiB, "s1");
+    lease(olds.get(1), 3 * MiB, "s1");
+    DescriptorPassing passing = passing("two");
+    List<PoolState> states = new ArrayList<>(exports(olds, passing));
+    assertEquals(2, passing.received().length);
+    // Device 1's segment names device 0's descriptor: adopted twice, one memfd would be two segments.
+    PoolState.Builder forged = states.get(1).toBuilder();
+    forged.setSegments(0, forged.getSegments(0).toBuilder().setDescriptorIndex(0));
+    states.set(1, forged.build());
+    HostShmBackend twoNew = new HostShmBackend(tmp.resolve("two-new"), 2, CAPACITY, null, FD_SOCKET);
+    cleanup.add(twoNew);
+    DevicePools news = newPools(twoNew, settings(CAPACITY), settings(CAPACITY));
+    long beforeRestore = openDescriptors();
+
+    SnapshotRefusedException e;
+    try (IncomingSegments segments = IncomingSegments.of(twoNew, passing.received())) {
+      e = assertThrows(SnapshotRefusedException.class, () -> news.restore(snapshots(states), segments));
+    }
+    assertTrue(e.getMessage().startsWith("device 1: segment ") && e.getMessage().contains("names descriptor 0"),
+        e.getMessage());
+    assertEquals(beforeRestore - 2, openDescriptors(), "device 0's segment handed back, the unnamed one given up");
+  }
+
   private static DevicePools newPools(HostShmBackend backend, PoolSettings... settings) {
     List<DevicePool> list = new ArrayList<>();
     for (DeviceInfo device : backend.devices()) {
