@@ -407,16 +407,6 @@ public final class DevicePool implements AutoCloseable {
     return PoolSnapshotWriter.take(core, eviction, sink);
   }
 
-  /** A new pool, restored from {@code snapshot} ({@link #restore(PoolSnapshot, IncomingSegments)}). */
-  public static DevicePool restore(DeviceInfo device, MemoryBackend backend, PoolSettings settings,
-      HolderRequests holderRequests, Ticker ticker, PoolSnapshot snapshot, IncomingSegments segments)
-      throws SnapshotRefusedException {
-    DevicePool pool = new DevicePool(device, backend, settings, holderRequests,
-        SegmentIds.base(device.ordinal()), ticker);
-    pool.restore(snapshot, segments);
-    return pool;
-  }
-
   /**
    * A new descriptor of each segment, with what the export will know it by, for a take-over to
    * send ahead of the state while the pool serves on: the successor adopts them meanwhile, and

@@ -25,9 +25,13 @@ import org.slf4j.LoggerFactory;
  * <ol>
  *   <li>reads the successor's {@link Hello} and refuses a configuration that cannot hold the
  *       state ({@link Daemon#refusal}), changing nothing;
+ *   <li>where the Hello takes them, sends every segment's descriptor ahead ({@link
+ *       Daemon#segmentsAhead}) while it serves on, and waits for the successor's {@code Ready}
+ *       (it has adopted them) within {@link #ANSWER_MILLIS}; anything else, and it serves on;
  *   <li>closes the {@link HandOverGate} and waits for the requests in progress: from here no
  *       request is applied, so the state sent is exactly the state served;
- *   <li>sends every segment's descriptor and the books ({@link Daemon#exportState});
+ *   <li>sends the descriptors of segments not sent ahead and the books ({@link
+ *       Daemon#exportState});
  *   <li>on {@code Abort}, or when the successor goes away, opens the gate and serves on as if
  *       nothing happened (its descriptors were copies); a successor that does not answer within
  *       {@link #ANSWER_MILLIS} of the state (silent, stuck or hostile) is given up: the gate

@@ -1,30 +1,17 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.SizeClasses;
-import io.gpumemd.common.unix.Descriptors;
-import io.gpumemd.common.unix.UnixSockets;
-import io.gpumemd.proto.takeover.v1.SegmentsAhead;
-import io.gpumemd.proto.takeover.v1.State;
-import io.gpumemd.proto.takeover.v1.Taken;
-import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentFd;
-import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.host.HostShmBackend;
 import io.gpumemd.server.pool.DevicePools;
-import io.gpumemd.server.pool.IncomingSegments;
-import io.gpumemd.server.pool.SegmentAhead;
 import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.IdentityHashMap;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.function.Function;
@@ -99,9 +86,6 @@ public final class Rehearsal {
     /** A server of {@code books} on a Unix socket bound at {@code at}; closing it stops it and removes the file. */
     AutoCloseable serve(Books books, Path at) throws IOException;
   }
-
-  /** A state read off a channel, with the descriptors that came with it (the caller's). */
-  private record Received(State state, int[] fds) {}
 
   private Rehearsal() {}
 
@@ -401,131 +385,9 @@ public final class Rehearsal {
       }
       to = scratch.get();
       made.add(to);
-      handOver(from, to, channelAt);
+      SelfHandOver.handOver(from, to, channelAt);
     }
     return to;
-  }
-
-  /**
-   * The state of {@code from} handed over to {@code to}, as {@link HandOverAttempt} and a successor
-   * do: its segments sent ahead and adopted (in this one process, from copies of their
-   * descriptors), then the state exported, sent to this process with the descriptors of any
-   * segments made since, and restored.
-   */
-  private static void handOver(Books from, Books to, Path channelAt) throws IOException {
-    List<SegmentAhead> ahead = from.pools().segmentsAhead();
-    List<SegmentFd> descriptors = new ArrayList<>();
-    List<SegmentMemory> adopted = new ArrayList<>();
-    try {
-      Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
-      SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
-      List<Integer> copies = new ArrayList<>();
-      try {
-        for (SegmentAhead a : ahead) {
-          sentAhead.put(a.memory(), sentAhead.size());
-          frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
-          copies.add(Descriptors.dup(a.descriptor().number()));
-        }
-      } catch (IOException e) {
-        copies.forEach(UnixSockets::closeQuietly);
-        throw e;
-      }
-      TakeOver.adopt(to.backend(), frame.build(), copies, adopted);
-      State state;
-      try {
-        state = TakeOverState.export(from.pools(), from.registry(), descriptors, sentAhead);
-      } catch (TakeOverRefusedException e) {
-        throw new IOException(e.getMessage(), e);
-      }
-      Received received = sendToSelf(state, descriptors.stream().map(SegmentFd::number).toList(), channelAt);
-      try (IncomingSegments segments = new IncomingSegments(to.backend(), adopted, received.fds())) {
-        adopted.clear(); // the segments' now
-        TakeOverState.restore(received.state(), segments, to.pools(), to.registry());
-      }
-    } finally {
-      TakeOver.relinquish(to.backend(), adopted);
-      for (SegmentFd d : descriptors) {
-        closeCopy(d);
-      }
-      for (SegmentAhead a : ahead) {
-        closeCopy(a.descriptor());
-      }
-    }
-  }
-
-  private static void closeCopy(SegmentFd descriptor) {
-    try {
-      descriptor.close();
-    } catch (IOException e) {
-      // a copy: the segment stays the scratch pool's
-    }
-  }
-
-  /**
-   * Sends {@code state} with {@code fds} (or, without any, one stand-in descriptor that is closed
-   * on arrival) from one end of a fresh take-over channel to the other, and a Taken back, as
-   * {@link HandOverAttempt} and {@link TakeOver} do; the state read, with the descriptors received.
-   */
-  private static Received sendToSelf(State state, List<Integer> fds, Path channelAt) throws IOException {
-    Path at = channelAt.toAbsolutePath();
-    Files.deleteIfExists(at);
-    int listening = UnixSockets.listen(at.toString());
-    int client;
-    int server;
-    try {
-      client = UnixSockets.connect(at.toString(), HandOver.ANSWER_MILLIS);
-      server = UnixSockets.accept(listening);
-    } finally {
-      UnixSockets.closeQuietly(listening);
-      Files.deleteIfExists(at);
-    }
-    try (TakeOverChannel holder = new TakeOverChannel(server); TakeOverChannel taker = new TakeOverChannel(client)) {
-      holder.timeout(HandOver.ANSWER_MILLIS);
-      taker.timeout(HandOver.ANSWER_MILLIS);
-      List<Integer> sent = fds.isEmpty() ? List.of(server) : fds; // a descriptor rides along, as each segment's does
-      // The state is larger than a socket's buffer: the taker reads it on a thread of its own
-      // while this one sends, as two daemons do. (This thread never waits reading a Unix socket
-      // but for the Taken it knows is there: a successor's main thread that does is waiting for
-      // the running daemon's state, which tests watch for.)
-      Received[] received = new Received[1];
-      IOException[] failed = new IOException[1];
-      Thread reading = new Thread(() -> {
-        try {
-          TakeOverFrame frame = taker.receiveFromHolder();
-          List<Integer> came = taker.takeFds();
-          if (fds.isEmpty()) {
-            came.forEach(UnixSockets::closeQuietly);
-            came = List.of();
-          }
-          received[0] = new Received(frame.getState(), came.stream().mapToInt(Integer::intValue).toArray());
-          taker.send(TakeOverFrame.newBuilder().setTaken(Taken.getDefaultInstance()).build());
-        } catch (IOException e) {
-          failed[0] = e;
-        }
-      }, "gpumemd-rehearsal-taker");
-      reading.start();
-      try {
-        holder.sendFds(sent);
-        holder.send(TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(sent.size())
-            .setPid((int) ProcessHandle.current().pid())).build());
-      } finally {
-        join(reading);
-      }
-      if (failed[0] != null) {
-        throw failed[0];
-      }
-      holder.receiveFromTaker();
-      return received[0];
-    }
-  }
-
-  private static void join(Thread thread) throws IOException {
-    try {
-      thread.join();
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      throw new IOException("interrupted while the rehearsal's state was read", e);
-    }
   }
 
   /** A health check, a Lease and a KeepAlive message on this daemon's own socket (answered "moving"). */

@@ -95,17 +95,16 @@ class DevicePoolTakeOverTest {
 
   private DevicePool restore(MemoryBackend backend, PoolSettings settings, HolderRequests holders, PoolState state,
       int[] fds) throws SnapshotRefusedException {
-    DeviceInfo device = backend.devices().get(0);
-    DevicePool pool = DevicePool.restore(device, backend, settings, holders, Ticker.system(), PoolStates.fromProto(state),
-        IncomingSegments.of(backend, fds));
-    cleanup.add(pool);
-    return pool;
+    return restore(backend, settings, holders, state, IncomingSegments.of(backend, fds));
   }
 
   private DevicePool restore(MemoryBackend backend, PoolSettings settings, HolderRequests holders, PoolState state,
       IncomingSegments segments) throws SnapshotRefusedException {
-    return DevicePool.restore(backend.devices().get(0), backend, settings, holders, Ticker.system(),
-        PoolStates.fromProto(state), segments);
+    DevicePool pool = new DevicePool(backend.devices().get(0), backend, settings, holders, DevicePools.segmentIdBase(0),
+        Ticker.system());
+    cleanup.add(pool);
+    pool.restore(PoolStates.fromProto(state), segments);
+    return pool;
   }
 
   /** A pool written down and put on the wire, as the take-over sends it. */
@@ -776,7 +775,6 @@ class DevicePoolTakeOverTest {
     DevicePool newPool;
     try (IncomingSegments segments = new IncomingSegments(newBackend, adopted, later.received())) {
       newPool = restore(newBackend, settings(CAPACITY), new RecordingHolders(), state, segments);
-      cleanup.add(newPool);
     }
     assertEquals(beforeRestore - 1, openDescriptors(), "the segment freed meanwhile was given up, nothing else");
     newPool.verifyInvariants();
