@@ -142,6 +142,15 @@ public final class IncomingSegments implements AutoCloseable {
     }
   }
 
+  /**
+   * Drops this process's references to segments adopted ahead that no {@code IncomingSegments}
+   * owns yet (never frees them: they are the running daemon's), and empties the list.
+   */
+  public static void relinquishAll(MemoryBackend backend, List<SegmentMemory> adopted) {
+    adopted.forEach(memory -> PoolRestorer.relinquishQuietly(backend, memory));
+    adopted.clear();
+  }
+
   private void relinquish(SegmentMemory memory) {
     PoolRestorer.relinquishQuietly(backend, memory);
   }

@@ -3,7 +3,6 @@ package io.gpumemd.server.takeover;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
-import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.server.backend.SegmentFd;
@@ -12,7 +11,6 @@ import io.gpumemd.server.pool.SegmentAhead;
 import java.io.EOFException;
 import java.io.IOException;
 import java.util.ArrayList;
-import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -131,11 +129,7 @@ final class HandOverAttempt {
     try {
       channel.deadline(began + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
       channel.sendFds(ahead.stream().map(a -> a.descriptor().number()).toList());
-      SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
-      for (SegmentAhead a : ahead) {
-        frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
-      }
-      channel.send(TakeOverFrame.newBuilder().setSegmentsAhead(frame).build());
+      channel.send(TakeOverFrame.newBuilder().setSegmentsAhead(TakeOverState.aheadFrame(ahead)).build());
       TakeOverFrame answer = channel.receiveFromTaker();
       if (!answer.hasReady()) {
         log.warn("Take-over by pid {} ended before the gate closed: {}; serving on", pid, answer.hasAbort()
@@ -156,11 +150,7 @@ final class HandOverAttempt {
         }
       }
     }
-    Map<SegmentMemory, Integer> index = new IdentityHashMap<>();
-    for (int i = 0; i < ahead.size(); i++) {
-      index.put(ahead.get(i).memory(), i);
-    }
-    sentAhead = index;
+    sentAhead = TakeOverState.aheadIndex(ahead);
     log.info("Take-over by pid {}: {} segment descriptor(s) sent ahead, adopted after {} ms", pid, ahead.size(),
         (System.nanoTime() - began) / 1_000_000);
     return true;

@@ -2,7 +2,6 @@ package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.common.unix.UnixSockets;
-import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.Taken;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
@@ -14,9 +13,7 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.IdentityHashMap;
 import java.util.List;
-import java.util.Map;
 
 /**
  * One round of a {@link Rehearsal}: a state handed over from scratch books to other scratch books
@@ -43,23 +40,19 @@ final class SelfHandOver {
     List<SegmentFd> descriptors = new ArrayList<>();
     List<SegmentMemory> adopted = new ArrayList<>();
     try {
-      Map<SegmentMemory, Integer> sentAhead = new IdentityHashMap<>();
-      SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
       List<Integer> copies = new ArrayList<>();
       try {
         for (SegmentAhead a : ahead) {
-          sentAhead.put(a.memory(), sentAhead.size());
-          frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
           copies.add(Descriptors.dup(a.descriptor().number()));
         }
       } catch (IOException e) {
         copies.forEach(UnixSockets::closeQuietly);
         throw e;
       }
-      TakeOver.adopt(to.backend(), frame.build(), copies, adopted);
+      TakeOver.adopt(to.backend(), TakeOverState.aheadFrame(ahead), copies, adopted);
       State state;
       try {
-        state = TakeOverState.export(from.pools(), from.registry(), descriptors, sentAhead);
+        state = TakeOverState.export(from.pools(), from.registry(), descriptors, TakeOverState.aheadIndex(ahead));
       } catch (TakeOverRefusedException e) {
         throw new IOException(e.getMessage(), e);
       }
@@ -69,7 +62,7 @@ final class SelfHandOver {
         TakeOverState.restore(received.state(), segments, to.pools(), to.registry());
       }
     } finally {
-      TakeOver.relinquish(to.backend(), adopted);
+      IncomingSegments.relinquishAll(to.backend(), adopted);
       for (SegmentFd d : descriptors) {
         closeCopy(d);
       }

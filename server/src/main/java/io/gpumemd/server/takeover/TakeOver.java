@@ -112,7 +112,7 @@ public final class TakeOver implements AutoCloseable {
           frame = channel.receiveFromHolder();
         }
       } catch (IOException e) {
-        relinquish(backend, ahead);
+        IncomingSegments.relinquishAll(backend, ahead);
         if (e instanceof AheadRefused) {
           throw e;
         }
@@ -125,7 +125,7 @@ public final class TakeOver implements AutoCloseable {
         return null;
       }
       if (frame.hasRefusal() || !frame.hasState()) {
-        relinquish(backend, ahead);
+        IncomingSegments.relinquishAll(backend, ahead);
         throw new IOException(frame.hasRefusal()
             ? "take-over refused by the running daemon (it serves on, untouched): " + frame.getRefusal().getReason()
             : "take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
@@ -134,7 +134,7 @@ public final class TakeOver implements AutoCloseable {
       List<Integer> fds = channel.takeFds();
       if (fds.size() != state.getDescriptorCount()) {
         fds.forEach(UnixSockets::closeQuietly);
-        relinquish(backend, ahead);
+        IncomingSegments.relinquishAll(backend, ahead);
         throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
             + state.getDescriptorCount());
       }
@@ -233,18 +233,6 @@ public final class TakeOver implements AutoCloseable {
             failed);
       }
     }
-  }
-
-  /** Drops this process's references to segments adopted ahead (never frees them: they are the running daemon's). */
-  static void relinquish(MemoryBackend backend, List<SegmentMemory> adopted) {
-    for (SegmentMemory memory : adopted) {
-      try {
-        backend.relinquish(memory);
-      } catch (RuntimeException e) {
-        log.error("Cannot drop this daemon's references to {}: {}", memory, e.toString());
-      }
-    }
-    adopted.clear();
   }
 
   /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */

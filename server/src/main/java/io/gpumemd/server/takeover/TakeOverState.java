@@ -2,6 +2,7 @@ package io.gpumemd.server.takeover;
 
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.PoolState;
+import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.server.auth.Caller;
@@ -20,6 +21,7 @@ import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
 import java.util.ArrayList;
+import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.IntConsumer;
@@ -189,6 +191,24 @@ public final class TakeOverState {
       }
     }
     return null;
+  }
+
+  /** The frame that names {@code ahead}, in order: what the successor adopts them by. */
+  static SegmentsAhead aheadFrame(List<SegmentAhead> ahead) {
+    SegmentsAhead.Builder frame = SegmentsAhead.newBuilder();
+    for (SegmentAhead a : ahead) {
+      frame.addSegments(SegmentsAhead.Entry.newBuilder().setDevice(a.device()).setId(a.id()).setBytes(a.bytes()));
+    }
+    return frame.build();
+  }
+
+  /** Each segment of {@code ahead} by its memory (identity), to its index: what {@link #export} names it by. */
+  static Map<SegmentMemory, Integer> aheadIndex(List<SegmentAhead> ahead) {
+    Map<SegmentMemory, Integer> index = new IdentityHashMap<>();
+    for (int i = 0; i < ahead.size(); i++) {
+      index.put(ahead.get(i).memory(), i);
+    }
+    return index;
   }
 
   /**
