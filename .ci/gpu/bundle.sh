@@ -120,13 +120,13 @@ find . -path ./.gpu -prune -o -name '*.protoset' -path '*/target/classes/*' -pri
 
 log "jlink from $jdk"
 "$jdk/bin/jlink" --module-path "$jdk/jmods" \
-  --add-modules java.base,java.logging,java.management,java.naming,java.net.http,java.xml,java.sql,jdk.unsupported,jdk.httpserver,jdk.management,jdk.crypto.ec,jdk.jcmd,jdk.attach,jdk.jfr,java.instrument,jdk.zipfs \
+  --add-modules java.base,java.logging,jdk.security.auth,java.management,java.naming,java.net.http,java.xml,java.sql,jdk.unsupported,jdk.httpserver,jdk.management,jdk.crypto.ec,jdk.jcmd,jdk.attach,jdk.jfr,java.instrument,jdk.zipfs \
   --strip-debug --no-header-files --no-man-pages --compress=2 --output "$stage/jre"
 
 log "packing"
 rm -f "$out/bundle.tar.xz"
 XZ_OPT=-6 tar cJf "$out/bundle.tar.xz" -C "$stage" jre lib
-cp .ci/gpu/run-suite.sh "$out/run-suite.sh"
+cp .ci/gpu/run-suite.sh .ci/gpu/on-gpu.sh "$out/"
 jars=$(ls "$stage"/lib/*.jar | wc -l)
 rm -rf "$stage"
 size=$(stat -c %s "$out/bundle.tar.xz")

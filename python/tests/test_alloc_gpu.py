@@ -1,7 +1,7 @@
 """PyTorch and CuPy allocating through gpumemd on a real GPU (a daemon on the cuda backend with a
 1 GiB device budget). Each test skips itself, with the reason, where libcuda.so.1 or a GPU is
-missing, or PyTorch or CuPy. None of them has run on a GPU yet (none was available where they were
-written); the framework-independent core is tested everywhere by test_alloc.py."""
+missing, or PyTorch or CuPy. They ran on an NVIDIA H200 (PyTorch 2.11, CuPy 14.2); the
+framework-independent core is tested everywhere by test_alloc.py."""
 import gc
 import os
 import signal
@@ -196,7 +196,10 @@ def test_cupy_arrays_live_in_leases_released_when_freed(cuda_daemon):
         del a, b
         gc.collect()
         wait_until(lambda: tagged(cuda_daemon, gm, "cupy") == [], "the arrays' leases released")
-        assert allocator.gpumemd.stats().frees == 2
+        # CuPy allocates more than the two arrays (the sum's result, seen on an H200): every
+        # allocation made through the allocator is freed, none is left
+        stats = allocator.gpumemd.stats()
+        assert stats.allocations >= 2 and stats.frees == stats.allocations and stats.live_leases == 0, stats
 
 
 def test_cupy_out_of_memory_from_the_budget_carries_the_daemons_words(cuda_daemon):

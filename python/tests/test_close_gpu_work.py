@@ -1,8 +1,9 @@
 """Issue 33 item 1 (Python): a closing client hands no block back while its GPU work may still
 write it. A client process queues a memset on a non-blocking stream over the daemon's only block
 (the budget holds one), closes the lease after that stream (``close(after=stream)``) or leaves
-it open, and closes the client with a short ``timeout`` while the memset is still queued (the
-stand-in driver delays stream work past it: ``CUDA_STANDIN_STREAM_DELAY_MS``). This process then
+it open, and closes the client with a short ``timeout`` while the memset is still queued: a host
+function queued before it on the stream sleeps for ``DELAY_MS`` (``cuLaunchHostFunc``), so the
+memset lands that late on a GPU and on the stand-in driver alike. This process then
 leases the block the moment the daemon has it, writes its own bytes, and checks, after the
 other's work would have landed, that they are still there. Sync and asyncio clients, VMM and
 legacy handles. Runs on the stand-in (``LD_LIBRARY_PATH`` and ``CUDA_STANDIN_DEVICES=1``) or a
@@ -35,11 +36,17 @@ CHILD = textwrap.dedent("""
     from gpumemd import _cuda
     target, flavour, how = sys.argv[1], sys.argv[2], sys.argv[3]
     size, value, bound, linger = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), float(sys.argv[7])
+    delay = float(sys.argv[8])
+
+    # the stream's work is held back by a host function that sleeps (kept referenced: the driver
+    # calls it from its own thread)
+    hold = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda _: time.sleep(delay))
 
     def queue(lease):
         stream = ctypes.c_void_p()
         with _cuda.context(lease.cuda_device) as lib:
             _cuda.check(lib.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")  # non-blocking
+            _cuda.check(lib.cuLaunchHostFunc(stream, hold, None), "cuLaunchHostFunc")
             _cuda.check(lib.cuMemsetD8Async(lease.device_ptr, value, size, stream), "cuMemsetD8Async")
         return stream.value
 
@@ -79,10 +86,9 @@ CHILD = textwrap.dedent("""
 def test_a_block_with_queued_work_comes_back_only_once_the_work_landed(tmp_path, handles, flavour, how):
     daemon = Daemon(str(tmp_path / "d"), "--backend", "cuda", "--cuda-handles", handles,
                     "--device-limit-bytes", str(SIZE))
-    env = dict(os.environ, CUDA_STANDIN_STREAM_DELAY_MS=str(DELAY_MS),
-               PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gpumemd.__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(gpumemd.__file__))))
     other = subprocess.Popen([sys.executable, "-c", CHILD, daemon.target, flavour, how, str(SIZE), str(THEIRS),
-                              str(BOUND), str(DELAY_MS / 1000 + 1.5)],
+                              str(BOUND), str(DELAY_MS / 1000 + 1.5), str(DELAY_MS / 1000)],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
     try:
         with gpumemd.connect(daemon.target) as gm:
