@@ -31,6 +31,7 @@ struct alloc {
     char path[600];                  /* AK_MEMALLOC backing file */
     int fd;                          /* AK_VMM memfd */
     int handle_refs, maps;           /* AK_VMM */
+    int imported;                    /* AK_VMM: made here by cuMemImportFromShareableHandle, not cuMemCreate */
     CUmemAllocationProp prop;
     struct alloc *next;
 };
@@ -536,6 +537,13 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
         rc = violation(CUDA_ERROR_INVALID_VALUE, call, "the allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in requestedHandleTypes");
         goto out;
     }
+    if (a->imported) {
+        /* NVIDIA's driver exports only what this process created, and answers this code (an
+         * H200, driver 580.159): a daemon that had taken its segments over handed none out */
+        rc = violation(CUDA_ERROR_INVALID_VALUE, call, "handle 0x%llx was imported with cuMemImportFromShareableHandle: "
+                       "only an allocation this process created with cuMemCreate can be exported", h);
+        goto out;
+    }
     int fd = fcntl(a->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) { rc = violation(CUDA_ERROR_OUT_OF_MEMORY, call, "dup failed: %s", strerror(errno)); goto out; }
     *(int *)out = fd;
@@ -577,7 +585,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     int mine = fcntl(fd, F_DUPFD_CLOEXEC, 0);   /* the caller keeps its descriptor */
     if (mine < 0) { rc = violation(CUDA_ERROR_OUT_OF_MEMORY, call, "dup failed: %s", strerror(errno)); goto out; }
     struct alloc *a = calloc(1, sizeof *a);
-    a->magic = STANDIN_MAGIC; a->kind = AK_VMM; a->alive = 1; a->handle_refs = 1;
+    a->magic = STANDIN_MAGIC; a->kind = AK_VMM; a->alive = 1; a->handle_refs = 1; a->imported = 1;
     a->kpid = kpid; a->kstart = kstart; a->kseq = kseq;
     a->dev = dev; a->phys = phys; a->size = a->mapsize = size; a->fd = mine;
     a->prop.type = 1; a->prop.requestedHandleTypes = htypes; a->prop.location.type = 1; a->prop.location.id = dev;

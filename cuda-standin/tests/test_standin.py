@@ -622,6 +622,8 @@ def test_vmm_export_import_across_processes(uid):
         msg, fds, _, _ = socket.recv_fds(s, 16, 1)
         h = import_fd(fds[0]); v = vmm_map(h, {2 * g}, flags=1)
         assert d2h(v, 9) == b"vmm-bytes"
+        out = C.c_int(-1)                                 # only what this process created exports
+        assert cu.cuMemExportToShareableHandle(C.byref(out), h, 1, 0) == 1 and out.value == -1
         assert cu.cuMemsetD8_v2(v, 0, 4) == 700           # read-only mapping
         print("imported", mem_info()[0], flush=True)
         sys.stdin.readline()

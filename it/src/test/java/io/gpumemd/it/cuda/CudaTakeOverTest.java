@@ -8,6 +8,7 @@ import io.gpumemd.client.Lease;
 import io.gpumemd.common.cuda.CudaUuids;
 import io.gpumemd.common.cuda.DeviceUuidDriver;
 import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.ResultProcess;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -24,8 +25,11 @@ import org.junit.jupiter.api.Test;
  * see the GPUs through different {@code CUDA_VISIBLE_DEVICES} (issue 33 item 4): a successor
  * whose device n is another GPU than the running daemon's device n is refused, naming both
  * UUIDs and ordinals, and the running daemon serves on with its sessions; one that sees the same
- * GPUs in the same order takes over. Needs two devices: the stand-in driver with {@code
- * CUDA_STANDIN_DEVICES=2}, or a machine with two GPUs.
+ * GPUs in the same order takes over. Those two need two devices: the stand-in driver with {@code
+ * CUDA_STANDIN_DEVICES=2}, or a machine with two GPUs. On one device: bytes a producer process
+ * wrote into a VMM block and shared by token are read by a consumer process from the successor,
+ * so the device memory itself crossed the hand-over (its descriptor, sent ahead, imported by the
+ * successor before the old daemon let go).
  */
 class CudaTakeOverTest {
   private Path dir;
@@ -34,9 +38,12 @@ class CudaTakeOverTest {
   @BeforeEach
   void setUp() throws Exception {
     CudaAvailability.assumeUsable();
+    dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-cuda-takeover-");
+  }
+
+  private static void assumeTwoDevices() {
     Assumptions.assumeTrue(visibleUuids().size() >= 2, "needs two CUDA devices (CUDA_STANDIN_DEVICES=2 on the "
         + "stand-in); this process sees " + visibleUuids());
-    dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-cuda-takeover-");
   }
 
   @AfterEach
@@ -75,6 +82,7 @@ class CudaTakeOverTest {
 
   @Test
   void successorSeeingTheGpusInAnotherOrder_isRefused_namingBothUuids_andTheDaemonServesOn() throws Exception {
+    assumeTwoDevices();
     List<String> uuids = visibleUuids();
     DaemonProcess daemon = start("0,1");
     assertTrue(daemon.process().isAlive(), daemon.output());
@@ -104,6 +112,7 @@ class CudaTakeOverTest {
 
   @Test
   void successorSeeingTheSameGpusInTheSameOrder_takesOver_byUuidEntries() throws Exception {
+    assumeTwoDevices();
     List<String> uuids = visibleUuids();
     DaemonProcess daemon = start("0,1");
     try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget())) {
@@ -116,6 +125,35 @@ class CudaTakeOverTest {
       assertTrue(successor.process().isAlive(), successor.output());
       assertTrue(successor.output().contains("Took over from pid " + daemon.process().pid()), successor.output());
       Lease more = client.lease(0, 2L << 20);
+      more.close();
+      held.close();
+      assertEquals(session, client.sessionId());
+    }
+  }
+
+  @Test
+  void deviceBytesSharedBeforeATakeOver_areReadFromTheSuccessor_andALiveSessionLeasesOn() throws Exception {
+    long size = 2L << 20;
+    DaemonProcess daemon = start("0");
+    String target = daemon.unixTarget();
+    Map<String, String> produced = ResultProcess.run(CudaVmmProcessMain.class, "produce", target,
+        Long.toString(size), "171", "false");
+    try (GpuMemClient client = GpuMemClient.connect(target)) {
+      String session = client.sessionId();
+      Lease held = client.lease(0, 64L << 20);
+      DaemonProcess successor = start("0", "--take-over");
+      assertEquals(0, daemon.awaitExit(60_000), "the old daemon must hand over and exit 0:\n" + daemon.output()
+          + "\n--- successor:\n" + successor.output());
+      assertTrue(successor.output().contains("Took over from pid " + daemon.process().pid()), successor.output());
+
+      Map<String, String> consumed = ResultProcess.run(CudaVmmProcessMain.class, "consume", target,
+          produced.get("token"), Long.toString(size), "false");
+      assertEquals(produced.get("segment"), consumed.get("segment"), consumed.get("output"));
+      assertEquals("171", consumed.get("first"), consumed.get("output"));
+      assertEquals("171", consumed.get("last"), consumed.get("output"));
+      assertEquals("true", consumed.get("uniform"), consumed.get("output"));
+
+      Lease more = client.lease(0, size);
       more.close();
       held.close();
       assertEquals(session, client.sessionId());

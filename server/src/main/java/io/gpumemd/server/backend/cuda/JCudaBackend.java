@@ -324,10 +324,11 @@ public final class JCudaBackend extends AbstractMemoryBackend {
 
   /**
    * Imports a VMM allocation from a descriptor and maps it in the daemon ({@link
-   * VmmAllocations#adopt}); the descriptor is closed whether or not that succeeds.
+   * VmmAllocations#adopt}); the segment keeps the descriptor, which is closed if that fails.
    */
   @Override
   public SegmentMemory adopt(int device, int fd, long bytes) {
+    VmmSegment segment = null;
     try {
       checkOpen();
       if (device < 0 || device >= vmm.length || vmm[device] == null) {
@@ -335,14 +336,16 @@ public final class JCudaBackend extends AbstractMemoryBackend {
             ? "adopt: device " + device + " (expected: 0.." + (vmm.length - 1) + ")" : takeOverRefusal());
       }
       makeCurrent(device);
-      VmmSegment segment = vmm[device].adopt(fd, bytes);
+      segment = vmm[device].adopt(fd, bytes);
       live.add(segment);
       return segment;
     } finally {
-      try {
-        SegmentFd.ofNative(fd, false).close();
-      } catch (IOException | RuntimeException e) {
-        log.error("Cannot close received descriptor {}: {}", fd, e.toString());
+      if (segment == null) {
+        try {
+          SegmentFd.ofNative(fd, false).close();
+        } catch (IOException | RuntimeException e) {
+          log.error("Cannot close received descriptor {}: {}", fd, e.toString());
+        }
       }
     }
   }

@@ -63,15 +63,16 @@ final class VmmAllocations {
     }
     long[] out = new long[1];
     CudaCalls.check(VmmDriver.create(device, bytes, out), "cuMemCreate(" + bytes + ") on device " + device);
-    return mapOwn(out[0], bytes, "");
+    return mapOwn(out[0], bytes, "", -1);
   }
 
   /**
    * Adopts an allocation a predecessor daemon exported ({@code --take-over}): imports the
    * descriptor ({@code cuMemImportFromShareableHandle}), then reserves, maps and opens it
    * read-write in the daemon's context as {@link #allocate} does its own, so that it can be
-   * zeroed and exported again. On any failure what was done is undone before the exception
-   * propagates; the descriptor stays the caller's.
+   * zeroed. The segment takes the descriptor over and hands out duplicates of it (see {@link
+   * VmmSegment}: the driver does not export an imported handle). On any failure what was done
+   * is undone before the exception propagates, and the descriptor stays the caller's.
    *
    * @param bytes the allocation's size as the predecessor's state says, a multiple of {@link
    *     #granularity}; a mapping larger than the allocation fails in {@code cuMemMap}
@@ -84,14 +85,15 @@ final class VmmAllocations {
     long[] out = new long[1];
     CudaCalls.check(VmmDriver.importDescriptor(fd, out), "cuMemImportFromShareableHandle(fd " + fd + ") on device "
         + device);
-    return mapOwn(out[0], bytes, " of an adopted allocation");
+    return mapOwn(out[0], bytes, " of an adopted allocation", fd);
   }
 
   /**
    * Maps a whole allocation read-write for the daemon's own device ({@link VmmDriver#mapWhole});
-   * on a failure it releases the allocation and throws naming the call.
+   * on a failure it releases the allocation and throws naming the call. {@code adoptedFrom}: the
+   * descriptor the segment takes over on success, or -1.
    */
-  private VmmSegment mapOwn(long allocation, long bytes, String what) {
+  private VmmSegment mapOwn(long allocation, long bytes, String what, int adoptedFrom) {
     VmmDriver.Mapped mapped = VmmDriver.mapWhole(allocation, bytes, new int[] {device}, VmmDriver.PROT_READWRITE);
     if (!mapped.ok()) {
       VmmDriver.release(allocation);
@@ -99,7 +101,7 @@ final class VmmAllocations {
     }
     // JCuda's calls (cuMemsetD8) take the address as a CUdeviceptr: a null one offset by it.
     CUdeviceptr pointer = new CUdeviceptr().withByteOffset(mapped.address());
-    return new VmmSegment(device, bytes, context, allocation, pointer, handle);
+    return new VmmSegment(device, bytes, context, allocation, pointer, handle, adoptedFrom);
   }
 
   /**

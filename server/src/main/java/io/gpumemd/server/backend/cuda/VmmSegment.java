@@ -3,6 +3,8 @@ package io.gpumemd.server.backend.cuda;
 import static jcuda.driver.JCudaDriver.cuCtxSetCurrent;
 
 import io.gpumemd.common.cuda.VmmDriver;
+import io.gpumemd.common.unix.Descriptors;
+import io.gpumemd.common.unix.ErrnoCalls;
 import io.gpumemd.server.backend.AbstractFdPassedSegment;
 import io.gpumemd.server.backend.DescriptorExhaustedException;
 import io.gpumemd.server.backend.IpcHandle;
@@ -22,6 +24,12 @@ import jcuda.driver.CUresult;
  * <p>An exported descriptor holds the allocation on its own: the driver frees the memory once
  * the daemon has released its handle and every descriptor and importer's mapping is gone.
  *
+ * <p>An allocation adopted from a running daemon ({@code --take-over}) keeps the descriptor it
+ * came by, and every descriptor it hands out is a duplicate of that one: the driver exports only
+ * allocations the process created itself ({@code cuMemExportToShareableHandle} on an imported
+ * handle failed on an H200, driver 580, so a successor could hand none of its adopted segments
+ * to a client). Each adopted segment holds one descriptor of the daemon for its life.
+ *
  * <p>Thread-safety: {@link #open} and {@link #markReleased} are ordered by this object's
  * monitor ({@link AbstractFdPassedSegment}), so nothing is exported from a handle the daemon has
  * released.
@@ -31,13 +39,16 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
   /** The driver's {@code CUmemGenericAllocationHandle}. */
   private final long allocation;
   private final CUdeviceptr pointer;
+  /** The descriptor an adopted allocation came by, -1 for one this daemon created; guarded by this. */
+  private int adoptedFrom;
 
   VmmSegment(int device, long bytes, CUcontext context, long allocation,
-      CUdeviceptr pointer, IpcHandle.CudaVmm handle) {
+      CUdeviceptr pointer, IpcHandle.CudaVmm handle, int adoptedFrom) {
     super(device, bytes, handle);
     this.context = context;
     this.allocation = allocation;
     this.pointer = pointer;
+    this.adoptedFrom = adoptedFrom;
   }
 
   @Override
@@ -51,12 +62,16 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
   }
 
   /**
-   * A new POSIX file descriptor of the allocation ({@code cuMemExportToShareableHandle}). It
-   * carries no access mode: {@code readOnly} is what the grant tells the client, which then
-   * maps it with read-only access ({@code FdGrant.read_only}).
+   * A new POSIX file descriptor of the allocation ({@code cuMemExportToShareableHandle}, or a
+   * duplicate of the one an adopted allocation came by). It carries no access mode: {@code
+   * readOnly} is what the grant tells the client, which then maps it with read-only access
+   * ({@code FdGrant.read_only}).
    */
   @Override
   protected SegmentFd openLive(boolean readOnly) throws IOException {
+    if (adoptedFrom >= 0) {
+      return own(duplicate(), readOnly, SegmentFd::ofNative);
+    }
     int current = cuCtxSetCurrent(context);
     if (current != CUresult.CUDA_SUCCESS) {
       throw new IOException("cuCtxSetCurrent(" + device() + ") failed: " + CUresult.stringFor(current));
@@ -93,6 +108,27 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
     return new IOException(call);
   }
 
+  /**
+   * A duplicate of the adopted descriptor; out of descriptors (EMFILE, ENFILE) is refused as an
+   * export that found none is.
+   */
+  private int duplicate() throws IOException {
+    try {
+      return Descriptors.dup(adoptedFrom);
+    } catch (ErrnoCalls.ErrnoException e) {
+      if (e.errno() == EMFILE || e.errno() == ENFILE) {
+        throw new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out "
+            + "(dup of an adopted allocation's descriptor on device " + device() + ": " + e.getMessage() + "): its "
+            + "RLIMIT_NOFILE must exceed its live segments, descriptors in flight and connections; retry later, or raise "
+            + "the daemon's limit (LimitNOFILE=, ulimit -n)");
+      }
+      throw e;
+    }
+  }
+
+  private static final int EMFILE = 24;
+  private static final int ENFILE = 23;
+
   /** {@code CUDA_ERROR_OPERATING_SYSTEM}, which JCuda 12.0.0's {@code CUresult} names too. */
   private static final int CUDA_ERROR_OPERATING_SYSTEM = 304;
 
@@ -111,7 +147,16 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
    * @return false when it already was
    */
   boolean markReleased() {
-    return markGone();
+    if (!markGone()) {
+      return false;
+    }
+    synchronized (this) {
+      if (adoptedFrom >= 0) {
+        Descriptors.closeQuietly(adoptedFrom); // no open can run any more: markGone ordered it
+        adoptedFrom = -1;
+      }
+    }
+    return true;
   }
 
   @Override

@@ -156,9 +156,20 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
 
     assertNull(((FdPassedSegment) original).open(false), "the original hands out nothing more");
     assertArrayEquals(bytes, read(adopted, 4096, bytes.length));
+    // Handed out as the daemon's own are: a duplicate of the descriptor it came by (the driver
+    // exports only what the process created), which a client imports.
+    Path kept = Path.of("/proc/self/fd/" + fd);
+    Path keptFile = Files.readSymbolicLink(kept);
+    try (SegmentFd handedOut = ((FdPassedSegment) adopted).open(false)) {
+      assertNotEquals(fd, handedOut.number());
+      assertArrayEquals(bytes, readThroughImport(adopted, handedOut.number(), 4096, bytes.length, true));
+    }
     backend.zero(adopted, 0, 2 * MiB); // mapped read-write in the daemon's context, as its own
     assertArrayEquals(new byte[bytes.length], read(adopted, 4096, bytes.length));
     backend.free(adopted);
+    assertNull(((FdPassedSegment) adopted).open(false), "a freed adopted segment hands out nothing more");
+    assertTrue(!Files.exists(kept, java.nio.file.LinkOption.NOFOLLOW_LINKS) || !Files.readSymbolicLink(kept).equals(keptFile),
+        "the descriptor it came by is closed with it");
   }
 
   @Test
