@@ -316,7 +316,7 @@ public abstract class LeaseHolder {
     if (sleeping || sleepChanging) {
       throw new ConflictException(this + " is asleep (Allocator.Sleep): it leases again once it is woken (Wake)");
     }
-    quotaUsage.take(bytes, quota, this + ": ");
+    quotaUsage.take(bytes, quota, this);
   }
 
   synchronized void unreserve(long bytes) {

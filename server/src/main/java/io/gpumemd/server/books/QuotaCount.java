@@ -27,11 +27,12 @@ final class QuotaCount {
   /**
    * Counts one more lease of {@code add} bytes.
    *
-   * @param prefix what the refusal begins with (who asked)
+   * @param who who asked, named first in a refusal (null: nobody); made a string only then, not
+   *     on every lease
    * @throws ExhaustedException when {@code quota} would be exceeded, having counted nothing
    */
-  void take(long add, Quota quota, String prefix) {
-    take(add, 0, quota, prefix);
+  void take(long add, Quota quota, Object who) {
+    take(add, 0, quota, who);
   }
 
   /**
@@ -40,20 +41,25 @@ final class QuotaCount {
    *
    * @throws ExhaustedException when {@code quota} would be exceeded, having counted nothing
    */
-  void take(long add, long pinned, Quota quota, String prefix) {
+  void take(long add, long pinned, Quota quota, Object who) {
     if (quota.maxLeases() > 0 && leases + 1 > quota.maxLeases()) {
-      throw new ExhaustedException(prefix + label.scope() + " quota max-leases=" + quota.maxLeases() + " reached"
+      throw new ExhaustedException(prefix(who) + label.scope() + " quota max-leases=" + quota.maxLeases() + " reached"
           + label.forWhom() + " (" + leases + " leases held or in progress" + label.over() + "; flag "
           + label.leasesFlag() + ")");
     }
     if (quota.maxLeasedBytes() > 0 && bytes + pinned + add > quota.maxLeasedBytes()) {
-      throw new ExhaustedException(prefix + label.scope() + " quota max-leased-bytes=" + quota.maxLeasedBytes()
+      throw new ExhaustedException(prefix(who) + label.scope() + " quota max-leased-bytes=" + quota.maxLeasedBytes()
           + " would be exceeded" + label.forWhom() + " (" + bytes + " held" + label.over() + (pinned == 0 ? ""
           : ", " + pinned + " released but still mapped by its processes (they keep it until they exit or unmap "
           + "it)") + ", " + add + " requested; flag " + label.bytesFlag() + ")");
     }
     leases++;
     bytes += add;
+  }
+
+  /** What a refusal begins with: who asked. */
+  static String prefix(Object who) {
+    return who == null ? "" : who + ": ";
   }
 
   /**

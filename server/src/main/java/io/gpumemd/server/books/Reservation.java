@@ -42,7 +42,7 @@ public final class Reservation implements AutoCloseable {
       throw ended(session);
     }
     try {
-      session.tenantUsage().reserve(roundedBytes, pinnedBytes, tenantQuota, session + ": ");
+      session.tenantUsage().reserve(roundedBytes, pinnedBytes, tenantQuota, session);
     } catch (ExhaustedException e) {
       session.unreserve(roundedBytes);
       throw e;
@@ -64,7 +64,7 @@ public final class Reservation implements AutoCloseable {
       throw ended(session);
     }
     try {
-      session.tenantUsage().reserveHold(maxPerTenant, session + ": ");
+      session.tenantUsage().reserveHold(maxPerTenant, session);
     } catch (ExhaustedException e) {
       session.unreserveHold();
       throw e;

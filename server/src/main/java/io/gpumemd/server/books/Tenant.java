@@ -33,11 +33,11 @@ public final class Tenant {
    * Counts a lease about to be made against {@code quota}, besides {@code pinnedBytes} of
    * released memory its processes may still map.
    *
-   * @param prefix what a refusal begins with (who asked)
+   * @param who who asked, named first in a refusal (null: nobody)
    * @throws ExhaustedException naming the quota and its flag, having counted nothing
    */
-  public synchronized void reserve(long leaseBytes, long pinnedBytes, Quota quota, String prefix) {
-    usage.take(leaseBytes, pinnedBytes, quota, prefix);
+  public synchronized void reserve(long leaseBytes, long pinnedBytes, Quota quota, Object who) {
+    usage.take(leaseBytes, pinnedBytes, quota, who);
   }
 
   /** A lease counted by {@link #reserve} is gone (released, refused, or its session ended). */
@@ -105,12 +105,12 @@ public final class Tenant {
    * Counts a hold about to be taken by one of the tenant's sessions against {@code max} (0 = no
    * bound). The lease book returns it when the hold ends, however it ends.
    *
-   * @param prefix what a refusal begins with (who asked)
+   * @param who who asked, named first in a refusal (null: nobody)
    * @throws ExhaustedException at the bound, having counted nothing
    */
-  public synchronized void reserveHold(int max, String prefix) {
+  public synchronized void reserveHold(int max, Object who) {
     if (max > 0 && holds >= max) {
-      throw new ExhaustedException(prefix + "tenant " + key + " has " + holds + " holds on shared blocks over all "
+      throw new ExhaustedException(QuotaCount.prefix(who) + "tenant " + key + " has " + holds + " holds on shared blocks over all "
           + "its sessions, the bound of " + max + " (flag --max-holds-per-tenant); release holds it no longer needs");
     }
     holds++;

@@ -273,14 +273,14 @@ final class SessionsRestorer {
     for (LeaseRecord r : records.values()) {
       Tenant tenant = r.session().tenantUsage();
       if (r.attached()) {
-        tenant.reserveHold(0, "");
+        tenant.reserveHold(0, null);
       } else if (r.shared() == null) {
-        tenant.reserve(SizeClasses.roundUp(r.sizeBytes()), 0, Quota.UNLIMITED, "");
+        tenant.reserve(SizeClasses.roundUp(r.sizeBytes()), 0, Quota.UNLIMITED, null);
       }
     }
     for (SharedBlock b : blocks) {
       // A shared block's bytes stay its leasing tenant's until its last hold goes (LeaseBook#giveBack).
-      b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), 0, Quota.UNLIMITED, "");
+      b.leasedBy().reserve(SizeClasses.roundUp(b.sizeBytes()), 0, Quota.UNLIMITED, null);
     }
     tokens.forEach(t -> rooms.directory().tenant(t.tenant()).addShare(0));
     objects.forEach(o -> rooms.directory().tenant(o.tenant()).addShare(0));

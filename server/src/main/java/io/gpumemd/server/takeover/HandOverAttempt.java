@@ -138,8 +138,9 @@ final class HandOverAttempt {
         return false;
       }
     } catch (IOException e) {
+      String why = TakeOverChannel.timedOut(e) ? "no answer within " + HandOver.ANSWER_MILLIS + " ms" : e.getMessage();
       log.warn("Take-over by pid {} ended before the gate closed, while its segments were sent ahead ({}); "
-          + "serving on", pid, e.getMessage());
+          + "serving on", pid, why);
       return false;
     } finally {
       for (SegmentAhead a : ahead) {
