@@ -238,7 +238,8 @@ final class SessionsRestorer {
 
   private LeaseRecord record(LeaseSnapshot l, Map<String, Session> byId, List<SharedBlock> blocks, Set<Block> places,
       long now) {
-    String what = "lease " + l.id();
+    // Named as text only in a refusal: 10,000 leases are restored inside the take-over's pause.
+    Object what = new LeaseName(l.id());
     if (!SecureIds.isWellFormed(l.id())) {
       throw new IllegalStateException(what + ": malformed id in the take-over state");
     }
@@ -296,7 +297,7 @@ final class SessionsRestorer {
    *
    * @param expected the state it must be in, or null for either leased state
    */
-  private Block findBlock(String what, int device, long segmentId, long offset, long size, String expected) {
+  private Block findBlock(Object what, int device, long segmentId, long offset, long size, String expected) {
     if (device < 0 || device >= rooms.pools().all().size()) {
       throw new IllegalStateException(what + " is on device " + device + ", which this daemon does not have");
     }
@@ -304,21 +305,32 @@ final class SessionsRestorer {
     // lease the largest part of the restore, inside the take-over's pause.
     Block block = segmentBlocks.computeIfAbsent(new SegmentKey(device, segmentId),
         k -> rooms.pools().get(device).blocksOf(segmentId)).get(offset);
-    String where = "device " + device + ", segment " + segmentId + ", offset " + offset;
     if (block == null) {
-      throw new IllegalStateException(what + ": the restored pool has no block at " + where);
+      throw new IllegalStateException(what + ": the restored pool has no block at " + where(device, segmentId, offset));
     }
     String found = state(block);
     boolean held = found.equals("LEASED") || found.equals("CLIENT_CACHED");
     if (!held || (expected != null && !expected.equals(found))) {
-      throw new IllegalStateException(what + ": the block at " + where + " is " + found + " in the restored pool, "
-          + "expected " + (expected == null ? "LEASED or CLIENT_CACHED" : expected));
+      throw new IllegalStateException(what + ": the block at " + where(device, segmentId, offset) + " is " + found
+          + " in the restored pool, expected " + (expected == null ? "LEASED or CLIENT_CACHED" : expected));
     }
     if (block.size() != size) {
-      throw new IllegalStateException(what + ": the block at " + where + " has " + block.size()
-          + " bytes in the restored pool, " + size + " in the state");
+      throw new IllegalStateException(what + ": the block at " + where(device, segmentId, offset) + " has "
+          + block.size() + " bytes in the restored pool, " + size + " in the state");
     }
     return block;
+  }
+
+  private static String where(int device, long segmentId, long offset) {
+    return "device " + device + ", segment " + segmentId + ", offset " + offset;
+  }
+
+  /** How a refusal names a lease. */
+  private record LeaseName(String id) {
+    @Override
+    public String toString() {
+      return "lease " + id;
+    }
   }
 
   /** A block's state as the pool says it (the pool is quiet during a restore). */
@@ -327,13 +339,13 @@ final class SessionsRestorer {
   }
 
   /** Each block is held by one lease or one shared block, never two. */
-  private static void claim(Set<Block> places, String what, Block block) {
+  private static void claim(Set<Block> places, Object what, Block block) {
     if (!places.add(block)) {
       throw new IllegalStateException(what + ": block " + block + " is named twice in the take-over state");
     }
   }
 
-  private static int blockIndex(String what, int index, List<SharedBlock> blocks) {
+  private static int blockIndex(Object what, int index, List<SharedBlock> blocks) {
     if (index < 0 || index >= blocks.size()) {
       throw new IllegalStateException(what + " names shared block " + index + " of " + blocks.size());
     }
