@@ -110,8 +110,9 @@ public final class Tenant {
    */
   public synchronized void reserveHold(int max, Object who) {
     if (max > 0 && holds >= max) {
-      throw new ExhaustedException(QuotaCount.prefix(who) + "tenant " + key + " has " + holds + " holds on shared blocks over all "
-          + "its sessions, the bound of " + max + " (flag --max-holds-per-tenant); release holds it no longer needs");
+      throw new ExhaustedException(QuotaCount.prefix(who) + "tenant " + key + " has " + holds + " holds on shared "
+          + "blocks over all its sessions, the bound of " + max + " (flag --max-holds-per-tenant); release holds it no "
+          + "longer needs");
     }
     holds++;
   }

@@ -119,8 +119,8 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
       if (e.errno() == EMFILE || e.errno() == ENFILE) {
         throw new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out "
             + "(dup of an adopted allocation's descriptor on device " + device() + ": " + e.getMessage() + "): its "
-            + "RLIMIT_NOFILE must exceed its live segments, descriptors in flight and connections; retry later, or raise "
-            + "the daemon's limit (LimitNOFILE=, ulimit -n)");
+            + "RLIMIT_NOFILE must exceed its live segments, descriptors in flight and connections; retry later, or "
+            + "raise the daemon's limit (LimitNOFILE=, ulimit -n)");
       }
       throw e;
     }

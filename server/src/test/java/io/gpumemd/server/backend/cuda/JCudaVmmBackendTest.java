@@ -168,8 +168,8 @@ class JCudaVmmBackendTest extends JCudaBackendTest {
     assertArrayEquals(new byte[bytes.length], read(adopted, 4096, bytes.length));
     backend.free(adopted);
     assertNull(((FdPassedSegment) adopted).open(false), "a freed adopted segment hands out nothing more");
-    assertTrue(!Files.exists(kept, java.nio.file.LinkOption.NOFOLLOW_LINKS) || !Files.readSymbolicLink(kept).equals(keptFile),
-        "the descriptor it came by is closed with it");
+    assertTrue(!Files.exists(kept, java.nio.file.LinkOption.NOFOLLOW_LINKS)
+        || !Files.readSymbolicLink(kept).equals(keptFile), "the descriptor it came by is closed with it");
   }
 
   @Test
