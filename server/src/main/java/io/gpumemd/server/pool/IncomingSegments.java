@@ -1,13 +1,10 @@
 package io.gpumemd.server.pool;
 
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.MemoryBackend;
-import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
-import java.io.IOException;
 import java.util.List;
-import org.slf4j.Logger;
-import org.slf4j.LoggerFactory;
 
 /**
  * The segments a take-over hands to the pools it restores, by the index their snapshots name
@@ -20,8 +17,6 @@ import org.slf4j.LoggerFactory;
  * <p>Not thread-safe: the restoring thread uses it.
  */
 public final class IncomingSegments implements AutoCloseable {
-  private static final Logger log = LoggerFactory.getLogger(IncomingSegments.class);
-
   private final MemoryBackend backend;
   /** Adopted ahead, by index; null once taken or given up. */
   private final SegmentMemory[] ahead;
@@ -102,15 +97,8 @@ public final class IncomingSegments implements AutoCloseable {
       }
       return;
     }
-    int fd = fds[index - ahead.length];
+    Descriptors.closeQuietly(fds[index - ahead.length]); // below 0: taken or given up already
     fds[index - ahead.length] = -1;
-    if (fd >= 0) {
-      try {
-        SegmentFd.ofNative(fd, false).close();
-      } catch (IOException | RuntimeException e) {
-        log.error("Cannot close received descriptor {}: {}", fd, e.toString());
-      }
-    }
   }
 
   /**

@@ -92,6 +92,8 @@ public final class TakeOver implements AutoCloseable {
       }
       throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
     }
+    // Adopted ahead of the state: given up on every way out but the TakeOver that owns them.
+    List<SegmentMemory> ahead = new ArrayList<>();
     try {
       String untrusted = untrustedRunningDaemon(socket.toAbsolutePath(), channel);
       if (untrusted != null) {
@@ -101,7 +103,6 @@ public final class TakeOver implements AutoCloseable {
       channel.send(TakeOverFrame.newBuilder().setHello(hello).build());
       long started = System.nanoTime();
       TakeOverFrame frame;
-      List<SegmentMemory> ahead = new ArrayList<>();
       try {
         frame = channel.receiveFromHolder();
         if (frame.hasSegmentsAhead()) {
@@ -112,20 +113,19 @@ public final class TakeOver implements AutoCloseable {
           frame = channel.receiveFromHolder();
         }
       } catch (IOException e) {
-        IncomingSegments.relinquishAll(backend, ahead);
         if (e instanceof AheadRefused) {
           throw e;
         }
         if (!gone(e)) {
           throw new IOException("take-over: the running daemon did not answer: " + e.getMessage());
         }
+        IncomingSegments.relinquishAll(backend, ahead);
         log.warn("--take-over: the running daemon went away before its state was complete: starting fresh (the "
             + "sessions it held are gone; their memory went with it)");
         channel.close();
         return null;
       }
       if (frame.hasRefusal() || !frame.hasState()) {
-        IncomingSegments.relinquishAll(backend, ahead);
         throw new IOException(frame.hasRefusal()
             ? "take-over refused by the running daemon (it serves on, untouched): " + frame.getRefusal().getReason()
             : "take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
@@ -134,7 +134,6 @@ public final class TakeOver implements AutoCloseable {
       List<Integer> fds = channel.takeFds();
       if (fds.size() != state.getDescriptorCount()) {
         fds.forEach(UnixSockets::closeQuietly);
-        IncomingSegments.relinquishAll(backend, ahead);
         throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
             + state.getDescriptorCount());
       }
@@ -144,6 +143,7 @@ public final class TakeOver implements AutoCloseable {
       return new TakeOver(channel, state,
           new IncomingSegments(backend, ahead, fds.stream().mapToInt(Integer::intValue).toArray()));
     } catch (IOException | RuntimeException e) {
+      IncomingSegments.relinquishAll(backend, ahead);
       channel.close();
       throw e;
     }

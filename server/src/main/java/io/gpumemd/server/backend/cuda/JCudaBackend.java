@@ -21,6 +21,7 @@ import static jcuda.driver.JCudaDriver.cuMemsetD8;
 import io.gpumemd.common.cuda.CudaHandles;
 import io.gpumemd.common.cuda.CudaUuids;
 import io.gpumemd.common.cuda.DeviceUuidDriver;
+import io.gpumemd.common.unix.Descriptors;
 import io.gpumemd.server.backend.AbstractMemoryBackend;
 import io.gpumemd.server.backend.BackendException;
 import io.gpumemd.server.backend.BackendOutOfMemoryException;
@@ -29,10 +30,8 @@ import io.gpumemd.server.backend.InvalidEventHandleException;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.HostBuffer;
 import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.backend.SegmentOwner;
-import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
@@ -341,11 +340,7 @@ public final class JCudaBackend extends AbstractMemoryBackend {
       return segment;
     } finally {
       if (segment == null) {
-        try {
-          SegmentFd.ofNative(fd, false).close();
-        } catch (IOException | RuntimeException e) {
-          log.error("Cannot close received descriptor {}: {}", fd, e.toString());
-        }
+        Descriptors.closeQuietly(fd); // a number received from another process, which no Java object owns
       }
     }
   }
