@@ -137,15 +137,15 @@ final class SocketFiles {
     takingOver = true;
   }
 
-  /**
-   * There was no predecessor to take over from after all (nobody answered on the take-over
-   * socket): {@link #publish} replaces only stale sockets, as a fresh start does.
-   */
   /** Whether the sockets are a successor's, not yet published over its predecessor's. */
   boolean takingOverNow() {
     return takingOver;
   }
 
+  /**
+   * There was no predecessor to take over from after all (nobody answered on the take-over
+   * socket): {@link #publish} replaces only stale sockets, as a fresh start does.
+   */
   void noPredecessor() {
     takingOver = false;
   }

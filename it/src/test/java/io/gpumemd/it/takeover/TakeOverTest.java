@@ -297,6 +297,56 @@ class TakeOverTest {
     }
   }
 
+  /**
+   * A dying process closes its descriptors one by one: the running daemon's take-over connection
+   * may close while its other sockets still accept. A stand-in predecessor (a Python process)
+   * does that slowly on purpose: it reads the Hello's first bytes, closes the connection, and
+   * keeps both listening sockets for another second before it exits. The successor starts fresh
+   * once the process is gone, instead of refusing sockets that a dead daemon seemed to hold.
+   */
+  @Test
+  void predecessorWhoseSocketsOutliveItsTakeOverConnection_isWaitedFor_thenTheSuccessorStartsFresh()
+      throws Exception {
+    Assumptions.assumeTrue(Files.isExecutable(Path.of("/usr/bin/python3")), "needs /usr/bin/python3");
+    String script = String.join("\n",
+        "import socket, sys, time",
+        "def listen(p):",
+        "    s = socket.socket(socket.AF_UNIX)",
+        "    s.bind(p)",
+        "    s.listen(8)",
+        "    return s",
+        "main = listen(sys.argv[1] + '/gpumemd.sock')",
+        "take = listen(sys.argv[1] + '/gpumemd.sock.takeover')",
+        "print('listening', flush=True)",
+        "c, _ = take.accept()",
+        "c.recv(4)",
+        "c.close()",
+        "print('hung up', flush=True)",
+        "time.sleep(1.0)");
+    Process predecessor = new ProcessBuilder("/usr/bin/python3", "-c", script, dir.toString())
+        .redirectErrorStream(true).start();
+    Process taker = null;
+    try {
+      ProcessOutput said = ProcessOutput.of(predecessor);
+      assertTrue(said.await("listening", 10_000), said.text());
+      taker = new ProcessBuilder(takerCommand()).redirectErrorStream(true).start();
+      ProcessOutput out = ProcessOutput.of(taker);
+      assertTrue(said.await("hung up", 60_000), said.text() + out.text());
+      assertTrue(out.await("gpumemd ready", 60_000), out.text());
+      assertTrue(out.text().contains("went away before its state was complete: starting fresh"), out.text());
+      assertFalse(predecessor.isAlive(), "the successor was ready while the predecessor still ran");
+      try (GpuMemClient client = GpuMemClient.connect("unix://" + dir.resolve("gpumemd.sock"))) {
+        client.lease(0, 4096).close();
+      }
+    } finally {
+      predecessor.destroyForcibly();
+      if (taker != null) {
+        taker.destroy();
+        assertTrue(taker.waitFor(30, TimeUnit.SECONDS));
+      }
+    }
+  }
+
   private List<String> takerCommand(String... extra) {
     List<String> command = new ArrayList<>(DaemonProcess.javaCommand("io.gpumemd.server.Main"));
     command.addAll(List.of(io.gpumemd.server.testing.TestDaemon.defaultFlags(dir)));

@@ -1,6 +1,7 @@
 package io.gpumemd.server.fd;
 
 import io.gpumemd.common.Ticker;
+import io.gpumemd.common.unix.ProcessStat;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
@@ -238,25 +239,6 @@ public final class DescriptorPins {
   }
 
   // ------------------------------------------------------------------------------ /proc
-
-  /** A process's state and start time from {@code /proc/PID/stat}; start -1 when it is gone. */
-  record ProcessStat(char state, long startTicks) {
-    /** A zombie has released its memory and descriptors already ({@code exit_mm}, {@code exit_files}). */
-    boolean alive() {
-      return startTicks >= 0 && state != 'Z' && state != 'X' && state != 'x';
-    }
-
-    static ProcessStat read(int pid) {
-      try {
-        String stat = Files.readString(Path.of("/proc/" + pid + "/stat"));
-        // The command name (field 2) may hold spaces and ')': the fields resume after the last ')'.
-        String[] fields = stat.substring(stat.lastIndexOf(')') + 2).split(" ");
-        return new ProcessStat(fields[0].charAt(0), Long.parseLong(fields[19]));
-      } catch (IOException | RuntimeException e) {
-        return new ProcessStat('X', -1);
-      }
-    }
-  }
 
   /** A file by device and inode, as {@code stat} and {@code /proc/PID/maps} name it. */
   record FileId(long major, long minor, long inode) {

@@ -1,6 +1,7 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.unix.ErrnoCalls;
+import io.gpumemd.common.unix.ProcessStat;
 import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
@@ -15,11 +16,13 @@ import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.IncomingSegments;
 import java.io.EOFException;
 import java.io.IOException;
+import java.io.InterruptedIOException;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -56,6 +59,8 @@ public final class TakeOver implements AutoCloseable {
   private static final int EPIPE = 32;
   private static final int S_IWGRP_IWOTH = 0022;
   private static final int S_ISVTX = 01000;
+  /** How long a daemon that went away mid-hand-over is given to finish exiting (a JVM's takes well under 1 s). */
+  static final long DYING_MILLIS = 5_000;
 
   private final TakeOverChannel channel;
   private final State state;
@@ -100,6 +105,7 @@ public final class TakeOver implements AutoCloseable {
         throw new IOException("take-over: refusing the state offered on " + path + ": " + untrusted
             + "; nothing was taken, and this daemon does not start");
       }
+      int runningPid = channel.peer()[0];
       channel.send(TakeOverFrame.newBuilder().setHello(hello).build());
       long started = System.nanoTime();
       TakeOverFrame frame;
@@ -122,6 +128,7 @@ public final class TakeOver implements AutoCloseable {
         IncomingSegments.relinquishAll(backend, ahead);
         log.warn("--take-over: the running daemon went away before its state was complete: starting fresh (the "
             + "sessions it held are gone; their memory went with it)");
+        awaitExit(runningPid, DYING_MILLIS);
         channel.close();
         return null;
       }
@@ -236,6 +243,30 @@ public final class TakeOver implements AutoCloseable {
   }
 
   /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
+  /**
+   * Waits, at most {@code millis}, until the process that went away mid-hand-over has exited. A
+   * dying process closes its descriptors one by one: its take-over connection may be closed
+   * while its listening sockets still accept, and a fresh start refuses a socket that accepts.
+   */
+  static void awaitExit(int pid, long millis) throws IOException {
+    long start = ProcessStat.read(pid).startTicks();
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
+    boolean runs = ProcessStat.anyThreadRuns(pid);
+    while (runs && System.nanoTime() < deadline) {
+      try {
+        Thread.sleep(10);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new InterruptedIOException("interrupted waiting for pid " + pid + " to exit");
+      }
+      // Another process on the pid (start time changed) means that one exited long ago.
+      runs = ProcessStat.anyThreadRuns(pid) && ProcessStat.read(pid).startTicks() == start;
+    }
+    if (runs) {
+      log.warn("--take-over: pid {} closed the take-over connection but still runs after {} ms", pid, millis);
+    }
+  }
+
   private static boolean gone(IOException e) {
     return e instanceof EOFException
         || e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == ECONNRESET || errno.errno() == EPIPE);
