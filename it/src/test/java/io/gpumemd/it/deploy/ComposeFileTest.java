@@ -101,10 +101,6 @@ class ComposeFileTest {
   }
 
   /**
-   * Memory crosses as file descriptors: the worker joins no namespace of the daemon's and mounts
-   * only the socket directory (read-only), where the fd channel's socket sits beside the gRPC one.
-   */
-  /**
    * The healthcheck's own command, run by bash against a live daemon (its metrics port put in
    * place of 9464): 0 while ready, not 0 once the daemon's socket is gone.
    */
@@ -131,6 +127,10 @@ class ComposeFileTest {
     return p.exitValue();
   }
 
+  /**
+   * Memory crosses as file descriptors: the worker joins no namespace of the daemon's and mounts
+   * only the socket directory (read-only), where the fd channel's socket sits beside the gRPC one.
+   */
   private void assertWorkerJoinsDaemon(String worker, String daemon) {
     for (String namespace : List.of("pid", "ipc", "network_mode")) {
       assertNull(service(worker).get(namespace), worker + " sets " + namespace);

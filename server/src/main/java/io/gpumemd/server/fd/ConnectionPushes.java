@@ -219,15 +219,15 @@ final class ConnectionPushes {
     }
   }
 
-  /**
-   * On the event loop, once the connection is inactive: no push starts any more, and the
-   * connection's own descriptor for pushes is closed once none is under way.
-   */
   /** The event loop's last write was done. */
   void releaseWriterForLoop() {
     writer.set(IDLE);
   }
 
+  /**
+   * On the event loop, once the connection is inactive: no push starts any more, and the
+   * connection's own descriptor for pushes is closed once none is under way.
+   */
   void close() {
     if (pushSocket < 0) {
       return;

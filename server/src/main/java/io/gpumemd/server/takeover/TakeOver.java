@@ -242,7 +242,6 @@ public final class TakeOver implements AutoCloseable {
     }
   }
 
-  /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
   /**
    * Waits, at most {@code millis}, until the process that went away mid-hand-over has exited. A
    * dying process closes its descriptors one by one: its take-over connection may be closed
@@ -267,6 +266,7 @@ public final class TakeOver implements AutoCloseable {
     }
   }
 
+  /** The peer closed or reset the connection (it died), as opposed to a timeout or a bad frame. */
   private static boolean gone(IOException e) {
     return e instanceof EOFException
         || e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == ECONNRESET || errno.errno() == EPIPE);

@@ -300,16 +300,16 @@ public final class JCudaBackend extends AbstractMemoryBackend {
     }
   }
 
-  /**
-   * Null when every device uses VMM handles: a VMM allocation lives on while the successor's
-   * imported handle holds it. Legacy IPC handles ({@code cuMemAlloc}) die with this process.
-   */
   /** A GPU is the one its UUID names: the same ordinal is another GPU under another CUDA_VISIBLE_DEVICES. */
   @Override
   public boolean devicesMatchByUuid() {
     return true;
   }
 
+  /**
+   * Null when every device uses VMM handles: a VMM allocation lives on while the successor's
+   * imported handle holds it. Legacy IPC handles ({@code cuMemAlloc}) die with this process.
+   */
   @Override
   public String takeOverRefusal() {
     for (int d = 0; d < vmm.length; d++) {
