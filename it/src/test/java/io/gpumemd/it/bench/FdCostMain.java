@@ -35,11 +35,14 @@ import java.util.Map;
  *       DescriptorPins}), and the pool would fill round by round.
  * </ul>
  *
- * Per lease call, the caller's view; pages are not touched. Prints p50 and p90. Run:
+ * Per lease call, the caller's view; pages are not touched. Prints p50 and p90, measured after
+ * {@code warm-up} rounds of first leases (default 30), and the first leases of the first of them
+ * apart ("cold": the code a first lease runs once per segment and process, still interpreted).
+ * Run:
  *
  * <pre>
  * mvn -B -q -pl it -am package -DskipTests dependency:build-classpath -Dmdep.includeScope=test -Dmdep.outputFile=target/test-classpath.txt
- * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.FdCostMain [rounds]
+ * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.FdCostMain [rounds [warm-up]]
  * </pre>
  */
 public final class FdCostMain {
@@ -54,6 +57,8 @@ public final class FdCostMain {
   public static void main(String[] args) throws Exception {
     System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     int rounds = args.length > 0 ? Integer.parseInt(args[0]) : 10;
+    int warmUpRounds = args.length > 1 ? Integer.parseInt(args[1]) : 30;
+    Map<String, Map<String, List<Long>>> cold = new LinkedHashMap<>();
     Map<String, DaemonProcess> daemons = new LinkedHashMap<>();
     Map<String, Map<String, List<Long>>> samples = new LinkedHashMap<>();
     Map<String, Long> pushedByMode = new LinkedHashMap<>();
@@ -70,12 +75,23 @@ public final class FdCostMain {
       Map<String, GpuMemClient> admins = new LinkedHashMap<>();
       for (Map.Entry<String, DaemonProcess> d : daemons.entrySet()) {
         admins.put(d.getKey(), GpuMemClient.builder(d.getValue().unixTarget()).clientName("bench-admin").connect());
+        cold.put(d.getKey(), Map.of("miss", new ArrayList<>(), "hit", new ArrayList<>()));
       }
-      // warm-up: both JVMs on every path, both modes
+      // Cold: each daemon's first round of first leases, its lease path warmed by pairs before.
       for (String mode : daemons.keySet()) {
         pushes(mode);
         pairs(daemons.get(mode).unixTarget(), new ArrayList<>());
-        firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), new ArrayList<>(), new ArrayList<>());
+        firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), cold.get(mode).get("miss"),
+            cold.get(mode).get("hit"));
+      }
+      // Warm-up: a first lease on a segment runs code that a lease on a mapped one does not (the
+      // grant, the push, the client's mapping), once per segment and process; until it has run a
+      // few hundred times it is interpreted, and timing it then times the JIT's thresholds.
+      for (int round = 1; round < warmUpRounds; round++) {
+        for (String mode : daemons.keySet()) {
+          pushes(mode);
+          firstLeases(daemons.get(mode).unixTarget(), admins.get(mode), new ArrayList<>(), new ArrayList<>());
+        }
       }
       for (int round = 0; round < rounds; round++) {
         List<String> order = new ArrayList<>(daemons.keySet());
@@ -105,7 +121,15 @@ public final class FdCostMain {
       System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", row[1], q(path, 0.5), q(fetch, 0.5),
           q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
     }
-    System.out.println("(us; fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply)");
+    for (String[] row : new String[][] {{"miss", "cold: first lease, miss"}, {"hit", "cold: first lease, hit"}}) {
+      long[] path = sorted(cold.get("path").get(row[0]));
+      long[] fetch = sorted(cold.get("fd-fetch").get(row[0]));
+      long[] fd = sorted(cold.get("fd").get(row[0]));
+      System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", row[1], q(path, 0.5), q(fetch, 0.5),
+          q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
+    }
+    System.out.println("(us; fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply; cold: each "
+        + "daemon's first " + SEGMENTS + " of each, before the " + warmUpRounds + " warm-up rounds)");
     System.out.printf("(first leases that came pushed, of %d per mode: %s)%n", 2 * samples.get("fd").get("miss").size(),
         pushedByMode);
     System.out.printf("(%d rounds; %d first leases and %d pairs per mode)%n", rounds,
