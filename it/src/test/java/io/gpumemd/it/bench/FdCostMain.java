@@ -115,25 +115,27 @@ public final class FdCostMain {
         "fd p50", "fetch/p", "fd/p", "path p90", "fd p90");
     for (String[] row : new String[][] {{"miss", "first lease, miss (new segment)"},
         {"hit", "first lease, hit (segment new here)"}, {"pair", "lease+release, mapped segment"}}) {
-      long[] path = sorted(samples.get("path").get(row[0]));
-      long[] fetch = sorted(samples.get("fd-fetch").get(row[0]));
-      long[] fd = sorted(samples.get("fd").get(row[0]));
-      System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", row[1], q(path, 0.5), q(fetch, 0.5),
-          q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
+      printRow(row[1], samples, row[0]);
     }
     for (String[] row : new String[][] {{"miss", "cold: first lease, miss"}, {"hit", "cold: first lease, hit"}}) {
-      long[] path = sorted(cold.get("path").get(row[0]));
-      long[] fetch = sorted(cold.get("fd-fetch").get(row[0]));
-      long[] fd = sorted(cold.get("fd").get(row[0]));
-      System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", row[1], q(path, 0.5), q(fetch, 0.5),
-          q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
+      printRow(row[1], cold, row[0]);
     }
     System.out.println("(us; fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply; cold: each "
-        + "daemon's first " + SEGMENTS + " of each, before the " + warmUpRounds + " warm-up rounds)");
+        + "daemon's first " + SEGMENTS + " of each, before the " + warmUpRounds + " warm-up rounds; fd-fetch's on the "
+        + "fd daemon, after fd's)");
     System.out.printf("(first leases that came pushed, of %d per mode: %s)%n", 2 * samples.get("fd").get("miss").size(),
         pushedByMode);
     System.out.printf("(%d rounds; %d first leases and %d pairs per mode)%n", rounds,
         samples.get("fd").get("miss").size(), samples.get("fd").get("pair").size());
+  }
+
+  /** One line of the table: {@code kind}'s p50 by mode and their ratios to by path, and p90. */
+  private static void printRow(String label, Map<String, Map<String, List<Long>>> byMode, String kind) {
+    long[] path = sorted(byMode.get("path").get(kind));
+    long[] fetch = sorted(byMode.get("fd-fetch").get(kind));
+    long[] fd = sorted(byMode.get("fd").get(kind));
+    System.out.printf("%-38s %10.1f %10.1f %10.1f %8.2f %8.2f %10.1f %10.1f%n", label, q(path, 0.5), q(fetch, 0.5),
+        q(fd, 0.5), q(fetch, 0.5) / q(path, 0.5), q(fd, 0.5) / q(path, 0.5), q(path, 0.9), q(fd, 0.9));
   }
 
   /**
