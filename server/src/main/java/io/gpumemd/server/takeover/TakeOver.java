@@ -248,6 +248,9 @@ public final class TakeOver implements AutoCloseable {
    * while its listening sockets still accept, and a fresh start refuses a socket that accepts.
    */
   static void awaitExit(int pid, long millis) throws IOException {
+    if (pid <= 0 || pid == ProcessHandle.current().pid()) {
+      return; // in another PID namespace (SO_PEERCRED gave 0), or this process itself
+    }
     long start = ProcessStat.read(pid).startTicks();
     long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
     boolean runs = ProcessStat.anyThreadRuns(pid);

@@ -1,9 +1,11 @@
 package io.gpumemd.server.takeover;
 
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertTimeoutPreemptively;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.gpumemd.common.unix.ProcessStat;
+import java.time.Duration;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Test;
 
@@ -37,6 +39,15 @@ class DyingPredecessorTest {
       sleeper.destroyForcibly();
       waiter.interrupt();
     }
+  }
+
+  @Test
+  void neverWaitsForItself_norForAPidItCannotSee() {
+    // Waiting out the bound (60 s) here would fail the test after 10.
+    assertTimeoutPreemptively(Duration.ofSeconds(10), () -> {
+      TakeOver.awaitExit((int) ProcessHandle.current().pid(), 60_000);
+      TakeOver.awaitExit(0, 60_000);
+    });
   }
 
   @Test
