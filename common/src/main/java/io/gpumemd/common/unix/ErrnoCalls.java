@@ -15,6 +15,8 @@ import java.io.IOException;
 public final class ErrnoCalls {
   public static final int EINTR = 4;
   public static final int EAGAIN = 11;
+  public static final int ENFILE = 23;
+  public static final int EMFILE = 24;
 
   private ErrnoCalls() {}
 
@@ -79,6 +81,11 @@ public final class ErrnoCalls {
     /** A send or receive that ran past the socket's timeout (SO_SNDTIMEO / SO_RCVTIMEO). */
     public boolean timedOut() {
       return errno == EAGAIN;
+    }
+
+    /** No descriptor could be made: the process's RLIMIT_NOFILE (EMFILE) or the system's (ENFILE). */
+    public boolean outOfDescriptors() {
+      return errno == EMFILE || errno == ENFILE;
     }
   }
 }

@@ -31,8 +31,6 @@ import java.io.UncheckedIOException;
  * <p>Stateless; thread-safe as the {@link SessionRegistry} is.
  */
 public final class FdGrants {
-  private static final int ENFILE = 23;
-  private static final int EMFILE = 24;
 
   private final SessionRegistry registry;
   private final DescriptorPins pins;
@@ -112,7 +110,7 @@ public final class FdGrants {
       throw new ExhaustedException(e.getMessage());
     } catch (IOException e) {
       // A host segment's open(2) through /proc/self/fd: EMFILE (the process's limit) or ENFILE.
-      if (e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == EMFILE || errno.errno() == ENFILE)
+      if (e instanceof ErrnoCalls.ErrnoException errno && errno.outOfDescriptors()
           || String.valueOf(e.getMessage()).contains("Too many open files")) {
         // The daemon's own limit, not a failure to log with a trace on every request.
         throw new ExhaustedException("gpumemd has no file descriptor left for another reply (its RLIMIT_NOFILE, "

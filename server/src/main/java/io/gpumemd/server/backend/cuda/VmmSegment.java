@@ -98,14 +98,19 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
       return new IOException(call);
     }
     if (!canOpenDescriptor()) {
-      return new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out ("
-          + call + ", and the daemon cannot open a descriptor either): its RLIMIT_NOFILE must exceed its live segments, "
-          + "descriptors in flight and connections; retry later, or raise the daemon's limit (LimitNOFILE=, ulimit -n)");
+      return outOfDescriptors(call + ", and the daemon cannot open a descriptor either");
     }
     if (result == CUresult.CUDA_ERROR_OUT_OF_MEMORY) {
       return new DescriptorExhaustedException(call + " (the driver has no memory for another export); retry later");
     }
     return new IOException(call);
+  }
+
+  /** The refusal of a daemon out of descriptors, {@code cause} saying which call found it so. */
+  private static DescriptorExhaustedException outOfDescriptors(String cause) {
+    return new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out (" + cause
+        + "): its RLIMIT_NOFILE must exceed its live segments, descriptors in flight and connections; retry later, or "
+        + "raise the daemon's limit (LimitNOFILE=, ulimit -n)");
   }
 
   /**
@@ -116,18 +121,13 @@ final class VmmSegment extends AbstractFdPassedSegment implements DeviceSegment 
     try {
       return Descriptors.dup(adoptedFrom);
     } catch (ErrnoCalls.ErrnoException e) {
-      if (e.errno() == EMFILE || e.errno() == ENFILE) {
-        throw new DescriptorExhaustedException("gpumemd has no file descriptor left to hand segment memory out "
-            + "(dup of an adopted allocation's descriptor on device " + device() + ": " + e.getMessage() + "): its "
-            + "RLIMIT_NOFILE must exceed its live segments, descriptors in flight and connections; retry later, or "
-            + "raise the daemon's limit (LimitNOFILE=, ulimit -n)");
+      if (e.outOfDescriptors()) {
+        throw outOfDescriptors("dup of an adopted allocation's descriptor on device " + device() + ": "
+            + e.getMessage());
       }
       throw e;
     }
   }
-
-  private static final int EMFILE = 24;
-  private static final int ENFILE = 23;
 
   /** {@code CUDA_ERROR_OPERATING_SYSTEM}, which JCuda 12.0.0's {@code CUresult} names too. */
   private static final int CUDA_ERROR_OPERATING_SYSTEM = 304;
