@@ -71,6 +71,7 @@ public final class TakeOverPauseMain {
     long[] pauses = new long[takeOvers];
     long[] handOver = new long[takeOvers];
     long[] inHandOver = new long[takeOvers];
+    long[] startup = new long[takeOvers];
     long[][] steps = new long[STEPS.length + 2][takeOvers];
     try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
       List<Lease> held = hold(client, liveLeases);
@@ -94,8 +95,11 @@ public final class TakeOverPauseMain {
         // From the gate closing to the old daemon's stop ("stopped", the last of STEPS).
         inHandOver[i] = worker.longestWithin(logged(daemon.output(), GATE_CLOSED),
             logged(daemon.output(), STEPS[STEPS.length - 1][2]));
+        // What a rehearsal costs: the successor's start, while the old daemon serves on.
+        startup[i] = logged(next.output(), "gpumemd ready") - logged(next.output(), "gpumemd starting");
         System.out.printf("take-over %2d: longest lease wait %,8d us (%,8d us overlapping the hand-over); hand-over %d "
-            + "ms (gate closed to Taken); %s%n", i + 1, pauses[i], inHandOver[i], handOver[i], describe(at));
+            + "ms (gate closed to Taken); successor started to ready %,d ms; %s%n", i + 1, pauses[i], inHandOver[i],
+            handOver[i], startup[i], describe(at));
         daemon.close();
         daemon = next;
       }
@@ -118,9 +122,10 @@ public final class TakeOverPauseMain {
       medians[s] = p50(steps[s]);
     }
     System.out.printf("%d take-overs with %,d live leases, %,d leases, %d failed: longest lease wait p50 %,d us, "
-        + "max %,d us; overlapping the hand-over p50 %,d us, max %,d us; hand-over p50 %d ms, max %d ms%n"
-        + "median steps: %s%n", takeOvers, liveLeases, worker.leases.get(), worker.failures.size(), p50(pauses),
-        max(pauses), p50(inHandOver), max(inHandOver), p50(handOver), max(handOver), describe(medians));
+        + "max %,d us; overlapping the hand-over p50 %,d us, max %,d us; hand-over p50 %d ms, max %d ms; successor "
+        + "started to ready p50 %,d ms%nmedian steps: %s%n", takeOvers, liveLeases, worker.leases.get(),
+        worker.failures.size(), p50(pauses), max(pauses), p50(inHandOver), max(inHandOver), p50(handOver),
+        max(handOver), p50(startup), describe(medians));
     if (!worker.failures.isEmpty()) {
       System.out.println("failures: " + worker.failures.subList(0, Math.min(10, worker.failures.size())));
       System.exit(1);

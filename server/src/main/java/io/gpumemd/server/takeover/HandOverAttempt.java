@@ -70,6 +70,9 @@ final class HandOverAttempt {
     if (hello.getTakesSegmentsAhead() && !sendAhead()) {
       return;
     }
+    // The rehearsal and the segments sent ahead compiled code of their own: the pause, which
+    // closing the gate starts, should not share the cores with that compilation.
+    CompilerQuiet.beforePause();
     if (!quiesce(hello) || !sendState() || awaitAnswer() == null) {
       return;
     }

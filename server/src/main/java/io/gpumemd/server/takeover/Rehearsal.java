@@ -63,8 +63,12 @@ public final class Rehearsal {
    * with 10,000 live leases showed both daemons compiling that code inside the pause (the JIT's
    * own log), and the hand-over (gate closed to Taken) took 141 to 192 ms at p50; with 4,096,
    * 100 to 110 ms. (1,024 leases through 32 rounds gave 120 ms: the loops need the length too.)
+   * With 4,096 the loops over a state's leases and blocks (the codec's, the restore's, the
+   * export's: methods run once per state) still ran in the interpreter, each short of the
+   * back-edge count (60,000) that compiles such a loop where it runs; in the pause they were
+   * compiled there, half-way through 10,000 leases. 8,192 through the rounds pass that count.
    */
-  static final int HELD = 4096;
+  static final int HELD = 8192;
   /**
    * Of the {@link #HELD} leases, those the rehearsal's client keeps on its stream; the rest are
    * leased in this process, straight from the scratch registry: the per-lease code of the
@@ -74,9 +78,25 @@ public final class Rehearsal {
   /** Leases leased and released on the stream per rehearsed client. */
   private static final int ROUNDS = 200;
   /** The one device of a scratch backend ({@link #apart}): room for the rehearsal's segments twice over, and more. */
-  private static final long SCRATCH_BYTES = 64L << 20;
+  private static final long SCRATCH_BYTES = 128L << 20;
   /** How often the scratch state makes its way: enough for the per-lease code to be compiled. */
   static final int CODEC_ROUNDS = 8;
+  /**
+   * Rounds more, at most, after {@link #CODEC_ROUNDS}, each once the JIT's queue has drained, until
+   * one sets off at most {@link #SETTLED_TICKS} of compilation or {@link #SETTLE_MILLIS} have
+   * passed. The JIT raises its thresholds with its queue's length, which the rounds before keep
+   * long: with 10,000 live leases, {@code TakeOverPauseMain} and the JIT's log showed the
+   * successor compiling the per-block restore and the protobuf codec with the optimising compiler
+   * inside the pause (50–85 ms of compiler time there, on two cores). The first rounds after the
+   * queue drained set off 120–330 ms of compilation each, later ones 20–100.
+   */
+  static final int SETTLE_ROUNDS = 4;
+  /** A round that cost the compiler threads this many clock ticks or fewer left the JIT settled. */
+  private static final long SETTLED_TICKS = 3;
+  /** How long the settling rounds may go on in all (while the running daemon serves, or waits for its successor). */
+  private static final long SETTLE_MILLIS = 2_000;
+  /** How long the compiler threads may take to go idle before a settling round. */
+  private static final long SETTLE_WAIT_MILLIS = 1_000;
 
   /** A scratch set of pools and sessions on {@code backend}, new and never served. */
   public record Books(DevicePools pools, SessionRegistry registry, MemoryBackend backend) {}
@@ -379,15 +399,42 @@ public final class Rehearsal {
   private static Books handOverRounds(Books from, Supplier<Books> scratch, Path channelAt, List<Books> made)
       throws IOException {
     Books to = from;
-    for (int i = 0; i < CODEC_ROUNDS; i++) {
+    long settleUntil = 0;
+    for (int i = 0; i < CODEC_ROUNDS + SETTLE_ROUNDS; i++) {
+      long ticks = 0;
+      if (i == CODEC_ROUNDS) {
+        settleUntil = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(SETTLE_MILLIS);
+      }
+      if (i >= CODEC_ROUNDS) {
+        // The JIT raises its thresholds while its queue is long, as the rounds before kept it: the
+        // per-lease code is left half compiled, and compiled for good inside the pause. Let the
+        // queue drain, then go on until a round sets off hardly any compilation of its own.
+        if (System.nanoTime() >= settleUntil || !awaitCompilers()) {
+          break;
+        }
+        ticks = CompilerQuiet.compilerTicks();
+      }
       if (to != from) {
         to.pools().close();
       }
       to = scratch.get();
       made.add(to);
       SelfHandOver.handOver(from, to, channelAt);
+      if (i >= CODEC_ROUNDS && (!awaitCompilers() || CompilerQuiet.compilerTicks() - ticks <= SETTLED_TICKS)) {
+        break;
+      }
     }
     return to;
+  }
+
+  /** Waits for the JIT's compiler threads to go idle; false when they do not within the bound (or on interrupt). */
+  private static boolean awaitCompilers() {
+    try {
+      return CompilerQuiet.await(SETTLE_WAIT_MILLIS);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      return false;
+    }
   }
 
   /** A health check, a Lease and a KeepAlive message on this daemon's own socket (answered "moving"). */

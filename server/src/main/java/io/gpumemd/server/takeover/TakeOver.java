@@ -115,6 +115,9 @@ public final class TakeOver implements AutoCloseable {
           adoptAhead(backend, frame.getSegmentsAhead(), channel.takeFds(), ahead, channel);
           log.info("--take-over: {} segment(s) sent ahead adopted after {} ms", ahead.size(),
               (System.nanoTime() - started) / 1_000_000);
+          // Adopting them compiled code of its own: the pause, which the Ready starts, should not
+          // share the cores with that compilation.
+          CompilerQuiet.beforePause();
           channel.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
           frame = channel.receiveFromHolder();
         }

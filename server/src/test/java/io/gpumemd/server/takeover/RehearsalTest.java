@@ -95,13 +95,20 @@ class RehearsalTest {
     }
   }
 
+  /** The first set, and one per round: the fixed rounds, then as many settling ones as the JIT asked (its queue decides). */
+  private void assertRounds(String what) {
+    int rounds = made.size() - 1;
+    assertTrue(rounds >= Rehearsal.CODEC_ROUNDS && rounds <= Rehearsal.CODEC_ROUNDS + Rehearsal.SETTLE_ROUNDS,
+        what + ": " + rounds + " rounds");
+  }
+
   @Test
   void codec_handsAScratchSessionsLeasesOverRoundAfterRound_andLeavesNoMemoryNorSocket() throws Exception {
     Path at = dir.resolve("gpumemd.sock.takeover.rehearsal-1");
 
     Rehearsal.codec(this::books, at);
 
-    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size(), "one set of books exported, one restored per round");
+    assertRounds("one set of books exported, one restored per round");
     assertFalse(Files.exists(at), "the channel's socket file is removed once connected");
     for (Rehearsal.Books restored : made.subList(1, made.size())) {
       assertEquals(1, restored.registry().sessionCount());
@@ -123,7 +130,7 @@ class RehearsalTest {
       return books(b);
     }, at, scratch -> Rehearsal.codec(scratch, at));
 
-    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size());
+    assertRounds("one set of books exported, one restored per round");
     assertTrue(used.stream().allMatch(b -> b == used.get(0)) && used.get(0) != backend,
         "every scratch set on one backend, not this daemon's: " + used);
     assertEquals(Rehearsal.HELD, made.get(made.size() - 1).registry().liveLeases());
@@ -147,7 +154,7 @@ class RehearsalTest {
 
     int answered = Rehearsal.served(this::books, this::serve, at, System.nanoTime() + TimeUnit.SECONDS.toNanos(30));
 
-    assertEquals(1 + Rehearsal.CODEC_ROUNDS, made.size(), "one set of books served, one restored per hand-over");
+    assertRounds("one set of books served, one restored per hand-over");
     // The last set was served again: the release on its stream's last lease may have gone unapplied.
     for (Rehearsal.Books restored : made.subList(1, made.size() - 1)) {
       assertEquals(2, restored.registry().sessionCount(), "the rehearsal's two sessions came back");
