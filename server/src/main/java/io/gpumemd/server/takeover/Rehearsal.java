@@ -390,41 +390,47 @@ public final class Rehearsal {
   }
 
   /**
-   * {@code from}'s state handed over to a new scratch set {@value #CODEC_ROUNDS} times, each set
-   * added to {@code made}; every set but the last is closed once its round is done (it holds
-   * copies of the scratch segments).
+   * {@code from}'s state handed over to a new scratch set {@value #CODEC_ROUNDS} times, then up to
+   * {@value #SETTLE_ROUNDS} more until the JIT settles, each set added to {@code made}; every set
+   * but the last is closed once its round is done (it holds copies of the scratch segments).
    *
    * @return the last set
    */
   private static Books handOverRounds(Books from, Supplier<Books> scratch, Path channelAt, List<Books> made)
       throws IOException {
     Books to = from;
-    long settleUntil = 0;
-    for (int i = 0; i < CODEC_ROUNDS + SETTLE_ROUNDS; i++) {
-      long ticks = 0;
-      if (i == CODEC_ROUNDS) {
-        settleUntil = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(SETTLE_MILLIS);
-      }
-      if (i >= CODEC_ROUNDS) {
-        // The JIT raises its thresholds while its queue is long, as the rounds before kept it: the
-        // per-lease code is left half compiled, and compiled for good inside the pause. Let the
-        // queue drain, then go on until a round sets off hardly any compilation of its own.
-        if (System.nanoTime() >= settleUntil || !awaitCompilers()) {
-          break;
-        }
-        ticks = CompilerQuiet.compilerTicks();
-      }
-      if (to != from) {
-        to.pools().close();
-      }
-      to = scratch.get();
-      made.add(to);
-      SelfHandOver.handOver(from, to, channelAt);
-      if (i >= CODEC_ROUNDS && (!awaitCompilers() || CompilerQuiet.compilerTicks() - ticks <= SETTLED_TICKS)) {
+    for (int i = 0; i < CODEC_ROUNDS; i++) {
+      to = round(from, to, scratch, channelAt, made);
+    }
+    // The JIT raises its thresholds while its queue is long, as the rounds above kept it: the
+    // per-lease code is left half compiled, and would be compiled for good inside the pause. Let
+    // the queue drain, then go on until a round sets off hardly any compilation of its own.
+    long settleUntil = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(SETTLE_MILLIS);
+    boolean idle = awaitCompilers();
+    for (int i = 0; i < SETTLE_ROUNDS && idle && System.nanoTime() < settleUntil; i++) {
+      long ticks = CompilerQuiet.compilerTicks();
+      to = round(from, to, scratch, channelAt, made);
+      idle = awaitCompilers();
+      if (idle && CompilerQuiet.compilerTicks() - ticks <= SETTLED_TICKS) {
         break;
       }
     }
     return to;
+  }
+
+  /**
+   * One round: {@code from}'s state handed over to a new scratch set, added to {@code made}; the
+   * previous round's set ({@code to}, unless it is {@code from}) is closed first.
+   */
+  private static Books round(Books from, Books to, Supplier<Books> scratch, Path channelAt, List<Books> made)
+      throws IOException {
+    if (to != from) {
+      to.pools().close();
+    }
+    Books next = scratch.get();
+    made.add(next);
+    SelfHandOver.handOver(from, next, channelAt);
+    return next;
   }
 
   /** Waits for the JIT's compiler threads to go idle; false when they do not within the bound (or on interrupt). */

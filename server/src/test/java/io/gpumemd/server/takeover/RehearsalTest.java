@@ -95,7 +95,7 @@ class RehearsalTest {
     }
   }
 
-  /** The first set, and one per round: the fixed rounds, then as many settling ones as the JIT asked (its queue decides). */
+  /** The first set, and one per round: the fixed rounds, then as many settling ones as the JIT's queue asked. */
   private void assertRounds(String what) {
     int rounds = made.size() - 1;
     assertTrue(rounds >= Rehearsal.CODEC_ROUNDS && rounds <= Rehearsal.CODEC_ROUNDS + Rehearsal.SETTLE_ROUNDS,
