@@ -1,9 +1,6 @@
 package io.gpumemd.server.takeover;
 
-import java.io.IOException;
-import java.nio.file.DirectoryStream;
-import java.nio.file.Files;
-import java.nio.file.Path;
+import io.gpumemd.common.unix.ProcessStat;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -85,41 +82,12 @@ final class CompilerQuiet {
   static long compilerTicks() {
     long sum = 0;
     boolean found = false;
-    try (DirectoryStream<Path> tasks = Files.newDirectoryStream(Path.of("/proc/self/task"))) {
-      for (Path task : tasks) {
-        long ticks = ticksIfCompiler(task.resolve("stat"));
-        if (ticks >= 0) {
-          sum += ticks;
-          found = true;
-        }
+    for (ProcessStat thread : ProcessStat.threads(ProcessHandle.current().pid())) {
+      if (thread.name().startsWith("C1 Compiler") || thread.name().startsWith("C2 Compiler")) {
+        sum += thread.cpuTicks();
+        found = true;
       }
-    } catch (IOException | RuntimeException e) {
-      return -1;
     }
     return found ? sum : -1;
-  }
-
-  /** A thread's utime + stime where it is a compiler thread; -1 for any other, or one that exited meanwhile. */
-  private static long ticksIfCompiler(Path stat) {
-    String line;
-    try {
-      line = Files.readString(stat);
-    } catch (IOException e) {
-      return -1;
-    }
-    int open = line.indexOf('(');
-    // The name (field 2) may hold spaces and ')': the fields resume after the last ')'.
-    int close = line.lastIndexOf(')');
-    if (open < 0 || close < open) {
-      return -1;
-    }
-    String name = line.substring(open + 1, close);
-    if (!name.startsWith("C1 Compiler") && !name.startsWith("C2 Compiler")) {
-      return -1;
-    }
-    // After the name: state, ppid, pgrp, session, tty, tpgid, flags, minflt, cminflt, majflt,
-    // cmajflt, utime (11), stime (12).
-    String[] fields = line.substring(close + 2).split(" ");
-    return Long.parseLong(fields[11]) + Long.parseLong(fields[12]);
   }
 }
