@@ -30,7 +30,7 @@ public record ProcessStat(String name, char state, long cpuTicks, long startTick
     return read(Path.of("/proc/" + pid + "/stat"));
   }
 
-  /** Every thread of process {@code pid} still listed, a thread that exited meanwhile left out; empty when it is gone. */
+  /** Every thread of process {@code pid} still listed (one that exited meanwhile left out); empty when it is gone. */
   public static List<ProcessStat> threads(long pid) {
     List<ProcessStat> threads = new ArrayList<>();
     try (DirectoryStream<Path> tasks = Files.newDirectoryStream(Path.of("/proc/" + pid + "/task"))) {
