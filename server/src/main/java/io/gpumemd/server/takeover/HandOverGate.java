@@ -98,13 +98,17 @@ public final class HandOverGate {
   int close(long waitMillis) throws InterruptedException {
     closed = true;
     long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMillis);
-    while (inFlight.sum() > 0 && System.nanoTime() < deadline) {
+    // The count seen by the loop is the answer: a read after it can catch a refused request's
+    // passing increment (enter counts, then reads the flag, then takes it back) and refuse a
+    // quiescent hand-over.
+    long running;
+    while ((running = inFlight.sum()) > 0 && System.nanoTime() < deadline) {
       LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
       if (Thread.interrupted()) {
         throw new InterruptedException();
       }
     }
-    return (int) Math.min(Integer.MAX_VALUE, inFlight.sum());
+    return (int) Math.min(Integer.MAX_VALUE, running);
   }
 
   /**

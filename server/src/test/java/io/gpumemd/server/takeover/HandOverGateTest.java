@@ -6,6 +6,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -52,5 +54,32 @@ class HandOverGateTest {
     gate.exit();
     gate.exit();
     assertEquals(0, gate.close(0));
+  }
+
+  @Test
+  void close_withNothingInProgress_isQuiescent_whileRefusedRequestsKeepComing() throws Exception {
+    HandOverGate gate = new HandOverGate();
+    assertEquals(0, gate.close(0));
+    // Requests refused at the closed gate count and take it back (enter): none of them is work
+    // in progress, and the close must not report one.
+    AtomicBoolean stop = new AtomicBoolean();
+    AtomicLong refused = new AtomicLong();
+    Thread knocking = new Thread(() -> {
+      while (!stop.get()) {
+        if (!gate.enter()) {
+          refused.incrementAndGet();
+        }
+      }
+    });
+    knocking.start();
+    try {
+      for (int i = 0; i < 2_000; i++) {
+        assertEquals(0, gate.close(1_000), "close " + i + " reported work in progress with none");
+      }
+    } finally {
+      stop.set(true);
+      knocking.join(10_000);
+    }
+    assertTrue(refused.get() > 0, "the requests were refused at the closed gate");
   }
 }
