@@ -46,7 +46,8 @@ final class RehearsalClient implements AutoCloseable {
   private static final SessionEvent ENDED = SessionEvent.getDefaultInstance();
 
   private final EventLoopGroup loop;
-  private final ManagedChannel channel;
+  private ManagedChannel channel;
+  private final Path socket;
   private final long deadlineNanos;
   private final BlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
   private StreamObserver<KeepAliveRequest> stream;
@@ -57,15 +58,28 @@ final class RehearsalClient implements AutoCloseable {
   /** A client of the daemon's socket at {@code socket}, whose calls must all end by {@code deadlineNanos}. */
   RehearsalClient(Path socket, long deadlineNanos) {
     this.deadlineNanos = deadlineNanos;
+    this.socket = socket;
     this.loop = new EpollEventLoopGroup(1, r -> {
       Thread t = new Thread(r, "gpumemd-rehearsal");
       t.setDaemon(true);
       return t;
     });
-    this.channel = NettyChannelBuilder.forAddress(new DomainSocketAddress(socket.toString()))
+    this.channel = connect();
+  }
+
+  /** A new channel to the socket, on this client's event loop: its first call opens a connection of its own. */
+  private ManagedChannel connect() {
+    return NettyChannelBuilder.forAddress(new DomainSocketAddress(socket.toString()))
         .eventLoopGroup(loop).channelType(EpollDomainSocketChannel.class).usePlaintext()
         // grpc-netty sets SO_KEEPALIVE on every channel, and netty warns that a Unix socket has none
         .withOption(ChannelOption.SO_KEEPALIVE, null).build();
+  }
+
+  /** Closes the connection and opens the next one, as a client reattaching to a successor does. */
+  void reconnect() throws InterruptedException {
+    channel.shutdownNow();
+    channel.awaitTermination(1, TimeUnit.SECONDS);
+    channel = connect();
   }
 
   private long leftMillis() {

@@ -23,7 +23,13 @@ import io.gpumemd.server.session.SessionLimits;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import io.gpumemd.server.sharing.SharingSettings;
+import io.grpc.Attributes;
+import io.grpc.Metadata;
 import io.grpc.Server;
+import io.grpc.ServerCall;
+import io.grpc.ServerCallHandler;
+import io.grpc.ServerInterceptor;
+import io.grpc.ServerTransportFilter;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
@@ -35,6 +41,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -180,5 +187,51 @@ class RehearsalTest {
       assertEquals(List.of(dir.resolve("shm")), files.toList(), "no socket left: " + dir);
     }
     assertWholeDevicesFree();
+  }
+
+  @Test
+  void calls_openANewConnectionForEachReattach_onTheDaemonsOwnSocket() throws Exception {
+    Path at = dir.resolve("gpumemd.sock");
+    AtomicInteger connections = new AtomicInteger();
+    AtomicInteger keepAlives = new AtomicInteger();
+    Rehearsal.Books books = books();
+    EpollEventLoopGroup loop = new EpollEventLoopGroup(2);
+    Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()))
+        .channelType(EpollServerDomainSocketChannel.class).bossEventLoopGroup(loop).workerEventLoopGroup(loop)
+        .directExecutor()
+        .addService(new AllocatorService(books.registry(), r -> new Thread(r).start(),
+            new ServerMetrics(new SimpleMeterRegistry(), books.pools(), books.registry()::sessionCount, backend),
+            new StreamWatchdog(10_000, Ticker.system())))
+        .intercept(new ServerInterceptor() {
+          @Override
+          public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
+              ServerCallHandler<Q, R> next) {
+            if (call.getMethodDescriptor().getBareMethodName().equals("KeepAlive")) {
+              keepAlives.incrementAndGet();
+            }
+            return next.startCall(call, headers);
+          }
+        })
+        .intercept(Callers.fixed(Caller.DAEMON))
+        .addTransportFilter(new ServerTransportFilter() {
+          @Override
+          public Attributes transportReady(Attributes attributes) {
+            connections.incrementAndGet();
+            return attributes;
+          }
+        })
+        .build().start();
+    try {
+      Rehearsal.calls(at);
+    } finally {
+      server.shutdownNow();
+      assertTrue(server.awaitTermination(5, TimeUnit.SECONDS));
+      loop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
+    }
+
+    // The first connection's calls, then one connection per reattach, as many as its time allowed.
+    assertTrue(connections.get() > 1 && connections.get() <= 1 + Rehearsal.RECONNECTS,
+        connections.get() + " connections");
+    assertEquals(connections.get(), keepAlives.get(), "one KeepAlive stream for each connection");
   }
 }
