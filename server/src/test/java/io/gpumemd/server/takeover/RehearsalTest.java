@@ -42,6 +42,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.UnaryOperator;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -78,14 +79,20 @@ class RehearsalTest {
 
   /** Serves scratch books as a daemon does (its Allocator service on a Unix socket), every caller the daemon. */
   private AutoCloseable serve(Rehearsal.Books books, Path at) throws java.io.IOException {
+    return serve(books, at, UnaryOperator.identity());
+  }
+
+  /** {@link #serve(Rehearsal.Books, Path)}, with what {@code more} adds to the server. */
+  private AutoCloseable serve(Rehearsal.Books books, Path at, UnaryOperator<NettyServerBuilder> more)
+      throws java.io.IOException {
     EpollEventLoopGroup loop = new EpollEventLoopGroup(2);
-    Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()))
+    Server server = more.apply(NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()))
         .channelType(EpollServerDomainSocketChannel.class).bossEventLoopGroup(loop).workerEventLoopGroup(loop)
         .directExecutor()
         .addService(new AllocatorService(books.registry(), r -> new Thread(r).start(),
             new ServerMetrics(new SimpleMeterRegistry(), books.pools(), books.registry()::sessionCount, backend),
             new StreamWatchdog(10_000, Ticker.system())))
-        .intercept(Callers.fixed(Caller.DAEMON))
+        .intercept(Callers.fixed(Caller.DAEMON)))
         .build().start();
     return () -> {
       server.shutdownNow();
@@ -194,39 +201,24 @@ class RehearsalTest {
     Path at = dir.resolve("gpumemd.sock");
     AtomicInteger connections = new AtomicInteger();
     AtomicInteger keepAlives = new AtomicInteger();
-    Rehearsal.Books books = books();
-    EpollEventLoopGroup loop = new EpollEventLoopGroup(2);
-    Server server = NettyServerBuilder.forAddress(new DomainSocketAddress(at.toString()))
-        .channelType(EpollServerDomainSocketChannel.class).bossEventLoopGroup(loop).workerEventLoopGroup(loop)
-        .directExecutor()
-        .addService(new AllocatorService(books.registry(), r -> new Thread(r).start(),
-            new ServerMetrics(new SimpleMeterRegistry(), books.pools(), books.registry()::sessionCount, backend),
-            new StreamWatchdog(10_000, Ticker.system())))
-        .intercept(new ServerInterceptor() {
-          @Override
-          public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
-              ServerCallHandler<Q, R> next) {
-            if (call.getMethodDescriptor().getBareMethodName().equals("KeepAlive")) {
-              keepAlives.incrementAndGet();
-            }
-            return next.startCall(call, headers);
-          }
-        })
-        .intercept(Callers.fixed(Caller.DAEMON))
-        .addTransportFilter(new ServerTransportFilter() {
-          @Override
-          public Attributes transportReady(Attributes attributes) {
-            connections.incrementAndGet();
-            return attributes;
-          }
-        })
-        .build().start();
-    try {
+    // Interceptors added later run first: the count sees each call as it comes.
+    try (AutoCloseable server = serve(books(), at, b -> b.intercept(new ServerInterceptor() {
+      @Override
+      public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
+          ServerCallHandler<Q, R> next) {
+        if (call.getMethodDescriptor().getBareMethodName().equals("KeepAlive")) {
+          keepAlives.incrementAndGet();
+        }
+        return next.startCall(call, headers);
+      }
+    }).addTransportFilter(new ServerTransportFilter() {
+      @Override
+      public Attributes transportReady(Attributes attributes) {
+        connections.incrementAndGet();
+        return attributes;
+      }
+    }))) {
       Rehearsal.calls(at);
-    } finally {
-      server.shutdownNow();
-      assertTrue(server.awaitTermination(5, TimeUnit.SECONDS));
-      loop.shutdownGracefully(0, 1, TimeUnit.SECONDS);
     }
 
     // The first connection's calls, then one connection per reattach, as many as its time allowed.
