@@ -376,7 +376,7 @@ public final class GpumemdServer {
           registry.sessionCount(), registry.liveLeases());
     }
     startMetrics(takeOver != null);
-    stop.housekeeping(new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins));
+    stop.housekeeping(new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins, metrics));
     if (handOver != null) {
       handOver.start();
     }

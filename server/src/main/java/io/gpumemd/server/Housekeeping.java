@@ -2,6 +2,7 @@ package io.gpumemd.server;
 
 import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.grpc.StreamWatchdog;
+import io.gpumemd.server.metrics.ServerMetrics;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.session.SessionRegistry;
@@ -13,7 +14,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The daemon's timers, on one thread: every 100 ms the session reaper (grace periods, TTLs,
- * leak warnings), the stream watchdog (streams whose client stopped reading) and, with an fd
+ * leak warnings), the stream watchdog (streams whose client stopped reading), the lease
+ * latencies' way into their timers ({@link ServerMetrics#recordLeases}) and, with an fd
  * channel, the sweep of processes that were sent descriptors ({@link DescriptorPins}), and, on a
  * backend with completion events, every 2 ms the events of released blocks (cheap while none
  * is pending).
@@ -41,8 +43,10 @@ final class Housekeeping implements AutoCloseable {
    *     changes the books (a round the gate refuses is skipped)
    */
   Housekeeping(SessionRegistry registry, DevicePools pools, StreamWatchdog streams, boolean pollEvents,
-      HandOverGate gate, DescriptorPins pins) {
+      HandOverGate gate, DescriptorPins pins, ServerMetrics metrics) {
     scheduler.setRemoveOnCancelPolicy(true);
+    // Off the lease path (see LeaseLatencies); it changes no books, so it passes no gate.
+    every(100, new Task("Recording lease latencies", metrics::recordLeases));
     every(100, new Task("Session housekeeping", gated(gate, registry::reap)));
     if (pins != null) {
       every(100, new Task("The descriptor holders' sweep", gated(gate, pins::sweep)));

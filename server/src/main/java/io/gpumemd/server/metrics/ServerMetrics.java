@@ -25,9 +25,11 @@ import java.util.function.IntSupplier;
  * <p>Pool meters read a snapshot that {@link #refresh()} takes once per scrape (one {@link
  * DevicePool#stats()} per pool, not one per meter), so every figure of a scrape comes from the
  * same instant and the pool hot path pays nothing for them; only {@link #recordLease} runs per
- * lease. Meter names: see {@link #meterName}; Prometheus-style {@code gpumemd_pool_hits_total}.
- * A counter never reads negative (the pool's counters saturate, clients' reports included), and
- * a meter that fails anyway is left out of the scrape by {@link IsolatingPrometheusRegistry}.
+ * lease, and it only writes the figure into a ring ({@link LeaseLatencies}) that housekeeping
+ * and each scrape record into the timers ({@link #recordLeases}). Meter names: see {@link
+ * #meterName}; Prometheus-style {@code gpumemd_pool_hits_total}. A counter never reads negative
+ * (the pool's counters saturate, clients' reports included), and a meter that fails anyway is
+ * left out of the scrape by {@link IsolatingPrometheusRegistry}.
  *
  * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field.
  */
@@ -36,7 +38,7 @@ public final class ServerMetrics implements MeterBinder {
   private final IntSupplier sessions;
   private final MemoryBackend backend;
   private volatile PoolStats[] latest;
-  private Timer[][] leaseTimers;
+  private LeaseLatencies leaseLatencies;
   private Timer sleepTimer;
   private Timer wakeTimer;
 
@@ -45,12 +47,20 @@ public final class ServerMetrics implements MeterBinder {
     this.pools = pools;
     this.sessions = sessions;
     this.backend = backend;
-    refresh();
+    snapshot();
     bindTo(registry);
   }
 
-  /** Takes one snapshot of every pool for the meters to read; call before each scrape. */
+  /**
+   * Records the leases served so far and takes one snapshot of every pool for the meters to
+   * read; call before each scrape.
+   */
   public void refresh() {
+    recordLeases();
+    snapshot();
+  }
+
+  private void snapshot() {
     PoolStats[] stats = new PoolStats[pools.size()];
     for (DevicePool pool : pools.all()) {
       stats[pool.device().ordinal()] = pool.stats();
@@ -105,7 +115,7 @@ public final class ServerMetrics implements MeterBinder {
             .register(registry);
       }
     }
-    leaseTimers = timers;
+    leaseLatencies = new LeaseLatencies(timers);
     sleepTimer = Timer.builder("gpumemd.sleep.duration").description("time to put a session's leases to sleep "
         + "(Allocator.Sleep answered), contents copied to host memory included").register(registry);
     wakeTimer = Timer.builder("gpumemd.wake.duration").description("time to wake a session's sleeping leases "
@@ -142,8 +152,16 @@ public final class ServerMetrics implements MeterBinder {
     wakeTimer.record(nanos, TimeUnit.NANOSECONDS);
   }
 
-  /** Records one served lease. */
+  /** Records one served lease: into the timer at the next {@link #recordLeases} (see {@link LeaseLatencies}). */
   public void recordLease(int device, boolean hit, long nanos) {
-    leaseTimers[device][hit ? 1 : 0].record(nanos, TimeUnit.NANOSECONDS);
+    leaseLatencies.record(device, hit, nanos);
+  }
+
+  /**
+   * Records the leases served since the last call into the lease-latency timers: every
+   * housekeeping round, and before each scrape ({@link #refresh}).
+   */
+  public void recordLeases() {
+    leaseLatencies.drain();
   }
 }
