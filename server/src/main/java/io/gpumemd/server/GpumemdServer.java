@@ -376,7 +376,8 @@ public final class GpumemdServer {
           registry.sessionCount(), registry.liveLeases());
     }
     startMetrics(takeOver != null);
-    stop.housekeeping(new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins, metrics));
+    stop.housekeeping(
+        new Housekeeping(registry, pools, streams, backend.supportsCompletionEvents(), gate, pins, metrics));
     if (handOver != null) {
       handOver.start();
     }

@@ -31,7 +31,8 @@ import java.util.function.IntSupplier;
  * (the pool's counters saturate, clients' reports included), and a meter that fails anyway is
  * left out of the scrape by {@link IsolatingPrometheusRegistry}.
  *
- * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field.
+ * <p>Thread-safe: the snapshot array is replaced as a whole and read through a volatile field;
+ * lease figures pass through {@link LeaseLatencies}, which any number of threads write.
  */
 public final class ServerMetrics implements MeterBinder {
   private final DevicePools pools;
