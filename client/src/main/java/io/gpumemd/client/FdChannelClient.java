@@ -154,28 +154,7 @@ public final class FdChannelClient implements AutoCloseable {
           drop();
         }
       }
-      Object file = null; // the socket file at defaultPath, once looked up (one stat a fetch)
-      if (fdSocket != null && !fdSocket.isEmpty()) {
-        Object named = inode(fdSocket);
-        if (ownSocket == null || named != NO_FILE) { // socketPath's rule, with the stat done once
-          defaultPath = fdSocket;
-          file = named;
-        } else {
-          defaultPath = socketPath(ownSocket, fdSocket);
-        }
-      }
-      if (defaultPath == null) {
-        throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + segmentId + " is passed by "
-            + "descriptor, and this client (a TCP target) knows no fd channel to fetch it from", null);
-      }
-      if (file == null) {
-        file = inode(defaultPath);
-      }
-      if (!defaultPath.equals(path) || (socket >= 0 && !socketFile.equals(file))) {
-        // another socket, or the same path bound anew (a restarted daemon): the old connection
-        // may linger half-open (a daemon that stopped without closing it), never answering
-        drop();
-      }
+      Object file = settlePath(fdSocket, segmentId);
       for (int attempt = 1; ; attempt++) {
         if (closed) {
           throw new GpuMemException(Status.Code.CANCELLED, "the client is closed", null);
@@ -222,6 +201,37 @@ public final class FdChannelClient implements AutoCloseable {
       }
       lock.unlock();
     }
+  }
+
+  /**
+   * Settles {@code defaultPath} for a fetch from {@code fdSocket} (null or empty: the one known)
+   * and drops a connection to another socket, or to the same path bound anew; answers the socket
+   * file there, looked up once for the fetch. Under the fetch lock.
+   */
+  private Object settlePath(String fdSocket, long segmentId) {
+    Object file = null;
+    if (fdSocket != null && !fdSocket.isEmpty()) {
+      Object named = inode(fdSocket);
+      if (ownSocket == null || named != NO_FILE) { // socketPath's rule, with the stat done once
+        defaultPath = fdSocket;
+        file = named;
+      } else {
+        defaultPath = socketPath(ownSocket, fdSocket);
+      }
+    }
+    if (defaultPath == null) {
+      throw new GpuMemException(Status.Code.FAILED_PRECONDITION, "segment " + segmentId + " is passed by "
+          + "descriptor, and this client (a TCP target) knows no fd channel to fetch it from", null);
+    }
+    if (file == null) {
+      file = inode(defaultPath);
+    }
+    if (!defaultPath.equals(path) || (socket >= 0 && !socketFile.equals(file))) {
+      // another socket, or the same path bound anew (a restarted daemon): the old connection
+      // may linger half-open (a daemon that stopped without closing it), never answering
+      drop();
+    }
+    return file;
   }
 
   /** Opens the connection to {@code defaultPath}, whose socket file was {@code file} (null: look it up). */
