@@ -80,9 +80,9 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
         refused(event.getReleaseFailed(), cache);
       }
       case MOVING -> {
-        // The daemon hands the session to its successor and ends the stream next: reattach at once.
-        log.info("gpumemd is moving to its successor; session {} reattaches", s.id);
-        s.stream.moving();
+        // The daemon hands the session to its successor and ends the stream next: reattach at once
+        // (logged there, SessionKeeper).
+        s.stream.moving(true);
       }
       case RETURN_CACHE -> s.giveBack(cache == null ? List.of()
           : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
@@ -124,7 +124,7 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
     Status status = Status.fromThrowable(t);
     if (MovingRetry.isMoving(status, Status.trailersFromThrowable(t))) {
       // A message the moving daemon did not apply: the stream reattaches soon, to its successor.
-      s.stream.moving();
+      s.stream.moving(false);
     }
     ended.accept(status);
   }

@@ -73,6 +73,8 @@ final class SessionStream {
   private final Map<Long, Unanswered> unanswered = new LinkedHashMap<>();
   /** The daemon said it is moving: nothing more is sent on this stream (it would not be applied). */
   private boolean moving;
+  /** It said so with its MovingNotice, sent once its successor serves, not by refusing a message. */
+  private boolean noticed;
   private long resent;
   private long repliesLost;
 
@@ -93,6 +95,7 @@ final class SessionStream {
       }
       this.done = done;
       moving = false;
+      noticed = false;
       requests = call.apply(events);
       numbered++; // the daemon counts it too (renumbered at the attach); never sent again: it only names the session
       requests.onNext(hello);
@@ -156,10 +159,22 @@ final class SessionStream {
     }
   }
 
-  /** The daemon is moving to its successor: what is composed from now on waits for the next stream. */
-  void moving() {
+  /**
+   * The daemon is moving to its successor: what is composed from now on waits for the next stream.
+   *
+   * @param notice it said so with its MovingNotice (its successor serves now), not by refusing a message
+   */
+  void moving(boolean notice) {
     synchronized (lock) {
       moving = true;
+      noticed |= notice;
+    }
+  }
+
+  /** Whether the daemon sent its MovingNotice on the stream that ended last; cleared by {@link #open}. */
+  boolean wasNoticed() {
+    synchronized (lock) {
+      return noticed;
     }
   }
 
