@@ -164,13 +164,18 @@ final class CraftedDaemon implements AutoCloseable {
     fdGroup.shutdownGracefully(0, 1, TimeUnit.SECONDS).sync();
   }
 
+  /** Opens the one session {@link #SESSION}, without a client cache tier, whatever was asked. */
+  static void openSession(StreamObserver<OpenSessionResponse> response) {
+    // client_cache_bytes 0: no client cache tier, so a close is a release this daemon sees
+    response.onNext(OpenSessionResponse.newBuilder().setSessionId(SESSION).setTtlSeconds(60)
+        .setKeepaliveGraceMs(60_000).setClientCacheBytes(0).build());
+    response.onCompleted();
+  }
+
   private final class Allocator extends AllocatorGrpc.AllocatorImplBase {
     @Override
     public void openSession(OpenSessionRequest request, StreamObserver<OpenSessionResponse> response) {
-      // client_cache_bytes 0: no client cache tier, so a close is a release this daemon sees
-      response.onNext(OpenSessionResponse.newBuilder().setSessionId(SESSION).setTtlSeconds(60)
-          .setKeepaliveGraceMs(60_000).setClientCacheBytes(0).build());
-      response.onCompleted();
+      CraftedDaemon.openSession(response);
     }
 
     @Override

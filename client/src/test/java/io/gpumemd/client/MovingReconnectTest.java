@@ -42,7 +42,7 @@ import org.junit.jupiter.api.Test;
  * process that sends the notice and ends the stream, and never a GOAWAY.
  */
 class MovingReconnectTest {
-  private static final String SESSION = "0123456789abcdef0123456789abcdef";
+  private static final String SESSION = CraftedDaemon.SESSION;
   private static final Context.Key<SocketAddress> PEER = Context.key("peer");
 
   /** Where each KeepAlive stream came from (the client's end of its connection), in order. */
@@ -84,9 +84,7 @@ class MovingReconnectTest {
   private final class Moving extends AllocatorGrpc.AllocatorImplBase {
     @Override
     public void openSession(OpenSessionRequest request, StreamObserver<OpenSessionResponse> response) {
-      response.onNext(OpenSessionResponse.newBuilder().setSessionId(SESSION).setTtlSeconds(60)
-          .setKeepaliveGraceMs(60_000).setClientCacheBytes(0).build());
-      response.onCompleted();
+      CraftedDaemon.openSession(response);
     }
 
     @Override
