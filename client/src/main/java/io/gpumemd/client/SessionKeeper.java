@@ -32,7 +32,8 @@ import org.slf4j.LoggerFactory;
  *
  * <p>A broken stream loses nothing: the next one sends again what the daemon did not apply
  * ({@link SessionStream}), and leases in flight wait for it. When the daemon says it is moving
- * to its successor (MovingNotice), the stream is reattached as soon as it ends, without delay.
+ * to its successor (MovingNotice), the stream is reattached as soon as it ends, without delay,
+ * on a new connection ({@link #reconnect}).
  *
  * <p>Time comes from a {@link Ticker} and waits between attempts from a {@link Sleeper}, both
  * injected, so that the grace period and the backoff are tested without sleeping.

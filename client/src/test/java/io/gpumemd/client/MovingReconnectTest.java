@@ -29,6 +29,7 @@ import java.net.SocketAddress;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -36,7 +37,7 @@ import org.junit.jupiter.api.Test;
 /**
  * After the daemon's MovingNotice the client reattaches its session on a new connection at once,
  * whether or not the old daemon's GOAWAY came first: a daemon moving to its successor can get its
- * notice to the client before its GOAWAY (both leave on the connection's event loop, the GOAWAY
+ * notice to the client before its GOAWAY (the two are sent from different threads, the GOAWAY
  * only once its listening socket is closed), and a stream opened meanwhile on the old connection
  * would reach the old daemon and be refused. The daemon here is a real gRPC server in this
  * process that sends the notice and ends the stream, and never a GOAWAY.
@@ -47,6 +48,8 @@ class MovingReconnectTest {
 
   /** Where each KeepAlive stream came from (the client's end of its connection), in order. */
   private final BlockingQueue<SocketAddress> streams = new LinkedBlockingQueue<>();
+  /** KeepAlive streams opened so far (the test takes {@link #streams}' entries as they come). */
+  private final AtomicInteger opened = new AtomicInteger();
   private Server server;
 
   @BeforeEach
@@ -90,7 +93,7 @@ class MovingReconnectTest {
     @Override
     public StreamObserver<KeepAliveRequest> keepAlive(StreamObserver<SessionEvent> events) {
       SocketAddress from = PEER.get();
-      boolean moves = streams.isEmpty();
+      boolean moves = opened.getAndIncrement() == 0;
       streams.add(from);
       return new StreamObserver<>() {
         private boolean hello = true;
