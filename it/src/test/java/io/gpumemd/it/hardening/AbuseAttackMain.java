@@ -138,11 +138,19 @@ public final class AbuseAttackMain {
   private void tokens(Channels.Connection connection, long deadline) throws InterruptedException {
     AllocatorGrpc.AllocatorBlockingStub allocator = AllocatorGrpc.newBlockingStub(connection.channel());
     List<RawKeepAlive> streams = new ArrayList<>();
-    String s = session(connection, allocator, "tokens", null, deadline, streams);
+    String opened = session(connection, allocator, "tokens", null, deadline, streams);
     long tokens = 0;
     long longest = 0;
-    while (s != null && tokens < MAX_TOKENS && System.nanoTime() < deadline) {
+    while (opened != null && tokens < MAX_TOKENS && System.nanoTime() < deadline) {
+      String s = opened;
       String lease = lease(allocator, s, 4 * KIB);
+      if (lease == null && lastRefusal.getOrDefault("lease", "").contains("not found")) {
+        // The session's 2 s TTL can pass before its stream attaches on a machine this loaded (all
+        // attacks at once): every lease was then NOT_FOUND. A new session, as a client would.
+        Thread.sleep(200);
+        opened = session(connection, allocator, "tokens", null, deadline, streams);
+        continue;
+      }
       Integer granted = lease == null ? null : call("share", () -> allocator.withDeadlineAfter(5, TimeUnit.SECONDS)
           .share(ShareRequest.newBuilder().setSessionId(s).setLeaseId(lease).setExpiresAfterSeconds(86_400).build())
           .getExpiresAfterSeconds());
