@@ -74,6 +74,18 @@ class AbuseSoakTest {
    */
   private static final double HEALTH_MAX_MS = 4500;
   private static final long RSS_MIB = 512;
+  /**
+   * The median time a 1 s-TTL session takes to end after its last call: a healthy reaper (every
+   * 100 ms) ends it in about 1.1 s, and one that the attacks slow down or starve shows here.
+   */
+  private static final long TTL_EXPIRY_P50_MS = 2000;
+  /**
+   * The longest: the TTL plus one stall of the machine of the size {@link #HEALTH_MAX_MS} allows.
+   * Not tighter: one clean-clone run on the shared 2-core machine (2026-11-28) saw one of 23
+   * sessions end after 3,732 ms with the others at 1.0 to 2.3 s. A dead reaper never ends one,
+   * which {@link TtlProbe} records as a failure after 10 s.
+   */
+  private static final long TTL_EXPIRY_MAX_MS = 1000 + (long) HEALTH_MAX_MS;
 
   @BeforeAll
   static void needRoot() {
@@ -142,7 +154,9 @@ class AbuseSoakTest {
         assertEquals(0, bystander.corruptions(), "another tenant's bytes: " + bystander);
         assertTrue(bystander.ops() >= 50, "another tenant's leases: " + bystander);
         assertEquals(List.of(), ttl.failures(), "1 s-TTL sessions");
-        assertTrue(ttl.expiryMillis().size() >= 3 && ttl.expiryMillis().stream().allMatch(ms -> ms < 3000),
+        List<Long> expiry = ttl.expiryMillis().stream().sorted().toList();
+        assertTrue(expiry.size() >= 3, "1 s-TTL sessions probed: " + expiry);
+        assertTrue(expiry.get(expiry.size() / 2) < TTL_EXPIRY_P50_MS && expiry.get(expiry.size() - 1) < TTL_EXPIRY_MAX_MS,
             "1 s-TTL sessions ended after " + ttl.expiryMillis() + " ms");
         assertTrue(books.polls() >= 5, "books checked " + books.polls() + " times");
         assertTrue(books.scrapes() >= 2, "/metrics scraped " + books.scrapes() + " times");
