@@ -152,7 +152,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
   private void answerWaiting(ChannelHandlerContext ctx) {
     while (unsent < MAX_UNSENT && ctx.channel().isWritable() && !waiting.isEmpty()) {
       FdGrants.Answer answer = admit(waiting.poll());
-      if (answer.descriptor() == null) {
+      if (answer.reply().hasRefused()) { // a bind's reply carries no descriptor either
         channel.refusedRequest(peer, answer.reply());
       }
       send(ctx, answer);

@@ -15,6 +15,7 @@ import io.gpumemd.server.auth.IdentityPolicy;
 import io.gpumemd.server.books.LeaseRecord;
 import io.gpumemd.server.pool.DescriptorHolder;
 import io.gpumemd.server.testing.Await;
+import io.gpumemd.server.testing.LogCapture;
 import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.TestChannel;
 import io.gpumemd.server.testing.TestDaemon;
@@ -86,8 +87,12 @@ class FdPushTest {
   void aBoundConnection_holdsEachNewSegmentsDescriptorWhenTheLeaseReplyComes_once() throws Exception {
     AllocatorGrpc.AllocatorBlockingStub stub = start();
     String session = daemon.server().registry().open(me, "push", 0, -1).id();
-    try (FdTestClient client = new FdTestClient(daemon.server().fdSocketPath())) {
+    try (FdTestClient client = new FdTestClient(daemon.server().fdSocketPath());
+        LogCapture log = LogCapture.withDebug(FdChannel.class)) {
       assertEquals(FdReply.ResultCase.BOUND, bind(client, 7, session).reply().getResultCase());
+      assertEquals(List.of(), log.messages("WARN"), "a bind is no refusal");
+      assertTrue(log.messages("DEBUG").stream().noneMatch(m -> m.contains("refused")), "a bind is no refusal: "
+          + log.messages("DEBUG"));
       List<LeaseResponse> leases = new ArrayList<>();
       for (int i = 0; i < 3; i++) {
         LeaseResponse lease = lease(stub, session, 2 * MIB);
