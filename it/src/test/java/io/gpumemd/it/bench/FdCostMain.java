@@ -38,6 +38,8 @@ import java.util.Map;
  * Per lease call, the caller's view; pages are not touched. Prints p50 and p90, measured after
  * {@code warm-up} rounds of first leases (default 30), and the first leases of the first of them
  * apart ("cold": the code a first lease runs once per segment and process, still interpreted).
+ * Last, a new daemon per mode and its first round of first leases ("new daemon"): this process's
+ * client code is warm by then, so what is left of the cold figures there is the daemon's own.
  * Run:
  *
  * <pre>
@@ -111,6 +113,7 @@ public final class FdCostMain {
     } finally {
       new java.util.HashSet<>(daemons.values()).forEach(DaemonProcess::close);
     }
+    Map<String, Map<String, List<Long>>> fresh = freshDaemons();
     System.out.printf("%-38s %10s %10s %10s %8s %8s %10s %10s%n", "Java client, per lease call", "path p50", "fetch p50",
         "fd p50", "fetch/p", "fd/p", "path p90", "fd p90");
     for (String[] row : new String[][] {{"miss", "first lease, miss (new segment)"},
@@ -120,13 +123,37 @@ public final class FdCostMain {
     for (String[] row : new String[][] {{"miss", "cold: first lease, miss"}, {"hit", "cold: first lease, hit"}}) {
       printRow(row[1], cold, row[0]);
     }
+    for (String[] row : new String[][] {{"miss", "new daemon: first lease, miss"}, {"hit", "new daemon: first lease, hit"}}) {
+      printRow(row[1], fresh, row[0]);
+    }
     System.out.println("(us; fd-fetch: by descriptor, each asked for; fd: pushed before the Lease reply; cold: each "
         + "daemon's first " + SEGMENTS + " of each, before the " + warmUpRounds + " warm-up rounds; fd-fetch's on the "
-        + "fd daemon, after fd's)");
+        + "fd daemon, after fd's; new daemon: the first " + SEGMENTS + " of a daemon started after the rounds, this "
+        + "process's client code warm)");
     System.out.printf("(first leases that came pushed, of %d per mode: %s)%n", 2 * samples.get("fd").get("miss").size(),
         pushedByMode);
     System.out.printf("(%d rounds; %d first leases and %d pairs per mode)%n", rounds,
         samples.get("fd").get("miss").size(), samples.get("fd").get("pair").size());
+  }
+
+  /**
+   * A new daemon per mode, started once this process's client code is warm, and its first round
+   * of first leases (its lease path warmed by pairs before, as for "cold"): what is left of the
+   * cold figures is the daemon's own first-time code.
+   */
+  private static Map<String, Map<String, List<Long>>> freshDaemons() {
+    Map<String, Map<String, List<Long>>> fresh = new LinkedHashMap<>();
+    for (String mode : List.of("path", "fd", "fd-fetch")) {
+      fresh.put(mode, Map.of("miss", new ArrayList<>(), "hit", new ArrayList<>()));
+      try (DaemonProcess daemon = DaemonProcess.start("--host-segments", mode.equals("path") ? "path" : "fd",
+              "--host-devices", "1", "--host-device-bytes", "512MiB");
+          GpuMemClient admin = GpuMemClient.builder(daemon.unixTarget()).clientName("bench-admin").connect()) {
+        pushes(mode);
+        pairs(daemon.unixTarget(), new ArrayList<>());
+        firstLeases(daemon.unixTarget(), admin, fresh.get(mode).get("miss"), fresh.get(mode).get("hit"));
+      }
+    }
+    return fresh;
   }
 
   /** One line of the table: {@code kind}'s p50 by mode and their ratios to by path, and p90. */
