@@ -101,10 +101,29 @@ public final class DaemonProcess implements AutoCloseable {
     return launch(dir, false, environment, extraFlags);
   }
 
+  /**
+   * A daemon in a temporary directory, its JVM started by {@code prefix} (a command that runs the
+   * rest of its command line, e.g. {@code unshare --pid --fork --kill-child --mount-proc} for a
+   * daemon in a PID namespace of its own); closing it kills the prefix's process.
+   */
+  public static DaemonProcess startUnder(List<String> prefix, String... extraFlags) {
+    try {
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, Map.of(), prefix, extraFlags);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
   private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment,
       String... extraFlags) {
+    return launch(dir, ownsDir, environment, List.of(), extraFlags);
+  }
+
+  private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment, List<String> prefix,
+      String... extraFlags) {
     try {
-      List<String> command = new ArrayList<>(javaCommand("io.gpumemd.server.Main"));
+      List<String> command = new ArrayList<>(prefix);
+      command.addAll(javaCommand("io.gpumemd.server.Main"));
       command.addAll(List.of(TestDaemon.defaultFlags(dir)));
       command.addAll(List.of(extraFlags));
       Process p = withEnvironment(new ProcessBuilder(command), environment).redirectErrorStream(true).start();
