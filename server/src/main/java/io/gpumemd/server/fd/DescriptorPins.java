@@ -52,7 +52,10 @@ import org.slf4j.LoggerFactory;
  * <p>While such a holder lives, an evicted segment is not freed: it keeps its place in the
  * device's budget, and its bytes count against the process's tenant's quota ({@code
  * --tenant-max-leased-bytes}, see {@link DevicePools#pinnedBytes}). A client in the daemon's own
- * process (tests, embedded use) is not tracked: it cannot keep memory from the daemon.
+ * process (tests, embedded use) is not tracked: it cannot keep memory from the daemon. Nor, for
+ * now, is one the kernel names pid 0, in a PID namespace this daemon cannot see: such a process
+ * cannot be told from another or followed to its exit by pid ({@link FdChannel} warns once;
+ * SECURITY.md, "Not yet across PID namespaces").
  *
  * <p>{@link #sweep} runs on the housekeeping thread: at once after a process's last connection
  * closed, else once a second for processes that may have exited.
