@@ -21,6 +21,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -54,7 +55,7 @@ import org.slf4j.LoggerFactory;
  * --tenant-max-leased-bytes}, see {@link DevicePools#pinnedBytes}). A client in the daemon's own
  * process (tests, embedded use) is not tracked: it cannot keep memory from the daemon. Nor, for
  * now, is one the kernel names pid 0, in a PID namespace this daemon cannot see: such a process
- * cannot be told from another or followed to its exit by pid ({@link FdChannel} warns once;
+ * cannot be told from another or followed to its exit by pid ({@link #connected} warns once;
  * SECURITY.md, "Not yet across PID namespaces").
  *
  * <p>{@link #sweep} runs on the housekeeping thread: at once after a process's last connection
@@ -91,6 +92,8 @@ public final class DescriptorPins {
   private long connects; // guarded by this
   private boolean dirty; // guarded by this: a process closed its last connection
   private long lastSweepNanos; // housekeeping thread only
+  /** Whether a peer whose pid this daemon cannot see was logged at WARN (once a daemon). */
+  private final AtomicBoolean hiddenPeerWarned = new AtomicBoolean();
 
   public DescriptorPins(DevicePools pools, Ticker ticker) {
     this.pools = pools;
@@ -101,6 +104,12 @@ public final class DescriptorPins {
   /** A process connected to the fd channel (the kernel's pid, {@code SO_PEERCRED}). */
   void connected(Caller peer) {
     int pid = peer.pid();
+    if (pid == 0 && hiddenPeerWarned.compareAndSet(false, true)) {
+      log.atWarn().addKeyValue("uid", peer.uid()).log("fd channel: {} connected from a PID namespace this daemon "
+          + "cannot see (the kernel gives its pid as 0): descriptors sent to such processes are not tracked, so "
+          + "one that ends its session while it keeps a segment mapped is not charged for it (SECURITY.md, "
+          + "'Not yet across PID namespaces'); logged once", peer);
+    }
     if (pid <= 0 || pid == SELF) {
       return;
     }

@@ -22,7 +22,6 @@ import io.grpc.netty.shaded.io.netty.util.concurrent.DefaultThreadFactory;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -118,8 +117,6 @@ public final class FdChannel implements AutoCloseable {
   private final RefusalLog deadlineCloses;
   private EventLoopGroup group;
   private Channel server;
-  /** Whether a peer whose pid this daemon cannot see was logged at WARN (once a daemon). */
-  private final AtomicBoolean hiddenPeerWarned = new AtomicBoolean();
 
   /** A channel whose bindings nobody pushes on (tests of the channel alone). */
   public FdChannel(IdentityPolicy identities, FdGrants grants, FdChannelConfig config, Ticker ticker) {
@@ -202,12 +199,6 @@ public final class FdChannel implements AutoCloseable {
     }
     connection.closeFuture().addListener(f -> liveByTenant.give(tenant));
     log.debug("fd channel: connection from {}", peer);
-    if (peer.pid() == 0 && hiddenPeerWarned.compareAndSet(false, true)) {
-      log.atWarn().addKeyValue("uid", peer.uid()).log("fd channel: {} connected from a PID namespace this daemon "
-          + "cannot see (the kernel gives its pid as 0): descriptors sent to such processes are not tracked, so "
-          + "one that ends its session while it keeps a segment mapped is not charged for it (SECURITY.md, "
-          + "'Memory a process maps stays on the books'); logged once", peer);
-    }
     grants.pins().connected(peer);
     connection.config().setAllowHalfClosure(true); // a peer's end of input goes through ConnectionEnd
     connection.pipeline()

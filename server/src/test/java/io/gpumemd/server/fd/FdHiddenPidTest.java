@@ -8,6 +8,7 @@ import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.proto.v1.FdRequest;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.OtherUser;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.Assumptions;
@@ -18,7 +19,7 @@ import org.junit.jupiter.api.Test;
  * A daemon in a PID namespace of its own (as in a pod without {@code hostPID}) and this JVM, a
  * process it cannot see, as its fd-channel peer: the kernel gives the peer's pid as 0, so the
  * descriptors sent to it cannot be tracked to its process (see {@link DescriptorPins}). The
- * daemon says so at WARN, once; a daemon that sees its peer says nothing of it.
+ * daemon says so at WARN ({@link DescriptorPins}), once; a daemon that sees its peer says nothing of it.
  */
 class FdHiddenPidTest {
   private static final List<String> OWN_PID_NAMESPACE =
@@ -28,8 +29,9 @@ class FdHiddenPidTest {
   @BeforeAll
   static void needUnshare() throws Exception {
     Assumptions.assumeTrue(OtherUser.available(), "needs root to start a daemon in a PID namespace of its own");
-    Process p = new ProcessBuilder(OWN_PID_NAMESPACE.get(0), "--pid", "--fork", "--mount-proc", "true")
-        .redirectErrorStream(true).start();
+    List<String> command = new ArrayList<>(OWN_PID_NAMESPACE);
+    command.add("true");
+    Process p = new ProcessBuilder(command).redirectErrorStream(true).start();
     Assumptions.assumeTrue(p.waitFor(10, TimeUnit.SECONDS) && p.exitValue() == 0,
         "unshare --pid cannot make a PID namespace here");
   }

@@ -48,7 +48,7 @@ public final class DaemonProcess implements AutoCloseable {
   /** Starts the daemon with {@link TestDaemon#defaultFlags} then {@code extraFlags}. */
   public static DaemonProcess start(String... extraFlags) {
     try {
-      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, Map.of(), extraFlags);
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, Map.of(), List.of(), extraFlags);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
@@ -60,7 +60,7 @@ public final class DaemonProcess implements AutoCloseable {
    * directory is the same daemon restarted, on the same socket path. The caller deletes it.
    */
   public static DaemonProcess startIn(Path dir, String... extraFlags) {
-    return launch(dir, false, Map.of(), extraFlags);
+    return launch(dir, false, Map.of(), List.of(), extraFlags);
   }
 
   /**
@@ -69,7 +69,7 @@ public final class DaemonProcess implements AutoCloseable {
    */
   public static DaemonProcess startWith(Map<String, String> environment, String... extraFlags) {
     try {
-      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, environment, extraFlags);
+      return launch(Files.createTempDirectory(Path.of("/tmp"), "gpumemd-proc-"), true, environment, List.of(), extraFlags);
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
@@ -98,7 +98,7 @@ public final class DaemonProcess implements AutoCloseable {
    * test JVM's, e.g. {@code CUDA_VISIBLE_DEVICES} for a daemon that sees other GPUs.
    */
   public static DaemonProcess startIn(Path dir, Map<String, String> environment, String... extraFlags) {
-    return launch(dir, false, environment, extraFlags);
+    return launch(dir, false, environment, List.of(), extraFlags);
   }
 
   /**
@@ -112,11 +112,6 @@ public final class DaemonProcess implements AutoCloseable {
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
-  }
-
-  private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment,
-      String... extraFlags) {
-    return launch(dir, ownsDir, environment, List.of(), extraFlags);
   }
 
   private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment, List<String> prefix,
