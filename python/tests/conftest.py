@@ -29,14 +29,15 @@ JAVA = os.environ.get("JAVA", "java")
 class Daemon:
     """A gpumemd process with its socket, shm directory and log."""
 
-    def __init__(self, directory, *extra, log_name="gpumemd.log"):
+    def __init__(self, directory, *extra, log_name="gpumemd.log", prefix=()):
+        """prefix: a command the daemon runs under (an unshare), before java."""
         if not os.path.exists(JAR):
             pytest.fail("%s is missing: build it first (mvn -B -q package -DskipTests)" % JAR)
         os.makedirs(directory, exist_ok=True)
         self.socket = os.path.join(directory, "gpumemd.sock")
         self.target = "unix://" + self.socket
         self.log_path = os.path.join(directory, log_name)
-        args = [JAVA, "-jar", JAR, "--socket", self.socket, "--shm-dir", os.path.join(directory, "shm"),
+        args = list(prefix) + [JAVA, "-jar", JAR, "--socket", self.socket, "--shm-dir", os.path.join(directory, "shm"),
                 "--metrics-port", "0", "--keepalive-grace-ms", "500"] + list(extra)
         if "--backend" not in extra:
             args += ["--backend", "host", "--host-devices", "2", "--host-device-bytes", "256MiB"]

@@ -23,6 +23,15 @@ QUOTA = 100 * MiB
 SIZE = 20 * MiB  # a large request: a segment of its own each round
 ROUNDS = 30  # 600 MiB: far past the quota, within the device
 
+ROOT_LEASE = """import sys
+sys.path.insert(0, sys.argv[1])
+import gpumemd
+with gpumemd.connect(sys.argv[2], client_name="root") as gm:
+    with gm.lease(0, int(sys.argv[3])) as lease:
+        lease.buffer()[:4] = b"root"
+        print(bytes(lease.buffer()[:4]).decode())
+"""
+
 needs_other_uid = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
                                      reason="another uid needs root and setpriv")
 
@@ -35,6 +44,24 @@ def quota_daemon():
     os.chmod(directory, 0o711)
     d = Daemon(directory, "--backend", "host", "--host-devices", "1", "--host-device-bytes", "1GiB", "--socket-mode", "0666",
                "--tenant-max-leased-bytes", str(QUOTA), "--retention-cap-bytes", "0", "--client-cache-bytes", "0")
+    yield d
+    d.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc")
+
+
+@pytest.fixture
+def hidden_quota_daemon():
+    """quota_daemon in a PID namespace of its own, where it cannot see its clients' pids."""
+    if os.geteuid() != 0 or subprocess.run(list(OWN_PID_NAMESPACE) + ["true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --pid cannot make a PID namespace here (it needs root)")
+    directory = tempfile.mkdtemp(prefix="gpumemd-pin-ns-", dir="/tmp")
+    os.chmod(directory, 0o711)
+    d = Daemon(directory, "--backend", "host", "--host-devices", "1", "--host-device-bytes", "1GiB", "--socket-mode", "0666",
+               "--tenant-max-leased-bytes", str(QUOTA), "--retention-cap-bytes", "0", "--client-cache-bytes", "0",
+               prefix=OWN_PID_NAMESPACE)
     yield d
     d.stop()
     shutil.rmtree(directory, ignore_errors=True)
@@ -94,7 +121,20 @@ def wait_until(predicate, timeout, what):
 @needs_other_uid
 @pytest.mark.parametrize("mode", ["keep", "close-connection"])
 def test_the_pinning_loop_ends_at_the_tenants_quota_and_root_leases_on(quota_daemon, mode):
-    process, result = start_pinner(quota_daemon, mode)
+    assert_the_loop_ends_at_the_quota_and_frees_at_exit(quota_daemon, mode)
+
+
+@needs_other_uid
+@pytest.mark.parametrize("mode", ["keep", "close-connection"])
+def test_the_pinning_loop_from_a_pid_namespace_the_daemon_cannot_see_ends_at_the_quota(hidden_quota_daemon, mode):
+    """The daemon in a PID namespace of its own (a pod without hostPID), the attacker in this one:
+    the kernel gives the attacker's pid as 0, and the daemon follows it by pidfd instead."""
+    assert_the_loop_ends_at_the_quota_and_frees_at_exit(hidden_quota_daemon, mode)
+    assert "connected from a PID namespace this daemon cannot see" not in hidden_quota_daemon._log_bytes().decode()
+
+
+def assert_the_loop_ends_at_the_quota_and_frees_at_exit(daemon, mode):
+    process, result = start_pinner(daemon, mode)
     try:
         assert result["uid"] == 65534
         refusal = result["refusal"]
@@ -106,17 +146,18 @@ def test_the_pinning_loop_ends_at_the_tenants_quota_and_root_leases_on(quota_dae
         # What it maps is what the daemon keeps for it, within its quota.
         assert result["mapped_bytes"] <= QUOTA
         assert 1 <= result["rounds"] <= QUOTA // SIZE
-        assert awaiting_bytes(quota_daemon) >= result["mapped_bytes"]
+        assert awaiting_bytes(daemon) >= result["mapped_bytes"]
 
-        # Another tenant (root) is untouched: the rest of the device is there.
-        with gpumemd.connect(quota_daemon.target, client_name="root") as gm:
-            with gm.lease(0, QUOTA) as lease:
-                lease.buffer()[:4] = b"root"
+        # Another tenant (root) is untouched: the rest of the device is there. In a process of
+        # its own, which exits: a process the daemon cannot see keeps what it was sent until then.
+        root = subprocess.run([sys.executable, "-c", ROOT_LEASE, PYTHON_DIR, daemon.target, str(QUOTA)],
+                              capture_output=True, text=True, timeout=60)
+        assert root.returncode == 0 and root.stdout == "root\n", root.stderr
     finally:
         finish(process)
     # The process is gone: what it kept goes back to the device.
-    wait_until(lambda: awaiting_bytes(quota_daemon) == 0, 10, "the exited process's segments freed")
-    assert quota_daemon.stats(0).reserved_bytes == 0
+    wait_until(lambda: awaiting_bytes(daemon) == 0, 10, "the exited process's segments freed")
+    assert daemon.stats(0).reserved_bytes == 0
 
 
 def test_a_client_that_closed_and_unmapped_keeps_nothing_on_the_books(quota_daemon):

@@ -12,7 +12,7 @@ import com.sun.jna.Pointer;
  * aarch64; {@link #bind()} refuses any other platform.
  *
  * <p>Stateless and thread-safe; package-private: callers go through {@link UnixSockets}, {@link
- * MessageBuffer} and {@link Descriptors}.
+ * MessageBuffer}, {@link Descriptors} and {@link Pidfd}.
  */
 final class Libc {
   static final int AF_UNIX = 1;
@@ -20,6 +20,8 @@ final class Libc {
   static final int SOCK_CLOEXEC = 0x80000;
   static final int SOL_SOCKET = 1;
   static final int SO_PEERCRED = 17;
+  /** The peer's pidfd (Linux 6.5). */
+  static final int SO_PEERPIDFD = 77;
   static final int SO_RCVTIMEO = 20;
   static final int SO_SNDTIMEO = 21;
   static final int SCM_RIGHTS = 1;
@@ -105,6 +107,20 @@ final class Libc {
   static native int munmap(Pointer address, long length) throws LastErrorException;
 
   static native int madvise(Pointer address, long length, int advice) throws LastErrorException;
+
+  /** {@code struct pollfd}: fd (int), events (short), revents (short). */
+  static final int POLLFD = 8;
+  static final short POLLIN = 0x1;
+  static final short POLLHUP = 0x10;
+
+  static native int poll(Pointer fds, long count, int timeoutMillis) throws LastErrorException;
+
+  /** {@code struct statfs} is 120 bytes on LP64 Linux; f_type (a long) comes first. */
+  static final int STATFS = 120;
+  /** {@code f_type} of the pidfs file system (Linux 6.9), where a pidfd's inode names its process. */
+  static final long PIDFS_MAGIC = 0x50494446L;
+
+  static native int fstatfs(int fd, Pointer buffer) throws LastErrorException;
 
   /**
    * Binds the natives once.

@@ -1,6 +1,7 @@
 package io.gpumemd.server.fd;
 
 import io.gpumemd.common.Ticker;
+import io.gpumemd.common.unix.Pidfd;
 import io.gpumemd.common.unix.ProcessStat;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.FdPassedSegment;
@@ -17,6 +18,7 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
+import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -53,10 +55,16 @@ import org.slf4j.LoggerFactory;
  * <p>While such a holder lives, an evicted segment is not freed: it keeps its place in the
  * device's budget, and its bytes count against the process's tenant's quota ({@code
  * --tenant-max-leased-bytes}, see {@link DevicePools#pinnedBytes}). A client in the daemon's own
- * process (tests, embedded use) is not tracked: it cannot keep memory from the daemon. Nor, for
- * now, is one the kernel names pid 0, in a PID namespace this daemon cannot see: such a process
- * cannot be told from another or followed to its exit by pid ({@link #connected} warns once;
- * SECURITY.md, "Not yet across PID namespaces").
+ * process (tests, embedded use) is not tracked: it cannot keep memory from the daemon.
+ *
+ * <p>A process in a PID namespace this daemon cannot see (a pod without {@code hostPID}: the
+ * kernel gives its pid as 0) is followed by its pidfd instead ({@code SO_PEERPIDFD}; one per
+ * process, known by its pidfs inode, Linux 6.9): it keeps what it was sent until it exits, as
+ * its {@code /proc} is out of sight, and at most {@link #MAX_HIDDEN_PROCESSES_PER_TENANT} such
+ * processes of a tenant are followed at once (a further one's connection is refused). Its
+ * pidfd is closed once it has exited, or has no connection and keeps nothing. On an older
+ * kernel such a process is not tracked, and {@link #connected} says so at WARN once
+ * (SECURITY.md, "Across PID namespaces").
  *
  * <p>{@link #sweep} runs on the housekeeping thread: at once after a process's last connection
  * closed, else once a second for processes that may have exited.
@@ -64,78 +72,172 @@ import org.slf4j.LoggerFactory;
  * <p>Thread-safety: the open connections are guarded by this object's monitor; {@code /proc} is
  * read and the pools are called outside it. A holder is dropped only if its process opened no
  * connection since its check began (a grant always comes through a connection), so a
- * descriptor sent during a check keeps its holder. The processes it knows are bounded by the
- * live processes that connected: one that exited is forgotten at the next sweep.
+ * descriptor sent during a check keeps its holder; a process is forgotten only with no grant on
+ * its way into the books. The processes it knows are bounded by the live processes that
+ * connected: one that exited is forgotten at the next sweep.
  */
 public final class DescriptorPins {
   private static final Logger log = LoggerFactory.getLogger(DescriptorPins.class);
   private static final long FULL_SWEEP_NANOS = TimeUnit.SECONDS.toNanos(1);
   private static final int SELF = (int) ProcessHandle.current().pid();
+  /**
+   * Processes of one tenant in PID namespaces this daemon cannot see that it follows by pidfd at
+   * once (each costs the daemon a descriptor while it connects or keeps what it was sent); a
+   * connection of a further one is closed as it is accepted.
+   */
+  static final int MAX_HIDDEN_PROCESSES_PER_TENANT = 1000;
+
+  /**
+   * A process as its holders name it ({@link DescriptorHolder}): a pid and its start time, or for
+   * a process this daemon cannot see by pid, pid 0 and its pidfs inode.
+   */
+  private record ProcessKey(int pid, long start) {}
 
   /** A process that connected to the fd channel: kept until it has exited. */
   private static final class Peer {
-    final long startTicks;
+    final ProcessKey key;
+    /** How a process this daemon cannot see by pid is followed; null for the others. */
+    final Pidfd pidfd;
+    final String tenant;
     int connections;
     /** The value of {@link #connects} when it last connected: a check begun before is stale. */
     long lastConnect;
     /** A connection of it ended with replies unread: it keeps what it was sent until it exits. */
     boolean leftUnread;
+    /** Grants on their way into the pool's books: the process is not forgotten meanwhile. */
+    int granting;
 
-    Peer(long startTicks) {
-      this.startTicks = startTicks;
+    Peer(ProcessKey key, Pidfd pidfd, String tenant) {
+      this.key = key;
+      this.pidfd = pidfd;
+      this.tenant = tenant;
+    }
+
+    /** Whether the process has exited (or its pid names a later process). Reads /proc or polls: outside the lock. */
+    boolean exited() {
+      if (pidfd != null) {
+        return pidfd.exited();
+      }
+      ProcessStat stat = ProcessStat.read(key.pid());
+      return !stat.alive() || stat.startTicks() != key.start();
     }
   }
 
   private final DevicePools pools;
   private final Ticker ticker;
-  private final Map<Integer, Peer> peers = new HashMap<>(); // guarded by this
+  private final int hiddenPerTenant;
+  private final Map<ProcessKey, Peer> peers = new HashMap<>(); // guarded by this
+  /**
+   * The process of each open connection, by the {@link Caller} instance {@link FdChannel} made
+   * for that connection alone: a connection's grants and end find its own process, whatever pid
+   * reuse or namespaces did since.
+   */
+  private final Map<Caller, Peer> connections = new IdentityHashMap<>(); // guarded by this
+  private final Map<String, Integer> hiddenByTenant = new HashMap<>(); // guarded by this
   private long connects; // guarded by this
   private boolean dirty; // guarded by this: a process closed its last connection
   private long lastSweepNanos; // housekeeping thread only
-  /** Whether a peer whose pid this daemon cannot see was logged at WARN (once a daemon). */
-  private final AtomicBoolean hiddenPeerWarned = new AtomicBoolean();
+  /** Whether an untracked peer (a kernel without pidfs) was logged at WARN (once a daemon). */
+  private final AtomicBoolean untrackedWarned = new AtomicBoolean();
 
   public DescriptorPins(DevicePools pools, Ticker ticker) {
+    this(pools, ticker, MAX_HIDDEN_PROCESSES_PER_TENANT);
+  }
+
+  /** @param hiddenPerTenant processes of one tenant followed by pidfd at once (tests set a small bound) */
+  DescriptorPins(DevicePools pools, Ticker ticker, int hiddenPerTenant) {
     this.pools = pools;
     this.ticker = ticker;
+    this.hiddenPerTenant = hiddenPerTenant;
     this.lastSweepNanos = ticker.nanos();
   }
 
-  /** A process connected to the fd channel (the kernel's pid, {@code SO_PEERCRED}). */
-  void connected(Caller peer) {
+  /**
+   * A process connected to the fd channel: {@code peer} is the connection's own {@link Caller}
+   * (the kernel's pid, {@code SO_PEERCRED}), {@code socket} its descriptor, where the kernel
+   * names a process this daemon cannot see by pid ({@code SO_PEERPIDFD}).
+   *
+   * @return null, or why the connection must be closed: a process its tenant could not be
+   *     charged for, as more than {@link #MAX_HIDDEN_PROCESSES_PER_TENANT} of its processes this
+   *     daemon cannot see are followed, or the kernel would not name it
+   */
+  String connected(Caller peer, int socket) {
     int pid = peer.pid();
-    if (pid == 0 && hiddenPeerWarned.compareAndSet(false, true)) {
-      log.atWarn().addKeyValue("uid", peer.uid()).log("fd channel: {} connected from a PID namespace this daemon "
-          + "cannot see (the kernel gives its pid as 0): descriptors sent to such processes are not tracked, so "
-          + "one that ends its session while it keeps a segment mapped is not charged for it (SECURITY.md, "
-          + "'Not yet across PID namespaces'); logged once", peer);
+    if (pid == 0) {
+      return connectedHidden(peer, socket);
     }
-    if (pid <= 0 || pid == SELF) {
-      return;
+    if (pid < 0 || pid == SELF) {
+      return null;
     }
     long start = ProcessStat.read(pid).startTicks();
     if (start < 0) {
-      return; // gone already: its connection ends at once, and it was sent nothing
+      return null; // gone already: its connection ends at once, and it was sent nothing
     }
     synchronized (this) {
-      Peer p = peers.get(pid);
-      if (p == null || p.startTicks != start) {
-        p = new Peer(start);
-        peers.put(pid, p);
-      }
-      p.connections++;
-      p.lastConnect = ++connects;
+      Peer p = peers.computeIfAbsent(new ProcessKey(pid, start), key -> new Peer(key, null, peer.tenant()));
+      connect(peer, p);
     }
+    return null;
   }
 
   /**
-   * A connection of a process closed.
+   * A process in a PID namespace this daemon cannot see (pid 0): followed by its pidfd, one per
+   * process (its pidfs inode), or, on a kernel that cannot name it so, not at all (WARN once).
+   */
+  private String connectedHidden(Caller peer, int socket) {
+    Pidfd pidfd;
+    try {
+      pidfd = Pidfd.ofPeer(socket);
+    } catch (IOException | LinkageError | RuntimeException e) {
+      return "its process, in a PID namespace this daemon cannot see, could not be named by pidfd (" + e.getMessage()
+          + "), so it could not be charged for what it is sent";
+    }
+    if (pidfd == null) {
+      if (untrackedWarned.compareAndSet(false, true)) {
+        log.atWarn().addKeyValue("uid", peer.uid()).log("fd channel: {} connected from a PID namespace this daemon "
+            + "cannot see (the kernel gives its pid as 0), and this kernel cannot name it by pidfd (Linux 6.9 and "
+            + "later can): descriptors sent to such processes are not tracked, so one that ends its session while "
+            + "it keeps a segment mapped is not charged for it (SECURITY.md, 'Across PID namespaces'); logged once",
+            peer);
+      }
+      return null;
+    }
+    String tenant = peer.tenant();
+    synchronized (this) {
+      ProcessKey key = new ProcessKey(0, pidfd.inode());
+      Peer p = peers.get(key);
+      if (p != null) {
+        pidfd.close(); // a process already followed: its first pidfd serves
+      } else if (hiddenByTenant.getOrDefault(tenant, 0) >= hiddenPerTenant) {
+        pidfd.close();
+        return "tenant " + tenant + " has " + hiddenPerTenant + " processes in PID namespaces this daemon cannot see "
+            + "connected or keeping descriptors, its limit";
+      } else {
+        p = new Peer(key, pidfd, tenant);
+        peers.put(key, p);
+        hiddenByTenant.merge(tenant, 1, Integer::sum);
+        log.debug("fd channel: following {} by {}", peer, pidfd);
+      }
+      connect(peer, p);
+    }
+    return null;
+  }
+
+  private void connect(Caller connection, Peer p) { // guarded by this
+    p.connections++;
+    p.lastConnect = ++connects;
+    connections.put(connection, p);
+  }
+
+  /**
+   * A connection closed.
    *
+   * @param peer the connection's own {@link Caller}, as given to {@link #connected}
    * @param nothingUnread true when the kernel said the peer had read everything sent to it
    */
   synchronized void disconnected(Caller peer, boolean nothingUnread) {
-    Peer p = peers.get(peer.pid());
-    if (p == null || p.connections == 0) {
+    Peer p = connections.remove(peer);
+    if (p == null) {
       return;
     }
     p.leftUnread |= !nothingUnread;
@@ -145,21 +247,28 @@ public final class DescriptorPins {
   }
 
   /**
-   * The fd channel is about to send a process a descriptor of a segment it holds for {@code
-   * session}: from now on the process may map it, whatever becomes of the session.
+   * The fd channel is about to send the process of connection {@code peer} a descriptor of a
+   * segment it holds for {@code session}: from now on the process may map it, whatever becomes
+   * of the session.
    */
   void granted(Caller peer, String session, long segmentId) {
-    long start;
+    Peer p;
     synchronized (this) {
-      Peer p = peers.get(peer.pid());
-      if (p == null || p.connections == 0) {
-        return; // the daemon's own process (or a peer that exited as it connected)
+      p = connections.get(peer);
+      if (p == null) {
+        return; // the daemon's own process, an untracked one, or a connection that ended
       }
-      start = p.startTicks;
+      p.granting++;
     }
-    DevicePool pool = pools.ofSegment(segmentId);
-    if (pool != null) {
-      pool.descriptorSent(segmentId, new DescriptorHolder(peer.pid(), start, session, peer.tenant()));
+    try {
+      DevicePool pool = pools.ofSegment(segmentId);
+      if (pool != null) {
+        pool.descriptorSent(segmentId, new DescriptorHolder(p.key.pid(), p.key.start(), session, peer.tenant()));
+      }
+    } finally {
+      synchronized (this) {
+        p.granting--;
+      }
     }
   }
 
@@ -178,23 +287,29 @@ public final class DescriptorPins {
     lastSweepNanos = now;
     forgetExited();
     Map<Integer, ProcessReach> reaches = new HashMap<>();
+    Set<ProcessKey> holding = new HashSet<>();
     for (String key : pools.descriptorHolders()) {
       DescriptorHolder holder = DescriptorHolder.parse(key);
+      ProcessKey process = new ProcessKey(holder.pid(), holder.startTicks());
+      holding.add(process);
       long checkedAt;
+      Peer p;
       synchronized (this) {
-        Peer p = peers.get(holder.pid());
-        boolean same = p != null && p.startTicks == holder.startTicks();
-        if (same && (p.connections > 0 || p.leftUnread)) {
+        p = peers.get(process);
+        if (p != null && (p.connections > 0 || p.leftUnread)) {
           continue; // a descriptor may wait unread in its socket: it keeps the segment
         }
         checkedAt = connects;
       }
-      ProcessStat stat = ProcessStat.read(holder.pid());
-      if (!stat.alive() || stat.startTicks() != holder.startTicks()) {
-        log.debug("Process {} of {} exited: it maps nothing it was sent for session {}", holder.pid(),
-            holder.tenant(), holder.session());
+      if (p == null ? holder.pid() == 0 || gone(process) : p.exited()) {
+        log.debug("Process {} of {} exited: it maps nothing it was sent for session {}",
+            holder.pid() == 0 ? "(pidfd inode " + holder.startTicks() + ")" : holder.pid(), holder.tenant(),
+            holder.session());
         pools.holderEnded(key);
         continue;
+      }
+      if (p != null && p.pidfd != null) {
+        continue; // its /proc is not in this daemon's sight: it keeps what it was sent until it exits
       }
       ProcessReach reach = reaches.computeIfAbsent(holder.pid(), ProcessReach::read);
       if (reach == null) {
@@ -203,9 +318,45 @@ public final class DescriptorPins {
       for (DevicePool pool : pools.all()) {
         for (Map.Entry<Long, SegmentMemory> segment : pool.segmentsOf(key).entrySet()) {
           FileId file = FileId.of(segment.getValue());
-          if (file != null && !reach.reaches(file) && unchangedSince(holder, checkedAt)) {
+          if (file != null && !reach.reaches(file) && unchangedSince(process, checkedAt)) {
             log.debug("Process {} no longer maps segment {} nor holds its descriptor", holder.pid(), segment.getKey());
             pool.dropped(key, segment.getKey());
+          }
+        }
+      }
+    }
+    forgetIdleHidden(holding);
+  }
+
+  private static boolean gone(ProcessKey process) {
+    ProcessStat stat = ProcessStat.read(process.pid());
+    return !stat.alive() || stat.startTicks() != process.start();
+  }
+
+  /**
+   * True when the process has not connected since {@code checkedAt} (its {@code /proc} read
+   * then may miss a descriptor sent since) and no connection of it left a reply unread.
+   */
+  private synchronized boolean unchangedSince(ProcessKey process, long checkedAt) {
+    Peer p = peers.get(process);
+    return p == null || (p.connections == 0 && !p.leftUnread && p.lastConnect <= checkedAt);
+  }
+
+  /** Forgets processes without connections that have exited (their holders end in the sweep). */
+  private void forgetExited() {
+    List<Peer> idle = new ArrayList<>();
+    synchronized (this) {
+      for (Peer p : peers.values()) {
+        if (p.connections == 0) {
+          idle.add(p);
+        }
+      }
+    }
+    for (Peer p : idle) {
+      if (p.exited()) {
+        synchronized (this) {
+          if (p.connections == 0 && p.granting == 0) {
+            forget(p);
           }
         }
       }
@@ -213,41 +364,54 @@ public final class DescriptorPins {
   }
 
   /**
-   * True when the process has not connected since {@code checkedAt} (its {@code /proc} read
-   * then may miss a descriptor sent since) and no connection of it left a reply unread.
+   * Lets go of the pidfds of processes without a connection that keep nothing ({@code holding}
+   * lists the processes the books named at this sweep's start), so that a live process that
+   * was refused, or gave everything back, costs the daemon no descriptor.
    */
-  private synchronized boolean unchangedSince(DescriptorHolder holder, long checkedAt) {
-    Peer p = peers.get(holder.pid());
-    return p == null || p.startTicks != holder.startTicks()
-        || (p.connections == 0 && !p.leftUnread && p.lastConnect <= checkedAt);
-  }
-
-  /** Forgets processes without connections that have exited (their holders end in the sweep). */
-  private void forgetExited() {
-    List<Map.Entry<Integer, Long>> idle = new ArrayList<>();
+  private void forgetIdleHidden(Set<ProcessKey> holding) {
+    List<Peer> idle = new ArrayList<>();
+    long checkedAt;
     synchronized (this) {
-      for (Map.Entry<Integer, Peer> e : peers.entrySet()) {
-        if (e.getValue().connections == 0) {
-          idle.add(Map.entry(e.getKey(), e.getValue().startTicks));
+      checkedAt = connects;
+      for (Peer p : peers.values()) {
+        if (p.pidfd != null && p.connections == 0 && p.granting == 0 && !holding.contains(p.key)) {
+          idle.add(p);
         }
       }
     }
-    for (Map.Entry<Integer, Long> e : idle) {
-      ProcessStat stat = ProcessStat.read(e.getKey());
-      if (!stat.alive() || stat.startTicks() != e.getValue()) {
-        synchronized (this) {
-          Peer p = peers.get(e.getKey());
-          if (p != null && p.connections == 0 && p.startTicks == e.getValue()) {
-            peers.remove(e.getKey());
-          }
+    if (idle.isEmpty()) {
+      return;
+    }
+    // Read again: a grant that reached the books after the list above was read shows here.
+    Set<ProcessKey> now = new HashSet<>();
+    for (String key : pools.descriptorHolders()) {
+      DescriptorHolder holder = DescriptorHolder.parse(key);
+      now.add(new ProcessKey(holder.pid(), holder.startTicks()));
+    }
+    synchronized (this) {
+      for (Peer p : idle) {
+        if (p.connections == 0 && p.granting == 0 && p.lastConnect <= checkedAt && !now.contains(p.key)) {
+          forget(p);
         }
       }
+    }
+  }
+
+  private void forget(Peer p) { // guarded by this
+    if (peers.remove(p.key, p) && p.pidfd != null) {
+      hiddenByTenant.computeIfPresent(p.tenant, (t, n) -> n <= 1 ? null : n - 1);
+      p.pidfd.close();
     }
   }
 
   /** Processes the channel knows (for tests and metrics). */
   synchronized int knownProcesses() {
     return peers.size();
+  }
+
+  /** Processes of {@code tenant} followed by pidfd (for tests). */
+  synchronized int hiddenProcesses(String tenant) {
+    return hiddenByTenant.getOrDefault(tenant, 0);
   }
 
   // ------------------------------------------------------------------------------ /proc

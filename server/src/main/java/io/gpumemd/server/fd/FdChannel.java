@@ -50,7 +50,9 @@ import org.slf4j.LoggerFactory;
  *
  * <ul>
  *   <li>live connections ({@code --fd-max-connections}) and live connections of one tenant
- *       ({@code --fd-max-connections-per-tenant}): more are closed as they are accepted;
+ *       ({@code --fd-max-connections-per-tenant}): more are closed as they are accepted; so is
+ *       a connection from a process in a PID namespace the daemon cannot see, beyond {@link
+ *       DescriptorPins#MAX_HIDDEN_PROCESSES_PER_TENANT} such processes of its tenant;
  *   <li>descriptors in flight, opened for replies and not yet sent ({@code --fd-max-in-flight}),
  *       and those of one tenant's connections ({@code --fd-max-in-flight-per-tenant}): beyond
  *       either a request is refused RESOURCE_EXHAUSTED naming the flag;
@@ -199,7 +201,12 @@ public final class FdChannel implements AutoCloseable {
     }
     connection.closeFuture().addListener(f -> liveByTenant.give(tenant));
     log.debug("fd channel: connection from {}", peer);
-    grants.pins().connected(peer);
+    String untrackable = grants.pins().connected(peer, connection.fd().intValue());
+    if (untrackable != null) {
+      connectionRefusals.refused(peer + ": " + untrackable);
+      connection.close();
+      return;
+    }
     connection.config().setAllowHalfClosure(true); // a peer's end of input goes through ConnectionEnd
     connection.pipeline()
         .addLast(new ConnectionEnd(grants.pins(), peer))

@@ -11,9 +11,11 @@ package io.gpumemd.server.pool;
  * string's meaning, so that the holder survives a snapshot and restore as the other holders do (the
  * restoring daemon parses it back and watches the process).
  *
- * @param pid the process, as {@code SO_PEERCRED} named it when it connected
+ * @param pid the process, as {@code SO_PEERCRED} named it when it connected; 0 for a process in
+ *     a PID namespace the daemon cannot see, which it follows by pidfd
  * @param startTicks its start time ({@code /proc/PID/stat} field 22): a pid reused by another
- *     process is a different holder
+ *     process is a different holder; for pid 0, the process's pidfs inode (one per process for
+ *     as long as the system runs)
  * @param session the session it fetched the descriptor for; that session's unmap confirmation
  *     speaks for the process too
  * @param tenant the tenant whose books carry what the process keeps after its session ended
@@ -22,7 +24,7 @@ public record DescriptorHolder(int pid, long startTicks, String session, String 
   private static final String PREFIX = "fd:";
 
   public DescriptorHolder {
-    if (pid <= 0 || startTicks < 0 || session.indexOf(':') >= 0) {
+    if (pid < 0 || startTicks < 0 || session.indexOf(':') >= 0) {
       throw new IllegalArgumentException("descriptor holder: pid " + pid + ", start " + startTicks
           + ", session '" + session + "'");
     }
