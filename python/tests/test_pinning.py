@@ -12,11 +12,12 @@ import sys
 import tempfile
 import time
 
+import grpc
 import pytest
 
 import gpumemd
 from conftest import HERE, PYTHON_DIR, Daemon
-from gpumemd._stubs import pb
+from gpumemd._stubs import pb, pb_grpc
 
 MiB = 1 << 20
 QUOTA = 100 * MiB
@@ -83,11 +84,11 @@ def vmm_quota_daemon():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def start_pinner(daemon, mode):
+def start_pinner(daemon, mode, rounds=ROUNDS):
     env = dict(os.environ, GPUMEMD_PYTHON_DIR=PYTHON_DIR)
     process = subprocess.Popen(
         ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
-         os.path.join(HERE, "pin_loop.py"), daemon.target, daemon.socket + ".fd", str(ROUNDS), str(SIZE), mode],
+         os.path.join(HERE, "pin_loop.py"), daemon.target, daemon.socket + ".fd", str(rounds), str(SIZE), mode],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = process.stdout.readline()
     if not line:
@@ -131,6 +132,69 @@ def test_the_pinning_loop_from_a_pid_namespace_the_daemon_cannot_see_ends_at_the
     the kernel gives the attacker's pid as 0, and the daemon follows it by pidfd instead."""
     assert_the_loop_ends_at_the_quota_and_frees_at_exit(hidden_quota_daemon, mode)
     assert "connected from a PID namespace this daemon cannot see" not in hidden_quota_daemon._log_bytes().decode()
+
+
+@needs_other_uid
+def test_a_successor_in_the_same_hidden_pid_namespace_keeps_following_what_the_process_maps(tmp_path):
+    """A take-over between two daemons in one PID namespace the attacker is outside of: the
+    running daemon sends the pidfds of the processes it follows with the state, so the successor
+    keeps what such a process maps on the books until it exits (without them, it could not tell
+    when the process exits, and would free the memory at its first sweep)."""
+    namespace = pid_namespace_holder()
+    try:
+        enter = ("nsenter", "-t", str(namespace.pid_inside), "-p", "-m", "--")
+        directory = tempfile.mkdtemp(prefix="gpumemd-pin-ns-to-", dir="/tmp")
+        os.chmod(directory, 0o711)
+        flags = ("--backend", "host", "--host-devices", "1", "--host-device-bytes", "1GiB", "--socket-mode", "0666",
+                 "--tenant-max-leased-bytes", str(QUOTA), "--retention-cap-bytes", "0", "--client-cache-bytes", "0")
+        old = Daemon(directory, *flags, prefix=enter)
+        process, result = start_pinner(old, "close-connection", rounds=2)
+        try:
+            assert result["refusal"] is None and result["mapped_bytes"] == 2 * SIZE
+            assert awaiting_bytes(old) == 2 * SIZE
+            new = Daemon(directory, *flags, "--take-over", prefix=enter, log_name="gpumemd-successor.log")
+            try:
+                old.process.wait(30)
+                assert old.process.returncode == 0, old._log_bytes().decode()
+                assert b"Took over from pid" in new._log_bytes(), new._log_bytes().decode()
+                # Its admin channel connected while the old daemon still had the socket.
+                new.channel.close()
+                new.channel = grpc.insecure_channel(new.target)
+                new.admin = pb_grpc.AdminStub(new.channel)
+                # Two full sweeps (one a second) later the process's mappings are still on the books.
+                time.sleep(2.5)
+                assert awaiting_bytes(new) == 2 * SIZE, new._log_bytes().decode()
+                finish(process)
+                wait_until(lambda: awaiting_bytes(new) == 0, 10, "the exited process's segments freed by the successor")
+            finally:
+                new.stop()
+        finally:
+            finish(process)
+            old.stop()
+            shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        namespace.kill()
+        namespace.wait()
+
+
+def pid_namespace_holder():
+    """A PID namespace of its own, held by a sleeping first process (whose exit would end every
+    other process there): daemons enter it with nsenter. Skips where it cannot be made."""
+    if os.geteuid() != 0 or not shutil.which("nsenter"):
+        pytest.skip("a PID namespace to enter needs root and nsenter")
+    holder = subprocess.Popen(list(OWN_PID_NAMESPACE) + ["sleep", "600"])
+    children = "/proc/%d/task/%d/children" % (holder.pid, holder.pid)
+    deadline = time.monotonic() + 10
+    while True:
+        with open(children) as f:
+            pids = f.read().split()
+        if pids:
+            holder.pid_inside = int(pids[0])  # its pid here: nsenter -t takes it
+            return holder
+        if holder.poll() is not None or time.monotonic() > deadline:
+            holder.kill()
+            pytest.skip("unshare --pid cannot make a PID namespace here")
+        time.sleep(0.02)
 
 
 def assert_the_loop_ends_at_the_quota_and_frees_at_exit(daemon, mode):

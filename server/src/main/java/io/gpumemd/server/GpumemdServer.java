@@ -240,6 +240,9 @@ public final class GpumemdServer {
         takeOver = TakeOverState.request(config, backend, VERSION);
         if (takeOver != null) {
           TakeOverState.restorePools(takeOver, server.pools);
+          if (server.pins != null) {
+            server.pins.adopt(takeOver.takeHiddenProcessPidfds());
+          }
           server.restoredLog = TakeOverState.restoreSessions(takeOver, server.registry);
         }
       }
@@ -335,7 +338,7 @@ public final class GpumemdServer {
     Runnable rehearsal = beside ? () -> { }
         : Rehearsal.beforeFirstHandOver(b -> books(config, b, ticker, false), stage(), Rehearsal.channelPath(socket));
     handOver = new HandOver(socket, handOverAt, gate,
-        new TakeOverState.RunningDaemon(backend, pools, registry, this::handedOver, rehearsal), VERSION);
+        new TakeOverState.RunningDaemon(backend, pools, registry, pins, this::handedOver, rehearsal), VERSION);
     stop.handOver(handOver);
   }
 

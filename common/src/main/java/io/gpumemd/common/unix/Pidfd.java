@@ -53,18 +53,41 @@ public final class Pidfd implements AutoCloseable {
       }
       fd = value.getInt(0);
     }
+    return onPidfs(fd, -1);
+  }
+
+  /**
+   * Takes a descriptor said to be the pidfd of the process with pidfs inode {@code inode} (one
+   * another process sent, as a take-over's running daemon does): null, the descriptor closed,
+   * when it is not.
+   *
+   * @throws IOException when the kernel cannot say what it is (the descriptor is closed)
+   */
+  public static Pidfd adopt(int fd, long inode) throws IOException {
+    return onPidfs(fd, inode);
+  }
+
+  /** {@code fd} as a Pidfd when it is a pidfd on pidfs (of {@code inode}, unless -1); else null, and it is closed. */
+  private static Pidfd onPidfs(int fd, long inode) throws IOException {
     try (Memory statfs = new Memory(Libc.STATFS)) {
+      Libc.bind();
       call(() -> Libc.fstatfs(fd, statfs));
-      if (statfs.getLong(0) != Libc.PIDFS_MAGIC) {
+      long own = statfs.getLong(0) == Libc.PIDFS_MAGIC
+          ? (Long) Files.getAttribute(Path.of("/proc/self/fd/" + fd), "unix:ino") : -1;
+      if (own < 0 || (inode >= 0 && own != inode)) {
         UnixSockets.closeQuietly(fd);
         return null;
       }
-      long inode = (Long) Files.getAttribute(Path.of("/proc/self/fd/" + fd), "unix:ino");
-      return new Pidfd(fd, inode);
+      return new Pidfd(fd, own);
     } catch (IOException | RuntimeException e) {
       UnixSockets.closeQuietly(fd);
       throw e;
     }
+  }
+
+  /** A second descriptor of this pidfd, the caller's to close (what a take-over sends). */
+  public int copy() throws IOException {
+    return Descriptors.dup(fd);
   }
 
   /** The process's pidfs inode: the same for every pidfd of one process, another for any other process. */

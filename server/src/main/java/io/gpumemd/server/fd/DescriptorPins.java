@@ -3,6 +3,7 @@ package io.gpumemd.server.fd;
 import io.gpumemd.common.Ticker;
 import io.gpumemd.common.unix.Pidfd;
 import io.gpumemd.common.unix.ProcessStat;
+import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.FdPassedSegment;
 import io.gpumemd.server.backend.IpcHandle;
@@ -19,6 +20,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.IdentityHashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -401,6 +403,91 @@ public final class DescriptorPins {
     if (peers.remove(p.key, p) && p.pidfd != null) {
       hiddenByTenant.computeIfPresent(p.tenant, (t, n) -> n <= 1 ? null : n - 1);
       p.pidfd.close();
+    }
+  }
+
+  // ------------------------------------------------------------------------------ take-over
+
+  /**
+   * For a take-over, with the books exported: a copy of the pidfd of each process followed by
+   * pidfd that holds segments now, by its pidfs inode, for the successor to follow it on (a
+   * process it could not follow would end its holders at once). The caller owns the copies.
+   *
+   * @throws IOException when a copy cannot be made (the copies made are closed)
+   */
+  public Map<Long, Integer> pidfdsToHandOver() throws IOException {
+    Set<Long> holding = new HashSet<>();
+    for (String key : pools.descriptorHolders()) {
+      DescriptorHolder holder = DescriptorHolder.parse(key);
+      if (holder.pid() == 0) {
+        holding.add(holder.startTicks());
+      }
+    }
+    Map<Long, Integer> copies = new LinkedHashMap<>();
+    try {
+      synchronized (this) {
+        for (long inode : holding) {
+          Peer p = peers.get(new ProcessKey(0, inode));
+          if (p != null) {
+            copies.put(inode, p.pidfd.copy());
+          }
+        }
+      }
+      return copies;
+    } catch (IOException e) {
+      copies.values().forEach(UnixSockets::closeQuietly);
+      throw e;
+    }
+  }
+
+  /**
+   * A successor's, once the pools are restored: follows on the processes the previous daemon
+   * followed by pidfd ({@code pidfds}, by pidfs inode, as {@link #pidfdsToHandOver} gave them).
+   * Owns every descriptor given from here: one that is not that process's pidfd, of a process no
+   * holder names, or of one already followed (it connected since) is closed.
+   */
+  public void adopt(Map<Long, Integer> pidfds) {
+    Map<Long, String> tenants = new HashMap<>();
+    for (String key : pools.descriptorHolders()) {
+      DescriptorHolder holder = DescriptorHolder.parse(key);
+      if (holder.pid() == 0) {
+        tenants.putIfAbsent(holder.startTicks(), holder.tenant());
+      }
+    }
+    int adopted = 0;
+    for (Map.Entry<Long, Integer> e : pidfds.entrySet()) {
+      String tenant = tenants.get(e.getKey());
+      if (tenant == null) {
+        UnixSockets.closeQuietly(e.getValue()); // no holder names it (any more): nothing to follow
+        continue;
+      }
+      Pidfd pidfd;
+      try {
+        pidfd = Pidfd.adopt(e.getValue(), e.getKey()); // closes a descriptor it refuses
+      } catch (IOException | RuntimeException failed) {
+        log.warn("--take-over: the pidfd sent for the process of pidfs inode {} cannot be read ({}): that process's "
+            + "holders end", e.getKey(), failed.toString());
+        continue;
+      }
+      if (pidfd == null) {
+        log.warn("--take-over: the descriptor sent for the process of pidfs inode {} is not its pidfd: that "
+            + "process's holders end", e.getKey());
+        continue;
+      }
+      synchronized (this) {
+        ProcessKey key = new ProcessKey(0, pidfd.inode());
+        if (peers.containsKey(key)) {
+          pidfd.close();
+          continue;
+        }
+        peers.put(key, new Peer(key, pidfd, tenant));
+        hiddenByTenant.merge(tenant, 1, Integer::sum);
+        adopted++;
+      }
+    }
+    if (!pidfds.isEmpty()) {
+      log.debug("--take-over: following {} of {} process(es) in PID namespaces this daemon cannot see by the pidfds "
+          + "the previous daemon sent", adopted, pidfds.size());
     }
   }
 

@@ -52,7 +52,7 @@ final class SelfHandOver {
       TakeOver.adopt(to.backend(), TakeOverState.aheadFrame(ahead), copies, adopted);
       State state;
       try {
-        state = TakeOverState.export(from.pools(), from.registry(), descriptors, TakeOverState.aheadIndex(ahead));
+        state = TakeOverState.export(from.pools(), from.registry(), null, descriptors, TakeOverState.aheadIndex(ahead));
       } catch (TakeOverRefusedException e) {
         throw new IOException(e.getMessage(), e);
       }

@@ -21,7 +21,9 @@ import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -65,12 +67,15 @@ public final class TakeOver implements AutoCloseable {
   private final TakeOverChannel channel;
   private final State state;
   private final IncomingSegments segments;
+  /** Pidfds of processes the running daemon followed by pidfd, by pidfs inode, until taken; guarded by the caller (one thread). */
+  private final Map<Long, Integer> pidfds;
   private final int runningDaemonPid;
 
-  private TakeOver(TakeOverChannel channel, State state, IncomingSegments segments) {
+  private TakeOver(TakeOverChannel channel, State state, IncomingSegments segments, Map<Long, Integer> pidfds) {
     this.channel = channel;
     this.state = state;
     this.segments = segments;
+    this.pidfds = pidfds;
     this.runningDaemonPid = state.getPid();
   }
 
@@ -147,11 +152,26 @@ public final class TakeOver implements AutoCloseable {
         throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
             + state.getDescriptorCount());
       }
+      // The last descriptors are the pidfds of processes the running daemon followed by pidfd.
+      int hidden = state.getHiddenProcessInodesCount();
+      if (hidden > fds.size()) {
+        fds.forEach(UnixSockets::closeQuietly);
+        throw new IOException("take-over: the state names " + hidden + " pidfd(s) and " + fds.size()
+            + " descriptor(s) came in all");
+      }
+      List<Integer> segmentFds = fds.subList(0, fds.size() - hidden);
+      Map<Long, Integer> pidfds = new LinkedHashMap<>();
+      for (int i = 0; i < hidden; i++) {
+        Integer twice = pidfds.put(state.getHiddenProcessInodes(i), fds.get(segmentFds.size() + i));
+        if (twice != null) {
+          UnixSockets.closeQuietly(twice);
+        }
+      }
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
           + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
-          ahead.size() + fds.size(), ahead.size(), channel.lastFrameBytes());
+          ahead.size() + segmentFds.size(), ahead.size(), channel.lastFrameBytes());
       return new TakeOver(channel, state,
-          new IncomingSegments(backend, ahead, fds.stream().mapToInt(Integer::intValue).toArray()));
+          new IncomingSegments(backend, ahead, segmentFds.stream().mapToInt(Integer::intValue).toArray()), pidfds);
     } catch (IOException | RuntimeException e) {
       IncomingSegments.relinquishAll(backend, ahead);
       channel.close();
@@ -287,6 +307,17 @@ public final class TakeOver implements AutoCloseable {
     return segments;
   }
 
+  /**
+   * The pidfds of the processes the running daemon followed by pidfd (in PID namespaces it could
+   * not see), by pidfs inode: the caller owns them from here (see {@code DescriptorPins#adopt});
+   * those never taken are closed with this take-over.
+   */
+  public Map<Long, Integer> takeHiddenProcessPidfds() {
+    Map<Long, Integer> taken = Map.copyOf(pidfds);
+    pidfds.clear();
+    return taken;
+  }
+
   public int runningDaemonPid() {
     return runningDaemonPid;
   }
@@ -351,6 +382,8 @@ public final class TakeOver implements AutoCloseable {
   @Override
   public void close() {
     segments.close();
+    pidfds.values().forEach(UnixSockets::closeQuietly);
+    pidfds.clear();
     channel.close();
   }
 }

@@ -11,6 +11,7 @@ import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.config.ServerConfig;
+import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.IncomingSegments;
 import io.gpumemd.server.pool.SegmentAhead;
@@ -54,7 +55,7 @@ public final class TakeOverState {
    * @param handedOver stops the daemon for good once a successor took its state (the pid)
    * @param rehearsal what {@link #rehearse} runs
    */
-  public record RunningDaemon(MemoryBackend backend, DevicePools pools, SessionRegistry registry,
+  public record RunningDaemon(MemoryBackend backend, DevicePools pools, SessionRegistry registry, DescriptorPins pins,
       IntConsumer handedOver, Runnable rehearsal) implements HandOver.Daemon {
     @Override
     public String refusal(Hello hello) {
@@ -69,7 +70,7 @@ public final class TakeOverState {
     @Override
     public State exportState(List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead)
         throws TakeOverRefusedException {
-      return TakeOverState.export(pools, registry, descriptors, sentAhead);
+      return TakeOverState.export(pools, registry, pins, descriptors, sentAhead);
     }
 
     @Override
@@ -216,8 +217,8 @@ public final class TakeOverState {
    * segment in {@code sentAhead} is named by its index there; the others' descriptors are added
    * to {@code descriptors} and named from {@code sentAhead.size()} on.
    */
-  public static State export(DevicePools pools, SessionRegistry registry, List<SegmentFd> descriptors,
-      Map<SegmentMemory, Integer> sentAhead) throws TakeOverRefusedException {
+  public static State export(DevicePools pools, SessionRegistry registry, DescriptorPins pins,
+      List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead) throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
@@ -249,6 +250,18 @@ public final class TakeOverState {
       state.setSessions(SessionsStates.toProto(registry.snapshot()));
     } catch (IllegalStateException e) {
       throw new TakeOverRefusedException(e.getMessage(), e);
+    }
+    if (pins != null) {
+      try {
+        // After the segments' descriptors, sent and closed as theirs are (a SegmentFd only owns a number).
+        for (Map.Entry<Long, Integer> pidfd : pins.pidfdsToHandOver().entrySet()) {
+          descriptors.add(SegmentFd.ofNative(pidfd.getValue(), false));
+          state.addHiddenProcessInodes(pidfd.getKey());
+        }
+      } catch (IOException e) {
+        throw new TakeOverRefusedException("the pidfds of the processes in PID namespaces this daemon cannot see "
+            + "could not be copied (" + e.getMessage() + ")", e);
+      }
     }
     return state.build();
   }

@@ -58,7 +58,7 @@ class TakeOverParkedTest {
     registry.sharing().park(Caller.DAEMON, "", "weights");
 
     TakeOverRefusedException refused = assertThrows(TakeOverRefusedException.class,
-        () -> TakeOverState.export(pools, registry, new ArrayList<>(), Map.of()));
+        () -> TakeOverState.export(pools, registry, null, new ArrayList<>(), Map.of()));
 
     assertTrue(refused.getMessage().contains("'weights'"), refused.getMessage());
     assertTrue(refused.getMessage().contains("parked"), refused.getMessage());
