@@ -225,19 +225,22 @@ final class ConnectionPushes {
   }
 
   /**
-   * On the event loop, once the connection is inactive: no push starts any more, and the
-   * connection's own descriptor for pushes is closed once none is under way.
+   * On the event loop, as the connection closes ({@link ConnectionEnd}, before it asks the kernel
+   * what the peer left unread) and once it is inactive: no push sends any more, and the
+   * connection's own descriptor for pushes is closed once none is under way. Idempotent.
    */
   void close() {
-    if (pushSocket < 0) {
-      return;
-    }
+    // A push takes the writer and then reads pushClosed; this sets it and then reads the writer:
+    // either the push sees it closed and sends nothing, or this waits until its send is done.
     pushClosed = true;
     while (writer.get() == PUSHING) {
       Thread.onSpinWait();
     }
-    Descriptors.closeQuietly(pushSocket);
-    pushBuffer.close();
+    if (pushSocket >= 0) {
+      Descriptors.closeQuietly(pushSocket);
+      pushSocket = -1;
+      pushBuffer.close();
+    }
   }
 
   /** What the peer has not read of the connection's sends ({@code SIOCOUTQ}); MAX_VALUE when unknown. */

@@ -62,7 +62,11 @@ import org.slf4j.LoggerFactory;
  *       --fd-stall-timeout-ms} are closed, the last with its unsent descriptors, so that their
  *       places in flight come back;
  *   <li>per connection {@link #REQUESTS_PER_SECOND}, {@link #MAX_UNSENT_PER_CONNECTION} and the
- *       reply bytes Netty queues ({@link #WRITE_BUFFER}; see {@link FdConnection}).
+ *       reply bytes Netty queues ({@link #WRITE_BUFFER}; see {@link FdConnection});
+ *   <li>descriptors sent and not yet read, which the kernel charges to the daemon's user: a
+ *       connection whose peer has replies unread is not closed but kept, sending nothing more
+ *       and counted under the connection bounds, until the peer reads them or closes ({@link
+ *       ConnectionEnd}).
  * </ul>
  *
  * Refusals are logged one WARN line a minute at most per kind ({@link RefusalLog}); so are the
@@ -208,10 +212,11 @@ public final class FdChannel implements AutoCloseable {
       return;
     }
     connection.config().setAllowHalfClosure(true); // a peer's end of input goes through ConnectionEnd
+    FdConnection handler = new FdConnection(this, peer);
     connection.pipeline()
-        .addLast(new ConnectionEnd(grants.pins(), peer))
+        .addLast(new ConnectionEnd(grants.pins(), peer, handler::stopPushes))
         .addLast(new LengthFieldBasedFrameDecoder(4 + MAX_REQUEST_BYTES, 0, 4, 0, 4, true))
-        .addLast(new FdConnection(this, peer));
+        .addLast(handler);
   }
 
   FdGrants grants() {

@@ -111,6 +111,11 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     ctx.fireChannelInactive();
   }
 
+  /** On the event loop, as the connection closes: no push is sent from here on (see {@link ConnectionEnd}). */
+  void stopPushes() {
+    pushes.close();
+  }
+
   @Override
   public void handlerRemoved(ChannelHandlerContext ctx) {
     cancelDeadlineCheck();

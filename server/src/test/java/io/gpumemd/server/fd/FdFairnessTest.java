@@ -33,9 +33,10 @@ import org.junit.jupiter.api.Test;
  * ({@link FdTenantPeerMain} via {@code setpriv}), tenant B this JVM (root), both on a real
  * daemon's fd socket. A at its connection bound with idle and half-frame connections leaves B
  * room to connect and fetch; A's connections that never read hold no more than A's share of the
- * places in flight, B fetching meanwhile, and are closed at the stall deadline with their places
- * given back; idle and half-frame connections are closed at their deadlines. Waits are bounded
- * polls ({@link Await}); deadlines are small flags.
+ * places in flight, B fetching meanwhile, and give them back at the stall deadline (they stay
+ * open and counted while their unread replies hold descriptors in flight, until the process
+ * goes); idle and half-frame connections are closed at their deadlines. Waits are bounded polls
+ * ({@link Await}); deadlines are small flags.
  */
 class FdFairnessTest {
   private static final int NOBODY = OtherUser.NOBODY;
@@ -182,7 +183,7 @@ class FdFairnessTest {
   }
 
   @Test
-  void connectionsThatNeverRead_holdTheirTenantsShareOfPlacesInFlight_untilTheStallDeadlineClosesThem()
+  void connectionsThatNeverRead_holdTheirTenantsShareOfPlacesInFlight_untilTheStallDeadline_andStayCounted()
       throws Exception {
     FdChannel channel = start("--fd-max-in-flight", "24", "--fd-max-in-flight-per-tenant", "8",
         "--fd-stall-timeout-ms", "5000");
@@ -199,10 +200,16 @@ class FdFairnessTest {
       assertTrue(log.messages("WARN").stream().anyMatch(m -> m.contains("(flag --fd-max-in-flight-per-tenant)")),
           log.messages("WARN").toString());
 
-      Await.until(() -> channel.inFlight() == 0 && channel.liveConnections(A) == 0,
-          "tenant A's connections closed at the stall deadline, their places given back");
+      Await.until(() -> channel.inFlight() == 0, "tenant A's places in flight given back at the stall deadline");
       assertTrue(log.messages("WARN").stream().anyMatch(m -> m.contains("unread for 5000 ms (flag "
           + "--fd-stall-timeout-ms)")), log.messages("WARN").toString());
+      // The replies the kernel holds for it unread carry descriptors charged to the daemon's
+      // user: its connections stay open, and counted, until its process reads or closes them.
+      assertEquals(3, channel.liveConnections(A));
+      peer.destroyForcibly();
+      assertTrue(peer.waitFor(10, TimeUnit.SECONDS));
+      Await.until(() -> channel.liveConnections(A) == 0 && channel.liveConnections() == 0,
+          "tenant A's connections closed once its process closed its sockets");
     }
   }
 }
