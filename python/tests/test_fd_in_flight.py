@@ -42,15 +42,29 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
                                 reason="a daemon of another uid with its own RLIMIT_NOFILE needs root, setpriv and prlimit")
 
 
-@pytest.fixture
-def unprivileged_daemon():
+def start_unprivileged(nofile):
     directory = tempfile.mkdtemp(prefix="gpumemd-inflight-", dir="/tmp")
     os.chmod(directory, 0o777)  # the daemon's uid writes its sockets here
     d = Daemon(directory, "--backend", "host", "--host-devices", "1", "--host-device-bytes", "64MiB",
                "--socket-mode", "0666", "--fd-max-connections-per-tenant", str(PER_TENANT),
                "--fd-stall-timeout-ms", "500",
-               prefix=("prlimit", "--nofile=%d:%d" % (NOFILE, NOFILE), "setpriv", "--reuid", "65534", "--regid",
+               prefix=("prlimit", "--nofile=%d:%d" % (nofile, nofile), "setpriv", "--reuid", "65534", "--regid",
                        "65534", "--clear-groups"))
+    return d, directory
+
+
+@pytest.fixture
+def unprivileged_daemon():
+    d, directory = start_unprivileged(NOFILE)
+    yield d
+    d.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def starved_daemon():
+    """One whose RLIMIT_NOFILE is below what its connection bound lets peers leave in flight."""
+    d, directory = start_unprivileged(512)
     yield d
     d.stop()
     shutil.rmtree(directory, ignore_errors=True)
@@ -124,3 +138,27 @@ def test_a_peer_that_leaves_descriptors_unread_keeps_its_connection_counted_and_
         assert time.monotonic() < deadline, "the attacker's places never came back"
         time.sleep(0.2)
     channel.close()
+
+
+def test_a_daemon_whose_limit_is_below_its_connection_bounds_says_what_to_raise(starved_daemon):
+    """Where RLIMIT_NOFILE is set below what the connection bounds let peers hold in flight, the
+    kernel fails the daemon's sends (ETOOMANYREFS): one WARN line a minute names the limit."""
+    d = starved_daemon
+    channel = grpc.insecure_channel(d.target)
+    allocator = pb_grpc.AllocatorStub(channel)
+    session = allocator.OpenSession(pb.OpenSessionRequest(client_name="attacker", client_cache_bytes=0))
+    lease = allocator.Lease(pb.LeaseRequest(session_id=session.session_id, device=0, size_bytes=4096))
+    held = []
+    try:
+        for _ in range(PER_TENANT):
+            held.append(attack(d.socket + ".fd", session.session_id, lease.handle.segment_id)[0])
+        deadline = time.monotonic() + 10
+        while b"descriptor send(s) since the last such line" not in d._log_bytes():
+            assert time.monotonic() < deadline, "no WARN for the failed sends:\n" + d._log_bytes().decode()[-3000:]
+            time.sleep(0.1)
+        line = [l for l in d._log_bytes().decode().splitlines() if "descriptor send(s)" in l][0]
+        assert "WARN" in line and "Too many references" in line and "RLIMIT_NOFILE" in line, line
+    finally:
+        for s in held:
+            s.close()
+        channel.close()

@@ -121,6 +121,7 @@ public final class FdChannel implements AutoCloseable {
   private final RefusalLog connectionRefusals;
   private final RefusalLog requestRefusals;
   private final RefusalLog deadlineCloses;
+  private final RefusalLog inFlightFailures;
   private EventLoopGroup group;
   private Channel server;
 
@@ -146,6 +147,7 @@ public final class FdChannel implements AutoCloseable {
     this.connectionRefusals = new RefusalLog(log, "connection", ticker);
     this.requestRefusals = new RefusalLog(log, "request", ticker);
     this.deadlineCloses = new RefusalLog(log, "closed", "connection", ticker);
+    this.inFlightFailures = new RefusalLog(log, "failed", "descriptor send", ticker);
   }
 
   /**
@@ -283,6 +285,21 @@ public final class FdChannel implements AutoCloseable {
   /** A connection closed for a deadline that a well-behaved client never meets (counted, WARN a minute). */
   void closedPastDeadline(Caller peer, String why) {
     deadlineCloses.refused(peer + ": " + why);
+  }
+
+  /**
+   * A descriptor's send failed. Most often the connection closed under it (DEBUG); the kernel's
+   * {@code ETOOMANYREFS} is the daemon's user holding more descriptors in flight than its {@code
+   * RLIMIT_NOFILE}, which fails every send until peers read: a WARN a minute, saying what to raise.
+   */
+  void descriptorSendFailed(Caller peer, Throwable cause) {
+    if (String.valueOf(cause.getMessage()).contains("Too many references")) {
+      inFlightFailures.refused(peer + ": " + cause.getMessage() + ": this daemon's user has more descriptors sent "
+          + "and not yet read than its RLIMIT_NOFILE; raise it above --fd-max-connections times a socket buffer's "
+          + "worth of replies (a few hundred each)");
+    } else {
+      log.debug("fd channel: sending a descriptor to {} failed: {}", peer, cause.toString());
+    }
   }
 
   void refusedRequest(Caller peer, FdReply reply) {

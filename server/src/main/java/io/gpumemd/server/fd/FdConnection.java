@@ -245,7 +245,7 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
       channel.releaseInFlight(tenant);
       unsent--;
       if (!f.isSuccess()) {
-        log.debug("fd channel: sending a descriptor to {} failed: {}", peer, f.cause().toString());
+        channel.descriptorSendFailed(peer, f.cause());
         waiting.clear();
         ctx.close();
       } else {
