@@ -79,7 +79,7 @@ public final class Pidfd implements AutoCloseable {
         return null;
       }
       return new Pidfd(fd, own);
-    } catch (IOException | RuntimeException e) {
+    } catch (IOException | RuntimeException | LinkageError e) {
       UnixSockets.closeQuietly(fd);
       throw e;
     }

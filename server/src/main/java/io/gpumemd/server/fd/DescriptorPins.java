@@ -444,9 +444,22 @@ public final class DescriptorPins {
    * A successor's, once the pools are restored: follows on the processes the previous daemon
    * followed by pidfd ({@code pidfds}, by pidfs inode, as {@link #pidfdsToHandOver} gave them).
    * Owns every descriptor given from here: one that is not that process's pidfd, of a process no
-   * holder names, or of one already followed (it connected since) is closed.
+   * holder names, or of one already followed (it connected since) is closed. A holder whose
+   * pidfd cannot be taken (WARN) ends at the first sweep, as its process cannot be followed.
+   * Adopted processes count toward {@link #MAX_HIDDEN_PROCESSES_PER_TENANT} but are not refused:
+   * the previous daemon held them to it.
    */
   public void adopt(Map<Long, Integer> pidfds) {
+    List<Map.Entry<Long, Integer>> left = new ArrayList<>(pidfds.entrySet());
+    try {
+      adoptEach(left);
+    } finally {
+      left.forEach(e -> UnixSockets.closeQuietly(e.getValue())); // not reached: a failure of its own
+    }
+  }
+
+  /** Adopts each of {@code pidfds}, removing it from the list once it is owned or closed. */
+  private void adoptEach(List<Map.Entry<Long, Integer>> pidfds) {
     Map<Long, String> tenants = new HashMap<>();
     for (String key : pools.descriptorHolders()) {
       DescriptorHolder holder = DescriptorHolder.parse(key);
@@ -455,7 +468,9 @@ public final class DescriptorPins {
       }
     }
     int adopted = 0;
-    for (Map.Entry<Long, Integer> e : pidfds.entrySet()) {
+    int offered = pidfds.size();
+    while (!pidfds.isEmpty()) {
+      Map.Entry<Long, Integer> e = pidfds.remove(pidfds.size() - 1);
       String tenant = tenants.get(e.getKey());
       if (tenant == null) {
         UnixSockets.closeQuietly(e.getValue()); // no holder names it (any more): nothing to follow
@@ -485,9 +500,9 @@ public final class DescriptorPins {
         adopted++;
       }
     }
-    if (!pidfds.isEmpty()) {
+    if (offered > 0) {
       log.debug("--take-over: following {} of {} process(es) in PID namespaces this daemon cannot see by the pidfds "
-          + "the previous daemon sent", adopted, pidfds.size());
+          + "the previous daemon sent", adopted, offered);
     }
   }
 

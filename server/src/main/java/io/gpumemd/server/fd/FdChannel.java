@@ -16,6 +16,7 @@ import io.grpc.netty.shaded.io.netty.channel.epoll.EpollDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollEventLoopGroup;
 import io.grpc.netty.shaded.io.netty.channel.epoll.EpollServerDomainSocketChannel;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
+import io.grpc.netty.shaded.io.netty.channel.unix.Errors;
 import io.grpc.netty.shaded.io.netty.channel.unix.PeerCredentials;
 import io.grpc.netty.shaded.io.netty.handler.codec.LengthFieldBasedFrameDecoder;
 import io.grpc.netty.shaded.io.netty.util.concurrent.DefaultThreadFactory;
@@ -60,7 +61,8 @@ import org.slf4j.LoggerFactory;
  *       after it connected, one idle for {@code --fd-idle-timeout-seconds} (no complete request,
  *       no reply owed), and one whose owed replies go unwritten for {@code
  *       --fd-stall-timeout-ms} are closed, the last with its unsent descriptors, so that their
- *       places in flight come back;
+ *       places in flight come back (one whose peer has replies unread in its socket stays open
+ *       and counted, sending nothing, until the peer reads or closes: see below);
  *   <li>per connection {@link #REQUESTS_PER_SECOND}, {@link #MAX_UNSENT_PER_CONNECTION} and the
  *       reply bytes Netty queues ({@link #WRITE_BUFFER}; see {@link FdConnection});
  *   <li>descriptors sent and not yet read, which the kernel charges to the daemon's user: a
@@ -104,6 +106,9 @@ public final class FdChannel implements AutoCloseable {
    * more there: a client that never reads its pushes holds a few, not a socket buffer's worth.
    */
   static final int MAX_UNREAD_FOR_PUSH = 8 << 10;
+
+  /** The kernel's errno for a sender past its share of descriptors in flight. */
+  private static final int ETOOMANYREFS = 109;
 
   private final IdentityPolicy identities;
   private final FdGrants grants;
@@ -161,6 +166,10 @@ public final class FdChannel implements AutoCloseable {
     ServerBootstrap bootstrap = new ServerBootstrap().group(group)
         .channel(EpollServerDomainSocketChannel.class)
         .childOption(ChannelOption.WRITE_BUFFER_WATER_MARK, WRITE_BUFFER)
+        // A failed write shuts the output down instead of closing the socket under the
+        // pipeline: the connection's own listener then closes it through ConnectionEnd, which
+        // keeps it while the peer has replies unread (their descriptors are in flight).
+        .childOption(ChannelOption.AUTO_CLOSE, false)
         .childHandler(new ChannelInitializer<EpollDomainSocketChannel>() {
           @Override
           protected void initChannel(EpollDomainSocketChannel connection) {
@@ -293,8 +302,13 @@ public final class FdChannel implements AutoCloseable {
    * RLIMIT_NOFILE}, which fails every send until peers read: a WARN a minute, saying what to raise.
    */
   void descriptorSendFailed(Caller peer, Throwable cause) {
-    if (String.valueOf(cause.getMessage()).contains("Too many references")) {
-      inFlightFailures.refused(peer + ": " + cause.getMessage() + ": this daemon's user has more descriptors sent "
+    // The failed write shut the output down: its promise carries that, caused by the kernel's error.
+    Throwable kernel = cause;
+    while (kernel != null && !(kernel instanceof Errors.NativeIoException)) {
+      kernel = kernel.getCause();
+    }
+    if (kernel instanceof Errors.NativeIoException e && Math.abs(e.expectedErr()) == ETOOMANYREFS) {
+      inFlightFailures.refused(peer + ": " + e.getMessage() + ": this daemon's user has more descriptors sent "
           + "and not yet read than its RLIMIT_NOFILE; raise it above --fd-max-connections times a socket buffer's "
           + "worth of replies (a few hundred each)");
     } else {

@@ -170,8 +170,13 @@ public final class TakeOver implements AutoCloseable {
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
           + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
           ahead.size() + segmentFds.size(), ahead.size(), channel.lastFrameBytes());
-      return new TakeOver(channel, state,
-          new IncomingSegments(backend, ahead, segmentFds.stream().mapToInt(Integer::intValue).toArray()), pidfds);
+      try {
+        return new TakeOver(channel, state,
+            new IncomingSegments(backend, ahead, segmentFds.stream().mapToInt(Integer::intValue).toArray()), pidfds);
+      } catch (RuntimeException e) {
+        pidfds.values().forEach(UnixSockets::closeQuietly);
+        throw e;
+      }
     } catch (IOException | RuntimeException e) {
       IncomingSegments.relinquishAll(backend, ahead);
       channel.close();
