@@ -53,21 +53,22 @@ def start_unprivileged(nofile):
     return d, directory
 
 
-@pytest.fixture
-def unprivileged_daemon():
-    d, directory = start_unprivileged(NOFILE)
+def unprivileged(nofile):
+    d, directory = start_unprivileged(nofile)
     yield d
     d.stop()
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def unprivileged_daemon():
+    yield from unprivileged(NOFILE)
 
 
 @pytest.fixture
 def starved_daemon():
     """One whose RLIMIT_NOFILE is below what its connection bound lets peers leave in flight."""
-    d, directory = start_unprivileged(512)
-    yield d
-    d.stop()
-    shutil.rmtree(directory, ignore_errors=True)
+    yield from unprivileged(512)
 
 
 def attack(fd_socket, session_id, segment_id):
@@ -96,6 +97,15 @@ def attack(fd_socket, session_id, segment_id):
     return s, served
 
 
+def attacker_lease(daemon):
+    """This process's session and a lease in it, over a raw gRPC channel (the caller closes it)."""
+    channel = grpc.insecure_channel(daemon.target)
+    allocator = pb_grpc.AllocatorStub(channel)
+    session = allocator.OpenSession(pb.OpenSessionRequest(client_name="attacker", client_cache_bytes=0))
+    lease = allocator.Lease(pb.LeaseRequest(session_id=session.session_id, device=0, size_bytes=4096))
+    return channel, session, lease
+
+
 def run_victim(daemon):
     victim = subprocess.run(["setpriv", "--reuid", "12345", "--regid", "12345", "--clear-groups", sys.executable, "-c",
                              VICTIM, PYTHON_DIR, daemon.target], capture_output=True, text=True, timeout=60)
@@ -105,10 +115,7 @@ def run_victim(daemon):
 def test_a_peer_that_leaves_descriptors_unread_keeps_its_connection_counted_and_other_tenants_are_served(
         unprivileged_daemon):
     d = unprivileged_daemon
-    channel = grpc.insecure_channel(d.target)
-    allocator = pb_grpc.AllocatorStub(channel)
-    session = allocator.OpenSession(pb.OpenSessionRequest(client_name="attacker", client_cache_bytes=0))
-    lease = allocator.Lease(pb.LeaseRequest(session_id=session.session_id, device=0, size_bytes=4096))
+    channel, session, lease = attacker_lease(d)
     held = []
     try:
         served = 0
@@ -144,10 +151,7 @@ def test_a_daemon_whose_limit_is_below_its_connection_bounds_says_what_to_raise(
     """Where RLIMIT_NOFILE is set below what the connection bounds let peers hold in flight, the
     kernel fails the daemon's sends (ETOOMANYREFS): one WARN line a minute names the limit."""
     d = starved_daemon
-    channel = grpc.insecure_channel(d.target)
-    allocator = pb_grpc.AllocatorStub(channel)
-    session = allocator.OpenSession(pb.OpenSessionRequest(client_name="attacker", client_cache_bytes=0))
-    lease = allocator.Lease(pb.LeaseRequest(session_id=session.session_id, device=0, size_bytes=4096))
+    channel, session, lease = attacker_lease(d)
     held = []
     try:
         for _ in range(PER_TENANT):

@@ -117,11 +117,7 @@ public final class DescriptorPins {
 
     /** Whether the process has exited (or its pid names a later process). Reads /proc or polls: outside the lock. */
     boolean exited() {
-      if (pidfd != null) {
-        return pidfd.exited();
-      }
-      ProcessStat stat = ProcessStat.read(key.pid());
-      return !stat.alive() || stat.startTicks() != key.start();
+      return pidfd != null ? pidfd.exited() : gone(key);
     }
   }
 
@@ -330,6 +326,7 @@ public final class DescriptorPins {
     forgetIdleHidden(holding);
   }
 
+  /** Whether a process followed by pid has exited, or its pid names a later process. */
   private static boolean gone(ProcessKey process) {
     ProcessStat stat = ProcessStat.read(process.pid());
     return !stat.alive() || stat.startTicks() != process.start();
@@ -416,14 +413,8 @@ public final class DescriptorPins {
    * @throws IOException when a copy cannot be made (the copies made are closed)
    */
   public Map<Long, Integer> pidfdsToHandOver() throws IOException {
-    Set<Long> holding = new HashSet<>();
-    for (String key : pools.descriptorHolders()) {
-      DescriptorHolder holder = DescriptorHolder.parse(key);
-      if (holder.pid() == 0) {
-        holding.add(holder.startTicks());
-      }
-    }
     Map<Long, Integer> copies = new LinkedHashMap<>();
+    Set<Long> holding = hiddenHolders().keySet();
     try {
       synchronized (this) {
         for (long inode : holding) {
@@ -460,13 +451,7 @@ public final class DescriptorPins {
 
   /** Adopts each of {@code pidfds}, removing it from the list once it is owned or closed. */
   private void adoptEach(List<Map.Entry<Long, Integer>> pidfds) {
-    Map<Long, String> tenants = new HashMap<>();
-    for (String key : pools.descriptorHolders()) {
-      DescriptorHolder holder = DescriptorHolder.parse(key);
-      if (holder.pid() == 0) {
-        tenants.putIfAbsent(holder.startTicks(), holder.tenant());
-      }
-    }
+    Map<Long, String> tenants = hiddenHolders();
     int adopted = 0;
     int offered = pidfds.size();
     while (!pidfds.isEmpty()) {
@@ -504,6 +489,18 @@ public final class DescriptorPins {
       log.debug("--take-over: following {} of {} process(es) in PID namespaces this daemon cannot see by the pidfds "
           + "the previous daemon sent", adopted, offered);
     }
+  }
+
+  /** The processes followed by pidfd that the books name as holders: pidfs inode to tenant. */
+  private Map<Long, String> hiddenHolders() {
+    Map<Long, String> tenants = new HashMap<>();
+    for (String key : pools.descriptorHolders()) {
+      DescriptorHolder holder = DescriptorHolder.parse(key);
+      if (holder.pid() == 0) {
+        tenants.putIfAbsent(holder.startTicks(), holder.tenant());
+      }
+    }
+    return tenants;
   }
 
   /** Processes the channel knows (for tests and metrics). */
