@@ -311,7 +311,7 @@ public final class GpumemdServer {
     if (backend.passesDescriptors()) {
       pins = new DescriptorPins(pools, ticker);
       listeners.startFd(config.fdChannel().socket(), config.tenancy().socketMode(), config.tenancy().socketGroup(),
-          new FdChannel(identities, new FdGrants(registry, pins), pushes, config.fdChannel(), ticker));
+          new FdChannel(identities, new FdGrants(registry, pins), pushes, gate, config.fdChannel(), ticker));
     }
     if (addresses.tcpEnabled()) {
       listeners.startTcp(addresses.listenHost(), addresses.listenPort(), config.security());

@@ -223,6 +223,54 @@ class TakeOverAttackTest {
   }
 
   /**
+   * Found on review (stop 50): the fd channel granted fetches while a hand-over had the gate
+   * closed, after the books were exported for the successor. A process's first fetch of a segment
+   * there made its holder in the books of the daemon handing over only, so the successor did not
+   * know the process holds the segment: it could end its session, keep the segment mapped, and the
+   * successor would free it from the tenant's books. Now a tenant process (uid 65534) that fetches
+   * while a successor holds the state (stopped by SIGSTOP) gets no answer; once the successor
+   * serves, its connection is closed unanswered, and its next fetch, on a new connection, is
+   * granted by the successor.
+   */
+  @Test
+  void fetchWhileTheSuccessorHoldsTheState_waitsAndIsGrantedByTheSuccessor() throws Exception {
+    Assumptions.assumeTrue(OtherUser.available(), "needs root and setpriv to run a tenant as another uid");
+    String[] fd = {"--host-segments", "fd", "--socket-mode", "0666"};
+    start(fd);
+    OtherUser.openUp(dir);
+    List<String> fetcherCommand = new ArrayList<>(OtherUser.javaCommand(OtherUser.NOBODY, OtherUser.NOBODY, List.of(),
+        PauseFetchMain.class.getName()));
+    fetcherCommand.addAll(List.of(dir.resolve("gpumemd.sock").toString(), dir.resolve("gpumemd.sock.fd").toString()));
+    Process fetcher = new ProcessBuilder(fetcherCommand).redirectErrorStream(true).start();
+    processes.add(fetcher);
+    ProcessOutput fetcherOut = ProcessOutput.of(fetcher);
+    assertTrue(fetcherOut.await("LEASED", 60_000), fetcherOut.text());
+
+    List<String> takerCommand = takerWithoutSegmentsAhead();
+    takerCommand.addAll(List.of(fd));
+    Process taker = launch(takerCommand);
+    ProcessOutput takerOut = ProcessOutput.of(taker);
+    KernelWaits.awaitBlockedOnUnixRead(taker.pid()); // its Hello is sent; it waits for the state
+    signal("STOP", taker.pid());
+    DaemonProcess holder = daemons.get(0);
+    assertTrue(holder.awaitLine("State sent to pid " + taker.pid(), 60_000), holder.output());
+
+    // The gate is closed and the books are exported: the successor holds them, stopped.
+    fetcher.getOutputStream().write("fetch\n".getBytes(StandardCharsets.UTF_8));
+    fetcher.getOutputStream().flush();
+    assertTrue(fetcherOut.await("SENT", 30_000), fetcherOut.text());
+    Thread.sleep(1_000);
+    assertFalse(fetcherOut.text().contains("FIRST"), "answered while the successor held the state:\n"
+        + fetcherOut.text());
+
+    signal("CONT", taker.pid());
+    assertTrue(takerOut.await("gpumemd ready", 60_000), takerOut.text());
+    assertTrue(fetcherOut.await("SECOND", 30_000), fetcherOut.text());
+    assertTrue(fetcherOut.text().contains("FIRST CLOSED") && fetcherOut.text().contains("SECOND GRANTED"),
+        fetcherOut.text());
+  }
+
+  /**
    * The other side of item 5: a holder that gave the hand-over up (its successor was silent past
    * the bound) serves on, and a successor whose Taken then fails reads the holder's Refusal and
    * stops, rather than take that EPIPE for a dead holder. The successor is held silent by

@@ -4,6 +4,7 @@ import io.gpumemd.common.Ticker;
 import io.gpumemd.proto.v1.FdReply;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.auth.IdentityPolicy;
+import io.gpumemd.server.books.BooksGate;
 import io.gpumemd.server.config.FdChannelConfig;
 import io.grpc.Status;
 import io.grpc.netty.shaded.io.netty.bootstrap.ServerBootstrap;
@@ -113,6 +114,7 @@ public final class FdChannel implements AutoCloseable {
   private final IdentityPolicy identities;
   private final FdGrants grants;
   private final DescriptorPushes pushes;
+  private final BooksGate gate;
   private final int maxConnections;
   private final int maxInFlight;
   private final long firstRequestNanos;
@@ -130,17 +132,22 @@ public final class FdChannel implements AutoCloseable {
   private EventLoopGroup group;
   private Channel server;
 
-  /** A channel whose bindings nobody pushes on (tests of the channel alone). */
+  /** A channel whose bindings nobody pushes on, in a daemon that never hands over (tests of the channel alone). */
   public FdChannel(IdentityPolicy identities, FdGrants grants, FdChannelConfig config, Ticker ticker) {
-    this(identities, grants, new DescriptorPushes(), config, ticker);
+    this(identities, grants, new DescriptorPushes(), BooksGate.ALWAYS_OPEN, config, ticker);
   }
 
-  /** @param pushes where connections bind sessions, and the Allocator service pushes through them */
-  public FdChannel(IdentityPolicy identities, FdGrants grants, DescriptorPushes pushes, FdChannelConfig config,
-      Ticker ticker) {
+  /**
+   * @param pushes where connections bind sessions, and the Allocator service pushes through them
+   * @param gate what a fetch's grant passes before it makes its holder in the books: while a
+   *     hand-over has it closed, fetches wait for its end (see {@link FdConnection})
+   */
+  public FdChannel(IdentityPolicy identities, FdGrants grants, DescriptorPushes pushes, BooksGate gate,
+      FdChannelConfig config, Ticker ticker) {
     this.identities = identities;
     this.grants = grants;
     this.pushes = pushes;
+    this.gate = gate;
     this.maxConnections = config.maxConnections();
     this.maxInFlight = config.maxInFlight();
     this.firstRequestNanos = TimeUnit.MILLISECONDS.toNanos(config.firstRequestMillis());
@@ -232,6 +239,11 @@ public final class FdChannel implements AutoCloseable {
 
   FdGrants grants() {
     return grants;
+  }
+
+  /** What a fetch's grant passes (a push's is part of its lease, which passed it already). */
+  BooksGate gate() {
+    return gate;
   }
 
   DescriptorPushes pushes() {

@@ -16,6 +16,7 @@ import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
 import io.grpc.netty.shaded.io.netty.handler.codec.TooLongFrameException;
 import java.io.IOException;
 import java.util.ArrayDeque;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.TimeUnit;
 import org.slf4j.Logger;
@@ -51,6 +52,10 @@ import org.slf4j.LoggerFactory;
  * in a segment it was not sent here yet then pushes the descriptor, on the Allocator service's
  * thread ({@link ConnectionPushes}), which shares the socket with this handler's writes.
  *
+ * <p>A fetch's grant passes the daemon's {@link io.gpumemd.server.books.BooksGate} (a push's
+ * passed it with its lease): while a hand-over has the gate closed, the fetch and the requests
+ * after it wait, unanswered and unread, for its end ({@link #waitForHandOver}).
+ *
  * <p>Replies go out in request order: a request waits in {@link #waiting} until the ones before
  * it are answered, and a write's listener (which Netty may run at once, within the write)
  * answers the next ones from the same queue.
@@ -71,6 +76,8 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
   private int unsent;
   /** Requests read and not answered yet: more than one read's worth never waits. */
   private final ArrayDeque<FdRequest> waiting = new ArrayDeque<>();
+  /** The first of {@link #waiting} is a fetch waiting for a hand-over's end ({@link #waitForHandOver}). */
+  private boolean heldForHandOver;
   /** Writes (frames and descriptors) handed to Netty and not done yet. */
   private int pendingWrites;
   private final long connectedNanos;
@@ -155,16 +162,74 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
    * descriptors) rather than each opening one.
    */
   private void answerWaiting(ChannelHandlerContext ctx) {
-    while (unsent < MAX_UNSENT && ctx.channel().isWritable() && !waiting.isEmpty()) {
-      FdGrants.Answer answer = admit(waiting.poll());
+    while (!heldForHandOver && unsent < MAX_UNSENT && ctx.channel().isWritable() && !waiting.isEmpty()) {
+      FdRequest request = waiting.peek();
+      // A fetch's grant makes a holder in the books: not while a hand-over writes them down (the
+      // successor would not know the process holds the segment), so it waits for the hand-over.
+      boolean fetch = !request.getBind();
+      if (fetch && !channel.gate().enter()) {
+        waitForHandOver(ctx);
+        break;
+      }
+      waiting.poll();
+      FdGrants.Answer answer;
+      try {
+        answer = admit(request);
+      } finally {
+        if (fetch) {
+          channel.gate().exit();
+        }
+      }
       if (answer.reply().hasRefused()) { // a bind's reply carries no descriptor either
         channel.refusedRequest(peer, answer.reply());
       }
       send(ctx, answer);
     }
-    boolean read = waiting.isEmpty() && unsent < MAX_UNSENT && ctx.channel().isWritable();
+    boolean read = !heldForHandOver && waiting.isEmpty() && unsent < MAX_UNSENT && ctx.channel().isWritable();
     if (ctx.channel().config().isAutoRead() != read) {
       ctx.channel().config().setAutoRead(read);
+    }
+  }
+
+  /**
+   * The gate refused the fetch at the head of {@link #waiting}: a hand-over has it closed. The
+   * fetch waits, unanswered and the connection unread, for the hand-over's end: answered here if
+   * the gate opens again; if the successor serves, the connection is closed without its answer,
+   * and the client fetches again on a new connection, from the successor, whose books are the
+   * ones that count (both clients try once more on a connection that closed).
+   */
+  private void waitForHandOver(ChannelHandlerContext ctx) {
+    heldForHandOver = true;
+    if (channel.gate().hold(moved -> onLoop(ctx, () -> handOverEnded(ctx, moved)))) {
+      return;
+    }
+    // Nothing holds it: the hand-over ended meanwhile (the gate is open again), or none has the
+    // gate closed (this daemon handed over, and the socket path is its successor's; a successor
+    // that does not serve yet).
+    onLoop(ctx, () -> handOverEnded(ctx, channel.gate().closed()));
+  }
+
+  private void handOverEnded(ChannelHandlerContext ctx, boolean moved) {
+    heldForHandOver = false;
+    if (!ctx.channel().isActive()) {
+      return;
+    }
+    if (moved) {
+      log.debug("fd channel: closing the connection of {}: its session moved to the successor, which answers "
+          + "its fetch", peer);
+      waiting.clear();
+      ctx.close();
+      return;
+    }
+    answerWaiting(ctx);
+  }
+
+  /** Runs {@code task} on the connection's event loop, unless that has stopped (the connection with it). */
+  private static void onLoop(ChannelHandlerContext ctx, Runnable task) {
+    try {
+      ctx.executor().execute(task);
+    } catch (RejectedExecutionException e) {
+      // the daemon is stopping: the connection closes with its event loop
     }
   }
 
@@ -315,7 +380,12 @@ final class FdConnection extends ChannelInboundHandlerAdapter {
     }
     long now = channel.ticker().nanos();
     long left;
-    if (pendingWrites > 0 || !waiting.isEmpty()) {
+    if (heldForHandOver && pendingWrites == 0) {
+      // Not the peer's stall: the hand-over's own deadlines bound the wait, and a close would
+      // fail a fetch that the gate's opening or the successor answers.
+      progressNanos = now;
+      left = channel.checkEveryNanos();
+    } else if (pendingWrites > 0 || !waiting.isEmpty()) {
       left = channel.stallNanos() - (now - progressNanos);
       if (left <= 0) {
         closePastDeadline(ctx, "its replies went unread for " + TimeUnit.NANOSECONDS.toMillis(channel.stallNanos())

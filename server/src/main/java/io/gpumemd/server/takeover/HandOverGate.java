@@ -1,5 +1,6 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.server.books.BooksGate;
 import java.util.Queue;
 import java.util.concurrent.ConcurrentLinkedQueue;
 import java.util.concurrent.TimeUnit;
@@ -9,7 +10,8 @@ import java.util.concurrent.locks.LockSupport;
 /**
  * Whether the daemon applies requests, and how many it is applying: what lets a hand-over
  * snapshot books that nothing changes under it. Every piece of work that changes the books (a
- * unary call, a KeepAlive message, a housekeeping round) {@link #enter}s first and {@link
+ * unary call, a KeepAlive message, a housekeeping round, an fd-channel fetch's grant, through
+ * {@link BooksGate}) {@link #enter}s first and {@link
  * #exit}s when done; {@link #close} refuses new work and waits for the work in progress. A
  * request refused here was not applied at all, which is what lets the client send it again to
  * the successor.
@@ -29,7 +31,7 @@ import java.util.concurrent.locks.LockSupport;
  * Held requests are not counted in flight: they never ran. A successor's gate, closed until it
  * holds the state, holds nothing (its rehearsal expects the "moving" answer).
  */
-public final class HandOverGate {
+public final class HandOverGate implements BooksGate {
   /** A gate that is never closed: daemons without a take-over socket, tests. */
   public static final HandOverGate ALWAYS_OPEN = new HandOverGate(false);
 
@@ -38,15 +40,6 @@ public final class HandOverGate {
   /** Requests refused while handing over wait here ({@link #hold}); true: while a hand-over has the gate closed. */
   private volatile boolean holding;
   private final Queue<Outcome> held = new ConcurrentLinkedQueue<>();
-
-  /** What a request refused while handing over does when the hand-over ends ({@link #hold}). */
-  public interface Outcome {
-    /**
-     * @param moved true: the successor serves and this daemon's connections were sent away (tell
-     *     the client its session moved); false: the gate opened again (answer "moving")
-     */
-    void ended(boolean moved);
-  }
 
   /** @param closed start closed: a successor serves nothing until it holds the running daemon's state */
   public HandOverGate(boolean closed) {
@@ -62,6 +55,7 @@ public final class HandOverGate {
    *
    * @return false when the gate is closed: the work must not be done (and not {@link #exit}ed)
    */
+  @Override
   public boolean enter() {
     inFlight.increment();
     if (closed) {
@@ -81,11 +75,13 @@ public final class HandOverGate {
   }
 
   /** Ends a piece of work that {@link #enter} or {@link #join} let in. */
+  @Override
   public void exit() {
     inFlight.decrement();
   }
 
   /** True while closed: requests are answered as "moving", not applied. */
+  @Override
   public boolean closed() {
     return closed;
   }
@@ -133,6 +129,7 @@ public final class HandOverGate {
    * @return false when nothing is held (no hand-over has the gate closed, or it ended): answer the
    *     request now
    */
+  @Override
   public boolean hold(Outcome outcome) {
     if (!holding) {
       return false;

@@ -17,21 +17,21 @@ import java.nio.file.Path;
  * Socket.recvFd}). Netty's socket does not block, so reads poll
  * with a short sleep, for at most 10 s. One thread at a time.
  */
-final class FdTestClient implements AutoCloseable {
+public final class FdTestClient implements AutoCloseable {
   private static final long DEADLINE_NANOS = 10_000_000_000L;
 
   private final Socket socket;
 
   /** A reply, and the descriptor it carried (-1 for none); the test closes the descriptor. */
-  record Reply(FdReply reply, int fd) {}
+  public record Reply(FdReply reply, int fd) {}
 
-  FdTestClient(Path path) throws IOException {
+  public FdTestClient(Path path) throws IOException {
     Epoll.ensureAvailability();
     socket = Socket.newSocketDomain();
     socket.connect(new DomainSocketAddress(path.toString()));
   }
 
-  void send(FdRequest request) throws IOException {
+  public void send(FdRequest request) throws IOException {
     byte[] body = request.toByteArray();
     ByteBuffer frame = ByteBuffer.allocateDirect(4 + body.length).putInt(body.length).put(body);
     sendRaw(frame.flip());
@@ -75,12 +75,12 @@ final class FdTestClient implements AutoCloseable {
   }
 
   /** Bytes waiting to be read now, without waiting for more ({@code FIONREAD}). */
-  int readable() throws IOException {
+  public int readable() throws IOException {
     return io.gpumemd.common.unix.UnixSockets.readable(socket.intValue());
   }
 
   /** The next reply, or null when the daemon closed the connection instead. */
-  Reply receive() throws IOException {
+  public Reply receive() throws IOException {
     long deadline = System.nanoTime() + DEADLINE_NANOS;
     ByteBuffer length = readExactly(4, deadline);
     ByteBuffer body = length == null ? null : readExactly(length.getInt(0), deadline);
@@ -105,7 +105,7 @@ final class FdTestClient implements AutoCloseable {
   }
 
   /** True once the daemon has closed the connection (nothing more to read), within 10 s. */
-  boolean closedByDaemon() throws IOException {
+  public boolean closedByDaemon() throws IOException {
     long deadline = System.nanoTime() + DEADLINE_NANOS;
     ByteBuffer one = ByteBuffer.allocateDirect(1);
     while (true) {
@@ -152,7 +152,7 @@ final class FdTestClient implements AutoCloseable {
     }
   }
 
-  static void closeQuietly(int fd) {
+  public static void closeQuietly(int fd) {
     if (fd > 0) {
       try {
         new FileDescriptor(fd).close();
