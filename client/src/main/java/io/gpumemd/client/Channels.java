@@ -68,17 +68,22 @@ public final class Channels {
 
   /** A channel and the event loop it owns; closing it shuts down both. */
   public static final class Connection implements AutoCloseable {
-    private final ManagedChannel channel;
+    private final MovingChannel channel;
     private final EventLoopGroup group;
     private final String target;
 
-    Connection(ManagedChannel channel, EventLoopGroup group, String target) {
+    Connection(MovingChannel channel, EventLoopGroup group, String target) {
       this.channel = channel;
       this.group = group;
       this.target = target;
     }
 
     public ManagedChannel channel() {
+      return channel;
+    }
+
+    /** The same channel, with what a take-over asks of it. */
+    MovingChannel moving() {
       return channel;
     }
 
@@ -123,16 +128,14 @@ public final class Channels {
     ChannelCredentials credentials = security.tls() ? tlsCredentials(security) : null;
     EventLoopGroup group = new EpollEventLoopGroup(1, daemon("gpumemd-client"));
     NettyChannelBuilder builder;
+    Path socket = null;
     if (target.startsWith("unix://")) {
       String path = target.substring("unix://".length());
       if (path.isEmpty()) {
         throw new IllegalArgumentException("target: " + target + " (expected: unix:///path/to.sock)");
       }
-      builder = NettyChannelBuilder.forAddress(new DomainSocketAddress(path))
-          .channelType(EpollDomainSocketChannel.class)
-          // grpc-netty sets SO_KEEPALIVE on every channel; a Unix socket has no such option and
-          // Netty logs a warning per connection. A null value removes the option.
-          .withOption(ChannelOption.SO_KEEPALIVE, null);
+      socket = Path.of(path);
+      builder = unix(socket);
     } else {
       int colon = target.lastIndexOf(':');
       if (colon <= 0 || target.contains("/")) {
@@ -151,15 +154,31 @@ public final class Channels {
           : NettyChannelBuilder.forAddress(host, port).usePlaintext())
           .channelType(EpollSocketChannel.class);
     }
-    if (target.startsWith("unix://")) {
-      builder.usePlaintext();
-    }
+    MovingChannel channel = new MovingChannel(build(builder, security, group), socket,
+        successor -> build(unix(successor), security, group));
+    return new Connection(channel, group, target);
+  }
+
+  /** A plaintext builder for a Unix socket (never TLS: the kernel vouches for its peers). */
+  private static NettyChannelBuilder unix(Path socket) {
+    return NettyChannelBuilder.forAddress(new DomainSocketAddress(socket.toString()))
+        .channelType(EpollDomainSocketChannel.class)
+        // grpc-netty sets SO_KEEPALIVE on every channel; a Unix socket has no such option and
+        // Netty logs a warning per connection. A null value removes the option.
+        .withOption(ChannelOption.SO_KEEPALIVE, null)
+        .usePlaintext();
+  }
+
+  /**
+   * The channel of {@code builder} on the connection's event loop, with the settings every
+   * channel of the client has (a successor's spare too, {@link MovingChannel}); the moving retry
+   * is the {@link MovingChannel}'s, above them all.
+   */
+  private static ManagedChannel build(NettyChannelBuilder builder, Security security, EventLoopGroup group) {
     if (security.bearerToken() != null) {
       builder.intercept(bearer(security.bearerToken()));
     }
-    // Added last, so run first: each retried attempt passes the others (the bearer token) again.
-    builder.intercept(new MovingRetry());
-    ManagedChannel channel = builder.eventLoopGroup(group)
+    return builder.eventLoopGroup(group)
         .directExecutor()
         // gRPC's retry machinery wraps every call in a RetriableStream that buffers its messages
         // for replay; gpumemd configures no retry policy, so it would only ever replay a call
@@ -168,7 +187,6 @@ public final class Channels {
         // async pairs in flight run ~20% faster and a blocking pair's p50 drops ~8%.
         .disableRetry()
         .build();
-    return new Connection(channel, group, target);
   }
 
   private static ChannelCredentials tlsCredentials(Security security) {

@@ -213,7 +213,7 @@ public final class GpuMemClient implements AutoCloseable {
     }
     boolean streamCalls = b.keepAlive && !b.unaryCalls;
     this.fdChannel = new FdChannelClient(b.target, FdChannelClient.DEFAULT_TIMEOUT_MS);
-    this.sessions = new SessionKeeper(connection.channel(), open.build(), b.keepAlive, streamCalls, b.ticker, b.sleeper,
+    this.sessions = new SessionKeeper(connection.moving(), open.build(), b.keepAlive, streamCalls, b.ticker, b.sleeper,
         b.onShutdownNotice, counters, fdChannel);
     this.leases = new LeasePaths(sessions, connection.channel(), streamCalls, counters, pendingReleases);
     this.sharing = new SharingCalls(sessions, leases, connection.channel(), streamCalls, b.ticker, b.sleeper);

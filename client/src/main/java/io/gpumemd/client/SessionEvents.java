@@ -29,15 +29,23 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
   private final Consumer<Status> ended;
   /** An admin's sleep and wake asks; null before the client is built (no ask comes before the consent). */
   private final AskedSleeps asked;
+  /** Told the socket a successor listens on before it takes the session over. */
+  private final Consumer<String> successorAt;
+  /** Told when the stream attached (after a move, the channel's primary reconnects then). */
+  private final Runnable onAttached;
 
   /**
    * @param done counted down when the stream ends
    * @param onShutdownNotice told the drain timeout when the daemon announces its shutdown
    * @param ended told how the stream ended (OK when the daemon completed it)
    * @param asked answers an admin's sleep and wake, and says on each attach whether it may
+   * @param successorAt told the socket name of a successor about to take the session over
+   * @param onAttached told each time the stream attaches, after what was held is sent
    */
   SessionEvents(Session session, CountDownLatch done, Consumer<Long> onShutdownNotice, Consumer<Status> ended,
-      AskedSleeps asked) {
+      AskedSleeps asked, Consumer<String> successorAt, Runnable onAttached) {
+    this.successorAt = successorAt;
+    this.onAttached = onAttached;
     this.s = session;
     this.done = done;
     this.onShutdownNotice = onShutdownNotice;
@@ -64,6 +72,7 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
         if (asked != null) {
           asked.attached(s); // the consent belongs to the stream's session: told on every attach
         }
+        onAttached.run();
       }
       case SLEEP_ASKED -> {
         if (asked != null) {
@@ -84,6 +93,7 @@ final class SessionEvents implements ClientResponseObserver<KeepAliveRequest, Se
         // (logged there, SessionKeeper).
         s.stream.moving(true);
       }
+      case SUCCESSOR -> successorAt.accept(event.getSuccessor().getSocketName()); // its connect is asynchronous
       case RETURN_CACHE -> s.giveBack(cache == null ? List.of()
           : cache.giveBack(event.getReturnCache().getDevice(), event.getReturnCache().getBytes()));
       case CACHE_ALLOWANCE -> s.giveBack(cache == null ? List.of()

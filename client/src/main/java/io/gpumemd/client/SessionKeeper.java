@@ -6,7 +6,6 @@ import io.gpumemd.proto.v1.CloseSessionRequest;
 import io.gpumemd.proto.v1.KeepAliveRequest;
 import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.OpenSessionResponse;
-import io.grpc.ManagedChannel;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.util.concurrent.CountDownLatch;
@@ -54,7 +53,7 @@ final class SessionKeeper {
   static final long REOPEN_WAIT_MS = 10_000;
 
   /** The client's one channel: its connection is replaced at once when the daemon moves ({@link #streamEnded}). */
-  private final ManagedChannel channel;
+  private final MovingChannel channel;
   private final AllocatorGrpc.AllocatorBlockingStub blocking;
   private final AllocatorGrpc.AllocatorStub async;
   /** What OpenSession asks for, again for each new session after a restart. */
@@ -82,7 +81,7 @@ final class SessionKeeper {
    * @param keepAlive hold a KeepAlive stream for each session
    * @param streamCalls lease on that stream (and keep a client cache), not with unary calls
    */
-  SessionKeeper(ManagedChannel channel, OpenSessionRequest openRequest, boolean keepAlive, boolean streamCalls,
+  SessionKeeper(MovingChannel channel, OpenSessionRequest openRequest, boolean keepAlive, boolean streamCalls,
       Ticker ticker, Sleeper sleeper, Consumer<Long> onShutdownNotice, ClientCounters counters,
       FdChannelClient fdChannel) {
     this.channel = channel;
@@ -281,7 +280,8 @@ final class SessionKeeper {
       return;
     }
     CountDownLatch done = new CountDownLatch(1);
-    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status), asked);
+    SessionEvents events = new SessionEvents(s, done, onShutdownNotice, status -> streamEnded(s, status), asked,
+        channel::successorAt, channel::attached);
     s.stream.open(async::keepAlive, events, done, KeepAliveRequest.newBuilder().setSessionId(s.id).build());
   }
 
@@ -298,15 +298,14 @@ final class SessionKeeper {
       // The daemon moved the session to its successor behind the same address: at once after its
       // MovingNotice; after a refused message, in a few milliseconds (the old daemon, still there
       // until its successor serves, refuses a new stream as well).
-      if (noticed) {
-        reconnect();
-      }
+      boolean early = noticed && reconnect();
       try {
         scheduler.schedule(() -> openStream(s), noticed ? 0 : MOVING_RETRY_MS, TimeUnit.MILLISECONDS);
         if (noticed) {
           // Logged after the reattach began, on the scheduler's thread: on this transport thread, which
           // the new connection needs, a client's first log line took 12-17 ms (TakeOverPauseMain).
-          scheduler.execute(() -> log.info("gpumemd is moving to its successor; session {} reattaches", s.id));
+          scheduler.execute(() -> log.info("gpumemd is moving to its successor; session {} reattaches{}", s.id,
+              early ? " over the connection made to it before the pause" : ""));
         }
       } catch (RejectedExecutionException e) {
         // closing
@@ -332,20 +331,14 @@ final class SessionKeeper {
   }
 
   /**
-   * Drops the channel's connection to the daemon that moved and opens one to its successor now,
-   * while the old stream's end is still being handled: the reattach then neither waits for the
-   * old daemon's GOAWAY (its notice can arrive first, and a stream opened on the old connection
-   * is refused) nor for a connection opened only when the reattach starts (one take-over
-   * timestamped on two busy cores: 12 ms to the successor's accept, 8 more to the call there).
-   * Calls still running on the old connection finish there. Both methods are marked experimental
-   * in grpc-java (its issue 4359).
+   * Moves the channel to the successor now, while the old stream's end is still being handled
+   * ({@link MovingChannel#moveToSuccessor}): over the connection made to it before the pause when
+   * there is one, else over a new one.
+   *
+   * @return true over the connection made before the pause
    */
-  private void reconnect() {
-    if (closing) {
-      return;
-    }
-    channel.enterIdle();
-    channel.getState(true);
+  private boolean reconnect() {
+    return !closing && channel.moveToSuccessor();
   }
 
   /**

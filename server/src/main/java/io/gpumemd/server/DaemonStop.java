@@ -129,11 +129,14 @@ final class DaemonStop {
       if (why == Reason.HANDED_OVER) {
         // New connections go to the successor (it owns the socket paths); this daemon's clients
         // learn it from their streams' MovingNotice and from the GOAWAY of their connections.
-        // They are told first, since their leases wait until they reach the successor; the fd
-        // channel closes after (its event loop takes milliseconds to stop), by when their
-        // connections have GOAWAY, so they call again on new ones.
-        p.listeners().sendAway();
+        // They are told first, since their leases wait until they reach the successor; the
+        // notices before the GOAWAY, which took up to 14 ms on two busy cores (a Java client
+        // moves its stream at the notice, over a connection made before the pause or a new one;
+        // another sees the GOAWAY before it opens its next stream, or is refused as moving and
+        // tries again). The fd channel closes after (its event loop takes milliseconds to stop),
+        // by when their connections have GOAWAY, so they call again on new ones.
         p.registry().moved();
+        p.listeners().sendAway();
         HandOver h = handOver;
         if (h != null) {
           // Requests that waited for the hand-over: their clients call again now, there.

@@ -86,6 +86,12 @@ public final class GpumemdServer {
   /** Where fd-channel connections bind sessions for pushed descriptors; null when the backend passes none. */
   private final DescriptorPushes pushes;
   private final Ticker ticker;
+  /**
+   * The longest a successor waits, once it serves, for the sessions that had a stream at the
+   * hand-over to attach one here before it finishes its start (past it, a client that is slow or
+   * gone does not hold the daemon's housekeeping and readiness back).
+   */
+  private static final long REATTACH_WAIT_MILLIS = 100;
   /** Closed from the start in a successor: it applies nothing until it holds the running daemon's state. */
   private final HandOverGate gate;
   /** Who was sent which segment's descriptor; null without an fd channel. */
@@ -237,7 +243,7 @@ public final class GpumemdServer {
         Rehearsal.run(b -> books(config, b, ticker, false), server.scratchOnOwnBackend() ? backend : null,
             server.stage(),
             Rehearsal.channelPath(config.takeOver().socket()), server.listeners.unixBoundAt());
-        takeOver = TakeOverState.request(config, backend, VERSION);
+        takeOver = TakeOverState.request(config, backend, VERSION, server.listeners.unixBoundAt());
         if (takeOver != null) {
           TakeOverState.restorePools(takeOver, server.pools);
           if (server.pins != null) {
@@ -368,6 +374,10 @@ public final class GpumemdServer {
     listeners.publish();
     if (takeOver != null) {
       takeOver.live(); // first: the running daemon's clients move once it hears this
+      // They reattach now. On two busy cores, finishing this start meanwhile (the logs, metrics,
+      // housekeeping, the take-over socket) delayed their streams' first messages here by 5-20
+      // ms, inside their pause; none of it is needed to serve them.
+      registry.awaitStreams(takeOver.attachedSessions(), REATTACH_WAIT_MILLIS);
     }
     if (handOver != null && !handOverAt.equals(handOverSocket)) {
       HandOver.publishAt(handOverAt, handOverSocket);

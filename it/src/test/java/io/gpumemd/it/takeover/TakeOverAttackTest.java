@@ -8,10 +8,16 @@ import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
+import io.gpumemd.proto.v1.AllocatorGrpc;
+import io.gpumemd.proto.v1.KeepAliveRequest;
+import io.gpumemd.proto.v1.OpenSessionRequest;
+import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.server.takeover.TakeOverState;
 import io.gpumemd.server.testing.DaemonProcess;
 import io.gpumemd.server.testing.OtherUser;
+import io.gpumemd.server.testing.TestChannel;
 import io.gpumemd.server.testing.TestDaemon;
+import io.grpc.stub.StreamObserver;
 import java.io.IOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
@@ -22,7 +28,9 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
+import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 import org.junit.jupiter.api.AfterEach;
@@ -390,6 +398,73 @@ class TakeOverAttackTest {
       assertEquals((byte) 0x5a, lease.buffer().get(0));
       lease.close();
     }
+  }
+
+  /**
+   * Issue 34, item 6: at a successor's Hello the daemon tells every attached session where the
+   * successor listens until it serves (a SuccessorNotice with the Hello's {@code serving_at}), so
+   * that its clients connect there before the pause; a name that is not a plain file name is not
+   * passed on. Both successors here abort, and the daemon serves on.
+   */
+  @Test
+  void successorsHello_tellsAttachedSessionsWhereItListens_notANameWithASlash() throws Exception {
+    DaemonProcess daemon = start();
+    try (TestChannel grpc = new TestChannel(daemon.unixTarget())) {
+      String session = AllocatorGrpc.newBlockingStub(grpc.channel())
+          .openSession(OpenSessionRequest.newBuilder().setClientName("told").build()).getSessionId();
+      BlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
+      StreamObserver<KeepAliveRequest> requests = AllocatorGrpc.newStub(grpc.channel()).keepAlive(
+          new StreamObserver<>() {
+            @Override
+            public void onNext(SessionEvent event) {
+              events.add(event);
+            }
+
+            @Override
+            public void onError(Throwable t) {}
+
+            @Override
+            public void onCompleted() {}
+          });
+      requests.onNext(KeepAliveRequest.newBuilder().setSessionId(session).build());
+      SessionEvent attached = events.poll(10, TimeUnit.SECONDS);
+      assertTrue(attached != null && attached.hasAttached(), String.valueOf(attached));
+
+      List<String> names = List.of("../gpumemd.sock.new-1", "gpumemd.sock.new-4242");
+      for (int i = 0; i < names.size(); i++) {
+        try (TakeOverPeer peer = TakeOverPeer.connect(takeOverSocket())) {
+          peer.send(TakeOverFrame.newBuilder().setHello(TakeOverPeer.hostHello().toBuilder()
+              .setTakesSegmentsAhead(true).setServingAt(names.get(i))).build());
+          TakeOverFrame frame = peer.receive();
+          while (frame != null && frame.hasDescriptors()) {
+            frame = peer.receive();
+          }
+          assertTrue(frame != null && frame.hasSegmentsAhead(), String.valueOf(frame));
+          peer.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason("a test")).build());
+          int served = i + 1;
+          assertTrue(awaitCount(daemon, "could not adopt the segments sent ahead (a test); serving on", served),
+              daemon.output());
+        }
+      }
+      SessionEvent told = events.poll(10, TimeUnit.SECONDS);
+      assertTrue(told != null && told.hasSuccessor(), String.valueOf(told));
+      assertEquals("gpumemd.sock.new-4242", told.getSuccessor().getSocketName());
+      assertEquals(null, events.poll(300, TimeUnit.MILLISECONDS), "a second notice");
+      requests.onCompleted();
+    }
+    assertServing(daemon);
+  }
+
+  /** Waits until {@code line} is in the daemon's output {@code count} times; false after 30 s. */
+  private static boolean awaitCount(DaemonProcess daemon, String line, int count) throws InterruptedException {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(30);
+    while (daemon.output().split(java.util.regex.Pattern.quote(line), -1).length - 1 < count) {
+      if (System.nanoTime() > deadline) {
+        return false;
+      }
+      Thread.sleep(20);
+    }
+    return true;
   }
 
   /**

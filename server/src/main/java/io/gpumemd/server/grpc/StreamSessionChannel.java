@@ -9,6 +9,7 @@ import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.proto.v1.StreamError;
 import io.grpc.Status;
 import io.gpumemd.proto.v1.MovingNotice;
+import io.gpumemd.proto.v1.SuccessorNotice;
 import io.gpumemd.proto.v1.ShutdownNotice;
 import io.gpumemd.proto.v1.StreamAttached;
 import io.gpumemd.proto.v1.UnmapSegment;
@@ -99,6 +100,11 @@ final class StreamSessionChannel implements SessionChannel {
   public synchronized void moving() {
     send(SessionEvent.newBuilder().setMoving(MovingNotice.getDefaultInstance()).build());
     close();
+  }
+
+  @Override
+  public synchronized void successorAt(String socketName) {
+    send(SessionEvent.newBuilder().setSuccessor(SuccessorNotice.newBuilder().setSocketName(socketName)).build());
   }
 
   private void send(SessionEvent event) {

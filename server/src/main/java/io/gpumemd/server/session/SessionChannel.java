@@ -33,6 +33,13 @@ public interface SessionChannel {
     close();
   }
 
+  /**
+   * Tells the client that a successor is about to take the session over and listens on the Unix
+   * socket {@code socketName}, beside the daemon's, until it serves on the daemon's socket: the
+   * client may connect there before the pause. Changes nothing here.
+   */
+  default void successorAt(String socketName) {}
+
   /** Ends the stream (the session ended, or a newer stream replaced this one). */
   void close();
 }

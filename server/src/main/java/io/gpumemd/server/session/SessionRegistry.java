@@ -28,6 +28,7 @@ import io.gpumemd.server.sharing.SharedObjects;
 import java.util.Collection;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -417,6 +418,50 @@ public final class SessionRegistry {
         // a stream cancelled under the notice: its client reconnects anyway
         log.debug("Moving notice to {} not sent: {}", session, e.toString());
       }
+    }
+  }
+
+  /**
+   * Tells every attached client where the successor about to take its session over listens
+   * ({@link SessionChannel#successorAt}), so that it connects there before the pause.
+   *
+   * @return the sessions told
+   */
+  public int successorAt(String socketName) {
+    int told = 0;
+    for (Session session : sessions.all()) {
+      SessionChannel channel = session.channel();
+      try {
+        if (channel != null) {
+          channel.successorAt(socketName);
+          told++;
+        }
+      } catch (RuntimeException e) {
+        // a stream cancelled under the notice: its client reattaches the slower way
+        log.debug("Successor notice to {} not sent: {}", session, e.toString());
+      }
+    }
+    return told;
+  }
+
+  /**
+   * Waits until {@code expected} sessions have a stream attached, at most {@code maxMillis}: a
+   * successor lets the clients it took over reattach before it finishes its own start. Polls
+   * every millisecond (once per take-over; the sessions are one per client process).
+   */
+  public void awaitStreams(int expected, long maxMillis) {
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(maxMillis);
+    while (expected > 0 && System.nanoTime() < deadline && !Thread.currentThread().isInterrupted()) {
+      int attached = 0;
+      for (Session session : sessions.all()) {
+        if (session.streamAttached()) {
+          attached++;
+        }
+      }
+      if (attached >= expected) {
+        return;
+      }
+      LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
     }
   }
 

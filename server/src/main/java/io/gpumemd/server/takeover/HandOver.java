@@ -91,6 +91,13 @@ public final class HandOver implements AutoCloseable {
      * successor's Hello was accepted and the gate closes next, so the pause meets warm code.
      */
     default void rehearse() {}
+
+    /**
+     * A successor's Hello was accepted: tells the clients where it listens until it serves on
+     * this daemon's socket ({@code Hello.serving_at}, a file name beside it), so that they
+     * connect there while this daemon still serves. Returns at once.
+     */
+    default void successorAt(String socketName) {}
   }
 
   private final Path path;

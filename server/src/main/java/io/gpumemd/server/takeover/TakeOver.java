@@ -323,6 +323,11 @@ public final class TakeOver implements AutoCloseable {
     return taken;
   }
 
+  /** The sessions that had a stream attached when the running daemon wrote its state down. */
+  public int attachedSessions() {
+    return (int) state.getSessions().getSessionsList().stream().filter(s -> s.getStreamAttached()).count();
+  }
+
   public int runningDaemonPid() {
     return runningDaemonPid;
   }

@@ -21,6 +21,7 @@ import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.IdentityHashMap;
 import java.util.List;
@@ -82,6 +83,12 @@ public final class TakeOverState {
     public void rehearse() {
       rehearsal.run();
     }
+
+    @Override
+    public void successorAt(String socketName) {
+      int told = registry.successorAt(socketName);
+      log.debug("Told {} session(s) that the successor listens on {} until it serves", told, socketName);
+    }
   }
 
   /** How a backend hands segments to clients, which a successor must match. */
@@ -92,11 +99,17 @@ public final class TakeOverState {
   /**
    * Asks the running daemon for its state (this daemon's backend can hold one: checked before).
    *
+   * @param servingAt where this daemon's gRPC server listens until it serves on the running
+   *     daemon's socket (the running daemon tells its clients), or null for no Unix socket
    * @return the state, or null to start fresh
    */
-  public static TakeOver request(ServerConfig config, MemoryBackend backend, String version) throws IOException {
+  public static TakeOver request(ServerConfig config, MemoryBackend backend, String version, Path servingAt)
+      throws IOException {
     Hello.Builder hello = Hello.newBuilder().setVersion(version).setBackend(backend.name())
         .setPid((int) ProcessHandle.current().pid()).setHandles(handles(backend));
+    if (servingAt != null) {
+      hello.setServingAt(servingAt.getFileName().toString());
+    }
     for (DeviceInfo device : backend.devices()) {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
       hello.addDeviceUuids(device.uuid());
