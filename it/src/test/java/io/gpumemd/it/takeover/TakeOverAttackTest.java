@@ -14,6 +14,7 @@ import io.gpumemd.proto.v1.OpenSessionRequest;
 import io.gpumemd.proto.v1.SessionEvent;
 import io.gpumemd.server.takeover.TakeOverState;
 import io.gpumemd.server.testing.DaemonProcess;
+import io.gpumemd.server.testing.EventStream;
 import io.gpumemd.server.testing.OtherUser;
 import io.gpumemd.server.testing.TestChannel;
 import io.gpumemd.server.testing.TestDaemon;
@@ -413,20 +414,7 @@ class TakeOverAttackTest {
       String session = AllocatorGrpc.newBlockingStub(grpc.channel())
           .openSession(OpenSessionRequest.newBuilder().setClientName("told").build()).getSessionId();
       BlockingQueue<SessionEvent> events = new LinkedBlockingQueue<>();
-      StreamObserver<KeepAliveRequest> requests = AllocatorGrpc.newStub(grpc.channel()).keepAlive(
-          new StreamObserver<>() {
-            @Override
-            public void onNext(SessionEvent event) {
-              events.add(event);
-            }
-
-            @Override
-            public void onError(Throwable t) {}
-
-            @Override
-            public void onCompleted() {}
-          });
-      requests.onNext(KeepAliveRequest.newBuilder().setSessionId(session).build());
+      StreamObserver<KeepAliveRequest> requests = EventStream.attach(grpc.channel(), session, events);
       SessionEvent attached = events.poll(10, TimeUnit.SECONDS);
       assertTrue(attached != null && attached.hasAttached(), String.valueOf(attached));
 

@@ -31,6 +31,7 @@ import io.gpumemd.server.session.LiveSessions;
 import io.gpumemd.server.books.Quota;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
+import io.gpumemd.server.testing.EventStream;
 import io.gpumemd.server.testing.FakeTicker;
 import io.grpc.CallOptions;
 import io.grpc.ClientCall;
@@ -130,19 +131,7 @@ class SessionStreamTest {
     OpenSessionResponse opened = allocator.openSession(
         (request.getClientName().isEmpty() ? request.setClientName("stream-test") : request).build());
     sessionId = opened.getSessionId();
-    stream = AllocatorGrpc.newStub(channel).keepAlive(new StreamObserver<>() {
-      @Override
-      public void onNext(SessionEvent event) {
-        events.add(event);
-      }
-
-      @Override
-      public void onError(Throwable t) {}
-
-      @Override
-      public void onCompleted() {}
-    });
-    stream.onNext(KeepAliveRequest.newBuilder().setSessionId(sessionId).build());
+    stream = EventStream.attach(channel, sessionId, events);
     assertTrue(next().hasAttached());
     return opened;
   }
