@@ -1,5 +1,6 @@
 package io.gpumemd.client;
 
+import io.gpumemd.common.unix.UnixSockets;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
 import io.grpc.ClientCall;
@@ -104,8 +105,7 @@ final class MovingChannel extends ManagedChannel {
    * A spare connected to an earlier successor that never took over is dropped.
    */
   void successorAt(String socketName) {
-    if (spareTo == null || socketName.isEmpty() || socketName.contains("/") || socketName.equals(".")
-        || socketName.equals("..")) {
+    if (spareTo == null || !UnixSockets.isSocketFileName(socketName)) {
       return;
     }
     ManagedChannel next;

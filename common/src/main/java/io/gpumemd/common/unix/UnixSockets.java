@@ -251,4 +251,14 @@ public final class UnixSockets {
   public static void closeQuietly(int fd) {
     Descriptors.closeQuietly(fd);
   }
+
+  /**
+   * Whether {@code name} is a plain file name, to be looked for beside a known socket: one path
+   * element, not {@code .} or {@code ..}, of printable ASCII, at most 255 bytes (a successor's
+   * socket name, which the daemon passes on and its clients resolve; both check it here).
+   */
+  public static boolean isSocketFileName(String name) {
+    return !name.isEmpty() && name.length() <= 255 && !name.equals(".") && !name.equals("..")
+        && name.chars().allMatch(c -> c > 0x20 && c < 0x7f && c != '/');
+  }
 }

@@ -29,6 +29,7 @@ import java.util.Collection;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.LockSupport;
+import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -408,17 +409,7 @@ public final class SessionRegistry {
    * now.
    */
   public void moved() {
-    for (Session session : sessions.all()) {
-      SessionChannel channel = session.channel();
-      try {
-        if (channel != null) {
-          channel.moving();
-        }
-      } catch (RuntimeException e) {
-        // a stream cancelled under the notice: its client reconnects anyway
-        log.debug("Moving notice to {} not sent: {}", session, e.toString());
-      }
-    }
+    tellAttached("Moving", SessionChannel::moving);
   }
 
   /**
@@ -428,17 +419,26 @@ public final class SessionRegistry {
    * @return the sessions told
    */
   public int successorAt(String socketName) {
+    return tellAttached("Successor", c -> c.successorAt(socketName));
+  }
+
+  /**
+   * Gives {@code notice} to the channel of every session that has a stream attached.
+   *
+   * @return the sessions told
+   */
+  private int tellAttached(String what, Consumer<SessionChannel> notice) {
     int told = 0;
     for (Session session : sessions.all()) {
       SessionChannel channel = session.channel();
       try {
         if (channel != null) {
-          channel.successorAt(socketName);
+          notice.accept(channel);
           told++;
         }
       } catch (RuntimeException e) {
-        // a stream cancelled under the notice: its client reattaches the slower way
-        log.debug("Successor notice to {} not sent: {}", session, e.toString());
+        // a stream cancelled under the notice: its client reattaches anyway
+        log.debug("{} notice to {} not sent: {}", what, session, e.toString());
       }
     }
     return told;

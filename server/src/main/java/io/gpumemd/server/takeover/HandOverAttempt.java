@@ -1,5 +1,6 @@
 package io.gpumemd.server.takeover;
 
+import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Abort;
 import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
@@ -66,7 +67,8 @@ final class HandOverAttempt {
     if (hello == null) {
       return;
     }
-    if (isSocketName(hello.getServingAt())) {
+    // The successor is of this uid, but a name that is not a plain file name is not passed on.
+    if (UnixSockets.isSocketFileName(hello.getServingAt())) {
       // First: the clients connect there while this daemon rehearses and sends the segments.
       daemon.successorAt(hello.getServingAt());
     }
@@ -85,16 +87,6 @@ final class HandOverAttempt {
         (System.nanoTime() - started) / 1_000_000);
     awaitLive();
     daemon.handedOver(pid);
-  }
-
-  /**
-   * Whether {@code name} is a file name the clients may look for beside the daemon's socket: one
-   * path element, not {@code .} or {@code ..}, of printable ASCII (the successor is of this uid,
-   * but a name that is not a plain file name is not passed on).
-   */
-  static boolean isSocketName(String name) {
-    return !name.isEmpty() && name.length() <= 255 && !name.equals(".") && !name.equals("..")
-        && name.chars().allMatch(c -> c > 0x20 && c < 0x7f && c != '/');
   }
 
   /** The successor's uid and Hello; null when refused (it was told why) or gone. */
