@@ -124,6 +124,8 @@ class SharingClientTest {
     lease.close();
     assertEquals(0, owner.stats().cachedBlocks(), "neither the shared lease nor the hold went into the client cache");
     Await.until(() -> pool(PoolMetric.LIVE_HOLDS) == 0, "the hold was released to the daemon");
+    // The lease's release is a stream notice; the revoke below is a call that could overtake it.
+    Await.until(() -> daemon.server().registry().liveLeases() == 0, "the lease was released to the daemon");
     assertEquals(0, pool(PoolMetric.CLIENT_CACHED_BYTES));
     assertEquals(64 * KiB, pool(PoolMetric.LEASED_BYTES), "the valid token still holds the block");
     assertTrue(share.revoke(), "revoking the last hold returns the block");
