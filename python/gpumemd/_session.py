@@ -37,6 +37,7 @@ from ._replies import check_lease
 from ._sharing import closed_client
 from ._sleep import SleepAsks
 from ._stubs import pb
+from ._successor import Successors, socket_directory
 
 log = logging.getLogger("gpumemd")
 
@@ -160,8 +161,10 @@ class ClientCore(SleepAsks):
 
     _session_class = None
 
-    def __init__(self, target, client_name, stream, on_shutdown, metadata):
+    def __init__(self, target, client_name, stream, on_shutdown, metadata, credentials=None, aio=False):
         self.target = target
+        #: The channel to a successor the daemon announces, and the one the stream runs on.
+        self._successors = Successors(socket_directory(target, credentials), aio)
         self.client_name = client_name
         self._metadata = metadata
         self._stream_calls = stream
@@ -475,8 +478,12 @@ class ClientCore(SleepAsks):
             self._sleep_asked(s, event.sleep_asked)
         elif kind == "moving":
             # The daemon hands the session to its successor and ends the stream next: reattach at once.
-            log.info("gpumemd is moving to its successor; session %s reattaches", s.id)
+            log.info("gpumemd is moving to its successor; session %s reattaches%s", s.id,
+                     " over the connection made to it before the pause" if self._successors.ready() else "")
             s.log.moving = True
+        elif kind == "successor":
+            # The successor listens; connect to it now, while this daemon still serves.
+            self._successors.successor_at(event.successor.socket_name)
         elif kind == "release_failed":
             failed = event.release_failed
             s.log.refused(failed.lease_id)

@@ -103,7 +103,8 @@ class AsyncClient(ClientCore):
     def __init__(self, target, client_name, stream, token, root_certificates, private_key, certificate_chain,
                  on_shutdown):
         credentials, metadata = options(root_certificates, private_key, certificate_chain, token)
-        super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata)
+        super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata,
+                         credentials, aio=True)
         self._channel = open_channel(target, credentials, aio=True)
         self._stub = pb_grpc.AllocatorStub(self._channel)
         self._tasks = set()
@@ -415,7 +416,10 @@ class AsyncClient(ClientCore):
         while not s.lost:
             requests = s.queue
             turn = s.turn = Turn(asyncio.Event())
-            call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
+            stub, retired = self._successors.stream_stub(self._stub, s.log.moving)
+            for channel in retired:
+                await channel.close()
+            call = stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             code, details = grpc.StatusCode.OK, ""
             try:
@@ -514,6 +518,8 @@ class AsyncClient(ClientCore):
             s.mappings.close_all()
             self._fd_channels.close()
             await self._channel.close()
+            for channel in self._successors.close():
+                await channel.close()
             self._closed = True
 
     async def __aenter__(self):

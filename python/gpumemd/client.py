@@ -119,7 +119,8 @@ class Client(ClientCore):
                  root_certificates=None, private_key=None, certificate_chain=None, on_shutdown=None,
                  timeout=10.0, client_cache_bytes=None):
         credentials, metadata = options(root_certificates, private_key, certificate_chain, token)
-        super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata)
+        super().__init__(target, client_name or "python-%d" % os.getpid(), stream, on_shutdown, metadata,
+                         credentials, aio=False)
         self._open_request = open_request(self.client_name, ttl_seconds, client_cache_bytes, stream)
         self._channel = open_channel(target, credentials)
         self._stub = pb_grpc.AllocatorStub(self._channel)
@@ -443,7 +444,10 @@ class Client(ClientCore):
         while not s.lost:
             requests = s.queue
             turn = s.turn = Turn(threading.Event())
-            call = self._stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
+            stub, retired = self._successors.stream_stub(self._stub, s.log.moving)
+            for channel in retired:
+                channel.close()
+            call = stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             if s.lost:  # lost (unary NOT_FOUND) while the call started: _lose may have missed it
                 call.cancel()
@@ -555,6 +559,8 @@ class Client(ClientCore):
             s.mappings.close_all()
             self._fd_channels.close()
             self._channel.close()
+            for channel in self._successors.close():
+                channel.close()
             self._closed = True
 
     def __enter__(self):
