@@ -5,17 +5,11 @@ import io.gpumemd.common.unix.Pidfd;
 import io.gpumemd.common.unix.ProcessStat;
 import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.server.auth.Caller;
-import io.gpumemd.server.backend.FdPassedSegment;
-import io.gpumemd.server.backend.IpcHandle;
-import io.gpumemd.server.backend.SegmentFd;
 import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.DescriptorHolder;
 import io.gpumemd.server.pool.DevicePool;
 import io.gpumemd.server.pool.DevicePools;
 import java.io.IOException;
-import java.nio.file.DirectoryStream;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.HashSet;
@@ -89,48 +83,16 @@ public final class DescriptorPins {
    */
   static final int MAX_HIDDEN_PROCESSES_PER_TENANT = 1000;
 
-  /**
-   * A process as its holders name it ({@link DescriptorHolder}): a pid and its start time, or for
-   * a process this daemon cannot see by pid, pid 0 and its pidfs inode.
-   */
-  private record ProcessKey(int pid, long start) {}
-
-  /** A process that connected to the fd channel: kept until it has exited. */
-  private static final class Peer {
-    final ProcessKey key;
-    /** How a process this daemon cannot see by pid is followed; null for the others. */
-    final Pidfd pidfd;
-    final String tenant;
-    int connections;
-    /** The value of {@link #connects} when it last connected: a check begun before is stale. */
-    long lastConnect;
-    /** A connection of it ended with replies unread: it keeps what it was sent until it exits. */
-    boolean leftUnread;
-    /** Grants on their way into the pool's books: the process is not forgotten meanwhile. */
-    int granting;
-
-    Peer(ProcessKey key, Pidfd pidfd, String tenant) {
-      this.key = key;
-      this.pidfd = pidfd;
-      this.tenant = tenant;
-    }
-
-    /** Whether the process has exited (or its pid names a later process). Reads /proc or polls: outside the lock. */
-    boolean exited() {
-      return pidfd != null ? pidfd.exited() : gone(key);
-    }
-  }
-
   private final DevicePools pools;
   private final Ticker ticker;
   private final int hiddenPerTenant;
-  private final Map<ProcessKey, Peer> peers = new HashMap<>(); // guarded by this
+  private final Map<FdPeer.Key, FdPeer> peers = new HashMap<>(); // guarded by this
   /**
    * The process of each open connection, by the {@link Caller} instance {@link FdChannel} made
    * for that connection alone: a connection's grants and end find its own process, whatever pid
    * reuse or namespaces did since.
    */
-  private final Map<Caller, Peer> connections = new IdentityHashMap<>(); // guarded by this
+  private final Map<Caller, FdPeer> connections = new IdentityHashMap<>(); // guarded by this
   private final Map<String, Integer> hiddenByTenant = new HashMap<>(); // guarded by this
   private long connects; // guarded by this
   private boolean dirty; // guarded by this: a process closed its last connection
@@ -172,7 +134,7 @@ public final class DescriptorPins {
       return null; // gone already: its connection ends at once, and it was sent nothing
     }
     synchronized (this) {
-      Peer p = peers.computeIfAbsent(new ProcessKey(pid, start), key -> new Peer(key, null, peer.tenant()));
+      FdPeer p = peers.computeIfAbsent(new FdPeer.Key(pid, start), key -> new FdPeer(key, null, peer.tenant()));
       connect(peer, p);
     }
     return null;
@@ -202,8 +164,8 @@ public final class DescriptorPins {
     }
     String tenant = peer.tenant();
     synchronized (this) {
-      ProcessKey key = new ProcessKey(0, pidfd.inode());
-      Peer p = peers.get(key);
+      FdPeer.Key key = new FdPeer.Key(0, pidfd.inode());
+      FdPeer p = peers.get(key);
       if (p != null) {
         pidfd.close(); // a process already followed: its first pidfd serves
       } else if (hiddenByTenant.getOrDefault(tenant, 0) >= hiddenPerTenant) {
@@ -211,7 +173,7 @@ public final class DescriptorPins {
         return "tenant " + tenant + " has " + hiddenPerTenant + " processes in PID namespaces this daemon cannot see "
             + "connected or keeping descriptors, its limit";
       } else {
-        p = new Peer(key, pidfd, tenant);
+        p = new FdPeer(key, pidfd, tenant);
         peers.put(key, p);
         hiddenByTenant.merge(tenant, 1, Integer::sum);
         log.debug("fd channel: following {} by {}", peer, pidfd);
@@ -221,7 +183,7 @@ public final class DescriptorPins {
     return null;
   }
 
-  private void connect(Caller connection, Peer p) { // guarded by this
+  private void connect(Caller connection, FdPeer p) { // guarded by this
     p.connections++;
     p.lastConnect = ++connects;
     connections.put(connection, p);
@@ -234,7 +196,7 @@ public final class DescriptorPins {
    * @param nothingUnread true when the kernel said the peer had read everything sent to it
    */
   synchronized void disconnected(Caller peer, boolean nothingUnread) {
-    Peer p = connections.remove(peer);
+    FdPeer p = connections.remove(peer);
     if (p == null) {
       return;
     }
@@ -250,7 +212,7 @@ public final class DescriptorPins {
    * of the session.
    */
   void granted(Caller peer, String session, long segmentId) {
-    Peer p;
+    FdPeer p;
     synchronized (this) {
       p = connections.get(peer);
       if (p == null) {
@@ -285,13 +247,13 @@ public final class DescriptorPins {
     lastSweepNanos = now;
     forgetExited();
     Map<Integer, ProcessReach> reaches = new HashMap<>();
-    Set<ProcessKey> holding = new HashSet<>();
+    Set<FdPeer.Key> holding = new HashSet<>();
     for (String key : pools.descriptorHolders()) {
       DescriptorHolder holder = DescriptorHolder.parse(key);
-      ProcessKey process = new ProcessKey(holder.pid(), holder.startTicks());
+      FdPeer.Key process = new FdPeer.Key(holder.pid(), holder.startTicks());
       holding.add(process);
       long checkedAt;
-      Peer p;
+      FdPeer p;
       synchronized (this) {
         p = peers.get(process);
         if (p != null && (p.connections > 0 || p.leftUnread)) {
@@ -299,7 +261,7 @@ public final class DescriptorPins {
         }
         checkedAt = connects;
       }
-      if (p == null ? holder.pid() == 0 || gone(process) : p.exited()) {
+      if (p == null ? holder.pid() == 0 || FdPeer.gone(process) : p.exited()) {
         log.debug("Process {} of {} exited: it maps nothing it was sent for session {}",
             holder.pid() == 0 ? "(pidfd inode " + holder.startTicks() + ")" : holder.pid(), holder.tenant(),
             holder.session());
@@ -315,7 +277,7 @@ public final class DescriptorPins {
       }
       for (DevicePool pool : pools.all()) {
         for (Map.Entry<Long, SegmentMemory> segment : pool.segmentsOf(key).entrySet()) {
-          FileId file = FileId.of(segment.getValue());
+          ProcessReach.FileId file = ProcessReach.FileId.of(segment.getValue());
           if (file != null && !reach.reaches(file) && unchangedSince(process, checkedAt)) {
             log.debug("Process {} no longer maps segment {} nor holds its descriptor", holder.pid(), segment.getKey());
             pool.dropped(key, segment.getKey());
@@ -326,32 +288,26 @@ public final class DescriptorPins {
     forgetIdleHidden(holding);
   }
 
-  /** Whether a process followed by pid has exited, or its pid names a later process. */
-  private static boolean gone(ProcessKey process) {
-    ProcessStat stat = ProcessStat.read(process.pid());
-    return !stat.alive() || stat.startTicks() != process.start();
-  }
-
   /**
    * True when the process has not connected since {@code checkedAt} (its {@code /proc} read
    * then may miss a descriptor sent since) and no connection of it left a reply unread.
    */
-  private synchronized boolean unchangedSince(ProcessKey process, long checkedAt) {
-    Peer p = peers.get(process);
+  private synchronized boolean unchangedSince(FdPeer.Key process, long checkedAt) {
+    FdPeer p = peers.get(process);
     return p == null || (p.connections == 0 && !p.leftUnread && p.lastConnect <= checkedAt);
   }
 
   /** Forgets processes without connections that have exited (their holders end in the sweep). */
   private void forgetExited() {
-    List<Peer> idle = new ArrayList<>();
+    List<FdPeer> idle = new ArrayList<>();
     synchronized (this) {
-      for (Peer p : peers.values()) {
+      for (FdPeer p : peers.values()) {
         if (p.connections == 0) {
           idle.add(p);
         }
       }
     }
-    for (Peer p : idle) {
+    for (FdPeer p : idle) {
       if (p.exited()) {
         synchronized (this) {
           if (p.connections == 0 && p.granting == 0) {
@@ -367,12 +323,12 @@ public final class DescriptorPins {
    * lists the processes the books named at this sweep's start), so that a live process that
    * was refused, or gave everything back, costs the daemon no descriptor.
    */
-  private void forgetIdleHidden(Set<ProcessKey> holding) {
-    List<Peer> idle = new ArrayList<>();
+  private void forgetIdleHidden(Set<FdPeer.Key> holding) {
+    List<FdPeer> idle = new ArrayList<>();
     long checkedAt;
     synchronized (this) {
       checkedAt = connects;
-      for (Peer p : peers.values()) {
+      for (FdPeer p : peers.values()) {
         if (p.pidfd != null && p.connections == 0 && p.granting == 0 && !holding.contains(p.key)) {
           idle.add(p);
         }
@@ -382,13 +338,13 @@ public final class DescriptorPins {
       return;
     }
     // Read again: a grant that reached the books after the list above was read shows here.
-    Set<ProcessKey> now = new HashSet<>();
+    Set<FdPeer.Key> now = new HashSet<>();
     for (String key : pools.descriptorHolders()) {
       DescriptorHolder holder = DescriptorHolder.parse(key);
-      now.add(new ProcessKey(holder.pid(), holder.startTicks()));
+      now.add(new FdPeer.Key(holder.pid(), holder.startTicks()));
     }
     synchronized (this) {
-      for (Peer p : idle) {
+      for (FdPeer p : idle) {
         if (p.connections == 0 && p.granting == 0 && p.lastConnect <= checkedAt && !now.contains(p.key)) {
           forget(p);
         }
@@ -396,7 +352,7 @@ public final class DescriptorPins {
     }
   }
 
-  private void forget(Peer p) { // guarded by this
+  private void forget(FdPeer p) { // guarded by this
     if (peers.remove(p.key, p) && p.pidfd != null) {
       hiddenByTenant.computeIfPresent(p.tenant, (t, n) -> n <= 1 ? null : n - 1);
       p.pidfd.close();
@@ -418,7 +374,7 @@ public final class DescriptorPins {
     try {
       synchronized (this) {
         for (long inode : holding) {
-          Peer p = peers.get(new ProcessKey(0, inode));
+          FdPeer p = peers.get(new FdPeer.Key(0, inode));
           if (p != null) {
             copies.put(inode, p.pidfd.copy());
           }
@@ -475,12 +431,12 @@ public final class DescriptorPins {
         continue;
       }
       synchronized (this) {
-        ProcessKey key = new ProcessKey(0, pidfd.inode());
+        FdPeer.Key key = new FdPeer.Key(0, pidfd.inode());
         if (peers.containsKey(key)) {
           pidfd.close();
           continue;
         }
-        peers.put(key, new Peer(key, pidfd, tenant));
+        peers.put(key, new FdPeer(key, pidfd, tenant));
         hiddenByTenant.merge(tenant, 1, Integer::sum);
         adopted++;
       }
@@ -511,81 +467,5 @@ public final class DescriptorPins {
   /** Processes of {@code tenant} followed by pidfd (for tests). */
   synchronized int hiddenProcesses(String tenant) {
     return hiddenByTenant.getOrDefault(tenant, 0);
-  }
-
-  // ------------------------------------------------------------------------------ /proc
-
-  /** A file by device and inode, as {@code stat} and {@code /proc/PID/maps} name it. */
-  record FileId(long major, long minor, long inode) {
-    /** The file of a host segment passed by descriptor; null for any other kind (not checkable). */
-    static FileId of(SegmentMemory memory) {
-      if (!(memory instanceof FdPassedSegment segment) || !(memory.handle() instanceof IpcHandle.HostFd)) {
-        return null;
-      }
-      try (SegmentFd descriptor = segment.open(true)) {
-        if (descriptor == null) {
-          return null; // freed meanwhile
-        }
-        return ofPath(Path.of("/proc/self/fd/" + descriptor.number()));
-      } catch (IOException | RuntimeException e) {
-        return null;
-      }
-    }
-
-    /** The file a path (or a {@code /proc} descriptor link) names, or null when it cannot be read. */
-    static FileId ofPath(Path path) {
-      try {
-        long dev = (Long) Files.getAttribute(path, "unix:dev");
-        long ino = (Long) Files.getAttribute(path, "unix:ino");
-        // glibc's dev_t encoding (gnu_dev_major and gnu_dev_minor)
-        long major = ((dev >>> 8) & 0xfff) | ((dev >>> 32) & ~0xfffL);
-        long minor = (dev & 0xff) | ((dev >>> 12) & ~0xffL);
-        return new FileId(major, minor, ino);
-      } catch (IOException | RuntimeException e) {
-        return null;
-      }
-    }
-  }
-
-  /** The files a process maps or holds descriptors of, as the kernel shows them. */
-  static final class ProcessReach {
-    private final Set<FileId> files;
-
-    private ProcessReach(Set<FileId> files) {
-      this.files = files;
-    }
-
-    boolean reaches(FileId file) {
-      return files.contains(file);
-    }
-
-    /** Reads {@code /proc/PID/maps} and {@code /proc/PID/fd}; null when either cannot be read. */
-    static ProcessReach read(int pid) {
-      Set<FileId> files = new HashSet<>();
-      Path proc = Path.of("/proc/" + pid);
-      try {
-        List<String> maps = Files.readAllLines(proc.resolve("maps"));
-        for (String line : maps) {
-          // address perms offset dev inode [path]
-          String[] f = line.trim().split("\\s+", 6);
-          if (f.length < 5 || f[4].equals("0")) {
-            continue;
-          }
-          String[] dev = f[3].split(":");
-          files.add(new FileId(Long.parseLong(dev[0], 16), Long.parseLong(dev[1], 16), Long.parseLong(f[4])));
-        }
-        try (DirectoryStream<Path> fds = Files.newDirectoryStream(proc.resolve("fd"))) {
-          for (Path fd : fds) {
-            FileId id = FileId.ofPath(fd);
-            if (id != null) {
-              files.add(id); // a descriptor closed meanwhile, or a socket: nothing to match
-            }
-          }
-        }
-        return files.isEmpty() ? null : new ProcessReach(files);
-      } catch (IOException | RuntimeException e) {
-        return null;
-      }
-    }
   }
 }

@@ -8,13 +8,17 @@ import java.util.Collection;
 import java.util.Comparator;
 import java.util.List;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.locks.LockSupport;
+import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * The live sessions by id, and the pools' way to reach them: an unmap request for a holder
- * goes to that session's KeepAlive stream. Created before the pools and the {@link
+ * The live sessions by id, and the way to reach their attached KeepAlive streams: the pools'
+ * (an unmap request for a holder goes to that session's stream) and the daemon's notices to
+ * every attached client (shutdown, a successor's socket, moving). Created before the pools and the {@link
  * SessionRegistry}, which both hold it, so neither needs the other at construction.
  *
  * <p>Thread-safe: a concurrent map; {@link #requestUnmap} never blocks.
@@ -100,6 +104,50 @@ public final class LiveSessions implements HolderRequests {
 
   public int size() {
     return byId.size();
+  }
+
+  /**
+   * Gives {@code notice} to the channel of every session that has a stream attached (a stream
+   * cancelled under it is skipped: its client reattaches anyway).
+   *
+   * @param what the notice's name, for the DEBUG line of one not sent
+   * @return the sessions told
+   */
+  int tellAttached(String what, Consumer<SessionChannel> notice) {
+    int told = 0;
+    for (Session session : byId.values()) {
+      SessionChannel channel = session.channel();
+      try {
+        if (channel != null) {
+          notice.accept(channel);
+          told++;
+        }
+      } catch (RuntimeException e) {
+        log.debug("{} notice to {} not sent: {}", what, session, e.toString());
+      }
+    }
+    return told;
+  }
+
+  /**
+   * Waits until {@code expected} sessions have a stream attached, at most {@code maxMillis}: a
+   * successor lets the clients it took over reattach before it finishes its own start. Polls
+   * every millisecond (once per take-over; the sessions are one per client process).
+   */
+  void awaitStreams(int expected, long maxMillis) {
+    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(maxMillis);
+    while (expected > 0 && System.nanoTime() < deadline && !Thread.currentThread().isInterrupted()) {
+      int attached = 0;
+      for (Session session : byId.values()) {
+        if (session.streamAttached()) {
+          attached++;
+        }
+      }
+      if (attached >= expected) {
+        return;
+      }
+      LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
+    }
   }
 
   @Override

@@ -28,8 +28,6 @@ import io.gpumemd.server.sharing.SharedObjects;
 import java.util.Collection;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.locks.LockSupport;
-import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -391,12 +389,7 @@ public final class SessionRegistry {
   /** Stops taking sessions and leases and tells every attached client. */
   public void beginDrain(long drainMillis) {
     directory.beginDraining();
-    for (Session session : sessions.all()) {
-      SessionChannel channel = session.channel();
-      if (channel != null) {
-        channel.shutdownNotice(drainMillis);
-      }
-    }
+    sessions.tellAttached("Shutdown", c -> c.shutdownNotice(drainMillis));
   }
 
   public boolean draining() {
@@ -409,7 +402,7 @@ public final class SessionRegistry {
    * now.
    */
   public void moved() {
-    tellAttached("Moving", SessionChannel::moving);
+    sessions.tellAttached("Moving", SessionChannel::moving);
   }
 
   /**
@@ -419,50 +412,12 @@ public final class SessionRegistry {
    * @return the sessions told
    */
   public int successorAt(String socketName) {
-    return tellAttached("Successor", c -> c.successorAt(socketName));
+    return sessions.tellAttached("Successor", c -> c.successorAt(socketName));
   }
 
-  /**
-   * Gives {@code notice} to the channel of every session that has a stream attached.
-   *
-   * @return the sessions told
-   */
-  private int tellAttached(String what, Consumer<SessionChannel> notice) {
-    int told = 0;
-    for (Session session : sessions.all()) {
-      SessionChannel channel = session.channel();
-      try {
-        if (channel != null) {
-          notice.accept(channel);
-          told++;
-        }
-      } catch (RuntimeException e) {
-        // a stream cancelled under the notice: its client reattaches anyway
-        log.debug("{} notice to {} not sent: {}", what, session, e.toString());
-      }
-    }
-    return told;
-  }
-
-  /**
-   * Waits until {@code expected} sessions have a stream attached, at most {@code maxMillis}: a
-   * successor lets the clients it took over reattach before it finishes its own start. Polls
-   * every millisecond (once per take-over; the sessions are one per client process).
-   */
+  /** See {@link LiveSessions#awaitStreams}: a successor lets its clients reattach before it finishes starting. */
   public void awaitStreams(int expected, long maxMillis) {
-    long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(maxMillis);
-    while (expected > 0 && System.nanoTime() < deadline && !Thread.currentThread().isInterrupted()) {
-      int attached = 0;
-      for (Session session : sessions.all()) {
-        if (session.streamAttached()) {
-          attached++;
-        }
-      }
-      if (attached >= expected) {
-        return;
-      }
-      LockSupport.parkNanos(TimeUnit.MILLISECONDS.toNanos(1));
-    }
+    sessions.awaitStreams(expected, maxMillis);
   }
 
   /** Ends every session, then drops every share token and published name (shutdown). */

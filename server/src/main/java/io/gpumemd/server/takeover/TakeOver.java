@@ -88,19 +88,9 @@ public final class TakeOver implements AutoCloseable {
    */
   public static TakeOver request(Path socket, Hello hello, MemoryBackend backend) throws IOException {
     String path = socket.toAbsolutePath().toString();
-    TakeOverChannel channel;
-    try {
-      channel = TakeOverChannel.connect(path, HandOver.HELLO_MILLIS + HandOver.QUIESCE_MILLIS);
-    } catch (ErrnoCalls.ErrnoException e) {
-      if (e.errno() == ENOENT || e.errno() == ECONNREFUSED) {
-        log.info("--take-over: no daemon answers on {}; starting fresh", path);
-        return null;
-      }
-      if (e.errno() == EACCES) {
-        throw new IOException("take-over: cannot connect to " + path + ": permission denied (only the running "
-            + "daemon's uid may take over: run as that user)");
-      }
-      throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
+    TakeOverChannel channel = connect(path);
+    if (channel == null) {
+      return null;
     }
     // Adopted ahead of the state: given up on every way out but the TakeOver that owns them.
     List<SegmentMemory> ahead = new ArrayList<>();
@@ -152,21 +142,8 @@ public final class TakeOver implements AutoCloseable {
         throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
             + state.getDescriptorCount());
       }
-      // The last descriptors are the pidfds of processes the running daemon followed by pidfd.
-      int hidden = state.getHiddenProcessInodesCount();
-      if (hidden > fds.size()) {
-        fds.forEach(UnixSockets::closeQuietly);
-        throw new IOException("take-over: the state names " + hidden + " pidfd(s) and " + fds.size()
-            + " descriptor(s) came in all");
-      }
-      List<Integer> segmentFds = fds.subList(0, fds.size() - hidden);
-      Map<Long, Integer> pidfds = new LinkedHashMap<>();
-      for (int i = 0; i < hidden; i++) {
-        Integer twice = pidfds.put(state.getHiddenProcessInodes(i), fds.get(segmentFds.size() + i));
-        if (twice != null) {
-          UnixSockets.closeQuietly(twice);
-        }
-      }
+      Map<Long, Integer> pidfds = pidfds(state, fds);
+      List<Integer> segmentFds = fds.subList(0, fds.size() - state.getHiddenProcessInodesCount());
       log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
           + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
           ahead.size() + segmentFds.size(), ahead.size(), channel.lastFrameBytes());
@@ -182,6 +159,46 @@ public final class TakeOver implements AutoCloseable {
       channel.close();
       throw e;
     }
+  }
+
+  /** A channel to the running daemon at {@code path}; null when nobody answers there (start fresh). */
+  private static TakeOverChannel connect(String path) throws IOException {
+    try {
+      return TakeOverChannel.connect(path, HandOver.HELLO_MILLIS + HandOver.QUIESCE_MILLIS);
+    } catch (ErrnoCalls.ErrnoException e) {
+      if (e.errno() == ENOENT || e.errno() == ECONNREFUSED) {
+        log.info("--take-over: no daemon answers on {}; starting fresh", path);
+        return null;
+      }
+      if (e.errno() == EACCES) {
+        throw new IOException("take-over: cannot connect to " + path + ": permission denied (only the running "
+            + "daemon's uid may take over: run as that user)");
+      }
+      throw new IOException("take-over: cannot connect to " + path + ": " + e.getMessage());
+    }
+  }
+
+  /**
+   * The pidfds among the descriptors that came with {@code state} (the last ones: of processes the
+   * running daemon followed by pidfd), by pidfs inode; every descriptor is closed when the count
+   * does not add up.
+   */
+  private static Map<Long, Integer> pidfds(State state, List<Integer> fds) throws IOException {
+    int hidden = state.getHiddenProcessInodesCount();
+    if (hidden > fds.size()) {
+      fds.forEach(UnixSockets::closeQuietly);
+      throw new IOException("take-over: the state names " + hidden + " pidfd(s) and " + fds.size()
+          + " descriptor(s) came in all");
+    }
+    int first = fds.size() - hidden;
+    Map<Long, Integer> pidfds = new LinkedHashMap<>();
+    for (int i = 0; i < hidden; i++) {
+      Integer twice = pidfds.put(state.getHiddenProcessInodes(i), fds.get(first + i));
+      if (twice != null) {
+        UnixSockets.closeQuietly(twice);
+      }
+    }
+    return pidfds;
   }
 
   /**
