@@ -137,21 +137,28 @@ public final class DaemonProcess implements AutoCloseable {
   }
 
   /**
-   * The system property that starts daemon and client processes with the JVM's optimising
-   * compiler, as the image runs the daemon: benchmarks set it, so that what they time is the code
-   * a deployed daemon runs, not the quick compiler's.
+   * The system property that starts daemon and client processes as the image runs the daemon:
+   * the JVM's optimising compiler, its default collector and the image's heap rule. Benchmarks set
+   * it, so that what they time is what a deployed daemon runs, not the quick compiler and the
+   * small serial-collected heap that let tests start hundreds of JVMs sooner.
    */
   public static final String FULL_JIT = "gpumemd.test.fullJit";
 
   /** {@code java -cp <this test classpath> mainClass}, for daemon and client processes. */
   public static List<String> javaCommand(String mainClass) {
     String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
-    String heap = "-Xmx" + System.getProperty("gpumemd.test.xmx", "256m");
     // As the image and the README run it: an OutOfMemoryError ends the process.
-    List<String> command = new ArrayList<>(List.of(java, heap, "-XX:+ExitOnOutOfMemoryError", "-XX:+UseSerialGC"));
-    if (!Boolean.getBoolean(FULL_JIT)) {
-      // Tests start hundreds of short-lived JVMs: the quick compiler alone starts them sooner.
-      command.add("-XX:TieredStopAtLevel=1");
+    List<String> command = new ArrayList<>(List.of(java, "-XX:+ExitOnOutOfMemoryError"));
+    if (Boolean.getBoolean(FULL_JIT)) {
+      // The image's heap rule and the JVM's own choice of collector (G1 on a machine of two cores
+      // or more): a small heap under the serial collector put young pauses of up to 63 ms into
+      // a take-over's pause with 10,000 leases, which a deployed daemon does not have.
+      command.add("-XX:MaxRAMPercentage=50");
+    } else {
+      // Tests start hundreds of short-lived JVMs: a small heap, the serial collector and the
+      // quick compiler alone start them sooner.
+      command.addAll(List.of("-Xmx" + System.getProperty("gpumemd.test.xmx", "256m"), "-XX:+UseSerialGC",
+          "-XX:TieredStopAtLevel=1"));
     }
     command.addAll(List.of("-cp", System.getProperty("java.class.path"), mainClass));
     return command;
