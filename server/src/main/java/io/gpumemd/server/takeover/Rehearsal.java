@@ -99,6 +99,12 @@ public final class Rehearsal {
   private static final long SETTLE_MILLIS = 2_000;
   /** How long the compiler threads may take to go idle before a settling round. */
   private static final long SETTLE_WAIT_MILLIS = 1_000;
+  /**
+   * The least time the calls after the rounds are given, counted from the rounds' end ({@link
+   * #afterRounds}): the rounds took 5–6 s on two loaded cores, past the bound on all the calls,
+   * and the restored session's reattach then failed at once, unrehearsed.
+   */
+  private static final long AFTER_ROUNDS_MILLIS = 2_000;
 
   /**
    * New connections the rehearsal opens on this daemon's own socket, each for one KeepAlive stream:
@@ -158,7 +164,7 @@ public final class Rehearsal {
         apart(books, channelAt, scratch -> {
           codec(scratch, channelAt);
           if (stage != null) {
-            lastWords(scratch, stage, channelAt, started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS));
+            lastWords(scratch, stage, channelAt, afterRounds(started + TimeUnit.MILLISECONDS.toNanos(CALLS_MILLIS)));
           }
         });
       } catch (IOException | RuntimeException | InterruptedException e) {
@@ -198,7 +204,7 @@ public final class Rehearsal {
         apart(books, channelAt, scratch -> {
           codec(scratch, channelAt);
           if (stage != null) {
-            lastWords(scratch, stage, channelAt, deadline);
+            lastWords(scratch, stage, channelAt, afterRounds(deadline));
           }
         });
       }
@@ -250,7 +256,7 @@ public final class Rehearsal {
       holdMore(from, session, HELD - KEPT_ON_STREAM);
       Books to = handOverRounds(from, scratch, at, made);
       // The client is closed last: the server goes away with it connected, as a daemon that handed over does.
-      try (RehearsalClient client = new RehearsalClient(socket, deadlineNanos);
+      try (RehearsalClient client = new RehearsalClient(socket, afterRounds(deadlineNanos));
           AutoCloseable server = stage.serve(to, socket)) {
         // A worker's client after a take-over: its restored session's stream, then its leases.
         // The sessions are not closed: that would log as a client's do; closing the pools is silent.
@@ -447,6 +453,11 @@ public final class Rehearsal {
     made.add(next);
     SelfHandOver.handOver(from, next, channelAt);
     return next;
+  }
+
+  /** The deadline of calls made after the rounds: {@code deadlineNanos}, or {@link #AFTER_ROUNDS_MILLIS} from now if later. */
+  private static long afterRounds(long deadlineNanos) {
+    return Math.max(deadlineNanos, System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(AFTER_ROUNDS_MILLIS));
   }
 
   /** Waits for the JIT's compiler threads to go idle; false when they do not within the bound (or on interrupt). */
