@@ -151,8 +151,7 @@ public final class DaemonProcess implements AutoCloseable {
     List<String> command = new ArrayList<>(List.of(java, "-XX:+ExitOnOutOfMemoryError"));
     if (Boolean.getBoolean(FULL_JIT)) {
       // The image's heap rule and the JVM's own choice of collector (G1 on a machine of two cores
-      // or more): a small heap under the serial collector put young pauses of up to 63 ms into
-      // a take-over's pause with 10,000 leases, which a deployed daemon does not have.
+      // or more): what a benchmark times should be collected as a deployed daemon is.
       command.add("-XX:MaxRAMPercentage=50");
     } else {
       // Tests start hundreds of short-lived JVMs: a small heap, the serial collector and the
