@@ -447,6 +447,11 @@ class ClientCore(SleepAsks):
 
     # ------------------------------------------------------------------ events
 
+    def _close_channels(self, channels):
+        """Closes channels no call runs on (the asyncio client schedules its closes instead)."""
+        for channel in channels:
+            channel.close()
+
     def _take_event(self, s, event):
         """Applies one SessionEvent of ``s``; True for a shutdown notice, which the subclass
         then passes to ``on_shutdown``. ReturnCache and a smaller CacheAllowance give cached
@@ -483,7 +488,7 @@ class ClientCore(SleepAsks):
             s.log.moving = True
         elif kind == "successor":
             # The successor listens; connect to it now, while this daemon still serves.
-            self._successors.successor_at(event.successor.socket_name)
+            self._close_channels(self._successors.successor_at(event.successor.socket_name))
         elif kind == "release_failed":
             failed = event.release_failed
             s.log.refused(failed.lease_id)

@@ -68,8 +68,8 @@ class _Spare:
 
 class Successors:
     """The spare channel a client connects to its daemon's announced successor, and the channel
-    its KeepAlive stream runs on. The caller closes the channels this hands back (retired: no
-    stream runs on them) in its own way, ``close()`` or, for asyncio, ``await close()``."""
+    its KeepAlive stream runs on. The caller closes the channels this hands back (no stream runs
+    on them) in its own way, ``close()`` or, for asyncio, ``await close()``."""
 
     def __init__(self, directory, aio):
         self._directory = directory
@@ -77,24 +77,25 @@ class Successors:
         self._lock = threading.Lock()
         self._spare = None   # connected, or connecting, to the announced successor; not used yet
         self._stream = None  # the spare the stream moved to, until the stream leaves it
-        self._retired = []   # channels no stream runs on, to close at the next reattach
         self._closed = False
 
     def successor_at(self, name):
         """The daemon named its successor's socket: connect a spare to it, beside the target's own
         socket (mounts may name the directory differently). A name that is not a plain file name,
-        or no socket there, is ignored; an earlier spare, unused, is retired."""
-        if self._directory is None or not is_socket_file_name(name):
-            return
-        path = os.path.join(self._directory, name)
-        if not os.path.exists(path):
-            return
+        or no socket there, is ignored. An empty name: the successor went away, and the spare is
+        let go (its channel would retry a socket that is gone). Returns the channels to close now:
+        an earlier spare, unused, or the one let go."""
+        if self._directory is None or not (name == "" or is_socket_file_name(name)):
+            return []
+        path = os.path.join(self._directory, name) if name else None
+        if path is not None and not os.path.exists(path):
+            return []
         with self._lock:  # making a channel only starts its connect: nothing here waits
             if self._closed:
-                return
-            if self._spare is not None:
-                self._retired.append(self._spare.channel)
-            self._spare = _Spare(path, self._aio)
+                return []
+            old = self._spare
+            self._spare = None if path is None else _Spare(path, self._aio)
+        return [] if old is None else [old.channel]
 
     def ready(self):
         """Whether a spare is connected now (the stream would move to it at a MovingNotice)."""
@@ -105,8 +106,8 @@ class Successors:
         """The stub to open the next KeepAlive stream on, and the channels to close now (their
         streams have ended): the connected spare after the daemon said it is moving, else ``stub``,
         the client's own. Returns (stub, retired channels)."""
+        retired = []
         with self._lock:
-            retired, self._retired = self._retired, []
             spare, self._spare = self._spare, None
             use = moving and spare is not None and spare.connected()
             if spare is not None and not use:
@@ -120,7 +121,6 @@ class Successors:
         """The client closes: returns every channel still held, to close."""
         with self._lock:
             self._closed = True
-            held = self._retired + [x.channel for x in (self._spare, self._stream) if x is not None]
-            self._retired = []
+            held = [x.channel for x in (self._spare, self._stream) if x is not None]
             self._spare = self._stream = None
         return held

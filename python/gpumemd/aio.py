@@ -109,6 +109,7 @@ class AsyncClient(ClientCore):
         self._stub = pb_grpc.AllocatorStub(self._channel)
         self._tasks = set()
         self._asked_tasks = set()  # answers to an admin's sleep or wake, running
+        self._channel_closes = set()  # closes of channels to a successor that went away, running
         self._poll_task = None  # polls the deferred releases while any is pending
         self._s = None
         self._reopen_lock = None
@@ -438,6 +439,14 @@ class AsyncClient(ClientCore):
             await asyncio.sleep(reattach_delay(s))
         s.attached.set()
         self._fail_pending(s, stream_down(s))
+
+    def _close_channels(self, channels):
+        """As :meth:`ClientCore._close_channels`: an asyncio channel's close is a coroutine, run as
+        a task (kept until done) on this loop, where the events are taken."""
+        for channel in channels:
+            task = asyncio.get_running_loop().create_task(channel.close())
+            self._channel_closes.add(task)
+            task.add_done_callback(self._channel_closes.discard)
 
     async def _on_event(self, s, event):
         if self._take_event(s, event) and self._on_shutdown is not None:

@@ -92,8 +92,8 @@ def _await(condition, what, timeout=10):
 
 
 def _move(old, name, client=None):
-    """The old daemon names its successor, waits for the client's spare to connect when given
-    the client, then moves."""
+    """The old daemon names its successor (or, with an empty name, says it went away), waits for
+    the client's spare to connect when given the client, then moves."""
     old.events.put(pb.SessionEvent(successor=pb.SuccessorNotice(socket_name=name)))
     if client is not None:
         _await(client._successors.ready, "the spare did not connect")
@@ -129,6 +129,18 @@ def test_the_stream_moves_over_the_connection_made_before_the_pause(daemons, cap
         _await(lambda: old.streams == 2, "the stream did not return to the client's channel")
         assert new.streams == 1
         assert client._successors._stream is None
+
+
+def test_a_successor_that_went_away_is_let_go_and_the_move_uses_the_clients_channel(daemons):
+    target, old, new = daemons
+    with gpumemd.connect(target, client_cache_bytes=0) as client:
+        _await(lambda: old.streams == 1, "the stream attached to the old daemon")
+        old.events.put(pb.SessionEvent(successor=pb.SuccessorNotice(socket_name="gpumemd.sock.new-4242")))
+        _await(client._successors.ready, "the spare did not connect")
+        # An empty name: that successor went away without taking over (its hand-over was given up).
+        _move(old, "")
+        _await(lambda: old.streams == 2, "the stream did not reattach over the client's channel")
+        assert new.streams == 0, "the stream went to the successor that went away"
 
 
 @pytest.mark.parametrize("name", ["../gpumemd.sock.new-4242", "gpumemd.sock.new-9999"])

@@ -102,26 +102,33 @@ final class MovingChannel extends ManagedChannel {
   /**
    * A successor listens on {@code socketName}, beside the target's socket, until it serves
    * there: connect to it now (a TCP target, or a name that is not a plain file name, is ignored).
-   * A spare connected to an earlier successor that never took over is dropped.
+   * A spare connected to an earlier successor that never took over is dropped, and so is the
+   * spare when the name is empty (the successor went away: its connection would retry a socket
+   * that is gone).
    */
   void successorAt(String socketName) {
-    if (spareTo == null || !UnixSockets.isSocketFileName(socketName)) {
+    boolean gone = socketName.isEmpty();
+    if (spareTo == null || !(gone || UnixSockets.isSocketFileName(socketName))) {
       return;
     }
-    ManagedChannel next;
+    ManagedChannel next = null;
     ManagedChannel old;
     synchronized (lock) {
       if (shutdown) {
         return;
       }
-      next = spareTo.apply(directory.resolve(socketName));
+      if (!gone) {
+        next = spareTo.apply(directory.resolve(socketName));
+      }
       old = spare;
       spare = next;
     }
     if (old != null) {
       old.shutdownNow();
     }
-    next.getState(true);
+    if (next != null) {
+      next.getState(true);
+    }
   }
 
   /**

@@ -75,11 +75,7 @@ class MovingSpareTest {
   @Test
   void toldWhereTheSuccessorListens_theClientConnectsBeforeTheMove_andReattachesOverThatConnection() throws Exception {
     try (GpuMemClient client = GpuMemClient.connect("unix://" + target)) {
-      StreamObserver<SessionEvent> first = old.streams.poll(10, TimeUnit.SECONDS);
-      assertNotNull(first, "the session's first KeepAlive stream");
-      first.onNext(SessionEvent.newBuilder().setSuccessor(SuccessorNotice.newBuilder().setSocketName(SUCCESSOR))
-          .build());
-      assertTrue(await(() -> successor.connections.get() == 1), "the client did not connect to the successor");
+      StreamObserver<SessionEvent> first = toldWhereTheSuccessorListens();
       assertEquals(0, successor.streamsSeen.get(), "nothing is called there before the move");
 
       move(first);
@@ -114,6 +110,33 @@ class MovingSpareTest {
     }
   }
 
+  @Test
+  void toldTheSuccessorWentAway_theClientDropsItsConnectionThere_andMovesAsWithout() throws Exception {
+    try (GpuMemClient client = GpuMemClient.connect("unix://" + target)) {
+      StreamObserver<SessionEvent> first = toldWhereTheSuccessorListens();
+
+      // An empty name: that successor went away without taking over (its hand-over was given up).
+      first.onNext(SessionEvent.newBuilder().setSuccessor(SuccessorNotice.getDefaultInstance()).build());
+
+      assertTrue(await(() -> successor.disconnections.get() == 1), "the client kept its connection to the successor");
+      // A later successor (here the same server, as the target) is reached over a new connection.
+      move(first);
+      assertNotNull(successor.streams.poll(10, TimeUnit.SECONDS), "the client did not reattach at the successor");
+      assertEquals(2, successor.connectionsAtFirstStream.get(), "the reattach came over the dropped connection");
+      assertEquals(SESSION, client.sessionId());
+    }
+  }
+
+  /** The old daemon's first stream, on which it named the successor, once the client connected there. */
+  private StreamObserver<SessionEvent> toldWhereTheSuccessorListens() throws InterruptedException {
+    StreamObserver<SessionEvent> first = old.streams.poll(10, TimeUnit.SECONDS);
+    assertNotNull(first, "the session's first KeepAlive stream");
+    first.onNext(SessionEvent.newBuilder().setSuccessor(SuccessorNotice.newBuilder().setSocketName(SUCCESSOR))
+        .build());
+    assertTrue(await(() -> successor.connections.get() == 1), "the client did not connect to the successor");
+    return first;
+  }
+
   /** The successor takes the target's path (as its publish renames its socket), then the old daemon says so. */
   private void move(StreamObserver<SessionEvent> stream) throws Exception {
     Files.move(dir.resolve(SUCCESSOR), target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
@@ -139,6 +162,7 @@ class MovingSpareTest {
   private final class Daemon extends AllocatorGrpc.AllocatorImplBase {
     final Server server;
     final AtomicInteger connections = new AtomicInteger();
+    final AtomicInteger disconnections = new AtomicInteger();
     final AtomicInteger streamsSeen = new AtomicInteger();
     final AtomicInteger connectionsAtFirstStream = new AtomicInteger(-1);
     final BlockingQueue<StreamObserver<SessionEvent>> streams = new LinkedBlockingQueue<>();
@@ -152,6 +176,11 @@ class MovingSpareTest {
             public Attributes transportReady(Attributes attributes) {
               connections.incrementAndGet();
               return attributes;
+            }
+
+            @Override
+            public void transportTerminated(Attributes attributes) {
+              disconnections.incrementAndGet();
             }
           })
           .addService(this).build().start();

@@ -405,10 +405,11 @@ class TakeOverAttackTest {
    * Issue 34, item 6: at a successor's Hello the daemon tells every attached session where the
    * successor listens until it serves (a SuccessorNotice with the Hello's {@code serving_at}), so
    * that its clients connect there before the pause; a name that is not a plain file name is not
-   * passed on. Both successors here abort, and the daemon serves on.
+   * passed on. Both successors here abort, and the daemon serves on; the one it named is then
+   * named gone (an empty name), so that clients drop the connection they made to it.
    */
   @Test
-  void successorsHello_tellsAttachedSessionsWhereItListens_notANameWithASlash() throws Exception {
+  void successorsHello_tellsAttachedSessionsWhereItListens_notANameWithASlash_andThatItWentAway() throws Exception {
     DaemonProcess daemon = start();
     try (TestChannel grpc = new TestChannel(daemon.unixTarget())) {
       String session = AllocatorGrpc.newBlockingStub(grpc.channel())
@@ -437,7 +438,11 @@ class TakeOverAttackTest {
       SessionEvent told = events.poll(10, TimeUnit.SECONDS);
       assertTrue(told != null && told.hasSuccessor(), String.valueOf(told));
       assertEquals("gpumemd.sock.new-4242", told.getSuccessor().getSocketName());
-      assertEquals(null, events.poll(300, TimeUnit.MILLISECONDS), "a second notice");
+      // That successor's hand-over was given up: the clients hear it went away (an empty name).
+      SessionEvent gone = events.poll(10, TimeUnit.SECONDS);
+      assertTrue(gone != null && gone.hasSuccessor(), String.valueOf(gone));
+      assertEquals("", gone.getSuccessor().getSocketName());
+      assertEquals(null, events.poll(300, TimeUnit.MILLISECONDS), "a third notice");
       requests.onCompleted();
     }
     assertServing(daemon);

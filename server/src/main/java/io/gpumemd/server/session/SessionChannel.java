@@ -36,7 +36,8 @@ public interface SessionChannel {
   /**
    * Tells the client that a successor is about to take the session over and listens on the Unix
    * socket {@code socketName}, beside the daemon's, until it serves on the daemon's socket: the
-   * client may connect there before the pause. Changes nothing here.
+   * client may connect there before the pause; an empty name, that the successor went away
+   * (the client drops that connection). Changes nothing here.
    */
   default void successorAt(String socketName) {}
 

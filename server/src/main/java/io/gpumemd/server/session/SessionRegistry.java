@@ -407,7 +407,8 @@ public final class SessionRegistry {
 
   /**
    * Tells every attached client where the successor about to take its session over listens
-   * ({@link SessionChannel#successorAt}), so that it connects there before the pause.
+   * ({@link SessionChannel#successorAt}), so that it connects there before the pause; an empty
+   * name, that the successor went away (the clients drop their connection to it).
    *
    * @return the sessions told
    */

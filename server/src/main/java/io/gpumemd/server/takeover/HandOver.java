@@ -98,6 +98,12 @@ public final class HandOver implements AutoCloseable {
      * connect there while this daemon still serves. Returns at once.
      */
     default void successorAt(String socketName) {}
+
+    /**
+     * The successor whose socket {@link #successorAt} named went away without taking over: tells
+     * the clients to drop the connection they made to it. Returns at once.
+     */
+    default void successorGone() {}
   }
 
   private final Path path;

@@ -68,18 +68,15 @@ final class HandOverAttempt {
       return;
     }
     // The successor is of this uid, but a name that is not a plain file name is not passed on.
-    if (UnixSockets.isSocketFileName(hello.getServingAt())) {
+    boolean told = UnixSockets.isSocketFileName(hello.getServingAt());
+    if (told) {
       // First: the clients connect there while this daemon rehearses and sends the segments.
       daemon.successorAt(hello.getServingAt());
     }
-    daemon.rehearse();
-    if (hello.getTakesSegmentsAhead() && !sendAhead()) {
-      return;
-    }
-    // The rehearsal and the segments sent ahead compiled code of their own: the pause, which
-    // closing the gate starts, should not share the cores with that compilation.
-    CompilerQuiet.beforePause();
-    if (!quiesce(hello) || !sendState() || awaitAnswer() == null) {
+    if (!handOver(hello)) {
+      if (told) {
+        daemon.successorGone(); // the clients' connections to it would retry a socket going away
+      }
       return;
     }
     taken.run();
@@ -87,6 +84,18 @@ final class HandOverAttempt {
         (System.nanoTime() - started) / 1_000_000);
     awaitLive();
     daemon.handedOver(pid);
+  }
+
+  /** The steps up to the successor's Taken; false when the attempt ended before it (this daemon serves on). */
+  private boolean handOver(Hello hello) {
+    daemon.rehearse();
+    if (hello.getTakesSegmentsAhead() && !sendAhead()) {
+      return false;
+    }
+    // The rehearsal and the segments sent ahead compiled code of their own: the pause, which
+    // closing the gate starts, should not share the cores with that compilation.
+    CompilerQuiet.beforePause();
+    return quiesce(hello) && sendState() && awaitAnswer() != null;
   }
 
   /** The successor's uid and Hello; null when refused (it was told why) or gone. */

@@ -89,6 +89,12 @@ public final class TakeOverState {
       int told = registry.successorAt(socketName);
       log.debug("Told {} session(s) that the successor listens on {} until it serves", told, socketName);
     }
+
+    @Override
+    public void successorGone() {
+      int told = registry.successorAt("");
+      log.debug("Told {} session(s) that the successor went away", told);
+    }
   }
 
   /** How a backend hands segments to clients, which a successor must match. */
