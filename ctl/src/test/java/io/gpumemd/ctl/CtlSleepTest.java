@@ -8,6 +8,7 @@ import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.client.SleepHandler;
 import io.gpumemd.proto.v1.WakeResponse;
+import io.gpumemd.server.testing.Await;
 import io.gpumemd.server.testing.TestDaemon;
 import java.util.List;
 import java.util.concurrent.CopyOnWriteArrayList;
@@ -67,7 +68,8 @@ class CtlSleepTest {
           slept.out());
       assertTrue(slept.out().endsWith(" of device memory freed, 0 B in host memory\n"), slept.out());
       assertEquals(List.of("pause 2 [kv, other]"), calls);
-      assertTrue(lease.isAsleep());
+      // The client marks the lease asleep when the daemon's event says so, which may come just after the call's answer.
+      Await.until(lease::isAsleep, "the lease is marked asleep");
       CtlRun again = ctl("sleep", session);
       assertEquals(1, again.code());
       assertTrue(again.err().startsWith("gpumemctl: FAILED_PRECONDITION: session " + session + " sleeps already"),
