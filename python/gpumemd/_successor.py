@@ -49,7 +49,6 @@ class _Spare:
     """One channel to a successor's socket, and how to tell whether it connected."""
 
     def __init__(self, path, aio):
-        self.path = path
         self.aio = aio
         if aio:
             self.channel = grpc.aio.insecure_channel("unix:" + path, options=OPTIONS)

@@ -445,8 +445,7 @@ class Client(ClientCore):
             requests = s.queue
             turn = s.turn = Turn(threading.Event())
             stub, retired = self._successors.stream_stub(self._stub, s.log.moving)
-            for channel in retired:
-                channel.close()
+            self._close_channels(retired)
             call = stub.KeepAlive(self._requests(s, requests, turn), metadata=self._metadata)
             s.call = call
             if s.lost:  # lost (unary NOT_FOUND) while the call started: _lose may have missed it
@@ -559,8 +558,7 @@ class Client(ClientCore):
             s.mappings.close_all()
             self._fd_channels.close()
             self._channel.close()
-            for channel in self._successors.close():
-                channel.close()
+            self._close_channels(self._successors.close())
             self._closed = True
 
     def __enter__(self):
