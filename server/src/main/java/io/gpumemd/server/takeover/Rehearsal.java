@@ -429,7 +429,9 @@ public final class Rehearsal {
     // the queue drain, then go on until a round sets off hardly any compilation of its own.
     long settleUntil = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(SETTLE_MILLIS);
     boolean idle = awaitCompilers();
+    int settling = 0;
     for (int i = 0; i < SETTLE_ROUNDS && idle && System.nanoTime() < settleUntil; i++) {
+      settling++;
       long ticks = CompilerQuiet.compilerTicks();
       to = round(from, to, scratch, channelAt, made);
       idle = awaitCompilers();
@@ -437,6 +439,10 @@ public final class Rehearsal {
         break;
       }
     }
+    // A daemon that serves while it rehearses (one that started fresh) may find its compiler
+    // threads never idle, and so settle nothing: this line says so.
+    log.debug("Take-over rehearsal: {} rounds and {} settling, of a state with {} leases (compiler threads {})",
+        CODEC_ROUNDS, settling, from.registry().liveLeases(), idle ? "idle" : "still busy");
     return to;
   }
 
