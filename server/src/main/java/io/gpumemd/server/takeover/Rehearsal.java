@@ -430,7 +430,7 @@ public final class Rehearsal {
     long settleUntil = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(SETTLE_MILLIS);
     boolean idle = awaitCompilers();
     int settling = 0;
-    for (int i = 0; i < SETTLE_ROUNDS && idle && System.nanoTime() < settleUntil; i++) {
+    while (settling < SETTLE_ROUNDS && idle && System.nanoTime() < settleUntil) {
       settling++;
       long ticks = CompilerQuiet.compilerTicks();
       to = round(from, to, scratch, channelAt, made);
