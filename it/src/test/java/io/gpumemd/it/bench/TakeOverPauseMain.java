@@ -19,7 +19,8 @@ import java.util.regex.Pattern;
 /**
  * How long a worker waits while its daemon is taken over ({@code gpumemd --take-over}): a Java
  * client leases and closes 64 KiB blocks in a loop (the client cache tier off, so every lease is a
- * round trip to the daemon) on one thread, holding {@value #DEFAULT_LIVE_LEASES} leases of 1 MiB
+ * round trip to the daemon; over the session's stream, or with "unary" the unary Lease and Release
+ * calls, which a daemon handing over holds and answers "moving") on one thread, holding {@value #DEFAULT_LIVE_LEASES} leases of 1 MiB
  * besides (or as many as asked, 4 KiB each beyond the first 64), while the daemon is taken over
  * {@value #DEFAULT_TAKE_OVERS} times in a row, each successor a JVM of its own. Per take-over it
  * records the longest single lease call from the moment the successor is launched until 1 s
@@ -39,7 +40,7 @@ import java.util.regex.Pattern;
  *
  * <pre>
  * mvn -B -q -pl it -am package -DskipTests dependency:build-classpath -Dmdep.includeScope=test -Dmdep.outputFile=target/test-classpath.txt
- * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.TakeOverPauseMain [take-overs [live-leases]]
+ * java -cp "it/target/test-classes:$(cat it/target/test-classpath.txt)" io.gpumemd.it.bench.TakeOverPauseMain [take-overs [live-leases [stream|unary]]]
  * </pre>
  */
 public final class TakeOverPauseMain {
@@ -64,6 +65,10 @@ public final class TakeOverPauseMain {
     System.setProperty(DaemonProcess.FULL_JIT, "true"); // time what a deployed daemon runs
     int takeOvers = args.length > 0 ? Integer.parseInt(args[0]) : DEFAULT_TAKE_OVERS;
     int liveLeases = args.length > 1 ? Integer.parseInt(args[1]) : DEFAULT_LIVE_LEASES;
+    boolean unary = args.length > 2 && args[2].equals("unary");
+    if (args.length > 2 && !unary && !args[2].equals("stream")) {
+      throw new IllegalArgumentException("the third argument is stream (the default) or unary, not " + args[2]);
+    }
     Path dir = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-takeover-bench-");
     String[] flags = {"--keepalive-grace-ms", "5000"};
     DaemonProcess daemon = DaemonProcess.startIn(dir, flags);
@@ -73,7 +78,8 @@ public final class TakeOverPauseMain {
     long[] inHandOver = new long[takeOvers];
     long[] startup = new long[takeOvers];
     long[][] steps = new long[STEPS.length + 2][takeOvers];
-    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).connect()) {
+    try (GpuMemClient client = GpuMemClient.builder(daemon.unixTarget()).clientCacheBytes(0).unaryCalls(unary)
+        .connect()) {
       List<Lease> held = hold(client, liveLeases);
       String session = client.sessionId();
       worker = new Worker(client);
@@ -121,9 +127,10 @@ public final class TakeOverPauseMain {
     for (int s = 0; s < steps.length; s++) {
       medians[s] = p50(steps[s]);
     }
-    System.out.printf("%d take-overs with %,d live leases, %,d leases, %d failed: longest lease wait p50 %,d us, "
+    System.out.printf("%d take-overs with %,d live leases, %s calls, %,d leases, %d failed: longest lease wait p50 %,d us, "
         + "max %,d us; overlapping the hand-over p50 %,d us, max %,d us; hand-over p50 %d ms, max %d ms; successor "
-        + "started to ready p50 %,d ms%nmedian steps: %s%n", takeOvers, liveLeases, worker.leases.get(),
+        + "started to ready p50 %,d ms%nmedian steps: %s%n", takeOvers, liveLeases, unary ? "unary" : "stream",
+        worker.leases.get(),
         worker.failures.size(), p50(pauses), max(pauses), p50(inHandOver), max(inHandOver), p50(handOver),
         max(handOver), p50(startup), describe(medians));
     if (!worker.failures.isEmpty()) {
