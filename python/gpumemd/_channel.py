@@ -7,6 +7,7 @@ import time
 import grpc
 
 MOVING = "gpumemd-moving"  # the trailer a moving daemon sets on the calls it did not serve ("1")
+MOVED = "gpumemd-moved"    # set beside it once the successor serves ("1"): the first retry goes at once
 MIN_BACKOFF = 0.01  # seconds before the first retry of a call refused while moving, doubling ...
 MAX_BACKOFF = 0.1   # ... up to this ...
 RETRY_BOUND = 30.0  # ... for at most this long from the first attempt (never past the call's timeout)
@@ -73,6 +74,16 @@ def backoff(n):
     return min(MAX_BACKOFF, MIN_BACKOFF * 2 ** min(n - 1, 10))
 
 
+def wait_before(trailers, n):
+    """Seconds before retry ``n`` of a call refused with ``trailers``: none for the first when
+    the successor serves already (``gpumemd-moved: 1``: the call waited for the hand-over's end
+    at the old daemon), else :func:`backoff`. Only the first: a channel still on the old
+    daemon's connection would be refused again at once, and spin."""
+    if n == 1 and any(key == MOVED and value == "1" for key, value in (trailers or ())):
+        return 0.0
+    return backoff(n)
+
+
 def retries(code, trailers, n, elapsed):
     """Whether to call again, after ``n`` retries and ``elapsed`` seconds since the first attempt."""
     return is_moving(code, trailers) and elapsed + backoff(n + 1) <= RETRY_BOUND
@@ -110,7 +121,7 @@ class _Attempts:
         if not retries(code, trailers, self._n, elapsed):
             return None
         self._n += 1
-        wait = backoff(self._n)
+        wait = wait_before(trailers, self._n)
         if self._timeout is not None:
             left = self._timeout - elapsed - wait
             if left <= 0:
@@ -133,7 +144,8 @@ class MovingRetry(grpc.UnaryUnaryClientInterceptor):
             wait = attempts.next_wait(outcome.code(), outcome.trailing_metadata())
             if wait is None:
                 return outcome
-            time.sleep(wait)
+            if wait:
+                time.sleep(wait)
 
 
 class AsyncMovingRetry(grpc.aio.UnaryUnaryClientInterceptor):
@@ -146,4 +158,5 @@ class AsyncMovingRetry(grpc.aio.UnaryUnaryClientInterceptor):
             wait = attempts.next_wait(await call.code(), await call.trailing_metadata())
             if wait is None:
                 return call
-            await asyncio.sleep(wait)
+            if wait:
+                await asyncio.sleep(wait)

@@ -8,7 +8,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from gpumemd._channel import backoff, is_moving, open_channel, retries
+from gpumemd._channel import backoff, is_moving, open_channel, retries, wait_before
 from gpumemd._stubs import pb, pb_grpc
 
 
@@ -27,8 +27,18 @@ def test_backoff_doubles_from_10_ms_to_100_ms_for_30_s():
     assert not retries(grpc.StatusCode.UNAVAILABLE, moving, 10, 29.95)
 
 
+def test_the_first_retry_goes_at_once_when_the_successor_serves_already():
+    moved = (("gpumemd-moving", "1"), ("gpumemd-moved", "1"))
+    assert wait_before(moved, 1) == 0  # the daemon answered after its successor served
+    assert wait_before(moved, 2) == 0.02  # refused again: back to the schedule, no spinning
+    assert wait_before((("gpumemd-moving", "1"),), 1) == 0.01  # still handing over: wait
+    assert wait_before(None, 1) == 0.01
+    assert wait_before((("gpumemd-moving", "1"), ("gpumemd-moved", "0")), 1) == 0.01
+
+
 class _Allocator(pb_grpc.AllocatorServicer):
-    """Refuses the first three CloseSession calls as a moving daemon does; "draining" always."""
+    """Refuses the first three CloseSession calls as a moving daemon does, the first two of session
+    "moved" as one whose successor serves already; "draining" always."""
 
     def __init__(self):
         self.calls = 0
@@ -37,7 +47,10 @@ class _Allocator(pb_grpc.AllocatorServicer):
         self.calls += 1
         if request.session_id == "draining":
             context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
-        if self.calls <= 3:
+        if request.session_id == "moved" and self.calls <= 2:  # as the old daemon once its successor serves
+            context.set_trailing_metadata((("gpumemd-moving", "1"), ("gpumemd-moved", "1")))
+            context.abort(grpc.StatusCode.UNAVAILABLE, "moved")
+        if request.session_id != "moved" and self.calls <= 3:
             context.set_trailing_metadata((("gpumemd-moving", "1"),))
             context.abort(grpc.StatusCode.UNAVAILABLE, "moving")
         return pb.CloseSessionResponse(released_leases=self.calls)
@@ -69,6 +82,16 @@ def test_a_call_refused_while_moving_is_served_by_the_next_attempt(server):
         channel.close()
 
 
+def test_a_call_refused_as_moved_is_served_by_the_next_attempts(server):
+    target, servicer = server
+    channel = open_channel(target, None)
+    try:
+        stub = pb_grpc.AllocatorStub(channel)
+        assert stub.CloseSession(pb.CloseSessionRequest(session_id="moved"), timeout=10).released_leases == 3
+    finally:
+        channel.close()
+
+
 def test_the_asyncio_channel_retries_too(server):
     target, servicer = server
 
@@ -78,6 +101,9 @@ def test_the_asyncio_channel_retries_too(server):
             stub = pb_grpc.AllocatorStub(channel)
             response = await stub.CloseSession(pb.CloseSessionRequest(session_id="s"), timeout=10)
             assert response.released_leases == 4
+            servicer.calls = 0
+            response = await stub.CloseSession(pb.CloseSessionRequest(session_id="moved"), timeout=10)
+            assert response.released_leases == 3
         finally:
             await channel.close()
 

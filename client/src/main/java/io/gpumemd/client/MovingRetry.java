@@ -15,18 +15,26 @@ import java.util.concurrent.TimeUnit;
  * ({@code gpumemd --take-over}): UNAVAILABLE with the trailer {@code gpumemd-moving: 1} means
  * the call was not served, and the successor behind the same address will serve it. Retries
  * wait {@value #MIN_BACKOFF_MS} ms doubling to {@value #MAX_BACKOFF_MS} ms, for at most {@value
- * #BOUND_MS} ms from the first attempt (and never past the call's deadline); then the last
+ * #BOUND_MS} ms from the first attempt (and never past the call's deadline), except that the
+ * first goes at once when the answer says the successor serves already ({@code gpumemd-moved:
+ * 1}: the call waited for the hand-over's end at the old daemon); then the last
  * answer goes to the caller, as without this interceptor. Any other status, a draining daemon's
  * UNAVAILABLE included, goes to the caller at once. Streams are not retried here (the KeepAlive
  * stream reattaches itself, {@link SessionKeeper}).
  *
  * <p>Installed on every channel {@link Channels} opens, outermost, so each attempt passes the
  * other interceptors (the bearer token) again. Thread-safe: a call's state is guarded by its
- * own monitor; a retry starts on a delayed executor thread.
+ * own monitor; a retry starts on a delayed executor thread (at once: on the thread of the
+ * answer).
  */
 final class MovingRetry implements ClientInterceptor {
   /** The trailer a daemon that is moving sets on the calls it did not serve. */
   static final Metadata.Key<String> MOVING = Metadata.Key.of("gpumemd-moving", Metadata.ASCII_STRING_MARSHALLER);
+  /**
+   * Set beside {@link #MOVING} once the successor serves (a daemon answering the calls it held
+   * through its hand-over, or refusing one after it): the next attempt goes at once.
+   */
+  static final Metadata.Key<String> MOVED = Metadata.Key.of("gpumemd-moved", Metadata.ASCII_STRING_MARSHALLER);
   // A hand-over refuses calls for about a tenth of a second: retry often, and the successor
   // serves the call soon after it starts.
   static final long MIN_BACKOFF_MS = 10;
@@ -36,6 +44,15 @@ final class MovingRetry implements ClientInterceptor {
   /** Whether a call that ended with {@code status} and {@code trailers} was refused because the daemon is moving. */
   static boolean isMoving(Status status, Metadata trailers) {
     return status.getCode() == Status.Code.UNAVAILABLE && trailers != null && "1".equals(trailers.get(MOVING));
+  }
+
+  /**
+   * The wait before retry {@code n} of a call refused with {@code trailers}: none for the first
+   * once the successor serves ({@link #MOVED}), else {@link #backoffMillis}. Only the first: a
+   * channel still on the old daemon's connection would be refused again at once, and spin.
+   */
+  static long waitMillis(Metadata trailers, int n) {
+    return n == 1 && trailers != null && "1".equals(trailers.get(MOVED)) ? 0 : backoffMillis(n);
   }
 
   /** The wait before retry {@code n} (1 for the first). */
@@ -163,7 +180,7 @@ final class MovingRetry implements ClientInterceptor {
       call.setMessageCompression(enabled);
     }
 
-    /** Starts the next attempt with what the caller sent so far (a delayed executor thread). */
+    /** Starts the next attempt with what the caller sent so far (a delayed executor thread, or the last attempt's). */
     private void retry() {
       ClientCall<Q, R> call;
       Metadata h;
@@ -230,13 +247,17 @@ final class MovingRetry implements ClientInterceptor {
 
       @Override
       public void onClose(Status status, Metadata trailers) {
-        long wait = 0;
+        long wait = -1;
         synchronized (RetryingCall.this) {
           long elapsed = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - startNanos);
           if (!cancelled && attempt == call && retries(status, trailers, retries, elapsed)) {
-            wait = backoffMillis(++retries);
+            wait = waitMillis(trailers, ++retries);
             waiting = true;
           }
+        }
+        if (wait == 0) {
+          retry(); // the successor serves: here, with no thread hop either
+          return;
         }
         if (wait > 0) {
           CompletableFuture.runAsync(RetryingCall.this::retry,

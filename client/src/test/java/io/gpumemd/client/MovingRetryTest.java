@@ -53,6 +53,49 @@ class MovingRetryTest {
   }
 
   @Test
+  void theFirstRetry_goesAtOnce_whenTheSuccessorServesAlready() {
+    Metadata moved = moving("1");
+    moved.put(MovingRetry.MOVED, "1");
+    assertEquals(0, MovingRetry.waitMillis(moved, 1), "the daemon answered after its successor served");
+    assertEquals(20, MovingRetry.waitMillis(moved, 2), "refused again: back to the schedule, no spinning");
+    assertEquals(10, MovingRetry.waitMillis(moving("1"), 1), "still handing over: wait");
+    assertEquals(10, MovingRetry.waitMillis(null, 1));
+    Metadata other = moving("1");
+    other.put(MovingRetry.MOVED, "0");
+    assertEquals(10, MovingRetry.waitMillis(other, 1));
+  }
+
+  @Test
+  void aCallRefusedAsMovedOnce_isServedByTheNextAttempt() throws Exception {
+    AtomicInteger calls = new AtomicInteger();
+    String name = InProcessServerBuilder.generateName();
+    Server server = InProcessServerBuilder.forName(name).directExecutor().addService(new AllocatorGrpc.AllocatorImplBase() {
+      @Override
+      public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
+        int n = calls.incrementAndGet();
+        if (n <= 2) {
+          Metadata moved = moving("1");
+          moved.put(MovingRetry.MOVED, "1");
+          response.onError(Status.UNAVAILABLE.withDescription("moved").asRuntimeException(moved));
+        } else {
+          response.onNext(CloseSessionResponse.newBuilder().setReleasedLeases(n).build());
+          response.onCompleted();
+        }
+      }
+    }).build().start();
+    // A direct executor: the retry made at once runs on the answer's thread, inside its onClose.
+    ManagedChannel channel = InProcessChannelBuilder.forName(name).directExecutor().intercept(new MovingRetry()).build();
+    try {
+      AllocatorGrpc.AllocatorBlockingStub stub = AllocatorGrpc.newBlockingStub(channel);
+      assertEquals(3, stub.closeSession(CloseSessionRequest.newBuilder().setSessionId("s").build()).getReleasedLeases(),
+          "served by the third attempt (the second refused as moved too, after its wait)");
+    } finally {
+      channel.shutdownNow();
+      server.shutdownNow();
+    }
+  }
+
+  @Test
   void aCallRefusedWhileMoving_isServedByTheNextAttempt() throws Exception {
     AtomicInteger calls = new AtomicInteger();
     String name = InProcessServerBuilder.generateName();

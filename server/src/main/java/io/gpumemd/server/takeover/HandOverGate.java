@@ -40,6 +40,8 @@ public final class HandOverGate implements BooksGate {
   /** Requests refused while handing over wait here ({@link #hold}); true: while a hand-over has the gate closed. */
   private volatile boolean holding;
   private final Queue<Outcome> held = new ConcurrentLinkedQueue<>();
+  /** Set by {@link #moved}: the successor serves, and what is refused here belongs there now. */
+  private volatile boolean movedAway;
 
   /** @param closed start closed: a successor serves nothing until it holds the running daemon's state */
   public HandOverGate(boolean closed) {
@@ -146,7 +148,13 @@ public final class HandOverGate implements BooksGate {
    * gate stays closed.
    */
   public void moved() {
+    movedAway = true;
     release(true);
+  }
+
+  /** Whether the successor serves ({@link #moved}): a request refused now can go there at once. */
+  public boolean movedAway() {
+    return movedAway;
   }
 
   private void release(boolean moved) {

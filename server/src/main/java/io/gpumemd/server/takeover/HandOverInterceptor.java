@@ -15,7 +15,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * hand-over has the gate closed, a call is answered UNAVAILABLE with the trailer {@code
  * gpumemd-moving: 1} before its handler runs, so the client knows it was not served and calls
  * again (it reaches the successor); while a hand-over is under way that answer waits for its end
- * ({@link HandOverGate#hold}), so that the call made again finds the successor serving. A call
+ * ({@link HandOverGate#hold}), so that the call made again finds the successor serving; once
+ * the successor serves ({@link HandOverGate#moved}) the answer also carries {@code gpumemd-moved:
+ * 1}, and the client calls again at once instead of after its first retry's wait. A call
  * let in counts as in flight until its handler closes it, also after the client cancelled it: a
  * miss may still be recording its lease then. Health, reflection and the KeepAlive stream pass untouched (the stream's messages
  * go through the gate one by one in {@link io.gpumemd.server.grpc.SessionStream}).
@@ -25,6 +27,11 @@ import java.util.concurrent.atomic.AtomicBoolean;
 public final class HandOverInterceptor implements ServerInterceptor {
   /** The trailer that marks a call refused because the daemon is moving. */
   public static final Metadata.Key<String> MOVING = Metadata.Key.of("gpumemd-moving", Metadata.ASCII_STRING_MARSHALLER);
+  /**
+   * The trailer added to {@link #MOVING} once the successor serves: call again now. A client
+   * that does not know it retries after its usual first wait (10 ms), as before.
+   */
+  public static final Metadata.Key<String> MOVED = Metadata.Key.of("gpumemd-moved", Metadata.ASCII_STRING_MARSHALLER);
 
   private final HandOverGate gate;
 
@@ -40,8 +47,16 @@ public final class HandOverInterceptor implements ServerInterceptor {
 
   /** Trailers marking a refusal as a hand-over's. */
   public static Metadata movingTrailers() {
+    return movingTrailers(false);
+  }
+
+  /** Trailers marking a refusal as a hand-over's; {@code moved}: the successor serves already. */
+  public static Metadata movingTrailers(boolean moved) {
     Metadata trailers = new Metadata();
     trailers.put(MOVING, "1");
+    if (moved) {
+      trailers.put(MOVED, "1");
+    }
     return trailers;
   }
 
@@ -59,8 +74,8 @@ public final class HandOverInterceptor implements ServerInterceptor {
         // A unary handler runs here, once the request has arrived.
         if (!gate.enter()) {
           // Answered "moving" at once, or when the hand-over ends (the client calls again then).
-          if (!gate.hold(moved -> gated.refuse())) {
-            gated.refuse();
+          if (!gate.hold(gated::refuse)) {
+            gated.refuse(gate.movedAway());
           }
           return;
         }
@@ -83,9 +98,9 @@ public final class HandOverInterceptor implements ServerInterceptor {
       this.gate = gate;
     }
 
-    void refuse() {
+    void refuse(boolean moved) {
       refused = true;
-      super.close(movingStatus(), movingTrailers());
+      super.close(movingStatus(), movingTrailers(moved));
     }
 
     void leave() {

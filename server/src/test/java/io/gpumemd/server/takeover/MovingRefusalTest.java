@@ -3,6 +3,7 @@ package io.gpumemd.server.takeover;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotNull;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -115,6 +116,7 @@ class MovingRefusalTest {
     assertEquals(Status.Code.UNAVAILABLE, refused.getStatus().getCode());
     assertTrue(refused.getStatus().getDescription().contains("handing over"), refused.getStatus().toString());
     assertEquals("1", trailer(refused));
+    assertNull(moved(refused), "no successor serves yet: the client waits before it calls again");
     assertEquals(1, registry.liveLeases(), "a refused call made a lease");
 
     KeepAliveRequest message = KeepAliveRequest.newBuilder().setSessionId(session)
@@ -143,12 +145,15 @@ class MovingRefusalTest {
     StatusRuntimeException status = (StatusRuntimeException) refused.getCause();
     assertEquals(Status.Code.UNAVAILABLE, status.getStatus().getCode());
     assertEquals("1", trailer(status));
+    assertEquals("1", moved(status), "the successor serves: the client may call again at once");
     assertTrue(held.stream().get(10, TimeUnit.SECONDS) instanceof Completed, "the stream ended otherwise");
     assertEquals(List.of(SessionEvent.EventCase.MOVING), events.stream().map(SessionEvent::getEventCase).toList());
     assertEquals(0, registry.liveLeases(), "a held request made a lease");
     assertEquals(0, registry.session(Caller.DAEMON, session).appliedMessages(), "a held message was counted");
-    // The hand-over is over: what comes now is refused at once.
-    assertThrows(StatusRuntimeException.class, () -> allocator.lease(leaseOf(session)));
+    // The hand-over is over: what comes now is refused at once, and goes to the successor at once.
+    StatusRuntimeException after = assertThrows(StatusRuntimeException.class, () -> allocator.lease(leaseOf(session)));
+    assertEquals("1", trailer(after));
+    assertEquals("1", moved(after));
   }
 
   @Test
@@ -160,6 +165,7 @@ class MovingRefusalTest {
     gate.open();
     ExecutionException refused = assertThrows(ExecutionException.class, () -> held.unary().get(10, TimeUnit.SECONDS));
     assertEquals("1", trailer((StatusRuntimeException) refused.getCause()));
+    assertNull(moved((StatusRuntimeException) refused.getCause()), "nothing moved: the call comes back here");
     assertEquals("1", trailer((StatusRuntimeException) held.stream().get(10, TimeUnit.SECONDS)));
     assertEquals(0, registry.liveLeases(), "a held request made a lease");
     allocator.lease(leaseOf(session));
@@ -189,6 +195,10 @@ class MovingRefusalTest {
     Metadata trailers = e.getTrailers();
     assertNotNull(trailers, "no trailers");
     return trailers.get(HandOverInterceptor.MOVING);
+  }
+
+  private static String moved(StatusRuntimeException e) {
+    return e.getTrailers().get(HandOverInterceptor.MOVED);
   }
 
   /** How a stream that completed ends, in {@link #keepAlive}'s future. */
