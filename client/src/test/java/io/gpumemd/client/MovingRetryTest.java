@@ -16,6 +16,7 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.inprocess.InProcessChannelBuilder;
 import io.grpc.inprocess.InProcessServerBuilder;
 import io.grpc.stub.StreamObserver;
+import java.io.IOException;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.Test;
 
@@ -69,20 +70,11 @@ class MovingRetryTest {
   void aCallRefusedAsMovedOnce_isServedByTheNextAttempt() throws Exception {
     AtomicInteger calls = new AtomicInteger();
     String name = InProcessServerBuilder.generateName();
-    Server server = InProcessServerBuilder.forName(name).directExecutor().addService(new AllocatorGrpc.AllocatorImplBase() {
-      @Override
-      public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
-        int n = calls.incrementAndGet();
-        if (n <= 2) {
-          Metadata moved = moving("1");
-          moved.put(MovingRetry.MOVED, "1");
-          response.onError(Status.UNAVAILABLE.withDescription("moved").asRuntimeException(moved));
-        } else {
-          response.onNext(CloseSessionResponse.newBuilder().setReleasedLeases(n).build());
-          response.onCompleted();
-        }
-      }
-    }).build().start();
+    Server server = serve(name, calls, (request, n) -> {
+      Metadata moved = moving("1");
+      moved.put(MovingRetry.MOVED, "1");
+      return n <= 2 ? Status.UNAVAILABLE.withDescription("moved").asRuntimeException(moved) : null;
+    });
     // A direct executor: the retry made at once runs on the answer's thread, inside its onClose.
     ManagedChannel channel = InProcessChannelBuilder.forName(name).directExecutor().intercept(new MovingRetry()).build();
     try {
@@ -99,20 +91,9 @@ class MovingRetryTest {
   void aCallRefusedWhileMoving_isServedByTheNextAttempt() throws Exception {
     AtomicInteger calls = new AtomicInteger();
     String name = InProcessServerBuilder.generateName();
-    Server server = InProcessServerBuilder.forName(name).directExecutor().addService(new AllocatorGrpc.AllocatorImplBase() {
-      @Override
-      public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
-        int n = calls.incrementAndGet();
-        if (request.getSessionId().equals("draining")) {
-          response.onError(Status.UNAVAILABLE.withDescription("draining").asRuntimeException());
-        } else if (n <= 3) {
-          response.onError(Status.UNAVAILABLE.withDescription("moving").asRuntimeException(moving("1")));
-        } else {
-          response.onNext(CloseSessionResponse.newBuilder().setReleasedLeases(n).build());
-          response.onCompleted();
-        }
-      }
-    }).build().start();
+    Server server = serve(name, calls, (request, n) -> request.getSessionId().equals("draining")
+        ? Status.UNAVAILABLE.withDescription("draining").asRuntimeException()
+        : n <= 3 ? Status.UNAVAILABLE.withDescription("moving").asRuntimeException(moving("1")) : null);
     ManagedChannel channel = InProcessChannelBuilder.forName(name).intercept(new MovingRetry()).build();
     try {
       AllocatorGrpc.AllocatorBlockingStub stub = AllocatorGrpc.newBlockingStub(channel);
@@ -127,5 +108,28 @@ class MovingRetryTest {
       channel.shutdownNow();
       server.shutdownNow();
     }
+  }
+
+  /** How the in-process daemon answers CloseSession call {@code n} (1 for the first): a refusal, or null to serve it. */
+  @FunctionalInterface
+  private interface Answer {
+    StatusRuntimeException refusal(CloseSessionRequest request, int n);
+  }
+
+  /** An in-process daemon named {@code name}: CloseSession counts its calls in {@code calls}, served with the count. */
+  private static Server serve(String name, AtomicInteger calls, Answer answer) throws IOException {
+    return InProcessServerBuilder.forName(name).directExecutor().addService(new AllocatorGrpc.AllocatorImplBase() {
+      @Override
+      public void closeSession(CloseSessionRequest request, StreamObserver<CloseSessionResponse> response) {
+        int n = calls.incrementAndGet();
+        StatusRuntimeException refusal = answer.refusal(request, n);
+        if (refusal != null) {
+          response.onError(refusal);
+        } else {
+          response.onNext(CloseSessionResponse.newBuilder().setReleasedLeases(n).build());
+          response.onCompleted();
+        }
+      }
+    }).build().start();
   }
 }
