@@ -155,9 +155,15 @@ public final class DaemonProcess implements AutoCloseable {
       command.add("-XX:MaxRAMPercentage=50");
     } else {
       // Tests start hundreds of short-lived JVMs: a small heap, the serial collector and the
-      // quick compiler alone start them sooner.
-      command.addAll(List.of("-Xmx" + System.getProperty("gpumemd.test.xmx", "256m"), "-XX:+UseSerialGC",
-          "-XX:TieredStopAtLevel=1"));
+      // quick compiler alone start them sooner, and so do the classes of a daemon's start
+      // archived once (ClassArchive).
+      List<String> flags = List.of("-Xmx" + System.getProperty("gpumemd.test.xmx", "256m"), "-XX:+UseSerialGC",
+          "-XX:TieredStopAtLevel=1");
+      command.addAll(flags);
+      ClassArchive.Use archive = ClassArchive.get(java, flags);
+      command.addAll(archive.flags());
+      command.addAll(List.of("-cp", archive.classpath(), mainClass));
+      return command;
     }
     command.addAll(List.of("-cp", System.getProperty("java.class.path"), mainClass));
     return command;
