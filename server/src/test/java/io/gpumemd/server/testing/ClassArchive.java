@@ -3,13 +3,12 @@ package io.gpumemd.server.testing;
 import java.io.File;
 import java.io.IOException;
 import java.io.OutputStream;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
+import java.util.Map;
 import java.util.jar.JarEntry;
 import java.util.jar.JarOutputStream;
 import java.util.stream.Stream;
@@ -32,6 +31,9 @@ import java.util.stream.Stream;
 final class ClassArchive {
   /** The classpath to start processes on, and the flags that load the archive (none without one). */
   record Use(String classpath, List<String> flags) {}
+
+  /** Keeps the JVM's warning about an archive it cannot use out of the process's output. */
+  private static final List<String> QUIET = List.of("-Xlog:cds=off", "-Xlog:cds+dynamic=off");
 
   private static Use use;
 
@@ -65,39 +67,22 @@ final class ClassArchive {
     Path written = dir.resolve("processes.jsa.new");
     Files.deleteIfExists(written);
     Path run = Files.createTempDirectory(Path.of("/tmp"), "gpumemd-archive-");
-    try {
-      List<String> command = new ArrayList<>(List.of(java));
-      command.addAll(jvmFlags);
-      command.addAll(List.of("-XX:ArchiveClassesAtExit=" + written, "-Xlog:cds=off", "-Xlog:cds+dynamic=off",
-          "-cp", jars, "io.gpumemd.server.Main"));
-      command.addAll(List.of(TestDaemon.defaultFlags(run)));
-      Path log = run.resolve("daemon.log");
-      Process daemon = new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log.toFile()).start();
-      try {
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-        while (!Files.readString(log, StandardCharsets.UTF_8).contains("gpumemd ready")) {
-          if (!daemon.isAlive() || System.nanoTime() > deadline) {
-            throw new IOException("the daemon whose classes are archived did not start: "
-                + Files.readString(log, StandardCharsets.UTF_8));
-          }
-          Thread.sleep(20);
-        }
-      } finally {
-        daemon.destroy(); // SIGTERM: the JVM writes the archive as it exits
-        if (!daemon.waitFor(30, TimeUnit.SECONDS)) {
-          daemon.destroyForcibly();
-        }
-      }
+    List<String> command = new ArrayList<>(List.of(java));
+    command.addAll(jvmFlags);
+    command.add("-XX:ArchiveClassesAtExit=" + written);
+    command.addAll(QUIET);
+    command.addAll(List.of("-cp", jars, "io.gpumemd.server.Main"));
+    command.addAll(List.of(TestDaemon.defaultFlags(run)));
+    try (DaemonProcess daemon = DaemonProcess.launch(command, run, true, Map.of())) {
+      daemon.terminate(30_000); // the JVM writes the archive as it exits
       if (!Files.exists(written)) {
-        throw new IOException("the JVM wrote no archive: " + Files.readString(log, StandardCharsets.UTF_8));
-      }
-      Files.move(written, archive, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-    } finally {
-      try (Stream<Path> files = Files.walk(run)) {
-        files.sorted((a, b) -> b.getNameCount() - a.getNameCount()).forEach(p -> p.toFile().delete());
+        throw new IOException("the JVM wrote no archive: " + daemon.output());
       }
     }
-    return new Use(jars, List.of("-XX:SharedArchiveFile=" + archive, "-Xlog:cds=off", "-Xlog:cds+dynamic=off"));
+    Files.move(written, archive, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+    List<String> flags = new ArrayList<>(List.of("-XX:SharedArchiveFile=" + archive));
+    flags.addAll(QUIET);
+    return new Use(jars, List.copyOf(flags));
   }
 
   /** {@code classpath} with each directory in it packed into a jar in {@code dir}. */

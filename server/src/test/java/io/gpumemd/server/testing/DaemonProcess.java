@@ -116,11 +116,16 @@ public final class DaemonProcess implements AutoCloseable {
 
   private static DaemonProcess launch(Path dir, boolean ownsDir, Map<String, String> environment, List<String> prefix,
       String... extraFlags) {
+    List<String> command = new ArrayList<>(prefix);
+    command.addAll(javaCommand("io.gpumemd.server.Main"));
+    command.addAll(List.of(TestDaemon.defaultFlags(dir)));
+    command.addAll(List.of(extraFlags));
+    return launch(command, dir, ownsDir, environment);
+  }
+
+  /** Runs {@code command}, a daemon in {@code dir} (deleted at close if {@code ownsDir}), and waits until it is ready. */
+  static DaemonProcess launch(List<String> command, Path dir, boolean ownsDir, Map<String, String> environment) {
     try {
-      List<String> command = new ArrayList<>(prefix);
-      command.addAll(javaCommand("io.gpumemd.server.Main"));
-      command.addAll(List.of(TestDaemon.defaultFlags(dir)));
-      command.addAll(List.of(extraFlags));
       Process p = withEnvironment(new ProcessBuilder(command), environment).redirectErrorStream(true).start();
       DaemonProcess daemon = new DaemonProcess(p, dir, ownsDir);
       if (!daemon.ready.await(30, TimeUnit.SECONDS)) {
