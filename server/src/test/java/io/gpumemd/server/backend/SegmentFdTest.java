@@ -8,7 +8,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
 import io.grpc.netty.shaded.io.netty.channel.unix.FileDescriptor;
+import java.io.IOException;
 import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import org.junit.jupiter.api.Test;
 
@@ -27,14 +29,26 @@ class SegmentFdTest {
       SegmentFd descriptor = SegmentFd.ofNative(number, true);
       assertEquals(number, descriptor.number());
       assertTrue(descriptor.readOnly());
-      assertTrue(Files.exists(Path.of("/proc/self/fd/" + number)));
+      Path link = Path.of("/proc/self/fd/" + number);
+      Path pipeRead = Files.readSymbolicLink(link);
 
       descriptor.close();
 
-      assertFalse(Files.exists(Path.of("/proc/self/fd/" + number)), "the descriptor is closed");
+      // Another thread of this JVM may open a file and get the freed number at once: the number
+      // must no longer name this pipe, whatever it names now.
+      assertFalse(pipeRead.equals(target(link)), "the descriptor is closed: " + number + " still names " + pipeRead);
       assertDoesNotThrow(descriptor::close, "a second close closes nothing (the number may be another file's now)");
     } finally {
       pipe[1].close();
+    }
+  }
+
+  /** What a descriptor's /proc link names, or null for a closed number. */
+  private static Path target(Path link) throws IOException {
+    try {
+      return Files.readSymbolicLink(link);
+    } catch (NoSuchFileException e) {
+      return null;
     }
   }
 
