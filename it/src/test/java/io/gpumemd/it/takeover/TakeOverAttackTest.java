@@ -7,6 +7,9 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.gpumemd.client.GpuMemClient;
 import io.gpumemd.client.Lease;
 import io.gpumemd.proto.takeover.v1.Abort;
+import io.gpumemd.proto.takeover.v1.LeaseState;
+import io.gpumemd.proto.takeover.v1.Ready;
+import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
 import io.gpumemd.proto.v1.AllocatorGrpc;
 import io.gpumemd.proto.v1.KeepAliveRequest;
@@ -399,6 +402,59 @@ class TakeOverAttackTest {
       assertEquals((byte) 0x5a, lease.buffer().get(0));
       lease.close();
     }
+  }
+
+  /**
+   * Issue 34, item 6: a successor that takes the books ahead is sent them (with the lease held
+   * before) while the daemon serves on (a lease is answered while it holds them unanswered);
+   * inside the pause it is sent only what changed since (that lease, not the one held before); and
+   * its Abort then leaves the daemon serving, the bytes intact.
+   */
+  @Test
+  void successorTakingTheBooksAhead_isSentThemWhileTheDaemonServes_thenOnlyTheChanges() throws Exception {
+    DaemonProcess daemon = start();
+    try (GpuMemClient client = GpuMemClient.connect(daemon.unixTarget());
+        TakeOverPeer peer = TakeOverPeer.connect(takeOverSocket())) {
+      Lease before = client.lease(0, 1 << 20);
+      before.buffer().put(0, (byte) 0x5a);
+      peer.send(TakeOverFrame.newBuilder().setHello(TakeOverPeer.hostHello().toBuilder().setTakesSegmentsAhead(true)
+          .setTakesStateAhead(true)).build());
+      assertTrue(nextBesidesDescriptors(peer).hasSegmentsAhead());
+      peer.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
+      TakeOverFrame ahead = nextBesidesDescriptors(peer);
+      assertTrue(ahead.hasStateAhead() && !ahead.getStateAhead().getChangesOnly(), String.valueOf(ahead.getFrameCase()));
+      assertTrue(leaseIds(ahead.getStateAhead()).contains(before.id()), "the books ahead hold the lease held before");
+
+      Lease meanwhile = client.lease(0, 4096); // served: the gate is open while the books are out
+      peer.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
+      TakeOverFrame state = nextBesidesDescriptors(peer);
+
+      assertTrue(state.hasState() && state.getState().getChangesOnly(), String.valueOf(state.getFrameCase()));
+      assertEquals(List.of(meanwhile.id()), leaseIds(state.getState()), "only the lease made since is carried");
+      assertEquals(ahead.getStateAhead().getSessions().getSessionsCount(),
+          state.getState().getSessions().getSessionsCount(), "sessions are carried whole");
+      assertTrue(state.getState().getPools(0).getSegmentIdsCount() >= 1, "every segment id is listed");
+      peer.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason("the test stops here")).build());
+      assertTrue(daemon.awaitLine("could not restore the state (the test stops here); serving on", 30_000),
+          daemon.output());
+      assertServing(daemon);
+      assertEquals((byte) 0x5a, before.buffer().get(0));
+      meanwhile.close();
+      before.close();
+    }
+  }
+
+  private static TakeOverFrame nextBesidesDescriptors(TakeOverPeer peer) throws IOException {
+    TakeOverFrame frame = peer.receive();
+    while (frame != null && frame.hasDescriptors()) {
+      frame = peer.receive();
+    }
+    assertTrue(frame != null, "the daemon closed the take-over connection");
+    return frame;
+  }
+
+  private static List<String> leaseIds(State state) {
+    return state.getSessions().getLeasesList().stream().map(LeaseState::getId).toList();
   }
 
   /**

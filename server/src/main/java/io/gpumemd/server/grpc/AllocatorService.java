@@ -128,7 +128,7 @@ public final class AllocatorService extends AllocatorGrpc.AllocatorImplBase {
           .setMaxLeasedBytes(session.quota().maxLeasedBytes())
           .setMaxLeases(session.quota().maxLeases())
           .setClientCacheBytes(session.cacheAllowance())
-          .setMaxOversizeBytes(registry.maxOversizeBytes())
+          .setMaxOversizeBytes(registry.pools().maxOversizeBytes())
           .setSizeClasses(SIZE_CLASSES)
           .build());
       response.onCompleted();

@@ -37,6 +37,12 @@ public record PoolSnapshot(int device, String deviceUuid, long nextSegmentId, Li
     counters = Map.copyOf(counters);
   }
 
+  /** This snapshot with other segments (a take-over's changes carry only those changed). */
+  public PoolSnapshot withSegments(List<SegmentSnapshot> others) {
+    return new PoolSnapshot(device, deviceUuid, nextSegmentId, others, idleLru, counters, retentionCapBytes,
+        retentionCapSetAtRuntime, peakLeasedBytes, limitBytes, clientCache, sharing);
+  }
+
   /** A segment's place in its life: live, or evicted and waiting for its holders' unmaps. */
   public enum Lifecycle { LIVE, AWAITING_UNMAP }
 

@@ -91,7 +91,7 @@ final class PoolSnapshotWriter {
       if (descriptor == null) {
         throw new SnapshotRefusedException("device " + device + ": segment " + s.id + " was freed during the export");
       }
-      written.add(taken.segment(i, sink.add(descriptor)));
+      written.add(taken.segment(i, sink.add(s.memory, descriptor)));
     }
     return taken.snapshot(written);
   }

@@ -15,11 +15,11 @@ import io.gpumemd.server.backend.SegmentMemory;
 @FunctionalInterface
 public interface SegmentFdSink {
   /**
-   * Takes a descriptor of one segment.
+   * Takes a descriptor of the segment on {@code memory}.
    *
    * @return its index among every descriptor this sink took (0, 1, 2, ...)
    */
-  int add(SegmentFd descriptor);
+  int add(SegmentMemory memory, SegmentFd descriptor);
 
   /**
    * The index of {@code memory}'s descriptor when it was sent ahead of the state ({@link

@@ -110,14 +110,9 @@ public final class SessionRegistry {
     return settings;
   }
 
-  /** The device pools, whose devices each client is told of at OpenSession. */
+  /** The device pools, whose devices and oversize rule each client is told of at OpenSession. */
   public DevicePools pools() {
     return pools;
-  }
-
-  /** The pools' oversize rule, told to each client at OpenSession so that its cache agrees. */
-  public long maxOversizeBytes() {
-    return pools.maxOversizeBytes();
   }
 
   // ------------------------------------------------------------------------------ sessions
@@ -432,14 +427,21 @@ public final class SessionRegistry {
   // ------------------------------------------------------------------------ snapshot, restore
 
   /**
-   * The session layer written down ({@link SessionsSnapshotWriter}). Call it while no request is
-   * applied (the caller's gate is closed); it still reads each object under its monitor.
+   * The session layer written down ({@link SessionsSnapshotWriter}), its ages counted back from
+   * {@code nowNanos} ({@link #nanos}: an unchanged lease in two snapshots ages by the time between
+   * them). Call it while no request is applied (the caller's gate is closed); it still reads each
+   * object under its monitor.
    *
    * @throws IllegalStateException when the state cannot move now (a shared block waiting for a
    *     completion event), or the books disagree: the caller is to refuse
    */
-  public SessionsSnapshot snapshot() {
-    return new SessionsSnapshotWriter(ticker, sessions, book, sharing, churn).take();
+  public SessionsSnapshot snapshot(long nowNanos) {
+    return new SessionsSnapshotWriter(sessions, book, sharing, churn).take(nowNanos);
+  }
+
+  /** This registry's clock, which its snapshots count ages back from. */
+  public long nanos() {
+    return ticker.nanos();
   }
 
   /**

@@ -25,6 +25,11 @@ public record SessionsSnapshot(long leaseSequence, List<SessionSnapshot> session
     objects = List.copyOf(objects);
   }
 
+  /** This snapshot with other leases (a take-over's changes carry only those changed). */
+  public SessionsSnapshot withLeases(List<LeaseSnapshot> others) {
+    return new SessionsSnapshot(leaseSequence, sessions, others, sharedBlocks, tokens, objects, churn);
+  }
+
   /**
    * One session. Its segment owner is kept as three values, checked when the session is rebuilt.
    *
@@ -49,7 +54,13 @@ public record SessionsSnapshot(long leaseSequence, List<SessionSnapshot> session
    */
   public record LeaseSnapshot(String id, String sessionId, int device, long segmentId, long blockOffset,
       long blockSize, long requestedBytes, String tag, long grantedAgeNanos, long sequence, boolean poolHit,
-      boolean attached, boolean readOnly, boolean clientCached, boolean leakReported, int sharedBlock) {}
+      boolean attached, boolean readOnly, boolean clientCached, boolean leakReported, int sharedBlock) {
+    /** This lease as written down {@code nanos} later: only its age differs. */
+    public LeaseSnapshot olderBy(long nanos) {
+      return new LeaseSnapshot(id, sessionId, device, segmentId, blockOffset, blockSize, requestedBytes, tag,
+          grantedAgeNanos + nanos, sequence, poolHit, attached, readOnly, clientCached, leakReported, sharedBlock);
+    }
+  }
 
   /** A block shared by leases, holds, tokens and names; lists the ids of the records on it. */
   public record SharedBlockSnapshot(int device, long segmentId, long blockOffset, long blockSize,

@@ -6,7 +6,6 @@ import io.gpumemd.server.books.SharedBlock;
 import io.gpumemd.server.sharing.PublishedObject;
 import io.gpumemd.server.sharing.ShareToken;
 import io.gpumemd.server.sharing.SharedObjects;
-import io.gpumemd.common.Ticker;
 import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.CompletionEvent;
 import io.gpumemd.server.backend.SegmentOwner;
@@ -34,15 +33,12 @@ import java.util.TreeSet;
  * object under the monitor that guards it. One call at a time.
  */
 final class SessionsSnapshotWriter {
-  private final Ticker ticker;
   private final LiveSessions sessions;
   private final LeaseBook book;
   private final SharedObjects sharing;
   private final SessionChurn churn;
 
-  SessionsSnapshotWriter(Ticker ticker, LiveSessions sessions, LeaseBook book, SharedObjects sharing,
-      SessionChurn churn) {
-    this.ticker = ticker;
+  SessionsSnapshotWriter(LiveSessions sessions, LeaseBook book, SharedObjects sharing, SessionChurn churn) {
     this.sessions = sessions;
     this.book = book;
     this.sharing = sharing;
@@ -50,14 +46,13 @@ final class SessionsSnapshotWriter {
   }
 
   /**
-   * The registry written down, instants as ages from now.
+   * The registry written down, instants as ages from {@code now} (the registry's clock).
    *
    * @throws IllegalStateException when the books disagree (a record its session does not hold),
    *     or a shared block still waits for a released holder's completion event, which cannot
    *     move to another process (the caller refuses and may retry)
    */
-  SessionsSnapshot take() {
-    long now = ticker.nanos();
+  SessionsSnapshot take(long now) {
     List<Session> live = new ArrayList<>(sessions.all());
     live.sort(Session.ORDER);
     Map<String, Boolean> clientCached = new HashMap<>();

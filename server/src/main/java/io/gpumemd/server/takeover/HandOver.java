@@ -2,9 +2,6 @@ package io.gpumemd.server.takeover;
 
 import io.gpumemd.common.unix.UnixSockets;
 import io.gpumemd.proto.takeover.v1.Hello;
-import io.gpumemd.proto.takeover.v1.State;
-import io.gpumemd.server.backend.SegmentFd;
-import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.SegmentAhead;
 import java.io.IOException;
 import java.nio.file.Files;
@@ -12,7 +9,6 @@ import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.util.List;
-import java.util.Map;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -28,10 +24,13 @@ import org.slf4j.LoggerFactory;
  *   <li>where the Hello takes them, sends every segment's descriptor ahead ({@link
  *       Daemon#segmentsAhead}) while it serves on, and waits for the successor's {@code Ready}
  *       (it has adopted them) within {@link #ANSWER_MILLIS}; anything else, and it serves on;
+ *   <li>where the Hello takes them too, writes the books down with the gate closed for just that
+ *       long, opens it, and sends them ahead while it serves on ({@code state_ahead}), waiting
+ *       for the successor's {@code Ready} (it has read them) as for the segments;
  *   <li>closes the {@link HandOverGate} and waits for the requests in progress: from here no
  *       request is applied, so the state sent is exactly the state served;
- *   <li>sends the descriptors of segments not sent ahead and the books ({@link
- *       Daemon#exportState});
+ *   <li>sends the descriptors of segments not sent before and the books ({@link Daemon#write}):
+ *       whole, or after books sent ahead only what changed since ({@link StateChanges});
  *   <li>on {@code Abort}, or when the successor goes away, opens the gate and serves on as if
  *       nothing happened (its descriptors were copies); a successor that does not answer within
  *       {@link #ANSWER_MILLIS} of the state (silent, stuck or hostile) is given up: the gate
@@ -76,12 +75,19 @@ public final class HandOver implements AutoCloseable {
     }
 
     /**
-     * The state, with the gate closed; adds one descriptor to {@code descriptors} (copies the
-     * caller closes once sent, or refused) per segment not in {@code sentAhead} (the memory of each
-     * segment sent ahead, by its index; the state names the others from {@code sentAhead.size()} on).
+     * The books, written with the gate closed ({@link TakeOverState#write}); a segment whose
+     * descriptor was sent before is named by its index in {@code descriptors}, the others' copies
+     * are added there.
      */
-    State exportState(List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead)
-        throws TakeOverRefusedException;
+    TakeOverState.Books write(OutgoingDescriptors descriptors) throws TakeOverRefusedException;
+
+    /**
+     * With the gate closed, for the last state only: copies of the pidfds of processes this daemon
+     * cannot see, added to {@code descriptors} after the segments'; their pidfs inodes in order.
+     */
+    default List<Long> hiddenProcesses(OutgoingDescriptors descriptors) throws TakeOverRefusedException {
+      return List.of();
+    }
 
     /** The successor owns the state now: stop serving for good, freeing no memory. Returns at once. */
     void handedOver(int successorPid);

@@ -6,14 +6,10 @@ import io.gpumemd.proto.takeover.v1.Hello;
 import io.gpumemd.proto.takeover.v1.Refusal;
 import io.gpumemd.proto.takeover.v1.State;
 import io.gpumemd.proto.takeover.v1.TakeOverFrame;
-import io.gpumemd.server.backend.SegmentFd;
-import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.pool.SegmentAhead;
 import java.io.EOFException;
 import java.io.IOException;
-import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 import org.slf4j.Logger;
@@ -44,8 +40,10 @@ final class HandOverAttempt {
   private final Runnable taken;
   private int pid;
   private long started;
-  /** The memory of each segment sent ahead of the state, by its index; empty when none was. */
-  private Map<SegmentMemory, Integer> sentAhead = Map.of();
+  /** The segments' descriptors sent so far and to send next (none sent ahead: none yet). */
+  private OutgoingDescriptors descriptors = new OutgoingDescriptors(List.of());
+  /** The books sent ahead of the pause, or null: the state then goes whole. */
+  private TakeOverState.Books booksAhead;
 
   HandOverAttempt(TakeOverChannel channel, HandOverGate gate, HandOver.Daemon daemon, String version, int uid,
       BooleanSupplier closing, Runnable taken) {
@@ -90,6 +88,9 @@ final class HandOverAttempt {
   private boolean handOver(Hello hello) {
     daemon.rehearse();
     if (hello.getTakesSegmentsAhead() && !sendAhead()) {
+      return false;
+    }
+    if (hello.getTakesSegmentsAhead() && hello.getTakesStateAhead() && !sendBooksAhead()) {
       return false;
     }
     // The rehearsal and the segments sent ahead compiled code of their own: the pause, which
@@ -169,7 +170,7 @@ final class HandOverAttempt {
         }
       }
     }
-    sentAhead = TakeOverState.aheadIndex(ahead);
+    descriptors = new OutgoingDescriptors(ahead);
     log.info("Take-over by pid {}: {} segment descriptor(s) sent ahead, adopted after {} ms", pid, ahead.size(),
         (System.nanoTime() - began) / 1_000_000);
     return true;
@@ -179,6 +180,12 @@ final class HandOverAttempt {
   private boolean quiesce(Hello hello) {
     log.info("Take-over asked by pid {} (gpumemd {}): no longer applying requests", pid, hello.getVersion());
     started = System.nanoTime();
+    boolean quiet = closeGate();
+    return quiet;
+  }
+
+  /** Closes the gate and waits for the requests in progress; false (gate open again, the successor told) when they do not end. */
+  private boolean closeGate() {
     int left;
     try {
       left = gate.closeForHandOver(HandOver.QUIESCE_MILLIS);
@@ -198,50 +205,102 @@ final class HandOverAttempt {
   }
 
   /**
-   * Exports the state and sends it with every segment's descriptor (copies, closed here once
-   * sent); false (gate open again) when it cannot be exported or sent.
+   * Writes the books down with the gate closed only for that (requests that came meanwhile are
+   * answered "moving" when it opens, and called again here), then sends them while serving, and
+   * waits for the successor to have read them. The pause that follows carries only what changed
+   * since. False when they cannot be written or sent, or the successor did not take them: this
+   * daemon serves on.
+   */
+  private boolean sendBooksAhead() {
+    long began = System.nanoTime();
+    if (!closeGate()) {
+      return false;
+    }
+    TakeOverState.Books books;
+    try {
+      books = daemon.write(descriptors);
+    } catch (TakeOverRefusedException | RuntimeException e) {
+      gate.open();
+      descriptors.sent();
+      refuseUnwritten(e);
+      return false;
+    }
+    gate.open();
+    long paused = System.nanoTime() - began;
+    try {
+      channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
+      List<Integer> fds = descriptors.pending();
+      channel.sendFds(fds);
+      channel.send(TakeOverFrame.newBuilder().setStateAhead(TakeOverState.toProto(books).setDescriptorCount(fds.size())
+          .setVersion(version).setPid((int) ProcessHandle.current().pid())).build());
+      TakeOverFrame answer = channel.receiveFromTaker();
+      if (!answer.hasReady()) {
+        log.warn("Take-over by pid {} ended before the pause: {}; serving on", pid, answer.hasAbort()
+            ? "it could not read the books sent ahead (" + answer.getAbort().getReason() + ")"
+            : "it answered " + answer.getFrameCase() + " to the books sent ahead");
+        return false;
+      }
+    } catch (IOException e) {
+      String why = TakeOverChannel.timedOut(e) ? "no answer within " + HandOver.ANSWER_MILLIS + " ms" : e.getMessage();
+      log.warn("Take-over by pid {} ended before the pause, while its books were sent ahead ({}); serving on", pid, why);
+      return false;
+    } finally {
+      descriptors.sent();
+    }
+    booksAhead = books;
+    log.info("Take-over by pid {}: books of {} leases sent ahead (written in {} ms with the gate closed), read after "
+        + "{} ms", pid, books.sessions().leases().size(), paused / 1_000_000, (System.nanoTime() - began) / 1_000_000);
+    return true;
+  }
+
+  /** Opens nothing: tells the successor why the books could not be written (the gate is open again). */
+  private void refuseUnwritten(Exception e) {
+    String reason = e instanceof TakeOverRefusedException ? e.getMessage()
+        : "the state could not be exported (" + e.getMessage() + ")";
+    if (e instanceof RuntimeException) {
+      log.error("Exporting the state for a take-over failed", e);
+    }
+    log.warn("Take-over by pid {} refused: {}; serving on", pid, reason);
+    refuse(reason);
+  }
+
+  /**
+   * Writes the books down and sends them with the descriptors of segments not sent before
+   * (copies, closed here once sent): whole, or after books sent ahead only what changed since.
+   * False (gate open again) when they cannot be written or sent.
    */
   private boolean sendState() {
-    List<SegmentFd> descriptors = new ArrayList<>();
     try {
-      State state;
+      State.Builder state;
       try {
-        state = daemon.exportState(descriptors, sentAhead);
+        TakeOverState.Books books = daemon.write(descriptors);
+        state = booksAhead == null ? TakeOverState.toProto(books)
+            : StateChanges.toProto(StateChanges.between(booksAhead, books));
+        state.addAllHiddenProcessInodes(daemon.hiddenProcesses(descriptors));
       } catch (TakeOverRefusedException | RuntimeException e) {
         gate.open();
-        String reason = e instanceof TakeOverRefusedException ? e.getMessage()
-            : "the state could not be exported (" + e.getMessage() + ")";
-        if (e instanceof RuntimeException) {
-          log.error("Exporting the state for a take-over failed", e);
-        }
-        log.warn("Take-over by pid {} refused: {}; serving on", pid, reason);
-        refuse(reason);
+        refuseUnwritten(e);
         return false;
       }
       // One bound for the whole rest, however the successor paces its reads and its answer.
       channel.deadline(System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(HandOver.ANSWER_MILLIS));
-      List<Integer> fds = descriptors.stream().map(SegmentFd::number).toList();
+      List<Integer> fds = descriptors.pending();
       channel.sendFds(fds);
-      TakeOverFrame frame = TakeOverFrame.newBuilder().setState(state.toBuilder().setDescriptorCount(fds.size())
+      TakeOverFrame frame = TakeOverFrame.newBuilder().setState(state.setDescriptorCount(fds.size())
           .setVersion(version).setPid((int) ProcessHandle.current().pid())).build();
       channel.send(frame);
       // Sending sized the frame's state and kept the figure; the exported state would be sized
       // again (a 1 MB state takes milliseconds), inside the pause.
-      log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books, after {} ms", pid,
-          fds.size(), frame.getState().getSerializedSize(), (System.nanoTime() - started) / 1_000_000);
+      log.info("State sent to pid {}: {} segment descriptor(s), {} bytes of books{}, after {} ms", pid,
+          fds.size(), frame.getState().getSerializedSize(), booksAhead == null ? "" : " (changes since those sent ahead)",
+          (System.nanoTime() - started) / 1_000_000);
       return true;
     } catch (IOException e) {
       gate.open();
       log.warn("Take-over by pid {} failed while sending the state ({}); serving on", pid, e.getMessage());
       return false;
     } finally {
-      for (SegmentFd d : descriptors) {
-        try {
-          d.close();
-        } catch (IOException e) {
-          log.warn("Cannot close a sent segment descriptor: {}", e.toString());
-        }
-      }
+      descriptors.sent();
     }
   }
 

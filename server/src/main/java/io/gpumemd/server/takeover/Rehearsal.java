@@ -61,14 +61,11 @@ public final class Rehearsal {
   /**
    * Leases the scratch session keeps, and so exports and restores: with {@link #CODEC_ROUNDS},
    * enough for the optimising compiler to take the per-lease code a node's thousands of leases
-   * run through. With 1,024 (each such method run about 8,000 times), {@code TakeOverPauseMain}
-   * with 10,000 live leases showed both daemons compiling that code inside the pause (the JIT's
-   * own log), and the hand-over (gate closed to Taken) took 141 to 192 ms at p50; with 4,096,
-   * 100 to 110 ms. (1,024 leases through 32 rounds gave 120 ms: the loops need the length too.)
-   * With 4,096 the loops over a state's leases and blocks (the codec's, the restore's, the
-   * export's: methods run once per state) still ran in the interpreter, each short of the
-   * back-edge count (60,000) that compiles such a loop where it runs; in the pause they were
-   * compiled there, half-way through 10,000 leases. 8,192 through the rounds pass that count.
+   * run through. {@code TakeOverPauseMain} with 10,000 live leases and the JIT's log: with 1,024
+   * (each such method run about 8,000 times) both daemons compiled it inside the pause, the
+   * hand-over (gate closed to Taken) 141 to 192 ms at p50; with 4,096, 100 to 110 ms, but the
+   * loops over a state's leases and blocks (run once per state) were still interpreted, short of
+   * the back-edge count (60,000) that compiles a loop where it runs; 8,192 pass that count.
    */
   static final int HELD = 8192;
   /**
@@ -168,10 +165,7 @@ public final class Rehearsal {
           }
         });
       } catch (IOException | RuntimeException | InterruptedException e) {
-        if (e instanceof InterruptedException) {
-          Thread.currentThread().interrupt();
-        }
-        log.debug("Take-over rehearsal before the first hand-over failed (the pause may be longer): {}", e.toString());
+        failed("before the first hand-over", e);
       }
       log.debug("Take-over rehearsal before the first hand-over: {} ms", (System.nanoTime() - started) / 1_000_000);
     };
@@ -209,20 +203,14 @@ public final class Rehearsal {
         });
       }
     } catch (IOException | RuntimeException | InterruptedException e) {
-      if (e instanceof InterruptedException) {
-        Thread.currentThread().interrupt();
-      }
-      log.debug("Take-over rehearsal of the state's way failed (the pause may be longer): {}", e.toString());
+      failed("of the state's way", e);
     }
     long codec = System.nanoTime();
     if (socket != null) {
       try {
         calls(socket);
       } catch (RuntimeException | InterruptedException e) {
-        if (e instanceof InterruptedException) {
-          Thread.currentThread().interrupt();
-        }
-        log.debug("Take-over rehearsal of the first calls failed (the pause may be longer): {}", e.toString());
+        failed("of the first calls", e);
       }
     }
     long calls = System.nanoTime();
@@ -304,6 +292,14 @@ public final class Rehearsal {
     } finally {
       books.pools().close();
     }
+  }
+
+  /** A rehearsal step that failed: it only makes the pause shorter, so it says so at DEBUG. */
+  private static void failed(String what, Exception e) {
+    if (e instanceof InterruptedException) {
+      Thread.currentThread().interrupt();
+    }
+    log.debug("Take-over rehearsal {} failed (the pause may be longer): {}", what, e.toString());
   }
 
   /** Where a rehearsal beside {@code channelAt} serves scratch books. */

@@ -18,8 +18,9 @@ import java.util.List;
 /**
  * One round of a {@link Rehearsal}: a state handed over from scratch books to other scratch books
  * in this one process, the way two daemons hand it over (segments sent ahead and adopted, the
- * state exported, sent over a real take-over channel pair with the descriptors of the segments
- * made since, read on a thread of its own, and restored).
+ * books written, sent over a real take-over channel pair with the descriptors of the segments
+ * made since and read on a thread of its own, written again and applied to them as changes, and
+ * restored).
  *
  * <p>Stateless; each call uses its own channel pair, bound for a moment at the path it is given.
  */
@@ -37,9 +38,8 @@ final class SelfHandOver {
    */
   static void handOver(Rehearsal.Books from, Rehearsal.Books to, Path channelAt) throws IOException {
     List<SegmentAhead> ahead = from.pools().segmentsAhead();
-    List<SegmentFd> descriptors = new ArrayList<>();
     List<SegmentMemory> adopted = new ArrayList<>();
-    try {
+    try (OutgoingDescriptors descriptors = new OutgoingDescriptors(ahead)) {
       List<Integer> copies = new ArrayList<>();
       try {
         for (SegmentAhead a : ahead) {
@@ -50,22 +50,26 @@ final class SelfHandOver {
         throw e;
       }
       TakeOver.adopt(to.backend(), TakeOverState.aheadFrame(ahead), copies, adopted);
-      State state;
+      TakeOverState.Books books;
+      TakeOverState.Books again;
       try {
-        state = TakeOverState.export(from.pools(), from.registry(), null, descriptors, TakeOverState.aheadIndex(ahead));
+        books = TakeOverState.write(from.pools(), from.registry(), descriptors);
+        // Written twice, as the books sent ahead and the pause's: the second goes as the changes
+        // since the first (none, here), applied to the first once it came through the channel.
+        again = TakeOverState.write(from.pools(), from.registry(), descriptors);
       } catch (TakeOverRefusedException e) {
         throw new IOException(e.getMessage(), e);
       }
-      Received received = sendToSelf(state, descriptors.stream().map(SegmentFd::number).toList(), channelAt);
+      State changes = StateChanges.toProto(StateChanges.between(books, again)).build();
+      Received received = sendToSelf(TakeOverState.toProto(books).build(), descriptors.pending(), channelAt);
       try (IncomingSegments segments = new IncomingSegments(to.backend(), adopted, received.fds())) {
         adopted.clear(); // the segments' now
-        TakeOverState.restore(received.state(), segments, to.pools(), to.registry());
+        TakeOverState.Books arrived = StateChanges.apply(TakeOverState.fromProto(received.state()),
+            StateChanges.fromProto(changes));
+        TakeOverState.restore(arrived, segments, to.pools(), to.registry());
       }
     } finally {
       IncomingSegments.relinquishAll(to.backend(), adopted);
-      for (SegmentFd d : descriptors) {
-        closeCopy(d);
-      }
       for (SegmentAhead a : ahead) {
         closeCopy(a.descriptor());
       }

@@ -65,18 +65,20 @@ public final class TakeOver implements AutoCloseable {
   static final long DYING_MILLIS = 5_000;
 
   private final TakeOverChannel channel;
-  private final State state;
+  /** The books the state brought (with the books sent ahead, when it carried only changes). */
+  private final TakeOverState.Books books;
   private final IncomingSegments segments;
   /** Pidfds of processes the running daemon followed by pidfd, by pidfs inode, until taken; guarded by the caller (one thread). */
   private final Map<Long, Integer> pidfds;
   private final int runningDaemonPid;
 
-  private TakeOver(TakeOverChannel channel, State state, IncomingSegments segments, Map<Long, Integer> pidfds) {
+  private TakeOver(TakeOverChannel channel, int runningDaemonPid, TakeOverState.Books books, IncomingSegments segments,
+      Map<Long, Integer> pidfds) {
     this.channel = channel;
-    this.state = state;
+    this.books = books;
     this.segments = segments;
     this.pidfds = pidfds;
-    this.runningDaemonPid = state.getPid();
+    this.runningDaemonPid = runningDaemonPid;
   }
 
   /**
@@ -94,6 +96,9 @@ public final class TakeOver implements AutoCloseable {
     }
     // Adopted ahead of the state: given up on every way out but the TakeOver that owns them.
     List<SegmentMemory> ahead = new ArrayList<>();
+    // Descriptors that came with the books sent ahead: closed on every way out but the TakeOver.
+    List<Integer> aheadFds = new ArrayList<>();
+    TakeOverState.Books booksAhead = null;
     try {
       String untrusted = untrustedRunningDaemon(socket.toAbsolutePath(), channel);
       if (untrusted != null) {
@@ -116,6 +121,11 @@ public final class TakeOver implements AutoCloseable {
           channel.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
           frame = channel.receiveFromHolder();
         }
+        if (frame.hasStateAhead()) {
+          booksAhead = readAhead(frame.getStateAhead(), channel, aheadFds, started);
+          channel.send(TakeOverFrame.newBuilder().setReady(Ready.getDefaultInstance()).build());
+          frame = channel.receiveFromHolder();
+        }
       } catch (IOException e) {
         if (e instanceof AheadRefused) {
           throw e;
@@ -135,29 +145,103 @@ public final class TakeOver implements AutoCloseable {
             ? "take-over refused by the running daemon (it serves on, untouched): " + frame.getRefusal().getReason()
             : "take-over: the running daemon answered " + frame.getFrameCase() + " instead of its state");
       }
-      State state = frame.getState();
-      List<Integer> fds = channel.takeFds();
-      if (fds.size() != state.getDescriptorCount()) {
-        fds.forEach(UnixSockets::closeQuietly);
-        throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
-            + state.getDescriptorCount());
-      }
-      Map<Long, Integer> pidfds = pidfds(state, fds);
-      List<Integer> segmentFds = fds.subList(0, fds.size() - state.getHiddenProcessInodesCount());
-      log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
-          + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
-          ahead.size() + segmentFds.size(), ahead.size(), channel.lastFrameBytes());
-      try {
-        return new TakeOver(channel, state,
-            new IncomingSegments(backend, ahead, segmentFds.stream().mapToInt(Integer::intValue).toArray()), pidfds);
-      } catch (RuntimeException e) {
-        pidfds.values().forEach(UnixSockets::closeQuietly);
-        throw e;
-      }
+      return received(channel, frame.getState(), booksAhead, aheadFds, ahead, backend, started);
     } catch (IOException | RuntimeException e) {
       IncomingSegments.relinquishAll(backend, ahead);
+      aheadFds.forEach(UnixSockets::closeQuietly);
       channel.close();
       throw e;
+    }
+  }
+
+  /**
+   * The TakeOver of a state read off {@code channel}: its descriptors checked against it, and its
+   * books (applied to those sent ahead, when it carries only changes; the running daemon is told
+   * when they do not fit). On a failure the caller gives up what it holds ({@code ahead}, and
+   * {@code aheadFds} unless they moved here: then the list is empty).
+   */
+  private static TakeOver received(TakeOverChannel channel, State state, TakeOverState.Books booksAhead,
+      List<Integer> aheadFds, List<SegmentMemory> ahead, MemoryBackend backend, long started) throws IOException {
+    List<Integer> fds = channel.takeFds();
+    if (fds.size() != state.getDescriptorCount()) {
+      fds.forEach(UnixSockets::closeQuietly);
+      throw new IOException("take-over: " + fds.size() + " descriptor(s) came with a state that names "
+          + state.getDescriptorCount());
+    }
+    Map<Long, Integer> pidfds = pidfds(state, fds);
+    List<Integer> segmentFds = new ArrayList<>(aheadFds);
+    segmentFds.addAll(fds.subList(0, fds.size() - state.getHiddenProcessInodesCount()));
+    aheadFds.clear(); // in segmentFds now, which the IncomingSegments below owns
+    TakeOverState.Books books;
+    try {
+      books = books(state, booksAhead);
+    } catch (IllegalStateException e) {
+      segmentFds.forEach(UnixSockets::closeQuietly);
+      pidfds.values().forEach(UnixSockets::closeQuietly);
+      String reason = "its state does not fit the books it sent ahead (" + e.getMessage() + ")";
+      abort(channel, reason);
+      throw new IOException("take-over: the running daemon's " + reason + "; it serves on, and this daemon does not "
+          + "start");
+    }
+    log.info("--take-over: state of pid {} (gpumemd {}) received after {} ms: {} segment(s), {} of them sent ahead, "
+        + "{} bytes of books", state.getPid(), state.getVersion(), (System.nanoTime() - started) / 1_000_000,
+        ahead.size() + segmentFds.size(), ahead.size(), channel.lastFrameBytes());
+    try {
+      return new TakeOver(channel, state.getPid(), books,
+          new IncomingSegments(backend, ahead, segmentFds.stream().mapToInt(Integer::intValue).toArray()), pidfds);
+    } catch (RuntimeException e) {
+      pidfds.values().forEach(UnixSockets::closeQuietly);
+      throw e;
+    }
+  }
+
+  /**
+   * Reads the books the running daemon sent ahead of its pause, with the descriptors that came
+   * with them (into {@code fds}); a state_ahead that does not read is answered Abort (the running
+   * daemon serves on).
+   */
+  private static TakeOverState.Books readAhead(State ahead, TakeOverChannel channel, List<Integer> fds, long started)
+      throws IOException {
+    fds.addAll(channel.takeFds());
+    String broken = null;
+    TakeOverState.Books books = null;
+    if (fds.size() != ahead.getDescriptorCount()) {
+      broken = fds.size() + " descriptor(s) came with books that name " + ahead.getDescriptorCount();
+    } else if (ahead.getChangesOnly() || ahead.getHiddenProcessInodesCount() > 0) {
+      broken = "the books sent ahead carry changes or pidfds, which only the last state may";
+    } else {
+      try {
+        books = TakeOverState.fromProto(ahead);
+      } catch (RuntimeException e) {
+        broken = "the books sent ahead do not read (" + e.getMessage() + ")";
+      }
+    }
+    if (broken != null) {
+      abort(channel, broken);
+      throw new AheadRefused("take-over: " + broken + "; the running daemon serves on, and this daemon does not start",
+          null);
+    }
+    log.info("--take-over: books of pid {} ({} leases, {} bytes) read ahead of the pause after {} ms", ahead.getPid(),
+        books.sessions().leases().size(), channel.lastFrameBytes(), (System.nanoTime() - started) / 1_000_000);
+    return books;
+  }
+
+  /** The books {@code state} brings: itself, or its changes applied to the books sent ahead. */
+  private static TakeOverState.Books books(State state, TakeOverState.Books ahead) {
+    if (!state.getChangesOnly()) {
+      return TakeOverState.fromProto(state);
+    }
+    if (ahead == null) {
+      throw new IllegalStateException("it sent changes only, but no books ahead");
+    }
+    return StateChanges.apply(ahead, StateChanges.fromProto(state));
+  }
+
+  private static void abort(TakeOverChannel channel, String reason) {
+    try {
+      channel.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason(reason)).build());
+    } catch (IOException e) {
+      // it serves on either way once it reads no Ready, or no Taken
     }
   }
 
@@ -249,11 +333,7 @@ public final class TakeOver implements AutoCloseable {
     try {
       adopt(backend, ahead, fds, adopted);
     } catch (AheadRefused e) {
-      try {
-        channel.send(TakeOverFrame.newBuilder().setAbort(Abort.newBuilder().setReason(e.getMessage())).build());
-      } catch (IOException notTold) {
-        // it serves on either way once it reads no Ready
-      }
+      abort(channel, e.getMessage());
       throw new AheadRefused("take-over: " + e.getMessage() + "; the running daemon serves on, and this daemon "
           + "does not start", e.getCause());
     }
@@ -320,8 +400,9 @@ public final class TakeOver implements AutoCloseable {
         || e instanceof ErrnoCalls.ErrnoException errno && (errno.errno() == ECONNRESET || errno.errno() == EPIPE);
   }
 
-  public State state() {
-    return state;
+  /** The running daemon's books, to restore. */
+  public TakeOverState.Books books() {
+    return books;
   }
 
   /** The segments, by the state's descriptor indexes; the restored pools take those it names. */
@@ -342,7 +423,7 @@ public final class TakeOver implements AutoCloseable {
 
   /** The sessions that had a stream attached when the running daemon wrote its state down. */
   public int attachedSessions() {
-    return (int) state.getSessions().getSessionsList().stream().filter(s -> s.getStreamAttached()).count();
+    return (int) books.sessions().sessions().stream().filter(s -> s.streamAttached()).count();
   }
 
   public int runningDaemonPid() {

@@ -1,7 +1,6 @@
 package io.gpumemd.server.takeover;
 
 import io.gpumemd.proto.takeover.v1.Hello;
-import io.gpumemd.proto.takeover.v1.PoolState;
 import io.gpumemd.proto.takeover.v1.SegmentsAhead;
 import io.gpumemd.proto.takeover.v1.SessionsState;
 import io.gpumemd.proto.takeover.v1.State;
@@ -9,11 +8,11 @@ import io.gpumemd.server.auth.Caller;
 import io.gpumemd.server.backend.DeviceInfo;
 import io.gpumemd.server.backend.MemoryBackend;
 import io.gpumemd.server.backend.SegmentFd;
-import io.gpumemd.server.backend.SegmentMemory;
 import io.gpumemd.server.config.ServerConfig;
 import io.gpumemd.server.fd.DescriptorPins;
 import io.gpumemd.server.pool.DevicePools;
 import io.gpumemd.server.pool.IncomingSegments;
+import io.gpumemd.server.pool.PoolSnapshot;
 import io.gpumemd.server.pool.SegmentAhead;
 import io.gpumemd.server.pool.SegmentFdSink;
 import io.gpumemd.server.pool.SnapshotRefusedException;
@@ -23,7 +22,6 @@ import io.gpumemd.server.session.SessionsSnapshot;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.IdentityHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.function.IntConsumer;
@@ -33,9 +31,10 @@ import org.slf4j.LoggerFactory;
 /**
  * Between the daemon and the take-over protocol: what the successor says of itself ({@link
  * #request}), whether the running daemon's state fits it ({@link #refusal}), the state out of
- * the pools and the registry (their snapshots, put on the wire by {@link PoolStates} and {@link
- * SessionsStates}: {@link #export}) and back into the successor's new ones ({@link
- * #restorePools}, {@link #restoreSessions}). Stateless.
+ * the pools and the registry (their snapshots, {@link Books}: {@link #write}; put on the wire by
+ * {@link PoolStates} and {@link SessionsStates}, or as the changes since an earlier writing by
+ * {@link StateChanges}) and back into the successor's new ones ({@link #restorePools}, {@link
+ * #restoreSessions}). Stateless.
  */
 public final class TakeOverState {
   private static final Logger log = LoggerFactory.getLogger(TakeOverState.class);
@@ -46,6 +45,12 @@ public final class TakeOverState {
    * between its Hello and the state, where segments ahead would put an exchange.
    */
   public static final String SEGMENTS_AHEAD_PROPERTY = "gpumemd.takeOver.segmentsAhead";
+
+  /**
+   * Set to "false", a successor asks without the books sent ahead ({@code Hello.takes_state_ahead}):
+   * the whole state comes inside the pause, as from a running daemon of an earlier version.
+   */
+  public static final String STATE_AHEAD_PROPERTY = "gpumemd.takeOver.stateAhead";
 
   private TakeOverState() {}
 
@@ -69,9 +74,13 @@ public final class TakeOverState {
     }
 
     @Override
-    public State exportState(List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead)
-        throws TakeOverRefusedException {
-      return TakeOverState.export(pools, registry, pins, descriptors, sentAhead);
+    public Books write(OutgoingDescriptors descriptors) throws TakeOverRefusedException {
+      return TakeOverState.write(pools, registry, descriptors);
+    }
+
+    @Override
+    public List<Long> hiddenProcesses(OutgoingDescriptors descriptors) throws TakeOverRefusedException {
+      return TakeOverState.hiddenProcesses(pins, descriptors);
     }
 
     @Override
@@ -120,7 +129,9 @@ public final class TakeOverState {
       hello.addLimitBytes(config.pool().deviceLimit(device.capacityBytes()));
       hello.addDeviceUuids(device.uuid());
     }
-    hello.setTakesSegmentsAhead(!"false".equals(System.getProperty(SEGMENTS_AHEAD_PROPERTY)));
+    boolean segmentsAhead = !"false".equals(System.getProperty(SEGMENTS_AHEAD_PROPERTY));
+    hello.setTakesSegmentsAhead(segmentsAhead)
+        .setTakesStateAhead(segmentsAhead && !"false".equals(System.getProperty(STATE_AHEAD_PROPERTY)));
     return TakeOver.request(config.takeOver().socket(), hello.build(), backend);
   }
 
@@ -222,22 +233,20 @@ public final class TakeOverState {
     return frame.build();
   }
 
-  /** Each segment of {@code ahead} by its memory (identity), to its index: what {@link #export} names it by. */
-  static Map<SegmentMemory, Integer> aheadIndex(List<SegmentAhead> ahead) {
-    Map<SegmentMemory, Integer> index = new IdentityHashMap<>();
-    for (int i = 0; i < ahead.size(); i++) {
-      index.put(ahead.get(i).memory(), i);
-    }
-    return index;
-  }
+  /**
+   * The books as one writing put them down: every pool's snapshot and the session layer's, its
+   * ages counted back from {@code writtenAtNanos} (the running daemon's clock; 0 once read off the
+   * wire, where only the ages travel).
+   */
+  public record Books(List<PoolSnapshot> pools, SessionsSnapshot sessions, long writtenAtNanos) {}
 
   /**
-   * The state of every pool and of the registry; the gate is closed and housekeeping paused. A
-   * segment in {@code sentAhead} is named by its index there; the others' descriptors are added
-   * to {@code descriptors} and named from {@code sentAhead.size()} on.
+   * The books of every pool and of the registry, written with the gate closed and housekeeping
+   * paused. A segment whose descriptor was sent before ({@code descriptors}) is named by that
+   * index; the others' descriptors are added to it.
    */
-  public static State export(DevicePools pools, SessionRegistry registry, DescriptorPins pins,
-      List<SegmentFd> descriptors, Map<SegmentMemory, Integer> sentAhead) throws TakeOverRefusedException {
+  static Books write(DevicePools pools, SessionRegistry registry, SegmentFdSink descriptors)
+      throws TakeOverRefusedException {
     if (registry.draining()) {
       throw new TakeOverRefusedException("this daemon is shutting down");
     }
@@ -248,41 +257,54 @@ public final class TakeOverState {
     if (sleeping != null) {
       throw new TakeOverRefusedException(sleeping);
     }
-    State.Builder state = State.newBuilder();
+    List<PoolSnapshot> written;
     try {
-      pools.snapshots(new SegmentFdSink() {
-        @Override
-        public int add(SegmentFd descriptor) {
-          descriptors.add(descriptor);
-          return sentAhead.size() + descriptors.size() - 1;
-        }
-
-        @Override
-        public int sentAhead(SegmentMemory memory) {
-          return sentAhead.getOrDefault(memory, -1);
-        }
-      }).forEach(p -> state.addPools(PoolStates.toProto(p)));
+      written = pools.snapshots(descriptors);
     } catch (SnapshotRefusedException e) {
       throw new TakeOverRefusedException(e.getMessage(), e);
     }
     try {
-      state.setSessions(SessionsStates.toProto(registry.snapshot()));
+      long now = registry.nanos();
+      return new Books(written, registry.snapshot(now), now);
     } catch (IllegalStateException e) {
       throw new TakeOverRefusedException(e.getMessage(), e);
     }
-    if (pins != null) {
-      try {
-        // After the segments' descriptors, sent and closed as theirs are (a SegmentFd only owns a number).
-        for (Map.Entry<Long, Integer> pidfd : pins.pidfdsToHandOver().entrySet()) {
-          descriptors.add(SegmentFd.ofNative(pidfd.getValue(), false));
-          state.addHiddenProcessInodes(pidfd.getKey());
-        }
-      } catch (IOException e) {
-        throw new TakeOverRefusedException("the pidfds of the processes in PID namespaces this daemon cannot see "
-            + "could not be copied (" + e.getMessage() + ")", e);
-      }
+  }
+
+  /**
+   * Copies the pidfds of the processes in PID namespaces this daemon cannot see into {@code
+   * descriptors} (after the segments': they go with the last state only), and returns their pidfs
+   * inodes in the same order.
+   */
+  static List<Long> hiddenProcesses(DescriptorPins pins, OutgoingDescriptors descriptors)
+      throws TakeOverRefusedException {
+    if (pins == null) {
+      return List.of();
     }
-    return state.build();
+    List<Long> inodes = new ArrayList<>();
+    try {
+      for (Map.Entry<Long, Integer> pidfd : pins.pidfdsToHandOver().entrySet()) {
+        descriptors.addUnindexed(SegmentFd.ofNative(pidfd.getValue(), false));
+        inodes.add(pidfd.getKey());
+      }
+    } catch (IOException e) {
+      throw new TakeOverRefusedException("the pidfds of the processes in PID namespaces this daemon cannot see "
+          + "could not be copied (" + e.getMessage() + ")", e);
+    }
+    return inodes;
+  }
+
+  /** The whole of {@code books} on the wire. */
+  static State.Builder toProto(Books books) {
+    State.Builder state = State.newBuilder();
+    books.pools().forEach(p -> state.addPools(PoolStates.toProto(p)));
+    return state.setSessions(SessionsStates.toProto(books.sessions()));
+  }
+
+  /** The books of a whole state read off the wire (not one with changes only). */
+  static Books fromProto(State state) {
+    return new Books(state.getPoolsList().stream().map(PoolStates::fromProto).toList(),
+        SessionsStates.fromProto(state.getSessions()), 0);
   }
 
   /**
@@ -290,9 +312,8 @@ public final class TakeOverState {
    * state names (whether they succeed or not), and the take-over gives up the others at its close.
    */
   public static void restorePools(TakeOver takeOver, DevicePools pools) {
-    List<PoolState> states = takeOver.state().getPoolsList();
     try {
-      pools.restore(states.stream().map(PoolStates::fromProto).toList(), takeOver.segments());
+      pools.restore(takeOver.books().pools(), takeOver.segments());
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }
@@ -303,13 +324,13 @@ public final class TakeOverState {
    * are scratch. The pools take the segments the state names, whatever happens; the caller closes
    * {@code segments}, giving up the others.
    */
-  static void restore(State state, IncomingSegments segments, DevicePools pools, SessionRegistry registry) {
+  static void restore(Books books, IncomingSegments segments, DevicePools pools, SessionRegistry registry) {
     try {
-      pools.restore(state.getPoolsList().stream().map(PoolStates::fromProto).toList(), segments);
+      pools.restore(books.pools(), segments);
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }
-    registry.restore(SessionsStates.fromProto(state.getSessions()));
+    registry.restore(books.sessions());
   }
 
   /**
@@ -322,7 +343,7 @@ public final class TakeOverState {
    * @throws IllegalStateException when the state does not fit (see {@link SessionRegistry#restore})
    */
   public static Runnable restoreSessions(TakeOver takeOver, SessionRegistry registry) {
-    SessionsSnapshot.Restored r = registry.restore(SessionsStates.fromProto(takeOver.state().getSessions()));
+    SessionsSnapshot.Restored r = registry.restore(takeOver.books().sessions());
     return () -> logRestored(r);
   }
 

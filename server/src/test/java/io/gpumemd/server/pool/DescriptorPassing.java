@@ -1,6 +1,7 @@
 package io.gpumemd.server.pool;
 
 import io.gpumemd.server.backend.SegmentFd;
+import io.gpumemd.server.backend.SegmentMemory;
 import io.grpc.netty.shaded.io.netty.channel.epoll.Epoll;
 import io.grpc.netty.shaded.io.netty.channel.unix.DomainSocketAddress;
 import io.grpc.netty.shaded.io.netty.channel.unix.Socket;
@@ -39,8 +40,13 @@ public final class DescriptorPassing implements SegmentFdSink, AutoCloseable {
     sender = new Socket(accepted);
   }
 
-  @Override
+  /** Sends {@code descriptor} (and closes it); its index among those sent. */
   public int add(SegmentFd descriptor) {
+    return add(null, descriptor);
+  }
+
+  @Override
+  public int add(SegmentMemory memory, SegmentFd descriptor) {
     try (descriptor) {
       long deadline = System.nanoTime() + DEADLINE_NANOS;
       while (sender.sendFd(descriptor.number()) <= 0) {

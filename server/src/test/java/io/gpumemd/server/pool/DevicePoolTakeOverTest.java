@@ -723,7 +723,7 @@ class DevicePoolTakeOverTest {
       DescriptorPassing passing, Map<SegmentMemory, Integer> sentAhead) {
     List<SegmentMemory> adopted = new ArrayList<>();
     for (SegmentAhead a : ahead) {
-      int index = passing.add(a.descriptor()); // sent, and closed here
+      int index = passing.add(a.memory(), a.descriptor()); // sent, and closed here
       sentAhead.put(a.memory(), index);
       adopted.add(backend.adopt(a.device(), passing.received()[index], a.bytes()));
     }
@@ -734,8 +734,8 @@ class DevicePoolTakeOverTest {
   private static SegmentFdSink after(Map<SegmentMemory, Integer> sentAhead, DescriptorPassing later) {
     return new SegmentFdSink() {
       @Override
-      public int add(SegmentFd descriptor) {
-        return sentAhead.size() + later.add(descriptor);
+      public int add(SegmentMemory memory, SegmentFd descriptor) {
+        return sentAhead.size() + later.add(memory, descriptor);
       }
 
       @Override

@@ -173,7 +173,7 @@ class SessionsTakeOverTest {
 
   /** The registry written down and put on the wire, as the running daemon sends it. */
   private static SessionsState export(SessionRegistry registry) {
-    return SessionsStates.toProto(registry.snapshot());
+    return SessionsStates.toProto(registry.snapshot(registry.nanos()));
   }
 
   /** The successor's restore of the wire's state, with its log lines. */

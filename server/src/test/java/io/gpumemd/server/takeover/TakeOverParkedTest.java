@@ -17,7 +17,6 @@ import io.gpumemd.server.session.Session;
 import io.gpumemd.server.session.SessionRegistry;
 import io.gpumemd.server.session.SessionSettings;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import org.junit.jupiter.api.AfterEach;
@@ -58,7 +57,7 @@ class TakeOverParkedTest {
     registry.sharing().park(Caller.DAEMON, "", "weights");
 
     TakeOverRefusedException refused = assertThrows(TakeOverRefusedException.class,
-        () -> TakeOverState.export(pools, registry, null, new ArrayList<>(), Map.of()));
+        () -> TakeOverState.write(pools, registry, new OutgoingDescriptors(List.of())));
 
     assertTrue(refused.getMessage().contains("'weights'"), refused.getMessage());
     assertTrue(refused.getMessage().contains("parked"), refused.getMessage());
