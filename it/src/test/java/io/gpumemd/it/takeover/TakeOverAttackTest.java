@@ -384,12 +384,8 @@ class TakeOverAttackTest {
       lease.buffer().put(0, (byte) 0x5a);
       peer.send(TakeOverFrame.newBuilder().setHello(TakeOverPeer.hostHello().toBuilder().setTakesSegmentsAhead(true))
           .build());
-      TakeOverFrame frame = peer.receive();
-      while (frame != null && frame.hasDescriptors()) {
-        frame = peer.receive();
-      }
-      assertTrue(frame != null && frame.hasSegmentsAhead() && frame.getSegmentsAhead().getSegmentsCount() >= 1,
-          String.valueOf(frame));
+      TakeOverFrame frame = nextBesidesDescriptors(peer);
+      assertTrue(frame.hasSegmentsAhead() && frame.getSegmentsAhead().getSegmentsCount() >= 1, String.valueOf(frame));
 
       client.lease(0, 4096).close(); // served: the gate is open while the segments are out
 
