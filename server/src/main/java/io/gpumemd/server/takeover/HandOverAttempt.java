@@ -180,8 +180,7 @@ final class HandOverAttempt {
   private boolean quiesce(Hello hello) {
     log.info("Take-over asked by pid {} (gpumemd {}): no longer applying requests", pid, hello.getVersion());
     started = System.nanoTime();
-    boolean quiet = closeGate();
-    return quiet;
+    return closeGate();
   }
 
   /** Closes the gate and waits for the requests in progress; false (gate open again, the successor told) when they do not end. */
@@ -253,7 +252,7 @@ final class HandOverAttempt {
     return true;
   }
 
-  /** Opens nothing: tells the successor why the books could not be written (the gate is open again). */
+  /** Logs why the books could not be written, and tells the successor (the gate is open again). */
   private void refuseUnwritten(Exception e) {
     String reason = e instanceof TakeOverRefusedException ? e.getMessage()
         : "the state could not be exported (" + e.getMessage() + ")";

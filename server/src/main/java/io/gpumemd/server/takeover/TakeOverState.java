@@ -312,8 +312,12 @@ public final class TakeOverState {
    * state names (whether they succeed or not), and the take-over gives up the others at its close.
    */
   public static void restorePools(TakeOver takeOver, DevicePools pools) {
+    restorePools(takeOver.books(), takeOver.segments(), pools);
+  }
+
+  private static void restorePools(Books books, IncomingSegments segments, DevicePools pools) {
     try {
-      pools.restore(takeOver.books().pools(), takeOver.segments());
+      pools.restore(books.pools(), segments);
     } catch (SnapshotRefusedException e) {
       throw new IllegalStateException(e.getMessage(), e);
     }
@@ -325,11 +329,7 @@ public final class TakeOverState {
    * {@code segments}, giving up the others.
    */
   static void restore(Books books, IncomingSegments segments, DevicePools pools, SessionRegistry registry) {
-    try {
-      pools.restore(books.pools(), segments);
-    } catch (SnapshotRefusedException e) {
-      throw new IllegalStateException(e.getMessage(), e);
-    }
+    restorePools(books, segments, pools);
     registry.restore(books.sessions());
   }
 
